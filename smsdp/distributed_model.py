@@ -1,0 +1,384 @@
+"""``smp.DistributedModel``: MiCS sharding of a module, unit by unit.
+
+[Note: the schedule of one micro-step]
+forward:  root pre-forward gathers the root unit (it stays gathered for the
+          whole forward, because the root's forward encloses every block);
+          each unit's pre-forward waits for its gather (issued earlier as a
+          prefetch when possible), exposes the parameter views and prefetches
+          the next unit(s) in the recorded forward order within
+          ``sdp_max_live_parameters``; its post-forward frees it and hooks its
+          outputs so backward can find it.
+backward: a hook on a unit's outputs fires when their gradient is ready, that
+          is just before the unit's own backward: gather again, prefetch the
+          unit that backward reaches next. When the unit's flat gradient is
+          complete (post-accumulate-grad hook on its flat parameter), it is
+          reduce-scattered inside the shard group asynchronously and the
+          gathered buffer is freed. A callback at the end of backward waits for
+          the reduce-scatters and adds the shards into the fp32 accumulators.
+step:     ``DistributedOptimizer.step`` all-reduces the accumulated shards
+          across the replica group (once per optimizer step, never per
+          micro-step: the 2-hop synchronization) and replicated parameters over
+          the data-parallel group, then clips and steps the local shards.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils._pytree import tree_flatten, tree_map
+
+from smsdp import state as runtime_state
+from smsdp.flat_param_group import FlatParamGroup, ShardSpec
+from smsdp.units import BackwardState, GroupPolicy, Unit, build_units, find_unit_modules
+
+logger = logging.getLogger("smsdp")
+
+
+@dataclass
+class _PendingReduce:
+    group: FlatParamGroup
+    handle: Any
+    shard: torch.Tensor
+    keepalive: torch.Tensor  # the reduce-scatter input must outlive the async collective
+    start: int  # where ``shard`` lands in the group's gradient shard
+
+
+class DistributedModel(nn.Module):
+    """Wraps ``module`` so that its parameters, gradients and optimizer state are sharded.
+
+    ``module.parameters()`` of the wrapped module become placeholders; build the
+    optimizer from ``DistributedModel.parameters()`` (or ``named_parameters()``,
+    which keeps the original names), each yielding this rank's part of that
+    parameter.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        *,
+        transformer_layer_cls: type | tuple[type, ...] | None = None,
+        prefetch_units: int = 1,
+        broadcast_init: bool = True,
+    ):
+        super().__init__()
+        rt = runtime_state.get()
+        params = rt.params
+        if params.tensor_parallel_degree > 1:
+            raise NotImplementedError(
+                f"tensor_parallel_degree={params.tensor_parallel_degree}: smsdp builds the tensor-parallel "
+                "groups but has no tensor-parallel layers yet; use tensor_parallel_degree=1"
+            )
+        self.module = module.to(rt.device)
+        if broadcast_init and rt.cluster.world_size > 1:
+            _broadcast_from_rank0(self.module, rt)
+        classes = (transformer_layer_cls,) if isinstance(transformer_layer_cls, type) else transformer_layer_cls
+        self._state_dict_keys = list(self.module.state_dict().keys())
+        unit_modules = find_unit_modules(self.module, classes)
+        policy = GroupPolicy(
+            persistence_threshold=params.sdp_param_persistence_threshold,
+            shard=ShardSpec(rt.coords.sdp_rank, rt.topology.sdp_degree),
+            compute_dtype=rt.compute_dtype,
+            device=rt.device,
+        )
+        self._units = build_units(self.module, unit_modules, policy)
+        self._root = self._units[-1]
+        self._unit_of_module = {id(u.module): u for u in self._units if not u.is_root}
+        self._prefetch_units = prefetch_units
+        self._max_live = params.sdp_max_live_parameters
+        self._bucket = max(1, params.sdp_reduce_bucket_size)
+        self._forward_order: list[Unit] = []
+        self._order_known = False
+        self._in_backward = False
+        self._pending: list[_PendingReduce] = []
+        self._micro_steps = 0
+        for unit in self._units:
+            if not unit.is_root:
+                unit.module.register_forward_pre_hook(self._pre_forward_hook)
+                unit.module.register_forward_hook(self._post_forward_hook)
+            for group in unit.groups:
+                if group.trainable:
+                    group.flat_param.register_post_accumulate_grad_hook(self._make_post_backward(unit, group))
+        rt.models.append(self)
+        logger.info("DistributedModel: %s", self.describe())
+
+    # ---- what the user sees --------------------------------------------------------------
+
+    def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
+        for group in self.flat_groups():
+            for name, param in group.optim_params:
+                yield (f"{prefix}.{name}" if prefix else name), param
+
+    def flat_groups(self) -> Iterator[FlatParamGroup]:
+        for unit in self._units:
+            yield from unit.groups
+
+    @property
+    def units(self) -> list[Unit]:
+        return list(self._units)
+
+    def describe(self) -> str:
+        sharded = sum(g.padded_numel for g in self.flat_groups() if g.sharded)
+        replicated = sum(g.numel for g in self.flat_groups() if not g.sharded)
+        return (
+            f"{len(self._units) - 1} units + root, {sharded:,} sharded elements (padded), "
+            f"{replicated:,} replicated elements, compute dtype {str(runtime_state.get().compute_dtype)[6:]}"
+        )
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        rt = runtime_state.get()
+        if self._in_backward:
+            raise RuntimeError("forward called while a backward of this model is still running")
+        if rt.compute_dtype != torch.float32:
+            args, kwargs = _cast_floats((args, kwargs), rt.compute_dtype)
+        recording = not self._order_known and torch.is_grad_enabled()
+        if recording:
+            self._forward_order = []
+        self._gather(self._root, async_op=False)
+        self._root.expose_views()
+        self._prefetch_after(None, forward=True)
+        try:
+            output = self.module(*args, **kwargs)
+        finally:
+            self._root.reshard()
+        if torch.is_grad_enabled():
+            self._hook_outputs(self._root, output)
+            if recording:
+                self._order_known = True
+        return output
+
+    def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        """``loss.backward()``, scaled by the fp16 loss scale when there is one."""
+        scaler = getattr(self, "_loss_scaler", None)
+        (loss * scaler.scale if scaler is not None else loss).backward(*args, **kwargs)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for group in self.flat_groups():
+            group.zero_grad()
+
+    # ---- forward hooks ---------------------------------------------------------------------
+
+    def _pre_forward_hook(self, module: nn.Module, args: Any) -> None:
+        unit = self._unit_of_module[id(module)]
+        self._gather(unit, async_op=False)
+        unit.expose_views()
+        if self._in_backward:
+            return  # recomputation under activation checkpointing: the backward owns the schedule
+        if not self._order_known and torch.is_grad_enabled():
+            self._forward_order.append(unit)
+        self._prefetch_after(unit, forward=True)
+
+    def _post_forward_hook(self, module: nn.Module, args: Any, output: Any) -> Any:
+        unit = self._unit_of_module[id(module)]
+        if self._in_backward:
+            return output
+        if torch.is_grad_enabled():
+            self._hook_outputs(unit, output)
+        unit.reshard()
+        return output
+
+    def _hook_outputs(self, unit: Unit, output: Any) -> None:
+        for tensor in _tensors_requiring_grad(output):
+            tensor.register_hook(lambda grad, unit=unit: self._pre_backward(unit))
+
+    # ---- gathering and prefetching -----------------------------------------------------------
+
+    def _gather(self, unit: Unit, async_op: bool) -> None:
+        unit.unshard(runtime_state.get().gather_shards, async_op)
+        if not async_op:
+            unit.wait_unshard()
+
+    def _live_numel(self) -> int:
+        return sum(u.gathered_numel for u in self._units)
+
+    def _prefetch_after(self, unit: Unit | None, forward: bool) -> None:
+        """Issue async gathers for the next units in execution order, within the live budget."""
+        if not self._order_known or self._prefetch_units <= 0:
+            return
+        order = self._forward_order if forward else self._forward_order[::-1]
+        start = 0 if unit is None else order.index(unit) + 1 if unit in order else len(order)
+        live = self._live_numel()
+        for candidate in order[start : start + self._prefetch_units]:
+            if candidate.is_unsharded:
+                continue
+            if live + candidate.padded_numel > self._max_live:
+                break
+            self._gather(candidate, async_op=True)
+            live += candidate.padded_numel
+
+    # ---- backward ----------------------------------------------------------------------------
+
+    def _pre_backward(self, unit: Unit) -> None:
+        if not self._in_backward:
+            self._in_backward = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+        if unit.backward_state is BackwardState.GATHERED:
+            return
+        unit.backward_state = BackwardState.GATHERED
+        self._gather(unit, async_op=False)
+        if not unit.is_root:
+            self._prefetch_after(unit, forward=False)
+        elif self._forward_order:
+            self._prefetch_after(None, forward=False)
+
+    def _make_post_backward(self, unit: Unit, group: FlatParamGroup):
+        def post_backward(flat_param: torch.Tensor) -> None:
+            grad = group.take_flat_grad()
+            if grad is not None:
+                self._reduce_grad(group, grad)
+            group.reshard()
+
+        return post_backward
+
+    def _reduce_grad(self, group: FlatParamGroup, grad: torch.Tensor) -> None:
+        """Micro-step reduction: reduce-scatter in the shard group, or keep locally when replicated."""
+        rt = runtime_state.get()
+        grad = grad.float() if grad.dtype != torch.float32 else grad
+        if rt.dp_size > 1:
+            grad.div_(rt.dp_size)  # a mean over data-parallel ranks, as one process on the global batch
+        if not group.sharded:
+            group.accumulate(grad)
+            return
+        d = group.shard.world
+        columns = max(1, self._bucket // d)
+        rows = grad.view(d, group.shard_numel)
+        for start in range(0, group.shard_numel, columns):
+            stop = min(start + columns, group.shard_numel)
+            bucket = rows if (start, stop) == (0, group.shard_numel) else rows[:, start:stop].contiguous()
+            out = torch.empty(stop - start, dtype=torch.float32, device=grad.device)
+            handle = rt.reduce_scatter_shards(out, bucket.view(-1), async_op=True)
+            self._pending.append(_PendingReduce(group, handle, out, bucket, start))
+
+    def _end_of_backward(self) -> None:
+        self.finish_pending_reduces()
+        for unit in self._units:
+            unit.reshard()
+            unit.backward_state = BackwardState.IDLE
+        self._in_backward = False
+        self._micro_steps += 1
+
+    def finish_pending_reduces(self) -> None:
+        for pending in self._pending:
+            pending.handle.wait()
+            group = pending.group
+            if pending.shard.numel() == group.shard_numel:
+                group.accumulate(pending.shard)
+            else:
+                if group.grad_acc is None:
+                    group.grad_acc = torch.zeros_like(group.master)
+                group.grad_acc[pending.start : pending.start + pending.shard.numel()].add_(pending.shard)
+        self._pending.clear()
+
+    # ---- the step boundary (called by DistributedOptimizer) ------------------------------------
+
+    def synchronize_gradients(self) -> None:
+        """Second hop: replica all-reduce of grad shards, dp all-reduce of replicated grads."""
+        rt = runtime_state.get()
+        handles = []
+        for group in self.flat_groups():
+            if not group.trainable:
+                continue
+            if group.grad_acc is None:
+                group.grad_acc = torch.zeros_like(group.master)
+            if group.sharded and rt.topology.replication_degree > 1:
+                handles.append(rt.all_reduce_replicas(group.grad_acc, async_op=True))
+            elif not group.sharded and rt.dp_size > 1:
+                handles.append(rt.all_reduce_dp(group.grad_acc, async_op=True))
+        for handle in handles:
+            handle.wait()
+        self._micro_steps = 0
+
+    def refresh_compute_copies(self) -> None:
+        for group in self.flat_groups():
+            group.refresh_compute_copy()
+
+    # ---- whole-model state ---------------------------------------------------------------------
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> "OrderedDict[str, torch.Tensor]":
+        """The full, unsharded state dict with the wrapped module's keys (every rank must call).
+
+        Parameters come back in fp32 (the master copy), on the CPU, so that plain
+        PyTorch can load them into the unwrapped model.
+        """
+        rt = runtime_state.get()
+        values: dict[str, torch.Tensor] = {}
+        for group in self.flat_groups():
+            flat = group.full_master(rt.gather_shards_fp32)
+            for info in group.infos:
+                tensor = flat[info.offset : info.offset + info.numel].view(info.shape).detach().cpu().clone()
+                for name in info.names:
+                    values[name] = tensor
+        for name, buffer in self.module.named_buffers():
+            values[name] = buffer.detach().cpu().clone()
+        return OrderedDict((key, values[key]) for key in self._state_dict_keys if key in values)
+
+    def load_state_dict(self, state_dict: dict[str, torch.Tensor], strict: bool = True):  # type: ignore[override]
+        """Load a full state dict (as ``state_dict()`` returns) into the local shards."""
+        expected = set(self._state_dict_keys)
+        missing = sorted(expected - set(state_dict))
+        unexpected = sorted(set(state_dict) - expected)
+        if strict and (missing or unexpected):
+            raise RuntimeError(f"load_state_dict: missing keys {missing}, unexpected keys {unexpected}")
+        for group in self.flat_groups():
+            flat = torch.zeros(group.numel, dtype=torch.float32, device=group.device)
+            for info in group.infos:
+                key = next((n for n in info.names if n in state_dict), None)
+                if key is None:
+                    continue
+                value = state_dict[key]
+                if tuple(value.shape) != tuple(info.shape):
+                    raise RuntimeError(
+                        f"load_state_dict: {key} has shape {tuple(value.shape)} in the checkpoint "
+                        f"but {tuple(info.shape)} in the model"
+                    )
+                flat[info.offset : info.offset + info.numel].copy_(value.reshape(-1))
+            group.load_full(flat)
+        buffers = dict(self.module.named_buffers())
+        for name, value in state_dict.items():
+            if name in buffers:
+                buffers[name].copy_(value)
+        return None
+
+    def model_state_bytes(self) -> dict[str, int]:
+        """Bytes this rank holds for parameters and gradients (optimizer state: see the optimizer)."""
+        params = grads = 0
+        for group in self.flat_groups():
+            params += group.master.numel() * group.master.element_size()
+            if group.compute_shard is not group.master:
+                params += group.compute_shard.numel() * group.compute_shard.element_size()
+            if not group.sharded and group.unsharded is not group.master:
+                params += group.unsharded.untyped_storage().nbytes()
+            if group.grad_acc is not None:
+                grads += group.grad_acc.numel() * group.grad_acc.element_size()
+        return {"params": params, "grads": grads}
+
+
+def _broadcast_from_rank0(module: nn.Module, rt) -> None:
+    """Every rank starts from rank 0's initial values, whatever each rank's RNG did."""
+    seen: set[int] = set()
+    for tensor in list(module.parameters()) + list(module.buffers()):
+        if id(tensor) in seen:
+            continue
+        seen.add(id(tensor))
+        with torch.no_grad():
+            dist.broadcast(tensor.data, src=0, group=rt.groups.world)
+
+
+def _tensors_requiring_grad(output: Any) -> list[torch.Tensor]:
+    leaves, _ = tree_flatten(output)
+    found = [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
+    if not found and not isinstance(output, torch.Tensor):
+        values = getattr(output, "__dict__", {}).values() if not isinstance(output, dict) else output.values()
+        for value in values:
+            if isinstance(value, torch.Tensor) and value.requires_grad:
+                found.append(value)
+    return found
+
+
+def _cast_floats(tree: Any, dtype: torch.dtype) -> Any:
+    return tree_map(lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t, tree)

@@ -1,0 +1,142 @@
+"""``smp.DistributedOptimizer``: the step boundary of MiCS.
+
+``step()`` finishes the 2-hop gradient synchronization (replica all-reduce of
+the gradient shards, data-parallel all-reduce of the replicated parameters),
+unscales and checks for overflow under fp16, clips the global norm, and steps
+the wrapped optimizer on this rank's shards only, so optimizer state is
+sharded for free.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from smsdp import state as runtime_state
+from smsdp.loss_scaler import DynamicLossScaler
+
+
+class DistributedOptimizer:
+    """Wraps a ``torch.optim`` optimizer built from ``DistributedModel.parameters()``."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, *, model=None, loss_scaler: DynamicLossScaler | None = None):
+        rt = runtime_state.get()
+        if model is None:
+            if not rt.models:
+                raise RuntimeError("DistributedOptimizer: wrap the model with smp.DistributedModel first")
+            model = rt.models[-1]
+        self.optimizer = optimizer
+        self.model = model
+        self._check_params_come_from_model()
+        self.overflow = False
+        self.last_grad_norm: float | None = None
+        self.loss_scaler = None
+        if rt.params.fp16:
+            self.loss_scaler = loss_scaler or DynamicLossScaler()
+            model._loss_scaler = self.loss_scaler
+
+    def _check_params_come_from_model(self) -> None:
+        ours = {id(p) for p in self.model.parameters()}
+        foreign = [
+            i for group in self.optimizer.param_groups for i, p in enumerate(group["params"]) if id(p) not in ours
+        ]
+        if foreign:
+            raise ValueError(
+                f"DistributedOptimizer: {len(foreign)} parameter(s) of the optimizer are not shards of the "
+                "DistributedModel; build the optimizer from model.parameters() of the DistributedModel, "
+                "not of the original module"
+            )
+
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+
+    @property
+    def state(self):
+        return self.optimizer.state
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.model.zero_grad()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def step(self, closure: Any = None) -> None:
+        rt = runtime_state.get()
+        self.model.finish_pending_reduces()
+        self.model.synchronize_gradients()
+        groups = [g for g in self.model.flat_groups() if g.trainable]
+        if self.loss_scaler is not None:
+            self.overflow = self._unscale_and_check_overflow(groups)
+            if self.overflow:
+                self.loss_scaler.update(overflow=True)
+                for group in groups:
+                    group.zero_grad()
+                return
+        max_norm = rt.params.sdp_gradient_clipping
+        if max_norm and max_norm > 0:
+            self.clip_master_grads(max_norm)
+        for group in groups:
+            group.attach_grads()
+        self.optimizer.step(closure) if closure is not None else self.optimizer.step()
+        self.model.refresh_compute_copies()
+        if self.loss_scaler is not None:
+            self.loss_scaler.update(overflow=False)
+
+    def grad_norm(self) -> float:
+        """Global L2 norm of the gradient: shards summed over the shard group, replicated ones once."""
+        rt = runtime_state.get()
+        device = rt.device
+        sharded = torch.zeros(1, dtype=torch.float32, device=device)
+        replicated = torch.zeros(1, dtype=torch.float32, device=device)
+        for group in self.model.flat_groups():
+            if group.trainable and group.grad_acc is not None:
+                target = sharded if group.sharded else replicated
+                target += group.grad_acc.pow(2).sum()
+        if rt.topology.sdp_degree > 1:
+            rt.all_reduce_shard_group(sharded, "all_reduce.grad_norm")
+        return math.sqrt(float(sharded + replicated))
+
+    def clip_master_grads(self, max_norm: float) -> float:
+        """Scale gradients so their global norm is at most ``max_norm``; returns the norm before."""
+        norm = self.grad_norm()
+        self.last_grad_norm = norm
+        coef = max_norm / (norm + 1e-6)
+        if coef < 1.0:
+            for group in self.model.flat_groups():
+                if group.trainable and group.grad_acc is not None:
+                    group.grad_acc.mul_(coef)
+        return norm
+
+    def _unscale_and_check_overflow(self, groups) -> bool:
+        rt = runtime_state.get()
+        inv_scale = 1.0 / self.loss_scaler.scale
+        bad = torch.zeros(1, dtype=torch.float32, device=rt.device)
+        for group in groups:
+            if group.grad_acc is not None:
+                group.grad_acc.mul_(inv_scale)
+                bad += (~torch.isfinite(group.grad_acc)).any().float()
+        # Every rank must take the same decision, or the ranks that step and the
+        # ranks that skip drift apart for good.
+        rt.all_reduce_world(bad, "all_reduce.overflow", op=dist.ReduceOp.MAX)
+        return bool(bad.item() > 0)
+
+    def state_dict(self) -> dict:
+        state = {"optimizer": self.optimizer.state_dict()}
+        if self.loss_scaler is not None:
+            state["loss_scaler"] = self.loss_scaler.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.loss_scaler is not None and "loss_scaler" in state:
+            self.loss_scaler.load_state_dict(state["loss_scaler"])
+
+    def optimizer_state_bytes(self) -> int:
+        return sum(
+            t.numel() * t.element_size()
+            for per_param in self.optimizer.state.values()
+            for t in per_param.values()
+            if isinstance(t, torch.Tensor) and t.dim() > 0
+        )

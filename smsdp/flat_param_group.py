@@ -1,0 +1,287 @@
+"""One unit's parameters as one flat buffer: sharded master, gathered compute copy, grads.
+
+A unit (a transformer block, or the root for everything else) owns up to four
+groups, split by two independent choices:
+
+* sharded or replicated: parameters under ``sdp_param_persistence_threshold``
+  elements are replicated (every rank keeps them whole, grads are all-reduced
+  over the data-parallel group once per step); the rest are sharded over the
+  shard group (each rank keeps 1/d of the padded flat buffer);
+* trainable or frozen: frozen parameters are gathered like the others but take
+  no gradient and no optimizer state.
+
+[Note: how the module sees its parameters]
+The original ``nn.Parameter`` objects stay registered on their modules as
+placeholders (empty tensors of the compute dtype), so ``module.parameters()``
+still answers questions like "what dtype/device is this model". While a unit
+computes, each parameter's name is shadowed in the module's instance
+``__dict__`` by a view into ``flat_param``, which normal attribute lookup finds
+before ``nn.Module.__getattr__`` looks in ``_parameters``. The views come from
+one ``torch.split`` of ``flat_param``, so autograd's backward for all of them is
+one ``SplitWithSizesBackward`` that concatenates their grads into a single flat
+gradient, accumulated into ``flat_param.grad``. The post-accumulate-grad hook
+on ``flat_param`` therefore fires exactly once per backward, when the whole
+unit's gradient is ready, with the gradient already flat: it is the
+reduce-scatter input with no copy.
+
+[Note: freeing the gathered buffer under autograd]
+``flat_param.data`` is set to ``unsharded`` (the all-gather output). Freeing
+resizes ``unsharded``'s storage to zero; re-gathering in backward resizes it
+back and writes into the same storage, so the views autograd saved in forward
+see the parameters again. ``.data`` assignment keeps ``flat_param``'s own
+version counter, and the all-gather writes into ``unsharded`` (a different
+tensor), so autograd's in-place checks on the saved views never trip.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch import nn
+
+
+class ParamState(enum.Enum):
+    SHARDED = "sharded"  # only this rank's shard exists
+    GATHERING = "gathering"  # an all-gather into ``unsharded`` is in flight
+    UNSHARDED = "unsharded"  # ``unsharded`` holds the whole flat buffer
+
+
+@dataclass
+class ParamInfo:
+    """Where one original parameter lives: its names, shape and slot in the flat buffer."""
+
+    names: list[str]  # every fully-qualified name it is reachable by (tied parameters have several)
+    locations: list[tuple[nn.Module, str]]  # every (module, attribute) it is registered at
+    shape: torch.Size
+    offset: int  # into the unpadded flat buffer
+    original: nn.Parameter  # kept registered on its modules as a placeholder
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass
+class ShardSpec:
+    """How a group is split: ``world`` ranks each keep ``1/world``; world 1 means replicated."""
+
+    rank: int
+    world: int
+
+
+GatherFn = Callable[[torch.Tensor, torch.Tensor, bool], object]  # (output, input, async_op) -> handle
+
+
+@dataclass
+class FlatParamGroup:
+    """The flat buffer of one (unit, sharded?, trainable?) group and everything hanging off it."""
+
+    unit_name: str
+    infos: list[ParamInfo]
+    sharded: bool
+    trainable: bool
+    shard: ShardSpec
+    compute_dtype: torch.dtype
+    device: torch.device
+    numel: int = 0
+    padded_numel: int = 0
+    shard_numel: int = 0
+    master: torch.Tensor = field(default=None)  # fp32: the local shard, or the whole buffer when replicated
+    compute_shard: torch.Tensor = field(default=None)  # all-gather input in the compute dtype
+    unsharded: torch.Tensor = field(default=None)  # all-gather output; storage freed when resharded
+    flat_param: nn.Parameter = field(default=None)  # the autograd leaf the views are split from
+    grad_acc: torch.Tensor | None = None  # fp32 gradient of ``master``, accumulated over micro-steps
+    optim_params: list[tuple[str, nn.Parameter]] = field(default_factory=list)
+    state: ParamState = ParamState.SHARDED
+    _gather_handle: object = None
+    _split_sizes: list[int] = field(default_factory=list)
+    _optim_slices: list[tuple[int, int]] = field(default_factory=list)  # (offset in master, length)
+
+    # ---- construction ------------------------------------------------------------------
+
+    @classmethod
+    def build(
+        cls,
+        unit_name: str,
+        infos: list[ParamInfo],
+        *,
+        sharded: bool,
+        trainable: bool,
+        shard: ShardSpec,
+        compute_dtype: torch.dtype,
+        device: torch.device,
+    ) -> "FlatParamGroup":
+        group = cls(unit_name, infos, sharded, trainable, shard if sharded else ShardSpec(0, 1), compute_dtype, device)
+        group._lay_out()
+        group._take_master_from_originals()
+        group._make_optim_params()
+        group._make_buffers()
+        group._turn_originals_into_placeholders()
+        return group
+
+    def _lay_out(self) -> None:
+        offset = 0
+        for info in self.infos:
+            info.offset = offset
+            offset += info.numel
+        self.numel = offset
+        world = self.shard.world
+        self.padded_numel = math.ceil(self.numel / world) * world if self.numel else 0
+        self.shard_numel = self.padded_numel // world
+        self._split_sizes = [info.numel for info in self.infos]
+        if self.padded_numel > self.numel:
+            self._split_sizes.append(self.padded_numel - self.numel)
+
+    def _take_master_from_originals(self) -> None:
+        """Copy this rank's slice of the (already identical on every rank) parameters into fp32."""
+        start = self.shard.rank * self.shard_numel
+        stop = start + self.shard_numel
+        self.master = torch.zeros(self.shard_numel, dtype=torch.float32, device=self.device)
+        for info in self.infos:
+            lo, hi = max(start, info.offset), min(stop, info.offset + info.numel)
+            if lo < hi:
+                flat = info.original.detach().reshape(-1)
+                self.master[lo - start : hi - start].copy_(flat[lo - info.offset : hi - info.offset])
+
+    def _make_optim_params(self) -> None:
+        """One optimizer-facing parameter per original: a view of this rank's part of ``master``.
+
+        Keeping one parameter per original name (rather than one per flat buffer) is what
+        lets users build parameter groups by name and what makes optimizer state map back
+        to names for checkpoints. A parameter that lies wholly in other ranks' shards gets
+        an empty view.
+        """
+        if not self.trainable:
+            return
+        start = self.shard.rank * self.shard_numel
+        stop = start + self.shard_numel
+        for info in self.infos:
+            lo, hi = max(start, info.offset), min(stop, info.offset + info.numel)
+            n = max(0, hi - lo)
+            local = lo - start if n else 0
+            self._optim_slices.append((local, n))
+            self.optim_params.append((info.names[0], nn.Parameter(self.master[local : local + n])))
+
+    def _make_buffers(self) -> None:
+        needs_cast = self.compute_dtype != torch.float32
+        self.compute_shard = self.master.to(self.compute_dtype) if needs_cast else self.master
+        if not self.sharded and not needs_cast:
+            self.unsharded = self.master  # replicated fp32: compute straight from the master
+        else:
+            self.unsharded = torch.empty(self.padded_numel, dtype=self.compute_dtype, device=self.device)
+            self.unsharded.untyped_storage().resize_(0)
+        self.flat_param = nn.Parameter(torch.empty(0, dtype=self.compute_dtype, device=self.device))
+        self.flat_param.requires_grad_(self.trainable)
+        self.flat_param.data = self.unsharded
+
+    def _turn_originals_into_placeholders(self) -> None:
+        placeholder_dtype = self.compute_dtype
+        for info in self.infos:
+            info.original.data = torch.empty(0, dtype=placeholder_dtype, device=self.device)
+
+    # ---- gathering -----------------------------------------------------------------------
+
+    @property
+    def gathered_numel(self) -> int:
+        """Elements this group adds to the live unsharded budget while gathered."""
+        return self.padded_numel if self.sharded else 0
+
+    def unshard(self, gather: GatherFn, async_op: bool) -> None:
+        if self.state is not ParamState.SHARDED:
+            return
+        if self.unsharded is self.master:
+            self.state = ParamState.UNSHARDED
+            return
+        self.unsharded.untyped_storage().resize_(self.padded_numel * self.unsharded.element_size())
+        if self.sharded:
+            self._gather_handle = gather(self.unsharded, self.compute_shard, async_op)
+            self.state = ParamState.GATHERING
+        else:
+            self.unsharded.copy_(self.master)  # replicated, lower precision: a cast, no traffic
+            self.state = ParamState.UNSHARDED
+
+    def wait_unshard(self) -> None:
+        if self.state is ParamState.GATHERING:
+            if self._gather_handle is not None:
+                self._gather_handle.wait()
+            self._gather_handle = None
+            self.state = ParamState.UNSHARDED
+
+    def expose_views(self) -> None:
+        """Shadow each parameter name with a view into the gathered buffer (see the module note)."""
+        assert self.state is ParamState.UNSHARDED, f"{self.unit_name}: views asked for while {self.state}"
+        views = torch.split(self.flat_param, self._split_sizes)
+        for info, view in zip(self.infos, views):
+            shaped = view.view(info.shape)
+            for module, attr in info.locations:
+                module.__dict__[attr] = shaped
+
+    def hide_views(self) -> None:
+        for info in self.infos:
+            for module, attr in info.locations:
+                module.__dict__.pop(attr, None)
+
+    def reshard(self) -> None:
+        if self.state is ParamState.SHARDED:
+            return
+        self.wait_unshard()
+        self.hide_views()
+        if self.unsharded is not self.master:
+            self.unsharded.untyped_storage().resize_(0)
+        self.state = ParamState.SHARDED
+
+    # ---- gradients ---------------------------------------------------------------------
+
+    def take_flat_grad(self) -> torch.Tensor | None:
+        grad = self.flat_param.grad
+        self.flat_param.grad = None
+        return grad
+
+    def accumulate(self, grad_shard: torch.Tensor) -> None:
+        if self.grad_acc is None:
+            self.grad_acc = grad_shard if grad_shard.dtype == torch.float32 else grad_shard.float()
+        else:
+            self.grad_acc.add_(grad_shard)
+
+    def attach_grads(self) -> None:
+        """Point each optimizer parameter's ``.grad`` at its slice of the accumulated gradient."""
+        if not self.trainable:
+            return
+        if self.grad_acc is None:
+            self.grad_acc = torch.zeros_like(self.master)
+        for (_, param), (lo, n) in zip(self.optim_params, self._optim_slices):
+            param.grad = self.grad_acc[lo : lo + n]
+
+    def zero_grad(self) -> None:
+        self.grad_acc = None
+        self.flat_param.grad = None
+        for _, param in self.optim_params:
+            param.grad = None
+
+    def refresh_compute_copy(self) -> None:
+        """After the optimizer changed ``master``, bring the compute-dtype shard up to date."""
+        if self.compute_shard is not self.master:
+            self.compute_shard.copy_(self.master)
+
+    # ---- whole-parameter access (state dicts) ---------------------------------------------
+
+    def full_master(self, gather_fp32: Callable[[torch.Tensor, torch.Tensor], None]) -> torch.Tensor:
+        """The unpadded fp32 flat buffer on every rank (all ranks of the shard group must call)."""
+        if not self.sharded:
+            return self.master[: self.numel]
+        out = torch.empty(self.padded_numel, dtype=torch.float32, device=self.device)
+        gather_fp32(out, self.master)
+        return out[: self.numel]
+
+    def load_full(self, flat: torch.Tensor) -> None:
+        """Take this rank's shard out of an unpadded fp32 flat buffer."""
+        start = self.shard.rank * self.shard_numel
+        stop = min(start + self.shard_numel, self.numel)
+        self.master.zero_()
+        if stop > start:
+            self.master[: stop - start].copy_(flat[start:stop])
+        self.refresh_compute_copy()

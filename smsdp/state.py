@@ -1,0 +1,187 @@
+"""The one runtime state behind ``smp.init()`` and the rank/size/group functions.
+
+Everything a training process needs to know about its place in the job is
+computed once here, validated, and then only read: the config, the topology,
+this rank's coordinates, its process groups, its device and the byte counter.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import torch
+import torch.distributed as dist
+
+from smsdp.cluster import ClusterInfo
+from smsdp.collectives import AllGatherStrategy, Handle, all_reduce, reduce_scatter_flat
+from smsdp.comm_stats import CommStats
+from smsdp.config import ConfigError, RuntimeConfig, SMPParameters
+from smsdp.process_groups import ProcessGroups, build_process_groups
+from smsdp.rendezvous import init_distributed
+from smsdp.topology import RankCoords, Topology
+
+logger = logging.getLogger("smsdp")
+
+
+@dataclass
+class RuntimeState:
+    config: RuntimeConfig
+    cluster: ClusterInfo
+    topology: Topology
+    coords: RankCoords
+    groups: ProcessGroups
+    device: torch.device
+    stats: CommStats
+    all_gather: AllGatherStrategy
+    models: list[Any] = field(default_factory=list)  # DistributedModels, newest last
+
+    @property
+    def params(self) -> SMPParameters:
+        return self.config.parameters
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        if self.params.bf16:
+            return torch.bfloat16
+        if self.params.fp16:
+            return torch.float16
+        return torch.float32
+
+    @property
+    def dp_size(self) -> int:
+        """Ranks a gradient is averaged over: every rank holding a data-parallel replica."""
+        return self.topology.rdp_size
+
+    # ---- collectives bound to this rank's groups, counted in ``stats`` ------------------
+
+    def gather_shards(self, output: torch.Tensor, shard: torch.Tensor, async_op: bool) -> Handle:
+        return self.all_gather(output, shard, async_op=async_op)
+
+    def gather_shards_fp32(self, output: torch.Tensor, shard: torch.Tensor) -> None:
+        """Whole-parameter gathers for state dicts: flat, uncounted as training traffic."""
+        from smsdp.collectives import all_gather_flat
+
+        all_gather_flat(output, shard, self.groups.shard_group, CommStats()).wait()
+
+    def reduce_scatter_shards(self, output: torch.Tensor, full: torch.Tensor, async_op: bool) -> Handle:
+        return reduce_scatter_flat(output, full, self.groups.shard_group, self.stats, async_op=async_op)
+
+    def all_reduce_replicas(self, tensor: torch.Tensor, async_op: bool) -> Handle:
+        return all_reduce(tensor, self.groups.replica_group, self.stats, "all_reduce.replica", async_op=async_op)
+
+    def all_reduce_dp(self, tensor: torch.Tensor, async_op: bool) -> Handle:
+        return all_reduce(tensor, self.groups.rdp_group, self.stats, "all_reduce.dp", async_op=async_op)
+
+    def all_reduce_shard_group(self, tensor: torch.Tensor, key: str) -> None:
+        all_reduce(tensor, self.groups.shard_group, self.stats, key).wait()
+
+    def all_reduce_world(self, tensor: torch.Tensor, key: str, op=dist.ReduceOp.SUM) -> None:
+        all_reduce(tensor, self.groups.world, self.stats, key, op=op).wait()
+
+
+_STATE: RuntimeState | None = None
+
+
+def get() -> RuntimeState:
+    if _STATE is None:
+        raise RuntimeError("smsdp is not initialized: call smp.init() first, on every rank")
+    return _STATE
+
+
+def is_initialized() -> bool:
+    return _STATE is not None
+
+
+def init(config: RuntimeConfig | SMPParameters | Mapping[str, Any] | None = None) -> RuntimeState:
+    """Join the job and build every group. Idempotent: a second call returns the first state."""
+    global _STATE
+    if _STATE is not None:
+        return _STATE
+    job_config = RuntimeConfig.from_env()
+    cluster = init_distributed(
+        backend=_backend_for(config, job_config),
+        timeout_s=(job_config.collective_timeout_s if job_config else None),
+    )
+    resolved = _resolve_config(config, job_config, cluster)
+    topology = Topology(
+        world_size=cluster.world_size,
+        processes_per_host=resolved.processes_per_host,
+        tp_degree=resolved.parameters.tensor_parallel_degree,
+        sdp_degree=resolved.parameters.sharded_data_parallel_degree,
+    )
+    _check_hosts_are_host_major(cluster, topology)
+    groups = build_process_groups(topology, cluster.rank)
+    device = _device_for(cluster)
+    stats = CommStats()
+    strategy = AllGatherStrategy(resolved, groups, stats)
+    _STATE = RuntimeState(resolved, cluster, topology, topology.coords(cluster.rank), groups, device, stats, strategy)
+    logger.info("smsdp initialized: %s", topology)
+    return _STATE
+
+
+def _backend_for(config: Any, job_config: RuntimeConfig | None) -> str | None:
+    params = _params_of(config) or (job_config.parameters if job_config else None)
+    if params is None or params.ddp_dist_backend == "auto":
+        return None  # rendezvous picks nccl on GPUs, gloo on CPU
+    return params.ddp_dist_backend
+
+
+def _params_of(config: Any) -> SMPParameters | None:
+    if config is None:
+        return None
+    if isinstance(config, RuntimeConfig):
+        return config.parameters
+    if isinstance(config, SMPParameters):
+        return config
+    return SMPParameters.model_validate(dict(config))
+
+
+def _resolve_config(config: Any, job_config: RuntimeConfig | None, cluster: ClusterInfo) -> RuntimeConfig:
+    """The job's config, or one built from ``smp.init({...})``, checked against the real world."""
+    if isinstance(config, RuntimeConfig):
+        resolved = config
+    elif config is not None:
+        resolved = RuntimeConfig.for_world(cluster.world_size, cluster.processes_per_host, _params_of(config))
+    elif job_config is not None:
+        resolved = job_config
+    else:
+        resolved = RuntimeConfig.for_world(cluster.world_size, cluster.processes_per_host, None)
+    if resolved.world_size != cluster.world_size:
+        raise ConfigError(
+            f"the job was configured for {resolved.instance_count} host(s) x {resolved.processes_per_host} "
+            f"process(es) = {resolved.world_size} ranks, but {cluster.world_size} ranks started; "
+            f"launch with mpirun -np {resolved.world_size} or fix instance_count/processes_per_host"
+        )
+    return resolved
+
+
+def _check_hosts_are_host_major(cluster: ClusterInfo, topology: Topology) -> None:
+    """Every rank reports its host; the topology assumes rank r is on host r // processes_per_host."""
+    if cluster.world_size == 1:
+        return
+    hosts: list[Any] = [None] * cluster.world_size
+    dist.all_gather_object(hosts, cluster.host)
+    expected = [r // topology.processes_per_host for r in range(cluster.world_size)]
+    index: dict[str, int] = {}
+    seen = [index.setdefault(h, len(index)) for h in hosts]
+    if seen != expected:
+        raise ConfigError(
+            f"ranks are not laid out host-major with {topology.processes_per_host} per host: "
+            f"hosts by rank {hosts}; launch with mpirun --map-by slot and processes_per_host ranks per host"
+        )
+
+
+def _device_for(cluster: ClusterInfo) -> torch.device:
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def reset_for_tests() -> None:
+    """Forget the state (the process group stays): lets one worker process run several configs."""
+    global _STATE
+    if _STATE is not None:
+        _STATE.groups.destroy()
+    _STATE = None
