@@ -1,0 +1,229 @@
+"""Train the bundled GPT on a text corpus with smsdp (MiCS sharded data parallelism).
+
+Reads top to bottom, nanoGPT-style. Every rank runs this file; rank 0 prints
+progress and writes the artifacts. Launch it:
+
+1. As a job, from Python (a local job here; ``instance_type="ml.p4d.24xlarge"``
+   submits the same thing to SageMaker)::
+
+       from estimator import Estimator
+       est = Estimator(
+           entry_point="train_gpt.py", source_dir="entrypoints/",
+           instance_type="local", instance_count=2,
+           distribution={
+               "smdistributed": {"modelparallel": {"enabled": True, "parameters": {
+                   "ddp": True, "sharded_data_parallel_degree": 2}}},
+               "mpi": {"enabled": True, "processes_per_host": 2},
+           },
+           hyperparameters={"max_steps": 50},
+       )
+       est.fit()                                  # or est.fit({"train": "file://my_texts/"})
+
+2. By hand, 4 ranks on this machine (from the repository root)::
+
+       mpirun -np 4 --allow-run-as-root --oversubscribe \\
+           python -m entrypoints.launcher entrypoints/train_gpt.py --max_steps 20
+
+3. As a single plain process (no MPI, no environment needed)::
+
+       python entrypoints/train_gpt.py --max_steps 3
+
+Inputs and outputs follow the SageMaker container contract, with local
+defaults: text from every ``*.txt`` under ``$SM_CHANNEL_TRAIN`` (else the
+corpus shipped in ``entrypoints/data/``); ``$SM_MODEL_DIR`` (``./model``) gets
+``model.pt`` (the full, unsharded state dict) and ``config.json``;
+``$SM_OUTPUT_DATA_DIR`` (``./output``) gets ``summary.json``. The SMP
+parameters (sharded degree, bf16, ...) come from the job, through
+``smp.init()``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+# Run straight from a source checkout (``python entrypoints/train_gpt.py``)
+# without installing the package: make the repository root importable.
+_REPO_ROOT = Path(__file__).resolve().parent.parent
+if (_REPO_ROOT / "smsdp").is_dir() and str(_REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(_REPO_ROOT))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+import smsdp as smp  # noqa: E402
+from entrypoints.data import TokenDataset  # noqa: E402
+from entrypoints.gpt import GPT, GPTConfig  # noqa: E402
+from smsdp.metrics import ProgressLogger, write_summary  # noqa: E402
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    # SageMaker passes every hyperparameter as "--name value".
+    p.add_argument("--max_steps", type=int, default=50, help="optimizer steps")
+    p.add_argument("--batch_size", type=int, default=4, help="sequences per rank per micro-step")
+    p.add_argument("--seq_len", type=int, default=128)
+    p.add_argument("--n_layer", type=int, default=4)
+    p.add_argument("--d_model", type=int, default=256)
+    p.add_argument("--n_head", type=int, default=4)
+    p.add_argument("--vocab_size", type=int, default=1024, help=">= 256 (byte tokens)")
+    p.add_argument("--dropout", type=float, default=0.0)
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--weight_decay", type=float, default=0.1)
+    p.add_argument("--grad_accum", type=int, default=1, help="micro-steps per optimizer step")
+    p.add_argument("--log_interval", type=int, default=10)
+    p.add_argument("--eval_interval", type=int, default=0, help="0: evaluate only at the end")
+    p.add_argument("--eval_batches", type=int, default=4, help="validation batches per evaluation")
+    p.add_argument("--seed", type=int, default=1234)
+    # The SageMaker container contract, with defaults for a bare run.
+    p.add_argument("--train", default=os.environ.get("SM_CHANNEL_TRAIN"), help="dir of .txt files")
+    p.add_argument("--model_dir", default=os.environ.get("SM_MODEL_DIR", "model"))
+    p.add_argument("--output_data_dir", default=os.environ.get("SM_OUTPUT_DATA_DIR", "output"))
+    args = p.parse_args(argv)
+    if args.vocab_size < 256:
+        p.error(f"--vocab_size {args.vocab_size} is below the 256 byte tokens; use 256 or more")
+    return args
+
+
+def param_groups(model, weight_decay: float) -> list:
+    """AdamW groups: decay matmul weights and embeddings, not biases or LayerNorm gains.
+
+    nanoGPT splits by ``p.dim() >= 2``, but a sharded model yields 1-D shards,
+    so the split goes by the original parameter names instead.
+    """
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        leaf = name.rsplit(".", 1)[-1]
+        is_norm = ".ln_" in f".{name}" or "norm" in name
+        (no_decay if leaf == "bias" or is_norm else decay).append(p)
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+
+
+def mean_over_data_parallel(value: torch.Tensor) -> torch.Tensor:
+    """The loss of the global batch: average this rank's value over the replicas."""
+    if smp.rdp_size() > 1:
+        value = value.clone()
+        dist.all_reduce(value, group=smp.get_rdp_process_group())
+        value /= smp.rdp_size()
+    return value
+
+
+def save_atomically(obj, path: Path) -> None:
+    """Write then rename, so a reader (or a packer of model/) never sees half a file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    t_start = time.perf_counter()
+
+    # -- the job ------------------------------------------------------------------
+    smp.init()
+    is_main = smp.rank() == 0
+    dp_rank, dp_size = smp.rdp_rank(), smp.rdp_size()  # data-parallel replicas
+    torch.manual_seed(args.seed)  # same init everywhere (rank 0's is broadcast anyway)
+
+    # -- data ---------------------------------------------------------------------
+    data = TokenDataset(args.train, seq_len=args.seq_len)
+
+    # -- model and optimizer ------------------------------------------------------
+    config = GPTConfig(
+        vocab_size=args.vocab_size,
+        block_size=args.seq_len,
+        n_layer=args.n_layer,
+        n_head=args.n_head,
+        d_model=args.d_model,
+        dropout=args.dropout,
+    )
+    gpt = GPT(config)
+    n_params = gpt.num_params()
+    flops_per_token = gpt.flops_per_token(args.seq_len)
+    model = smp.DistributedModel(gpt)
+    optimizer = smp.DistributedOptimizer(
+        torch.optim.AdamW(param_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.95))
+    )
+    device = next(model.parameters()).device  # where the runtime put the shards
+
+    tokens_per_step = args.batch_size * args.seq_len * args.grad_accum * dp_size
+    log = ProgressLogger(
+        args.max_steps,
+        tokens_per_step=tokens_per_step,
+        flops_per_token=flops_per_token,
+        log_interval=args.log_interval,
+        rank=smp.rank(),
+        world_size=smp.size(),
+    )
+    log.info(
+        f"GPT {n_params / 1e6:.2f}M params, {smp.size()} ranks (sharded degree {smp.sdp_size()}, "
+        f"{dp_size} data-parallel), {tokens_per_step} tokens/step, "
+        f"data {data.num_tokens('train'):,} train / {data.num_tokens('val'):,} val tokens "
+        f"from {len(data.files)} file(s)"
+    )
+
+    @torch.no_grad()
+    def evaluate() -> torch.Tensor:
+        model.eval()
+        total = torch.zeros((), device=device)
+        for i in range(args.eval_batches):
+            x, y = data.batches(i, dp_rank, dp_size, args.batch_size, args.seed, split="val")
+            total += model(x.to(device), y.to(device)).loss.float()
+        model.train()
+        return mean_over_data_parallel(total / args.eval_batches)
+
+    # -- training loop ------------------------------------------------------------
+    model.train()
+    log.start()
+    for step in range(1, args.max_steps + 1):
+        step_loss = torch.zeros((), device=device)
+        for micro in range(args.grad_accum):
+            # Global batch numbers are counted in micro-steps, so a run with
+            # grad_accum=g sees the same data as one with g times the batch.
+            x, y = data.batches((step - 1) * args.grad_accum + micro, dp_rank, dp_size, args.batch_size, args.seed)
+            loss = model(x.to(device), y.to(device)).loss / args.grad_accum
+            model.backward(loss)
+            step_loss += loss.detach().float()
+        optimizer.step()
+        optimizer.zero_grad()
+
+        if log.should_log(step):
+            step_loss = mean_over_data_parallel(step_loss)  # every rank joins the collective
+        log.step(step, step_loss)
+        if (args.eval_interval and step % args.eval_interval == 0) or step == args.max_steps:
+            with log.paused():
+                log.eval(step, evaluate())
+
+    # -- artifacts ----------------------------------------------------------------
+    state = model.state_dict()  # full, unsharded: a collective, so every rank calls it
+    summary = log.summary(
+        model_params=n_params,
+        sharded_degree=smp.sdp_size(),
+        comm_bytes=smp.comm_stats(),
+        total_time_s=time.perf_counter() - t_start,
+    )
+    if is_main:
+        model_dir = Path(args.model_dir)
+        model_dir.mkdir(parents=True, exist_ok=True)
+        save_atomically({k: v.detach().cpu() for k, v in state.items()}, model_dir / "model.pt")
+        config_tmp = model_dir / ".config.json.tmp"
+        config_tmp.write_text(json.dumps(config.to_dict(), indent=2) + "\n")
+        os.replace(config_tmp, model_dir / "config.json")
+        summary["model_dir"] = str(model_dir.resolve())
+        write_summary(args.output_data_dir, **summary)
+        log.info(f"saved {model_dir / 'model.pt'}; summary in {Path(args.output_data_dir) / 'summary.json'}")
+    smp.barrier()  # nobody leaves (and tears the group down) before rank 0 has saved
+    return summary
+
+
+if __name__ == "__main__":
+    main()
