@@ -1,0 +1,492 @@
+"""Stateless collectives over explicit groups, with byte accounting.
+
+Every function takes the group to use and a ``CommStats`` (or None) and
+records what it sends (ring accounting, see ``smsdp.comm_stats``), counted
+from the tensors actually passed. All of them take flat, contiguous tensors
+and return a ``Handle`` whose ``wait()`` completes the operation; sync calls
+and groups of one return an already-completed handle.
+
+- ``all_gather_flat`` / ``reduce_scatter_flat`` / ``all_reduce`` / ``broadcast``:
+  thin wrappers over torch.distributed.
+- ``hierarchical_all_gather``: two stages (inter-host, then intra-host) and
+  a local re-layout, bit-identical to the flat all-gather.
+- ``AllGatherStrategy``: per process, picks flat / hierarchical / buffered
+  (SMDDP-style scratch and sort buffers) for the parameter all-gathers.
+
+dtype findings (torch 2.13 gloo, measured): float32, float64, float16 and
+bfloat16 all work natively for all-gather, reduce-scatter, all-reduce and
+broadcast, as do int8/uint8/int32/int64/bool; int16 does NOT ("Invalid scalar
+type"), so bit-preserving views must use uint8, not int16. Gloo has had
+BFloat16 in its type switch since well before torch 2.11. As a guard for
+dtypes gloo lacks, all-gathers of such CPU tensors move their bytes as uint8
+views (bit-exact; an all-gather only moves bits). NCCL handles all of these.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Callable, Union
+
+import torch
+import torch.distributed as dist
+
+from smsdp.comm_stats import INTER_HOST, INTRA_HOST, CollectiveKind, CommStats, ring_bytes
+from smsdp.process_groups import HierarchicalGroups, ProcessGroups, RankGroup
+
+logger = logging.getLogger("smsdp")
+
+GroupLike = Union[RankGroup, dist.ProcessGroup, None]
+
+# --------------------------------------------------------------------------- #
+# torch version shims, chosen once at import
+# --------------------------------------------------------------------------- #
+# torch 2.13 renamed all_gather_into_tensor / reduce_scatter_tensor to
+# *_single and warns on the old names; torch 2.11 only has the old names.
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+#: dtypes gloo's collectives accept (its GENERATE_ALL_TYPES switch).
+_GLOO_NATIVE_DTYPES = frozenset({
+    torch.float32, torch.float64, torch.float16, torch.bfloat16,
+    torch.int8, torch.uint8, torch.bool, torch.int32, torch.int64,
+})
+
+
+def _wire_view(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor as it travels in an all-gather: itself, or its bytes for dtypes gloo lacks."""
+    if tensor.device.type == "cpu" and tensor.dtype not in _GLOO_NATIVE_DTYPES:
+        return tensor.view(torch.uint8)
+    return tensor
+
+
+# --------------------------------------------------------------------------- #
+# Handles
+# --------------------------------------------------------------------------- #
+class Handle:
+    """Something to ``wait()`` on; waiting twice is fine."""
+
+    def wait(self) -> None:
+        raise NotImplementedError
+
+    def is_completed(self) -> bool:
+        raise NotImplementedError
+
+
+class CompletedHandle(Handle):
+    """A handle for work that is already done (sync calls, groups of one)."""
+
+    def wait(self) -> None:
+        return None
+
+    def is_completed(self) -> bool:
+        return True
+
+
+COMPLETED = CompletedHandle()
+
+
+class PendingHandle(Handle):
+    """Wraps a torch ``Work``; ``then`` runs once after it completes (a copy-out, a next stage)."""
+
+    def __init__(self, work, then: Callable[[], None] | None = None) -> None:
+        self._work = work
+        self._then = then
+        self._done = False
+
+    def wait(self) -> None:
+        if self._done:
+            return
+        if self._work is not None:
+            self._work.wait()
+        if self._then is not None:
+            self._then()
+        self._done = True
+
+    def is_completed(self) -> bool:
+        return self._done
+
+
+def _finish(work, async_op: bool, then: Callable[[], None] | None = None) -> Handle:
+    handle = PendingHandle(work, then)
+    if async_op:
+        return handle
+    handle.wait()
+    return COMPLETED
+
+
+# --------------------------------------------------------------------------- #
+# Helpers
+# --------------------------------------------------------------------------- #
+def _pg_and_size(group: GroupLike) -> tuple[dist.ProcessGroup | None, int]:
+    if isinstance(group, RankGroup):
+        return group.pg, group.size
+    return group, dist.get_world_size(group)
+
+
+def _flat(tensor: torch.Tensor, name: str) -> torch.Tensor:
+    if not tensor.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (got strides {tensor.stride()})")
+    return tensor.view(-1)
+
+
+def _check_scatter_sizes(big: torch.Tensor, small: torch.Tensor, n: int, what: str) -> None:
+    if big.numel() != n * small.numel() or big.dtype != small.dtype:
+        raise ValueError(
+            f"{what}: the large tensor must hold group size {n} x the small one of the same "
+            f"dtype; got {big.numel()} {big.dtype} vs {small.numel()} {small.dtype}"
+        )
+
+
+def _record(stats: CommStats | None, kind: CollectiveKind, tensor: torch.Tensor, n: int,
+            label: str | None = None) -> None:
+    if stats is not None:
+        stats.record_collective(kind, tensor.numel() * tensor.element_size(), n, label)
+
+
+# --------------------------------------------------------------------------- #
+# Flat collectives
+# --------------------------------------------------------------------------- #
+def all_gather_flat(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    group: GroupLike,
+    stats: CommStats | None,
+    async_op: bool = False,
+    label: str | None = None,
+) -> Handle:
+    """``output = cat(input of every group rank, in group order)``; ``input`` may alias its slot."""
+    pg, n = _pg_and_size(group)
+    out, inp = _flat(output, "output"), _flat(input, "input")
+    _check_scatter_sizes(out, inp, n, "all_gather_flat")
+    _record(stats, CollectiveKind.ALL_GATHER, out, n, label)
+    if n == 1:
+        if out.data_ptr() != inp.data_ptr():
+            out.copy_(inp)
+        return COMPLETED
+    work = _all_gather_single(_wire_view(out), _wire_view(inp), group=pg, async_op=True)
+    return _finish(work, async_op)
+
+
+def _gloo_avg(tensor: torch.Tensor, op) -> bool:
+    """Whether to run AVG as SUM + divide (gloo's AVG support differs across torch versions)."""
+    return op == dist.ReduceOp.AVG and tensor.device.type == "cpu"
+
+
+def reduce_scatter_flat(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    group: GroupLike,
+    stats: CommStats | None,
+    op=dist.ReduceOp.SUM,
+    async_op: bool = False,
+) -> Handle:
+    """``output`` = this rank's 1/n slice of ``op`` over every rank's ``input``."""
+    pg, n = _pg_and_size(group)
+    out, inp = _flat(output, "output"), _flat(input, "input")
+    _check_scatter_sizes(inp, out, n, "reduce_scatter_flat")
+    _record(stats, CollectiveKind.REDUCE_SCATTER, inp, n)
+    if n == 1:
+        out.copy_(inp)  # every reduction of one value is that value
+        return COMPLETED
+    if _gloo_avg(out, op):
+        work = _reduce_scatter_single(out, inp, op=dist.ReduceOp.SUM, group=pg, async_op=True)
+        return _finish(work, async_op, then=lambda: out.div_(n))
+    work = _reduce_scatter_single(out, inp, op=op, group=pg, async_op=True)
+    return _finish(work, async_op)
+
+
+def all_reduce(
+    tensor: torch.Tensor,
+    group: GroupLike,
+    stats: CommStats | None,
+    key: str = "all_reduce",
+    op=dist.ReduceOp.SUM,
+    async_op: bool = False,
+) -> Handle:
+    """In-place all-reduce, recorded under ``key`` (e.g. ``"all_reduce.replica"``)."""
+    if CollectiveKind.of_key(key) is not CollectiveKind.ALL_REDUCE:
+        raise ValueError(f"all_reduce stats key must start with 'all_reduce', got {key!r}")
+    pg, n = _pg_and_size(group)
+    if stats is not None:
+        stats.record(key, ring_bytes(CollectiveKind.ALL_REDUCE, tensor.numel() * tensor.element_size(), n))
+    if n == 1:
+        return COMPLETED
+    if _gloo_avg(tensor, op):
+        work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=pg, async_op=True)
+        return _finish(work, async_op, then=lambda: tensor.div_(n))
+    return _finish(dist.all_reduce(tensor, op=op, group=pg, async_op=True), async_op)
+
+
+def broadcast(
+    tensor: torch.Tensor,
+    src: int,
+    group: GroupLike,
+    stats: CommStats | None,
+    async_op: bool = False,
+) -> Handle:
+    """In-place broadcast from world rank ``src`` (a member of ``group``)."""
+    pg, n = _pg_and_size(group)
+    _record(stats, CollectiveKind.BROADCAST, tensor, n)
+    if n == 1:
+        return COMPLETED
+    return _finish(dist.broadcast(tensor, src, group=pg, async_op=True), async_op)
+
+
+# --------------------------------------------------------------------------- #
+# Hierarchical all-gather
+# --------------------------------------------------------------------------- #
+# [Note: hierarchical all-gather order]
+# For a sharding group of n = H hosts x L members per host (layout in
+# smsdp.topology.HierarchicalLayout), with shard s:
+#   1. inter-host: all-gather among the H members sharing this rank's local
+#      position (stage1 group, host order) -> H*s, recorded as
+#      "all_gather.inter_host"; the only traffic that crosses hosts.
+#   2. intra-host: all-gather of those H*s among the L members on this host
+#      (stage2 group) -> n*s in block order k = position*H + host, recorded
+#      as "all_gather.intra_host".
+#   3. re-layout: block k goes to flat block gather_order[k] of the output
+#      (one index_copy_; skipped when the order is already the identity, in
+#      which case stage 2 writes straight into the output).
+# Bytes sent: (H-1)s + (L-1)Hs = (n-1)s, the flat ring volume.
+# With async_op=True, stage 1 is launched now and wait() runs stages 2-3.
+def hierarchical_all_gather(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    layout_groups: HierarchicalGroups,
+    stats: CommStats | None,
+    async_op: bool = False,
+) -> Handle:
+    """All-gather over a sharding group spanning hosts; same bits as ``all_gather_flat``."""
+    layout = layout_groups.layout
+    n = len(layout.group)
+    out, inp = _flat(output, "output"), _flat(input, "input")
+    _check_scatter_sizes(out, inp, n, "hierarchical_all_gather")
+    stage1_out = inp.new_empty(layout.num_hosts * inp.numel())
+    stage1 = all_gather_flat(stage1_out, inp, layout_groups.stage1, stats, async_op=True,
+                             label=INTER_HOST)
+
+    def stages_2_and_3() -> None:
+        stage1.wait()
+        stage2_out = out if layout.is_identity_order else inp.new_empty(out.numel())
+        all_gather_flat(stage2_out, stage1_out, layout_groups.stage2, stats, label=INTRA_HOST)
+        if stage2_out is not out:
+            _relayout(out, stage2_out, layout.gather_order)
+
+    return _finish(None, async_op, then=stages_2_and_3)
+
+
+def _relayout(out: torch.Tensor, staged: torch.Tensor, order: tuple[int, ...]) -> None:
+    """``out`` block ``order[k]`` = ``staged`` block ``k`` (blocks of equal size)."""
+    n = len(order)
+    index = _index_tensor(order, out.device)
+    out.view(n, -1).index_copy_(0, index, staged.view(n, -1))
+
+
+@lru_cache(maxsize=64)
+def _index_tensor(order: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    return torch.tensor(order, dtype=torch.long, device=device)
+
+
+# --------------------------------------------------------------------------- #
+# Parameter all-gather strategy (SMDDP-style buffers)
+# --------------------------------------------------------------------------- #
+SCRATCH_ENV = "SMDDP_AG_SCRATCH_BUFFER_SIZE_BYTES"
+SORT_ENV = "SMDDP_AG_SORT_BUFFER_SIZE_BYTES"
+DEFAULT_SCRATCH_BYTES = 16 * 1024 * 1024
+DEFAULT_SORT_BYTES = 128 * 1024 * 1024
+BUFFER_ALIGNMENT = 8192
+
+
+class AllGatherPath(enum.Enum):
+    FLAT = "flat"                  # the backend's own all-gather, straight into the output
+    HIERARCHICAL = "hierarchical"  # inter-host then intra-host stages + re-layout
+    BUFFERED = "buffered"          # SMDDP-style: through the scratch and sort buffers
+
+
+class FallbackReason(enum.Enum):
+    BACKEND_NOT_AUTO = "backend_not_auto"
+    SCRATCH_TOO_SMALL = "scratch_too_small"
+    SORT_TOO_SMALL = "sort_too_small"
+
+
+@dataclass(frozen=True)
+class BufferShortfall:
+    """One reason the buffered path cannot take an input."""
+
+    reason: FallbackReason
+    message: str
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+@dataclass(frozen=True)
+class AllGatherSettings:
+    """The job settings the all-gather strategy depends on (validated once)."""
+
+    scratch_bytes: int = DEFAULT_SCRATCH_BYTES
+    sort_bytes: int = DEFAULT_SORT_BYTES
+    ddp_dist_backend: str = "auto"
+    hierarchical: bool = True  # SMP's sdp_hierarchical_allgather default
+
+    def __post_init__(self) -> None:
+        for name, value in ((SCRATCH_ENV, self.scratch_bytes), (SORT_ENV, self.sort_bytes)):
+            if value <= 0 or value % BUFFER_ALIGNMENT:
+                raise ValueError(f"{name}={value} must be a positive multiple of {BUFFER_ALIGNMENT}")
+
+    @classmethod
+    def from_config(cls, config) -> "AllGatherSettings":
+        """From a ``smsdp.config.RuntimeConfig`` (its ``smddp`` and ``parameters`` sections)."""
+        return cls(
+            scratch_bytes=config.smddp.scratch_buffer_size_bytes,
+            sort_bytes=config.smddp.sort_buffer_size_bytes,
+            ddp_dist_backend=config.parameters.ddp_dist_backend,
+            hierarchical=config.parameters.sdp_hierarchical_allgather,
+        )
+
+
+class AllGatherStrategy:
+    """Chooses and runs the parameter all-gather of the sharding group, per input.
+
+    Built once per process from the job settings (an ``AllGatherSettings`` or a
+    ``RuntimeConfig``), this rank's ``ProcessGroups`` and the ``CommStats``
+    to count into. Decision, per call (``choose``):
+
+    1. sharding group of one -> FLAT (a local copy);
+    2. ``hierarchical`` (``sdp_hierarchical_allgather``) and the group spans
+       hosts -> HIERARCHICAL;
+    3. ``ddp_dist_backend == "auto"`` and the buffers are large enough
+       (scratch >= input bytes and sort >= input bytes * d / 8, and at least
+       one element per rank) -> BUFFERED;
+    4. otherwise FLAT, logging once per reason (logger "smsdp") which buffer
+       was too small, by how much, and which environment variable to raise.
+
+    What BUFFERED honestly does: SMDDP's custom all-gather kernels are not
+    available here, so on CUDA tensors it issues the same NCCL all-gather as
+    FLAT, straight into the output, and allocates no buffers (it must never be
+    slower than FLAT). On CPU/gloo it is a staging path that exercises the
+    SMDDP buffer contract: the input is copied into the preallocated scratch
+    buffer, then gathered in rounds whose results land in the preallocated
+    sort buffer and are copied column-wise into the output; ``sort >= input*d/8``
+    bounds that at 8 rounds. That costs two extra memcpys and buys nothing on
+    gloo; it exists so the buffer rules, the fallback and the bit-exactness
+    are tested where we can run them. It runs to completion before returning
+    (the shared buffers cannot serve two gathers in flight), so an
+    ``async_op=True`` call gets a completed handle. Every path gives the flat
+    all-gather's bits and records the flat ring byte count under "all_gather"
+    (the hierarchical path under its two stage labels).
+    """
+
+    def __init__(self, settings, groups: ProcessGroups, stats: CommStats | None = None) -> None:
+        if not isinstance(settings, AllGatherSettings):
+            settings = AllGatherSettings.from_config(settings)
+        self.settings = settings
+        self.groups = groups
+        self.stats = stats
+        self._scratch: torch.Tensor | None = None
+        self._sort: torch.Tensor | None = None
+        self._logged: set[FallbackReason] = set()
+        self.path_counts: dict[AllGatherPath, int] = {path: 0 for path in AllGatherPath}
+
+    # ------------------------------------------------------------ decision
+    @property
+    def degree(self) -> int:
+        return self.groups.shard_group.size
+
+    def shortfalls(self, input_nbytes: int, element_size: int = 1) -> list[BufferShortfall]:
+        """Why the buffered path cannot take an input of ``input_nbytes`` (empty: it can)."""
+        settings, d = self.settings, self.degree
+        if settings.ddp_dist_backend != "auto":
+            return [BufferShortfall(
+                FallbackReason.BACKEND_NOT_AUTO,
+                f"ddp_dist_backend={settings.ddp_dist_backend!r} selects the backend's own "
+                f"all-gather (set ddp_dist_backend='auto' for the SMDDP-style path)",
+            )]
+        problems = []
+        if settings.scratch_bytes < input_nbytes:
+            problems.append(self._shortfall(FallbackReason.SCRATCH_TOO_SMALL, SCRATCH_ENV,
+                                            settings.scratch_bytes, input_nbytes, "the input"))
+        # input x d / 8 (rounded up), and room for one element per rank per round
+        sort_need = max(-(-input_nbytes * d // 8), d * element_size)
+        if settings.sort_bytes < sort_need:
+            problems.append(self._shortfall(FallbackReason.SORT_TOO_SMALL, SORT_ENV,
+                                            settings.sort_bytes, sort_need, f"input x d / 8 (d={d})"))
+        return problems
+
+    @staticmethod
+    def _shortfall(reason, env, have, need, what) -> BufferShortfall:
+        return BufferShortfall(
+            reason,
+            f"{env}={have} is {need - have} bytes smaller than {what} = {need} bytes; "
+            f"raise {env} to at least {_round_up(need, BUFFER_ALIGNMENT)}",
+        )
+
+    def choose(self, input: torch.Tensor) -> AllGatherPath:
+        """The path for ``input`` (logs a fallback once per reason)."""
+        if self.degree == 1:
+            return AllGatherPath.FLAT
+        if self.settings.hierarchical and self.groups.hierarchical is not None:
+            return AllGatherPath.HIERARCHICAL
+        problems = self.shortfalls(input.numel() * input.element_size(), input.element_size())
+        if not problems:
+            return AllGatherPath.BUFFERED
+        self._log_fallback_once(problems, input)
+        return AllGatherPath.FLAT
+
+    def _log_fallback_once(self, problems: list[BufferShortfall], input: torch.Tensor) -> None:
+        new = [p for p in problems if p.reason not in self._logged]
+        if not new:
+            return
+        self._logged.update(p.reason for p in new)
+        nbytes = input.numel() * input.element_size()
+        logger.warning(
+            "SMDDP-style all-gather not used for a %d-byte shard over %d ranks, falling back to "
+            "the backend's own all-gather: %s. (Logged once per reason.)",
+            nbytes, self.degree, "; ".join(p.message for p in new),
+        )
+
+    # ----------------------------------------------------------------- run
+    def all_gather(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = False) -> Handle:
+        """All-gather ``input`` over the sharding group into ``output`` by the chosen path."""
+        stats = self.stats
+        path = self.choose(input)
+        self.path_counts[path] += 1
+        if path is AllGatherPath.HIERARCHICAL:
+            return hierarchical_all_gather(output, input, self.groups.hierarchical, stats, async_op)
+        if path is AllGatherPath.BUFFERED and input.device.type == "cpu":
+            return self._buffered_all_gather(output, input, stats)
+        return all_gather_flat(output, input, self.groups.shard_group, stats, async_op)
+
+    __call__ = all_gather
+
+    def _buffers(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The scratch and sort buffers, allocated once (bytes; viewed per dtype)."""
+        if self._scratch is None:
+            self._scratch = torch.empty(self.settings.scratch_bytes, dtype=torch.uint8, device=device)
+            self._sort = torch.empty(self.settings.sort_bytes, dtype=torch.uint8, device=device)
+        return self._scratch, self._sort
+
+    def _buffered_all_gather(self, output: torch.Tensor, input: torch.Tensor,
+                             stats: CommStats | None) -> Handle:
+        n, group = self.degree, self.groups.shard_group
+        out, inp = _flat(output, "output"), _flat(input, "input")
+        _check_scatter_sizes(out, inp, n, "buffered all-gather")
+        _record(stats, CollectiveKind.ALL_GATHER, out, n)  # once, for the whole gather
+        scratch_bytes, sort_bytes = self._buffers(inp.device)
+        shard, elem = inp.numel(), inp.element_size()
+        if shard == 0:
+            return COMPLETED
+        scratch = scratch_bytes[: shard * elem].view(inp.dtype)
+        scratch.copy_(inp)
+        per_round = min(shard, self.settings.sort_bytes // (n * elem))
+        out_2d = out.view(n, shard)
+        for start in range(0, shard, per_round):
+            count = min(per_round, shard - start)
+            sort = sort_bytes[: n * count * elem].view(inp.dtype)
+            all_gather_flat(sort, scratch[start:start + count], group, None)
+            out_2d[:, start:start + count].copy_(sort.view(n, count))
+        return COMPLETED
