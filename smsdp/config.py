@@ -184,7 +184,11 @@ def _describe_pydantic_error(error: Mapping[str, Any], model: type[BaseModel], l
     message = message[:1].lower() + message[1:]
     rule = f"is invalid: {message}"
     default = _default_at(model, loc)
-    if default is not NO_VALUE:
+    if error["type"] == "model_type":
+        rule += "; write a dict"
+    elif isinstance(default, bool):
+        rule += "; use True or False"
+    elif default is not NO_VALUE and default is not None:
         rule += f"; use e.g. {default!r} (the default)"
     return rule
 
@@ -545,7 +549,8 @@ def _sharding_exclusions(p: SMPParameters) -> list[ConfigProblem]:
     problems = []
     with_sdp = f"cannot be combined with sharded data parallelism (sharded_data_parallel_degree={d})"
     if p.pipeline_parallel_degree > 1:
-        problems.append(ConfigProblem(("pipeline_parallel_degree",), f"{with_sdp}; use 1", p.pipeline_parallel_degree))
+        rule = f"{with_sdp}; use 1 (also spelled 'partitions')"
+        problems.append(ConfigProblem(("pipeline_parallel_degree",), rule, p.pipeline_parallel_degree))
     if p.shard_optimizer_state:
         rule = f"{with_sdp}, which already shards optimizer state; use False"
         problems.append(ConfigProblem(("shard_optimizer_state",), rule, True))
@@ -558,7 +563,7 @@ def _unsupported_features(p: SMPParameters) -> list[ConfigProblem]:
     if p.sharded_data_parallel_degree == 1 and p.pipeline_parallel_degree > 1:
         rule = (
             "is not supported: smsdp does not implement pipeline parallelism; use 1 "
-            "(and sharded_data_parallel_degree > 1 to save memory)"
+            "(also spelled 'partitions'), and sharded_data_parallel_degree > 1 to save memory"
         )
         problems.append(ConfigProblem(("pipeline_parallel_degree",), rule, p.pipeline_parallel_degree))
     if p.sharded_data_parallel_degree == 1 and p.shard_optimizer_state:

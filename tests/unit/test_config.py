@@ -485,6 +485,20 @@ def test_option_models_directly():
     assert ModelParallelOptions(enabled=True).parameters == SMPParameters()
 
 
+def test_type_errors_in_sections_suggest_what_to_write():
+    with pytest.raises(ConfigError) as info:
+        resolve_job_config(
+            {"smdistributed": {"modelparallel": {"enabled": "yes", "parameters": 5}},
+             "mpi": {"enabled": True, "processes_per_host": "eight"}}
+        )
+    lines = str(info.value).splitlines()[1:]
+    assert lines == [
+        "  - smdistributed.modelparallel.enabled='yes' is invalid: input should be a valid boolean; use True or False",
+        f"  - {PARAMS}=5 is invalid: input should be a valid dictionary or instance of SMPParameters; write a dict",
+        "  - mpi.processes_per_host='eight' is invalid: input should be a valid integer",
+    ]
+
+
 def test_distribution_must_be_a_mapping():
     assert error_of(resolve_job_config, "smdistributed").startswith("distribution='smdistributed' must be a dict")
 
