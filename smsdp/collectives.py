@@ -251,7 +251,8 @@ def broadcast(
 #      (one index_copy_; skipped when the order is already the identity, in
 #      which case stage 2 writes straight into the output).
 # Bytes sent: (H-1)s + (L-1)Hs = (n-1)s, the flat ring volume.
-# With async_op=True, stage 1 is launched now and wait() runs stages 2-3.
+# With async_op=True, stage 1 is launched now and wait() runs stages 2-3
+# (stage 2's bytes are recorded when it is issued, i.e. inside wait()).
 def hierarchical_all_gather(
     output: torch.Tensor,
     input: torch.Tensor,
