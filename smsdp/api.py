@@ -80,36 +80,36 @@ def pp_size() -> int:
 
 
 def get_world_process_group():
-    return runtime_state.get().groups.world
+    return runtime_state.get().groups.world.pg
 
 
 def get_dp_process_group():
-    return runtime_state.get().groups.world
+    return runtime_state.get().groups.world.pg
 
 
 def get_rdp_process_group():
-    return runtime_state.get().groups.rdp_group
+    return runtime_state.get().groups.rdp_group.pg
 
 
 def get_tp_process_group():
-    return runtime_state.get().groups.tp_group
+    return runtime_state.get().groups.tp_group.pg
 
 
 def get_sdp_process_group():
-    return runtime_state.get().groups.shard_group
+    return runtime_state.get().groups.shard_group.pg
 
 
 def get_replica_process_group():
-    return runtime_state.get().groups.replica_group
+    return runtime_state.get().groups.replica_group.pg
 
 
 def barrier() -> None:
-    dist.barrier(group=runtime_state.get().groups.world)
+    dist.barrier(group=runtime_state.get().groups.world.pg)
 
 
-def comm_stats() -> dict:
-    """Bytes sent per collective kind since start (or the last reset), by this rank."""
-    return runtime_state.get().stats.snapshot()
+def comm_stats() -> dict[str, int]:
+    """Bytes this rank sent per collective key (``all_gather``, ``all_reduce.replica``, ...) so far."""
+    return {key: c["bytes_sent"] for key, c in runtime_state.get().stats.snapshot().items()}
 
 
 def reset_comm_stats() -> None:

@@ -1,7 +1,7 @@
 """Stateless collectives over explicit groups, with byte accounting.
 
 Every function takes the group to use and a ``CommStats`` (or None) and
-records what it sends (ring accounting, see ``smsdp.comm_stats``), counted
+records what it sends (ring accounting, see ``smsdp.comm_accounting``), counted
 from the tensors actually passed. All of them take flat, contiguous tensors
 and return a ``Handle`` whose ``wait()`` completes the operation; sync calls
 and groups of one return an already-completed handle.
@@ -33,7 +33,7 @@ from typing import Callable, Union
 import torch
 import torch.distributed as dist
 
-from smsdp.comm_stats import INTER_HOST, INTRA_HOST, CollectiveKind, CommStats, ring_bytes
+from smsdp.comm_accounting import INTER_HOST, INTRA_HOST, CollectiveKind, CommStats, ring_bytes
 from smsdp.process_groups import HierarchicalGroups, ProcessGroups, RankGroup
 
 logger = logging.getLogger("smsdp")

@@ -29,11 +29,11 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_map
 
 from smsdp import state as runtime_state
+from smsdp.collectives import broadcast
 from smsdp.flat_param_group import FlatParamGroup, ShardSpec
 from smsdp.units import BackwardState, GroupPolicy, Unit, build_units, find_unit_modules
 
@@ -365,8 +365,7 @@ def _broadcast_from_rank0(module: nn.Module, rt) -> None:
         if id(tensor) in seen:
             continue
         seen.add(id(tensor))
-        with torch.no_grad():
-            dist.broadcast(tensor.data, src=0, group=rt.groups.world)
+        broadcast(tensor.data, 0, rt.groups.world, None)
 
 
 def _tensors_requiring_grad(output: Any) -> list[torch.Tensor]:

@@ -23,7 +23,7 @@ from smsdp.collectives import (
     hierarchical_all_gather,
     reduce_scatter_flat,
 )
-from smsdp.comm_stats import CommStats
+from smsdp.comm_accounting import CommStats
 from smsdp.process_groups import build_process_groups
 from smsdp.topology import Topology
 from tests.mpi_harness import destroy_process_group, init_gloo_from_env, worker_main

@@ -12,7 +12,7 @@ import warnings
 import pytest
 import torch.distributed as dist
 
-from smsdp.comm_stats import CollectiveKind, CommStats, ring_bytes
+from smsdp.comm_accounting import CollectiveKind, CommStats, ring_bytes
 from smsdp.topology import Topology
 from tests.mpi_harness import requires_mpi, run_cases
 

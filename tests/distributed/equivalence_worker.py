@@ -1,0 +1,191 @@
+"""Worker for test_equivalence.py: sharded training vs one process on the global batch.
+
+Every rank trains the same tiny GPT under smsdp with one configuration per
+case, and also trains the single-process reference itself (no collectives:
+the whole global batch, plain AdamW, ``clip_grad_norm_``), so each case returns
+both runs and the test compares them. Run under mpirun with 4 ranks and
+2 simulated hosts (SMSDP_SIMULATED_HOSTS=1, SM_HOSTS with two hosts), so d=4
+shard groups span hosts and exercise the hierarchical all-gather.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, replace
+
+import torch
+import torch.distributed as dist
+
+import smsdp as smp
+from entrypoints.gpt import GPT, GPTConfig
+from smsdp import state as runtime_state
+from tests.mpi_harness import init_gloo_from_env, worker_main
+
+STEPS = 20
+MICRO_BATCH = 2  # sequences per rank per micro-step
+MODEL = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, d_model=32, tie_embeddings=True)
+
+
+@dataclass(frozen=True)
+class Case:
+    sdp: int = 2
+    hierarchical: bool = True
+    accum: int = 1
+    clip: float = 1.0
+    threshold: int = 0  # persistence threshold: 0 shards everything
+    tie: bool = True
+    bf16: bool = False
+    fp16: bool = False
+    steps: int = STEPS
+    lr: float = 1e-3
+
+
+CASES = {
+    "d1": Case(sdp=1),
+    "d2": Case(sdp=2),
+    "d4_hierarchical": Case(sdp=4, hierarchical=True),
+    "d4_flat": Case(sdp=4, hierarchical=False),
+    "accum2": Case(sdp=2, accum=2),
+    "clip_active": Case(sdp=2, clip=0.05),
+    "persist_small_params": Case(sdp=2, threshold=100),
+    "persist_everything": Case(sdp=2, threshold=10**9),
+    "untied": Case(sdp=4, tie=False),
+}
+
+
+def smp_parameters(case: Case) -> dict:
+    return {
+        "ddp": True,
+        "sharded_data_parallel_degree": case.sdp,
+        "sdp_hierarchical_allgather": case.hierarchical,
+        "sdp_gradient_clipping": case.clip,
+        "sdp_param_persistence_threshold": case.threshold,
+        "bf16": case.bf16,
+        "fp16": case.fp16,
+    }
+
+
+def global_batch(step: int, micro: int, n_ranks: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same global batch on every rank and in the reference, from the step number alone."""
+    gen = torch.Generator().manual_seed(10_000 + 100 * step + micro)
+    tokens = torch.randint(0, MODEL.vocab_size, (MICRO_BATCH * n_ranks, MODEL.block_size + 1), generator=gen)
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def build_model(case: Case) -> GPT:
+    torch.manual_seed(1234)
+    return GPT(replace(MODEL, tie_embeddings=case.tie))
+
+
+def param_groups(named, weight_decay: float = 0.1) -> list[dict]:
+    """Decay by name, as users must once parameters are flat shards (1-D)."""
+    decay, no_decay = [], []
+    for name, param in named:
+        (no_decay if name.endswith("bias") or ".ln" in name or "ln_f" in name else decay).append(param)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def train_reference(case: Case, n_ranks: int) -> dict:
+    model = build_model(case)
+    opt = torch.optim.AdamW(param_groups(model.named_parameters()), lr=case.lr)
+    losses = []
+    for step in range(case.steps):
+        total = 0.0
+        for micro in range(case.accum):
+            x, y = global_batch(step, micro, n_ranks)
+            loss = model(x, y).loss / case.accum
+            loss.backward()
+            total += loss.item()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), case.clip)
+        opt.step()
+        opt.zero_grad()
+        losses.append(total)
+    return {"losses": losses, "params": {k: v.detach().clone() for k, v in model.state_dict().items()}}
+
+
+def train_sharded(case: Case) -> dict:
+    runtime_state.reset_for_tests()
+    smp.init(smp_parameters(case))
+    rank, n = smp.rank(), smp.dp_size()
+    model = smp.DistributedModel(build_model(case))
+    opt = smp.DistributedOptimizer(torch.optim.AdamW(param_groups(model.named_parameters()), lr=case.lr))
+    losses, norms, per_step_bytes = [], [], []
+    for step in range(case.steps):
+        before = smp.comm_stats()
+        total = torch.zeros(())
+        for micro in range(case.accum):
+            x, y = global_batch(step, micro, n)
+            loss = model(x.chunk(n)[rank], y.chunk(n)[rank]).loss / case.accum
+            model.backward(loss)
+            total += loss.detach().float()
+        opt.step()
+        opt.zero_grad()
+        dist.all_reduce(total)
+        losses.append(total.item() / n)
+        norms.append(opt.last_grad_norm)
+        per_step_bytes.append(_diff(smp.comm_stats(), before))
+    return {
+        "losses": losses,
+        "grad_norms": norms,
+        "params": model.state_dict(),
+        "bytes": per_step_bytes,
+        "layout": _layout(model),
+        "model_state": {**model.model_state_bytes(), "optimizer": opt.optimizer_state_bytes()},
+    }
+
+
+def _diff(after: dict, before: dict) -> dict:
+    return {k: after[k] - before.get(k, 0) for k in after}
+
+
+def _layout(model) -> dict:
+    groups = list(model.flat_groups())
+    return {
+        "sharded_padded": sum(g.padded_numel for g in groups if g.sharded),
+        "sharded_unpadded": sum(g.numel for g in groups if g.sharded),
+        "replicated": sum(g.numel for g in groups if not g.sharded),
+        "sdp": smp.sdp_size(),
+        "dp": smp.rdp_size(),
+    }
+
+
+def run_case(name: str):
+    case = CASES[name]
+    return {"sharded": train_sharded(case), "reference": train_reference(case, smp.dp_size()), "case": case}
+
+
+def fp16_overflow() -> dict:
+    """Rank 1 alone produces an inf loss at step 2: every rank must skip that step together."""
+    case = Case(sdp=2, fp16=True, steps=4)
+    runtime_state.reset_for_tests()
+    smp.init(smp_parameters(case))
+    rank, n = smp.rank(), smp.dp_size()
+    model = smp.DistributedModel(build_model(case))
+    opt = smp.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=case.lr))
+    record = []
+    for step in range(case.steps):
+        x, y = global_batch(step, 0, n)
+        loss = model(x.chunk(n)[rank], y.chunk(n)[rank]).loss
+        if step == 2 and rank == 1:
+            loss = loss * math.inf
+        model.backward(loss)
+        before = [p.detach().clone() for p in model.parameters()]
+        scale = opt.loss_scaler.scale
+        opt.step()
+        opt.zero_grad()
+        changed = any(not torch.equal(b, p) for b, p in zip(before, model.parameters()))
+        record.append({"overflow": opt.overflow, "changed": changed, "scale_before": scale,
+                       "scale_after": opt.loss_scaler.scale})
+    return record
+
+
+def main() -> None:
+    cases = {name: (lambda name=name: run_case(name)) for name in CASES}
+    cases["fp16_overflow"] = fp16_overflow
+    worker_main(cases, setup=init_gloo_from_env)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("SMSDP_LOG_LEVEL", "WARNING")
+    main()
