@@ -1,0 +1,160 @@
+"""Per-rank launcher: join the job, run the user's script, report failures, leave.
+
+    mpirun -np 4 python -m entrypoints.launcher entrypoints/train_gpt.py --max_steps 5
+
+Every rank runs this module. It
+
+1. joins the torch.distributed world (``smsdp.rendezvous.init_distributed``;
+   the collective timeout comes from the job config),
+2. exports this rank's host for simulated hosts (``SM_CURRENT_HOST``) and
+   torchrun-style ``RANK``/``LOCAL_RANK`` for scripts that read them,
+3. runs SCRIPT as ``__main__`` with ``sys.argv = [SCRIPT, *args]`` -- the
+   hyperparameters arrive as ``--name value`` pairs, as SageMaker passes them,
+4. on any exception writes the traceback to ``$SM_OUTPUT_DIR/failure-rank<N>``
+   (and SageMaker's ``$SM_OUTPUT_DIR/failure``, first writer wins) and to
+   stderr, then aborts the whole MPI job at once: the other ranks may be
+   blocked in a collective this rank will never join, and must not hang,
+5. on success leaves the process group cleanly.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import traceback
+from pathlib import Path
+
+USAGE = "usage: python -m entrypoints.launcher SCRIPT [--name value ...]"
+FAILURE_FILE = "failure"
+EXIT_FAILURE = 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE, file=sys.stderr)
+        return 0 if argv else 2
+    script, script_args = argv[0], argv[1:]
+    rank = _world_rank()
+    try:
+        _limit_threads()
+        _join_world()
+        run_script(script, script_args)
+    except SystemExit as exc:
+        if exc.code not in (None, 0):
+            _fail(rank, f"SystemExit: {exc.code}\n" + user_traceback(exc))
+    except BaseException as exc:  # noqa: BLE001 - reported, then the whole job is aborted
+        _fail(rank, user_traceback(exc))
+    _leave_world()
+    return 0
+
+
+def run_script(script: str, args: list[str]) -> None:
+    """Run ``script`` as ``python script args...`` would, in this process."""
+    path = Path(script)
+    if not path.is_file():
+        raise FileNotFoundError(f"training script not found: {script} (cwd {os.getcwd()})")
+    sys.argv = [script, *args]
+    sys.path.insert(0, str(path.resolve().parent))  # like `python script.py`
+    runpy.run_path(str(path), run_name="__main__")
+
+
+def user_traceback(exc: BaseException) -> str:
+    """The traceback from the user's code on: the launcher's and runpy's frames say nothing."""
+    tb = exc.__traceback__
+    while tb is not None and _is_launch_machinery(tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    if tb is None:  # the failure is in the launch itself (e.g. the rendezvous): keep it all
+        tb = exc.__traceback__
+    return "".join(traceback.format_exception(type(exc), exc, tb))
+
+
+def _is_launch_machinery(filename: str) -> bool:
+    return filename in (__file__, runpy.__file__) or filename.endswith("runpy>")
+
+
+def _join_world() -> None:
+    from smsdp.rendezvous import init_distributed
+
+    cluster = init_distributed()
+    # Simulated hosts: every rank got the same SM_CURRENT_HOST from mpirun.
+    os.environ["SM_CURRENT_HOST"] = cluster.host
+
+
+def _limit_threads() -> None:
+    """One rank per core share: oversubscribed intra-op threads make CPU jobs crawl."""
+    if "OMP_NUM_THREADS" in os.environ:
+        return
+    import torch
+
+    ranks_here = int(os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, ranks_here)))
+
+
+def _leave_world() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()  # nobody tears down while a peer is in its last collective
+        dist.destroy_process_group()
+
+
+def _fail(rank: int, tb: str) -> None:
+    """Record this rank's traceback, then take the whole job down (never returns)."""
+    message = f"rank {rank} failed:\n{tb}"
+    print(f"[smsdp] {message}", file=sys.stderr)
+    _write_failure_files(rank, tb)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    _abort_job()
+
+
+def _write_failure_files(rank: int, tb: str) -> None:
+    out_dir = _output_dir()
+    if out_dir is None:
+        return
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        _write_atomically(out_dir / f"failure-rank{rank}", tb)
+        # SageMaker shows /opt/ml/output/failure as the job's FailureReason.
+        with open(out_dir / FAILURE_FILE, "x") as f:
+            f.write(f"rank {rank}: {tb}")
+    except FileExistsError:
+        pass  # an earlier rank failed first; its reason stands
+    except OSError as exc:
+        print(f"[smsdp] could not write failure file in {out_dir}: {exc}", file=sys.stderr)
+
+
+def _output_dir() -> Path | None:
+    if os.environ.get("SM_OUTPUT_DIR"):
+        return Path(os.environ["SM_OUTPUT_DIR"])
+    if os.environ.get("SM_OUTPUT_DATA_DIR"):
+        return Path(os.environ["SM_OUTPUT_DATA_DIR"]).parent
+    return None
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _abort_job() -> None:
+    if _world_size() > 1 and "OMPI_COMM_WORLD_SIZE" in os.environ:
+        from mpi4py import MPI
+
+        MPI.COMM_WORLD.Abort(EXIT_FAILURE)
+    os._exit(EXIT_FAILURE)  # torchrun or a single process: the launcher tears the rest down
+
+
+def _world_rank() -> int:
+    return int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("RANK", "0")))
+
+
+def _world_size() -> int:
+    return int(os.environ.get("OMPI_COMM_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

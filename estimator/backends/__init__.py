@@ -1,0 +1,51 @@
+"""Pick the backend for an instance type, importing it only when it is used.
+
+``"local"`` runs on this machine through mpirun; ``"ml.*"`` types will submit
+SageMaker training jobs. A new backend is one entry in ``_BACKENDS``.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from smsdp.instance_types import LOCAL
+
+from estimator.backends.base import AttachedJob, Backend
+
+__all__ = ["AttachedJob", "Backend", "BackendUnavailable", "backend_for", "backend_named"]
+
+
+class BackendUnavailable(RuntimeError):
+    """The backend for this instance type is not installed or not built."""
+
+
+#: name -> (module, class): imported on first use.
+_BACKENDS: dict[str, tuple[str, str]] = {
+    "local": ("estimator.backends.local", "LocalBackend"),
+    "sagemaker": ("estimator.backends.sagemaker", "SageMakerBackend"),
+}
+
+
+def backend_name_for(instance_type: str) -> str:
+    return "local" if instance_type == LOCAL else "sagemaker"
+
+
+def backend_for(instance_type: str) -> Backend:
+    """The backend that runs jobs on ``instance_type``."""
+    return backend_named(backend_name_for(instance_type), instance_type)
+
+
+def backend_named(name: str, instance_type: str | None = None) -> Backend:
+    module_name, class_name = _BACKENDS[name]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if name != "sagemaker":
+            raise
+        what = f"instance_type={instance_type!r}" if instance_type else "an s3:// output_path"
+        raise BackendUnavailable(
+            f"{what} runs a SageMaker training job, and the SageMaker backend is not built yet "
+            f"(it will come with the 'sagemaker' extra: pip install -e '.[sagemaker]'; missing: "
+            f"{exc.name}). Use instance_type='local' to run the same job on this machine."
+        ) from None
+    return getattr(module, class_name)()

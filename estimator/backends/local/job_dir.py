@@ -1,0 +1,177 @@
+"""The job directory: ``/opt/ml`` laid out under ``<output_path>/<job-name>``.
+
+::
+
+    <job>/input/config/{hyperparameters,resourceconfig,inputdataconfig}.json
+    <job>/input/data/<channel>/       link to (or copy of) the channel's data
+    <job>/code/                       copy of source_dir (cwd of every rank)
+    <job>/model/                      SM_MODEL_DIR, packed into output/model.tar.gz
+    <job>/output/                     SM_OUTPUT_DIR: failure, failure-rank<N>, model.tar.gz
+    <job>/output/data/                SM_OUTPUT_DATA_DIR (summary.json)
+    <job>/checkpoints/                SM_CHECKPOINT_DIR
+    <job>/logs/job.log                every rank's output, rank-prefixed
+    <job>/job.json, status.json       the job's description and status (ours)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+CODE_IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".git", ".ipynb_checkpoints", "smsdp-jobs")
+
+
+@dataclass(frozen=True)
+class JobDir:
+    """Paths inside one job directory (pure: creates nothing)."""
+
+    root: Path
+
+    @property
+    def input(self) -> Path:
+        return self.root / "input"
+
+    @property
+    def config(self) -> Path:
+        return self.input / "config"
+
+    @property
+    def data(self) -> Path:
+        return self.input / "data"
+
+    def channel(self, name: str) -> Path:
+        return self.data / name
+
+    @property
+    def code(self) -> Path:
+        return self.root / "code"
+
+    @property
+    def model(self) -> Path:
+        return self.root / "model"
+
+    @property
+    def output(self) -> Path:
+        return self.root / "output"
+
+    @property
+    def output_data(self) -> Path:
+        return self.output / "data"
+
+    @property
+    def model_archive(self) -> Path:
+        return self.output / "model.tar.gz"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def log_file(self) -> Path:
+        return self.logs / "job.log"
+
+    @property
+    def supervisor_log(self) -> Path:
+        return self.logs / "supervisor.log"
+
+    @property
+    def description_file(self) -> Path:
+        return self.root / "job.json"
+
+    @property
+    def status_file(self) -> Path:
+        return self.root / "status.json"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.root / "supervisor.pid"
+
+    def failure_files(self) -> list[Path]:
+        return sorted(self.output.glob("failure-rank*"))
+
+
+@dataclass(frozen=True)
+class JobDirPlan:
+    """What ``create`` puts in a job directory; part of the dry-run request."""
+
+    root: Path
+    config_files: Mapping[str, Any]  # path relative to root -> JSON content
+    code_source: Path  # a directory to copy, or one script file
+    channels: Mapping[str, Path]  # channel name -> data on this machine
+    checkpoint_source: Path | None = None  # persistent checkpoints dir to link to
+
+    def create(self) -> JobDir:
+        """Make the directory. Fails if it exists: the job name is taken."""
+        job = JobDir(self.root)
+        self.root.parent.mkdir(parents=True, exist_ok=True)
+        self.root.mkdir()  # atomic claim of the name
+        for path in (job.config, job.data, job.model, job.output_data, job.logs):
+            path.mkdir(parents=True, exist_ok=True)
+        for relative, content in self.config_files.items():
+            write_json_atomically(self.root / relative, content)
+        self._copy_code(job.code)
+        for name, source in self.channels.items():
+            _link_channel(source, job.channel(name))
+        if self.checkpoint_source is not None:
+            self.checkpoint_source.mkdir(parents=True, exist_ok=True)
+            link_or_copy(self.checkpoint_source, job.checkpoints)
+        else:
+            job.checkpoints.mkdir()
+        return job
+
+    def _copy_code(self, code_dir: Path) -> None:
+        if self.code_source.is_dir():
+            shutil.copytree(self.code_source, code_dir, ignore=CODE_IGNORE)
+        else:
+            code_dir.mkdir()
+            shutil.copy2(self.code_source, code_dir / self.code_source.name)
+
+
+def _link_channel(source: Path, target: Path) -> None:
+    """A channel is a directory; a single file gets one made around it."""
+    if source.is_dir():
+        link_or_copy(source, target)
+    else:
+        target.mkdir()
+        link_or_copy(source, target / source.name)
+
+
+def link_or_copy(source: Path, target: Path) -> None:
+    """A symlink (cheap, sees later writes); a copy where links are not allowed."""
+    try:
+        target.symlink_to(source, target_is_directory=source.is_dir())
+    except OSError:
+        if source.is_dir():
+            shutil.copytree(source, target)
+        else:
+            shutil.copy2(source, target)
+
+
+def write_json_atomically(path: Path, content: Any) -> None:
+    """Readers see the old file or the whole new one, never half of it."""
+    write_text_atomically(path, json.dumps(content, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def write_text_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(path.read_text())

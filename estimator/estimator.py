@@ -1,0 +1,229 @@
+"""``Estimator``: describe a training job once, run it locally or (later) on SageMaker.
+
+Mirrors the SageMaker Python SDK v2 PyTorch estimator's argument names, so a
+notebook written for SageMaker needs only its import changed. Construction
+validates everything (the distribution dict, the script, hyperparameters,
+environment, paths) and raises one ``ConfigError`` listing every problem,
+before any process starts or any directory is made. Running is the backend's
+job (``estimator.backends``): ``fit()`` is ``backend.launch(backend.dry_run(spec))``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import shlex
+from typing import Any, Mapping
+
+from smsdp.config import Distribution, RuntimeConfig, resolve_job_config
+from smsdp.instance_types import LOCAL
+
+from estimator.backends import Backend, backend_for, backend_named
+from estimator.job import Job, JobFailedError
+from estimator.naming import base_name_for, unique_job_name
+from estimator.spec import CheckpointSpec, Hyperparameter, JobSpec
+from estimator.validation import (
+    check_checkpoint_uri, check_code, check_environment, check_hyperparameters, check_inputs,
+    check_job_name, check_max_run, check_output_path, collect,
+)
+
+DEFAULT_MAX_RUN = 24 * 60 * 60  # SageMaker's default MaxRuntimeInSeconds
+STOP_WAIT_S = 30.0
+
+#: SageMaker estimator arguments that only a remote job uses. Accepted (and
+#: passed to the backend) so a pasted SageMaker notebook works; ignored locally.
+REMOTE_ONLY_OPTIONS = frozenset({
+    "framework_version", "py_version", "image_uri", "volume_size", "volume_kms_key", "output_kms_key",
+    "tags", "sagemaker_session", "subnets", "security_group_ids", "use_spot_instances", "max_wait",
+    "metric_definitions", "enable_network_isolation", "encrypt_inter_container_traffic",
+    "keep_alive_period_in_seconds", "disable_profiler", "debugger_hook_config", "code_location",
+    "dependencies", "container_log_level", "max_retry_attempts", "enable_sagemaker_metrics",
+    "model_uri", "model_channel_name", "training_repository_access_mode",
+})
+_OWN_ARGUMENTS = (
+    "entry_point", "source_dir", "instance_type", "instance_count", "distribution", "hyperparameters",
+    "environment", "output_path", "base_job_name", "role", "checkpoint_s3_uri", "checkpoint_local_path",
+    "max_run",
+)
+
+
+class Estimator:
+    """A training job definition; ``fit()`` runs it.
+
+    >>> est = Estimator("train.py", source_dir="src/", instance_count=2,
+    ...                 distribution={"mpi": {"enabled": True, "processes_per_host": 2}},
+    ...                 hyperparameters={"max_steps": 50})
+    >>> est.fit({"train": "file://data/"})
+    >>> est.model_data, est.latest_job.describe()
+    """
+
+    def __init__(
+        self,
+        entry_point: str,
+        source_dir: str | None = None,
+        *,
+        instance_type: str = LOCAL,
+        instance_count: int = 1,
+        distribution: Mapping[str, Any] | None = None,
+        hyperparameters: Mapping[str, Hyperparameter] | None = None,
+        environment: Mapping[str, str] | None = None,
+        output_path: str | None = None,
+        base_job_name: str | None = None,
+        role: str | None = None,
+        checkpoint_s3_uri: str | None = None,
+        checkpoint_local_path: str | None = None,
+        max_run: int = DEFAULT_MAX_RUN,
+        **remote_options: Any,
+    ):
+        _reject_unknown_options(remote_options)
+        config_env = environment if isinstance(environment, Mapping) else None
+        code, runtime, hps, env, output, checkpoint_uri, max_run_s = collect(
+            lambda: check_code(entry_point, source_dir),
+            lambda: resolve_job_config(distribution, instance_type=instance_type,
+                                       instance_count=instance_count, environment=config_env),
+            lambda: check_hyperparameters(hyperparameters),
+            lambda: check_environment(environment),
+            lambda: check_output_path(output_path, instance_type),
+            lambda: check_checkpoint_uri(checkpoint_s3_uri, instance_type),
+            lambda: check_max_run(max_run),
+        )
+        base = check_job_name(base_job_name, "base_job_name") if base_job_name else base_name_for(code.entry_point)
+        self._code = code
+        self._runtime: RuntimeConfig = runtime
+        self._hyperparameters = hps
+        self._environment = env
+        self._output_path = output
+        self._base_job_name = base
+        self._distribution = _plain_distribution(distribution)
+        self._checkpoints = CheckpointSpec(checkpoint_uri, checkpoint_local_path)
+        self._max_run_s = max_run_s
+        self._backend_options = {**remote_options, **({"role": role} if role else {})}
+        self.latest_job: Job | None = None
+
+    # ---------------------------------------------------------------- what it is
+
+    entry_point = property(lambda self: self._code.entry_point)
+    source_dir = property(lambda self: None if self._code.source_dir is None else str(self._code.source_dir))
+    instance_type = property(lambda self: self._runtime.instance_type)
+    instance_count = property(lambda self: self._runtime.instance_count)
+    processes_per_host = property(lambda self: self._runtime.processes_per_host)
+    output_path = property(lambda self: self._output_path)
+    base_job_name = property(lambda self: self._base_job_name)
+    runtime_config = property(lambda self: self._runtime, doc="The validated config every rank receives.")
+
+    def hyperparameters(self) -> dict[str, Hyperparameter]:
+        return dict(self._hyperparameters)
+
+    @property
+    def environment(self) -> dict[str, str]:
+        return dict(self._environment)
+
+    @property
+    def distribution(self) -> dict[str, Any]:
+        return dict(self._distribution)
+
+    @property
+    def model_data(self) -> str:
+        """Where the latest job's ``model.tar.gz`` is (a ``file://`` URI for local jobs)."""
+        if self.latest_job is None:
+            raise RuntimeError("no job has run yet: call fit() (or Estimator.attach(job_name)) first")
+        return self.latest_job.model_data
+
+    def __repr__(self) -> str:
+        return (
+            f"Estimator(entry_point={self.entry_point!r}, instance_type={self.instance_type!r}, "
+            f"instance_count={self.instance_count}, processes_per_host={self.processes_per_host}, "
+            f"world_size={self._runtime.world_size})"
+        )
+
+    # ---------------------------------------------------------------- running
+
+    def job_spec(self, inputs: Any = None, job_name: str | None = None) -> JobSpec:
+        """The backend-neutral description of one run of this estimator."""
+        channels = check_inputs(inputs)
+        name = check_job_name(job_name) if job_name is not None else unique_job_name(self._base_job_name)
+        return JobSpec(
+            job_name=name,
+            code=self._code,
+            runtime=self._runtime,
+            output_path=self._output_path,
+            hyperparameters=self._hyperparameters,
+            environment=self._environment,
+            channels=channels,
+            distribution=self._distribution,
+            custom_mpi_options=tuple(shlex.split(Distribution.model_validate(self._distribution).custom_mpi_options)),
+            checkpoints=self._checkpoints,
+            max_run_s=self._max_run_s,
+            backend_options=self._backend_options,
+        )
+
+    def dry_run(self, inputs: Any = None, job_name: str | None = None):
+        """What ``fit(inputs)`` would do, as a typed, printable request; runs and writes nothing."""
+        return self._backend().dry_run(self.job_spec(inputs, job_name))
+
+    def fit(self, inputs: Any = None, wait: bool = True, logs: bool = True, job_name: str | None = None) -> None:
+        """Run the job. ``inputs``: a ``file://`` path (channel "training") or ``{channel: uri}``.
+
+        With ``wait`` (default) block until it ends, streaming logs and a
+        progress bar, then print a summary; raise ``JobFailedError`` if it
+        failed. Ctrl-C stops a local job (it runs on your machine).
+        """
+        backend = self._backend()
+        request = backend.dry_run(self.job_spec(inputs, job_name))
+        self.latest_job = backend.launch(request)
+        if wait:
+            self._wait(backend, logs)
+
+    def _wait(self, backend: Backend, logs: bool) -> None:
+        job = self.latest_job
+        assert job is not None
+        try:
+            job.wait(logs=logs)
+        except KeyboardInterrupt:
+            if backend.stop_on_interrupt:
+                print(f"\n[smsdp] interrupted: stopping job {job.name} ...", flush=True)
+                job.stop()
+                try:
+                    job.wait(logs=False, timeout=STOP_WAIT_S)
+                except (JobFailedError, TimeoutError):
+                    pass
+            raise
+
+    def _backend(self) -> Backend:
+        return backend_for(self.instance_type)
+
+    @classmethod
+    def attach(cls, job_name: str, output_path: str | None = None) -> "Estimator":
+        """The Estimator of an existing job, with ``latest_job`` set to it.
+
+        Local jobs are found under ``output_path`` (default ``./smsdp-jobs``).
+        """
+        remote = isinstance(output_path, str) and output_path.startswith("s3://")
+        backend = backend_named("sagemaker" if remote else "local")
+        attached = backend.attach(job_name, output_path)
+        estimator = cls(**attached.estimator_kwargs)
+        estimator.latest_job = attached.job
+        return estimator
+
+
+def _reject_unknown_options(options: Mapping[str, Any]) -> None:
+    """A typo such as ``instance_typ=`` must not be swallowed by ``**remote_options``."""
+    for name in options:
+        if name not in REMOTE_ONLY_OPTIONS:
+            close = difflib.get_close_matches(name, [*_OWN_ARGUMENTS, *REMOTE_ONLY_OPTIONS], n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise TypeError(f"Estimator() got an unexpected keyword argument {name!r}{hint}")
+
+
+def _plain_distribution(distribution: Any) -> dict[str, Any]:
+    """The distribution as a JSON-able dict (it is stored in the job and shipped to SageMaker)."""
+    if distribution is None:
+        return {}
+    if isinstance(distribution, Distribution):
+        return distribution.model_dump(exclude_none=True, exclude_defaults=True)
+    return _plain(distribution)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {key: _plain(item) for key, item in value.items()}
+    return value

@@ -1,0 +1,235 @@
+"""Checks on the Estimator's own arguments (the distribution is ``smsdp.config``'s job).
+
+Each check returns the cleaned value or raises ``ConfigError`` naming the
+argument, the bad value, the rule and what to write instead, like the config
+errors. ``collect`` runs several checks and reports every problem at once.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from smsdp.config import ConfigError, ConfigProblem
+from smsdp.instance_types import LOCAL
+
+from estimator.spec import FILE_SCHEME, S3_SCHEME, Channel, CodeSpec, Hyperparameter
+
+# SageMaker's own limits, so a job that runs locally is also accepted remotely.
+HP_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]{0,255}$")
+HP_VALUE_MAX_CHARS = 2500
+CHANNEL_NAME_RE = re.compile(r"^[A-Za-z0-9\.\-_]{1,64}$")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,511}$")
+JOB_NAME_RE = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
+DEFAULT_CHANNEL = "training"  # SageMaker's name for fit("s3://...") with a bare URI
+RESERVED_HP_PREFIX = "sagemaker_"
+#: Variables the job sets itself: a user value would silently break the contract.
+RESERVED_ENV_PREFIXES = ("SM_", "SMSDP_", "OMPI_COMM_WORLD_")
+
+
+def problem(path: str | tuple, rule: str, value: Any = ...) -> ConfigError:
+    path = (path,) if isinstance(path, str) else path
+    if value is ...:
+        return ConfigError.from_problems([ConfigProblem(path, rule)])
+    return ConfigError.from_problems([ConfigProblem(path, rule, value)])
+
+
+def collect(*checks: Callable[[], Any]) -> list[Any]:
+    """Run every check; raise one ConfigError listing all their problems."""
+    results, problems = [], []
+    for check in checks:
+        try:
+            results.append(check())
+        except ConfigError as exc:
+            problems.extend(exc.problems or [ConfigProblem((), str(exc))])
+            results.append(None)
+    if problems:
+        raise ConfigError.from_problems(problems)
+    return results
+
+
+# ---------------------------------------------------------------- code
+
+
+def check_code(entry_point: Any, source_dir: Any) -> CodeSpec:
+    """The script exists, is Python, and (with a source dir) lies inside it."""
+    if not isinstance(entry_point, (str, os.PathLike)) or not str(entry_point):
+        raise problem("entry_point", "must be the path of a Python script such as 'train.py'", entry_point)
+    entry = Path(entry_point)
+    if entry.suffix != ".py":
+        raise problem("entry_point", "must be a Python file ending in .py (the launcher runs it with runpy)",
+                      str(entry_point))
+    if source_dir is None:
+        script = entry.expanduser().resolve()
+        if not script.is_file():
+            raise problem("entry_point", f"does not exist (looked for {script}); pass an existing "
+                          "script, or its name plus source_dir=", str(entry_point))
+        return CodeSpec(entry_point=script.name, script_file=script)
+    return _code_in_source_dir(entry, source_dir)
+
+
+def _code_in_source_dir(entry: Path, source_dir: Any) -> CodeSpec:
+    if not isinstance(source_dir, (str, os.PathLike)) or str(source_dir).startswith(S3_SCHEME):
+        raise problem("source_dir", "must be a local directory holding the entry point", source_dir)
+    src = Path(source_dir).expanduser().resolve()
+    if not src.is_dir():
+        raise problem("source_dir", f"is not a directory (looked for {src})", str(source_dir))
+    script = (src / entry).resolve()
+    if not script.is_relative_to(src):
+        raise problem("entry_point", f"lies outside source_dir {src}; give its path relative to source_dir",
+                      str(entry))
+    if not script.is_file():
+        found = sorted(p.name for p in src.glob("*.py"))
+        hint = difflib.get_close_matches(entry.name, found, n=1)
+        fix = f"did you mean {hint[0]!r}?" if hint else f"scripts there: {', '.join(found) or 'none'}"
+        raise problem("entry_point", f"is not a file in source_dir {src}; {fix}", str(entry))
+    return CodeSpec(entry_point=script.relative_to(src).as_posix(), source_dir=src)
+
+
+# ---------------------------------------------------------------- hyperparameters
+
+
+def check_hyperparameters(hyperparameters: Any) -> dict[str, Hyperparameter]:
+    if hyperparameters is None:
+        return {}
+    if not isinstance(hyperparameters, Mapping):
+        raise problem("hyperparameters", "must be a dict such as {'max_steps': 50}", hyperparameters)
+    problems = []
+    for name, value in hyperparameters.items():
+        rule = _hyperparameter_name_rule(name) or _hyperparameter_value_rule(value)
+        if rule:
+            problems.append(ConfigProblem(("hyperparameters", str(name)), rule, value))
+    if problems:
+        raise ConfigError.from_problems(problems)
+    return dict(hyperparameters)
+
+
+def _hyperparameter_name_rule(name: Any) -> str | None:
+    if not isinstance(name, str) or not HP_NAME_RE.match(name):
+        return ("has an invalid name: use letters, digits, '_' or '-', starting with a letter "
+                "(it becomes --name and SM_HP_NAME)")
+    if name.startswith(RESERVED_HP_PREFIX):
+        return f"uses the reserved prefix {RESERVED_HP_PREFIX!r} (SageMaker's own settings); rename it"
+    return None
+
+
+def _hyperparameter_value_rule(value: Any) -> str | None:
+    if value is None:
+        return "is None; give a value or leave the key out (the script's default applies)"
+    if not isinstance(value, (str, int, float, bool)):
+        return (f"is a {type(value).__name__}; hyperparameters are passed as '--name value', "
+                "so use a str, int, float or bool (e.g. a JSON string for structures)")
+    if isinstance(value, float) and not math.isfinite(value):
+        return "is not a finite number"
+    if len(str(value)) > HP_VALUE_MAX_CHARS:
+        return f"is longer than SageMaker's {HP_VALUE_MAX_CHARS} characters; pass large data as a channel"
+    return None
+
+
+# ---------------------------------------------------------------- environment
+
+
+def check_environment(environment: Any) -> dict[str, str]:
+    """Names are valid variables not owned by the job; values become strings."""
+    if environment is None:
+        return {}
+    if not isinstance(environment, Mapping):
+        raise problem("environment", "must be a dict of variable names to strings", environment)
+    problems, clean = [], {}
+    for name, value in environment.items():
+        rule = _environment_rule(name, value)
+        if rule:
+            problems.append(ConfigProblem(("environment", str(name)), rule, value))
+        else:
+            clean[name] = str(value)
+    if problems:
+        raise ConfigError.from_problems(problems)
+    return clean
+
+
+def _environment_rule(name: Any, value: Any) -> str | None:
+    if not isinstance(name, str) or not ENV_NAME_RE.match(name):
+        return "is not a valid variable name (letters, digits and '_', not starting with a digit)"
+    if name.startswith(RESERVED_ENV_PREFIXES):
+        return "is set by smsdp for every job (container contract); remove it, pass settings as hyperparameters"
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        return "must be a string (SageMaker passes environment values as strings), e.g. '1'"
+    return None
+
+
+# ---------------------------------------------------------------- inputs
+
+
+def check_inputs(inputs: Any) -> tuple[Channel, ...]:
+    """``fit(inputs)``: None, one URI (channel 'training'), or {channel: URI}."""
+    if inputs is None:
+        return ()
+    if isinstance(inputs, (str, os.PathLike)):
+        inputs = {DEFAULT_CHANNEL: inputs}
+    if not isinstance(inputs, Mapping):
+        raise problem("inputs", "must be a 'file://' path, an 's3://' URI, or a dict {channel: uri}", inputs)
+    problems, channels = [], []
+    for name, uri in inputs.items():
+        rule = _channel_rule(name, uri)
+        if rule:
+            problems.append(ConfigProblem(("inputs", str(name)), rule, uri))
+        else:
+            channels.append(Channel(name, os.fspath(uri)))
+    if problems:
+        raise ConfigError.from_problems(problems)
+    return tuple(channels)
+
+
+def _channel_rule(name: Any, uri: Any) -> str | None:
+    if not isinstance(name, str) or not CHANNEL_NAME_RE.match(name):
+        return "has an invalid channel name: 1-64 letters, digits, '.', '-' or '_' (e.g. 'train')"
+    if not isinstance(uri, (str, os.PathLike)) or not os.fspath(uri):
+        return "must be a 'file://' path or an 's3://' URI string"
+    return None
+
+
+# ---------------------------------------------------------------- names, paths, limits
+
+
+def check_job_name(job_name: Any, field: str = "job_name") -> str:
+    if not isinstance(job_name, str) or not JOB_NAME_RE.match(job_name):
+        raise problem(field, "must be 1-63 letters, digits or '-', starting and ending with a letter "
+                      "or digit (SageMaker's rule), e.g. 'gpt-small'", job_name)
+    return job_name
+
+
+def check_output_path(output_path: Any, instance_type: str) -> str:
+    """Local jobs write under a directory (absolute from now on); remote ones under s3://."""
+    if output_path is None:
+        return str(Path("smsdp-jobs").resolve()) if instance_type == LOCAL else ""
+    if not isinstance(output_path, (str, os.PathLike)) or not os.fspath(output_path):
+        raise problem("output_path", "must be a directory path (local jobs) or an s3:// URI", output_path)
+    text = os.fspath(output_path)
+    if text.startswith(S3_SCHEME):
+        if instance_type == LOCAL:
+            raise problem("output_path", "is in S3 but local jobs write to this machine; "
+                          "use a directory such as './smsdp-jobs'", text)
+        return text
+    return str(Path(text.removeprefix(FILE_SCHEME)).expanduser().resolve())
+
+
+def check_checkpoint_uri(uri: Any, instance_type: str) -> str | None:
+    if uri is None:
+        return None
+    text = os.fspath(uri) if isinstance(uri, (str, os.PathLike)) else None
+    if not text:
+        raise problem("checkpoint_s3_uri", "must be an s3:// URI (or file:// for local jobs)", uri)
+    if instance_type == LOCAL and text.startswith(S3_SCHEME):
+        raise problem("checkpoint_s3_uri", "is in S3 but local jobs keep checkpoints on this machine; "
+                      "use 'file:///some/dir' to keep them across jobs", text)
+    return text
+
+
+def check_max_run(max_run: Any) -> int:
+    if isinstance(max_run, bool) or not isinstance(max_run, int) or max_run < 1:
+        raise problem("max_run", "must be a whole number of seconds >= 1, e.g. 86400 (the default)", max_run)
+    return max_run
