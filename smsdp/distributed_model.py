@@ -153,9 +153,12 @@ class DistributedModel(nn.Module):
         return output
 
     def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
-        """``loss.backward()``, scaled by the fp16 loss scale when there is one."""
+        """``loss.backward()``, times the fp16 loss scale and 1/microbatches inside ``@smp.step``."""
+        scale = runtime_state.get().backward_scale
         scaler = getattr(self, "_loss_scaler", None)
-        (loss * scaler.scale if scaler is not None else loss).backward(*args, **kwargs)
+        if scaler is not None:
+            scale *= scaler.scale
+        (loss * scale if scale != 1.0 else loss).backward(*args, **kwargs)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for group in self.flat_groups():

@@ -45,8 +45,15 @@ class StepOutput:
 def step(func: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(func)
     def run(*args: Any, **kwargs: Any):
-        chunks = runtime_state.get().params.microbatches
-        per_micro = [func(*a, **k) for a, k in _split(args, kwargs, chunks)]
+        rt = runtime_state.get()
+        chunks = rt.params.microbatches
+        # model.backward() inside the step averages over microbatches, as SMP does, so
+        # the gradient is that of the whole batch whatever the microbatch count.
+        rt.backward_scale = 1.0 / chunks
+        try:
+            per_micro = [func(*a, **k) for a, k in _split(args, kwargs, chunks)]
+        finally:
+            rt.backward_scale = 1.0
         if isinstance(per_micro[0], tuple):
             return tuple(StepOutput([m[i] for m in per_micro]) for i in range(len(per_micro[0])))
         return StepOutput(per_micro)

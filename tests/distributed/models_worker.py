@@ -1,0 +1,152 @@
+"""Worker for test_models.py: smsdp on other model shapes and switches, against one process.
+
+SGD with momentum here (linear in the gradient, so rounding is never amplified);
+AdamW equivalence is test_equivalence.py's job. Run with 4 ranks on 2 simulated hosts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+import smsdp as smp
+from smsdp import state as runtime_state
+from tests.mpi_harness import init_gloo_from_env, worker_main
+from tests.models import TINY_MODELS, lm_batch
+
+STEPS = 6
+MICRO_BATCH = 2
+
+
+@dataclass(frozen=True)
+class Case:
+    model: str = "gpt"
+    params: dict = field(default_factory=dict)
+    freeze: tuple[str, ...] = ()  # parameter-name prefixes to freeze
+    microbatches: int = 1  # drive through @smp.step
+
+
+CASES = {
+    "hf_gpt2": Case("hf_gpt2", {"sharded_data_parallel_degree": 2}),
+    "encoder_decoder_shared_embeddings": Case("encdec", {"sharded_data_parallel_degree": 4}),
+    "frozen_embeddings": Case("gpt", {"sharded_data_parallel_degree": 2}, freeze=("transformer.wte", "transformer.wpe")),
+    "small_reduce_buckets": Case("gpt", {"sharded_data_parallel_degree": 2, "sdp_reduce_bucket_size": 64}),
+    "no_room_to_prefetch": Case("gpt", {"sharded_data_parallel_degree": 2, "sdp_max_live_parameters": 1}),
+    "step_microbatches": Case("gpt", {"sharded_data_parallel_degree": 2, "microbatches": 2}, microbatches=2),
+}
+
+
+def build(case: Case) -> torch.nn.Module:
+    model = TINY_MODELS[case.model].build(seed=7)
+    for name, param in model.named_parameters():
+        if name.startswith(case.freeze) and case.freeze:
+            param.requires_grad_(False)
+    return model
+
+
+def batch(step: int, n: int):
+    return lm_batch(MICRO_BATCH * n, seed=500 + step)
+
+
+def reference(case: Case, n: int) -> dict:
+    model = build(case)
+    loss_fn = TINY_MODELS[case.model].loss
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.05, momentum=0.9)
+    losses = []
+    for step in range(STEPS):
+        x, y = batch(step, n)
+        loss = loss_fn(model, x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return {"losses": losses, "params": {k: v.detach().clone() for k, v in model.state_dict().items()}}
+
+
+def sharded(case: Case) -> dict:
+    runtime_state.reset_for_tests()
+    smp.init({"sdp_param_persistence_threshold": 0, **case.params})
+    rank, n = smp.rank(), smp.dp_size()
+    loss_fn = TINY_MODELS[case.model].loss
+    model = smp.DistributedModel(build(case))
+    opt = smp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
+
+    @smp.step
+    def train_step(model, x, y):
+        loss = loss_fn(model, x, y)
+        model.backward(loss)
+        return loss
+
+    losses = []
+    for step in range(STEPS):
+        x, y = batch(step, n)
+        x, y = x.chunk(n)[rank], y.chunk(n)[rank]
+        if case.microbatches > 1:
+            loss = train_step(model, x, y).reduce_mean()
+        else:
+            loss = loss_fn(model, x, y)
+            loss.backward()  # plain backward works too
+            loss = loss.detach().clone()
+            dist.all_reduce(loss)
+            loss /= n
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return {"losses": losses, "params": model.state_dict()}
+
+
+def run_case(name: str) -> dict:
+    case = CASES[name]
+    return {"sharded": sharded(case), "reference": reference(case, smp.dp_size())}
+
+
+def bf16_against_fsdp2() -> dict:
+    """Loss deviation from the fp32 run: smsdp bf16 and FSDP2 bf16 (HSDP 2x2), same model and data."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    case = Case("gpt")
+    n = dist.get_world_size()
+    rank = dist.get_rank()
+    fp32 = reference(case, n)["losses"]
+
+    runtime_state.reset_for_tests()
+    smp.init({"sharded_data_parallel_degree": 2, "sdp_param_persistence_threshold": 0, "bf16": True})
+    ours = _train_data_parallel(smp.DistributedModel(build(case)), case, rank, n, smsdp_optimizer=True)
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    model = build(case)
+    for block in model.transformer.h:
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    theirs = _train_data_parallel(model, case, rank, n, smsdp_optimizer=False)
+    return {"fp32": fp32, "smsdp_bf16": ours, "fsdp2_bf16": theirs}
+
+
+def _train_data_parallel(model, case: Case, rank: int, n: int, smsdp_optimizer: bool) -> list[float]:
+    loss_fn = TINY_MODELS[case.model].loss
+    sgd = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    opt = smp.DistributedOptimizer(sgd) if smsdp_optimizer else sgd
+    losses = []
+    for step in range(STEPS):
+        x, y = batch(step, n)
+        loss = loss_fn(model, x.chunk(n)[rank], y.chunk(n)[rank])
+        loss.backward()
+        if not smsdp_optimizer:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad()
+        value = loss.detach().float().clone()
+        dist.all_reduce(value)
+        losses.append(value.item() / n)
+    return losses
+
+
+if __name__ == "__main__":
+    cases = {name: (lambda name=name: run_case(name)) for name in CASES}
+    cases["bf16_against_fsdp2"] = bf16_against_fsdp2
+    worker_main(cases, setup=init_gloo_from_env)
