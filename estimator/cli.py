@@ -1,0 +1,186 @@
+"""The ``smsdp`` command.
+
+    smsdp run-example            train the bundled GPT as a local job (4 ranks, 2 simulated hosts)
+    smsdp dry-run                print the mpirun command and environment such a job would use
+
+Both take the same job options (``--help``). A new subcommand is one
+``Command`` in ``COMMANDS``: its name, help, an argument hook and a handler.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from smsdp.config import ConfigError
+
+EXAMPLE_SCRIPT = "train_gpt.py"
+EXIT_OK, EXIT_JOB_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+# --------------------------------------------------------------------------- job options
+
+
+def bundled_example_dir() -> Path:
+    """The installed ``entrypoints`` package directory (found without importing it)."""
+    spec = importlib.util.find_spec("entrypoints")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("the bundled example (package 'entrypoints') is not installed")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def add_job_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options that describe one job; defaults give the bundled example."""
+    job = parser.add_argument_group("job")
+    job.add_argument("--entry-point", default=EXAMPLE_SCRIPT, help="training script (default: the bundled GPT)")
+    job.add_argument("--source-dir", default=None, help="directory shipped with the script "
+                     "(default: the bundled example's)")
+    job.add_argument("--instance-count", type=int, default=2, help="hosts, simulated locally (default 2)")
+    job.add_argument("--processes-per-host", type=int, default=2, help="ranks per host (default 2)")
+    job.add_argument("--sharded-degree", type=int, default=2, help="sharded_data_parallel_degree (default 2)")
+    job.add_argument("--distribution", type=_json_object, default=None,
+                     help="a whole SageMaker distribution dict as JSON (overrides the three options above)")
+    job.add_argument("--max-steps", type=int, default=30, help="hyperparameter max_steps (default 30)")
+    job.add_argument("-H", "--hyperparameter", action="append", default=[], metavar="NAME=VALUE",
+                     type=_key_value, help="a hyperparameter (repeatable), e.g. -H lr=0.001")
+    job.add_argument("-e", "--env", action="append", default=[], metavar="NAME=VALUE", type=_key_value,
+                     help="an environment variable for every rank (repeatable)")
+    job.add_argument("--input", action="append", default=[], metavar="CHANNEL=URI", type=_key_value,
+                     help="an input channel, e.g. --input train=file://data/ (repeatable)")
+    job.add_argument("--output-path", default=None, help="where job directories go (default ./smsdp-jobs)")
+    job.add_argument("--job-name", default=None, help="default: <script>-<timestamp>")
+    job.add_argument("--instance-type", default="local", help="'local' (default) or an ml.* type")
+
+
+def estimator_from_args(args: argparse.Namespace):
+    from estimator import Estimator
+
+    source_dir = args.source_dir
+    if source_dir is None and args.entry_point == EXAMPLE_SCRIPT:
+        source_dir = str(bundled_example_dir())
+    hyperparameters = {"max_steps": args.max_steps, "log_interval": max(1, args.max_steps // 10)}
+    hyperparameters.update((name, _scalar(value)) for name, value in args.hyperparameter)
+    return Estimator(
+        args.entry_point,
+        source_dir,
+        instance_type=args.instance_type,
+        instance_count=args.instance_count,
+        distribution=args.distribution or _example_distribution(args),
+        hyperparameters=hyperparameters,
+        environment=dict(args.env),
+        output_path=args.output_path,
+    )
+
+
+def _example_distribution(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "smdistributed": {"modelparallel": {"enabled": True, "parameters": {
+            "ddp": True, "sharded_data_parallel_degree": args.sharded_degree}}},
+        "mpi": {"enabled": True, "processes_per_host": args.processes_per_host},
+    }
+
+
+def _inputs(args: argparse.Namespace) -> dict[str, str] | None:
+    return dict(args.input) or None
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    return name, value
+
+
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object")
+    return value
+
+
+def _scalar(text: str) -> Any:
+    """``-H`` values: ints, floats and true/false as such, anything else as a string."""
+    for convert in (int, float):
+        try:
+            return convert(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(text.lower(), text)
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def run_example(args: argparse.Namespace) -> int:
+    from estimator import JobFailedError
+
+    estimator = estimator_from_args(args)
+    print(f"[smsdp] {estimator}", flush=True)
+    try:
+        estimator.fit(_inputs(args), job_name=args.job_name)
+    except JobFailedError:
+        return EXIT_JOB_FAILED  # the job's summary, with the failure, is already printed
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    return EXIT_OK
+
+
+def dry_run(args: argparse.Namespace) -> int:
+    request = estimator_from_args(args).dry_run(_inputs(args), job_name=args.job_name)
+    if args.json:
+        print(json.dumps(request.to_dict(), indent=2))
+    else:
+        print(request)
+    return EXIT_OK
+
+
+def _add_dry_run_arguments(parser: argparse.ArgumentParser) -> None:
+    add_job_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="print the request as JSON")
+
+
+COMMANDS: list[Command] = [
+    Command("run-example", "train the bundled GPT as a local job and print a summary",
+            add_job_arguments, run_example),
+    Command("dry-run", "print the exact mpirun argv and environment of a job, without running it",
+            _add_dry_run_arguments, dry_run),
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="smsdp", description=__doc__.split("\n\n")[0])
+    subcommands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in COMMANDS:
+        sub = subcommands.add_parser(command.name, help=command.help, description=command.help)
+        command.add_arguments(sub)
+        sub.set_defaults(handler=command.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except ConfigError as exc:
+        print(f"smsdp: invalid job: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())
