@@ -14,6 +14,7 @@ _EXPORTS = {
     "DistributedOptimizer": "smsdp.distributed_optimizer",
     "step": "smsdp.step",
     "StepOutput": "smsdp.step",
+    "set_activation_checkpointing": "smsdp.activation_checkpointing",
 }
 _API = (
     "init is_initialized rank size local_rank local_size dp_rank dp_size rdp_rank rdp_size tp_rank tp_size "

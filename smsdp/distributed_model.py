@@ -33,6 +33,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_map
 
 from smsdp import state as runtime_state
+from smsdp.activation_checkpointing import set_activation_checkpointing
 from smsdp.collectives import broadcast
 from smsdp.flat_param_group import FlatParamGroup, ShardSpec
 from smsdp.units import BackwardState, GroupPolicy, Unit, build_units, find_unit_modules
@@ -87,6 +88,9 @@ class DistributedModel(nn.Module):
             device=rt.device,
         )
         self._units = build_units(self.module, unit_modules, policy)
+        if params.activation_checkpointing:
+            for unit in self._units[:-1]:
+                set_activation_checkpointing(unit.module)
         self._root = self._units[-1]
         self._unit_of_module = {id(u.module): u for u in self._units if not u.is_root}
         self._prefetch_units = prefetch_units
@@ -224,6 +228,10 @@ class DistributedModel(nn.Module):
             return
         unit.backward_state = BackwardState.GATHERED
         self._gather(unit, async_op=False)
+        # Recomputation under activation checkpointing reads the parameters by name; the
+        # views must carry autograd history, as in forward, or the rerun saves other tensors.
+        with torch.enable_grad():
+            unit.expose_views()
         if not unit.is_root:
             self._prefetch_after(unit, forward=False)
         elif self._forward_order:

@@ -34,6 +34,8 @@ CASES = {
     "frozen_embeddings": Case("gpt", {"sharded_data_parallel_degree": 2}, freeze=("transformer.wte", "transformer.wpe")),
     "small_reduce_buckets": Case("gpt", {"sharded_data_parallel_degree": 2, "sdp_reduce_bucket_size": 64}),
     "no_room_to_prefetch": Case("gpt", {"sharded_data_parallel_degree": 2, "sdp_max_live_parameters": 1}),
+    "activation_checkpointing": Case("gpt", {"sharded_data_parallel_degree": 2, "activation_checkpointing": True}),
+    "activation_checkpointing_hf_gpt2": Case("hf_gpt2", {"sharded_data_parallel_degree": 4, "activation_checkpointing": True}),
     "step_microbatches": Case("gpt", {"sharded_data_parallel_degree": 2, "microbatches": 2}, microbatches=2),
 }
 
@@ -73,6 +75,10 @@ def sharded(case: Case) -> dict:
     loss_fn = TINY_MODELS[case.model].loss
     model = smp.DistributedModel(build(case))
     opt = smp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
+    inner_calls = []  # an inner module of the first unit: run twice per step when recomputed
+    first_unit = model.units[0].module
+    inner = next(m for m in first_unit.modules() if m is not first_unit and not list(m.children()))
+    inner.register_forward_pre_hook(lambda *_: inner_calls.append(1))
 
     @smp.step
     def train_step(model, x, y):
@@ -95,7 +101,7 @@ def sharded(case: Case) -> dict:
         opt.step()
         opt.zero_grad()
         losses.append(loss.item())
-    return {"losses": losses, "params": model.state_dict()}
+    return {"losses": losses, "params": model.state_dict(), "inner_calls_per_step": len(inner_calls) / STEPS}
 
 
 def run_case(name: str) -> dict:

@@ -17,6 +17,8 @@ CASES = [
     "small_reduce_buckets",
     "no_room_to_prefetch",
     "step_microbatches",
+    "activation_checkpointing",
+    "activation_checkpointing_hf_gpt2",
 ]
 
 
@@ -42,6 +44,12 @@ def test_matches_single_process(results, case):
             torch.testing.assert_close(
                 ours["params"][name], expected, rtol=1e-5, atol=1e-6, msg=lambda m: f"{case} rank {rank} {name}: {m}"
             )
+
+
+def test_activation_checkpointing_recomputes_in_backward(results):
+    assert results["small_reduce_buckets"][0]["sharded"]["inner_calls_per_step"] == 1
+    assert results["activation_checkpointing"][0]["sharded"]["inner_calls_per_step"] == 2
+    assert results["activation_checkpointing_hf_gpt2"][0]["sharded"]["inner_calls_per_step"] == 2
 
 
 def test_frozen_parameters_do_not_move(results):
