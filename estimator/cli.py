@@ -10,16 +10,15 @@ Both take the same job options (``--help``). A new subcommand is one
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
 from smsdp.config import ConfigError
 
-EXAMPLE_SCRIPT = "train_gpt.py"
+from estimator.example import EXAMPLE_ENTRY_POINT as EXAMPLE_SCRIPT
+from estimator.example import example_distribution, example_source_dir
 EXIT_OK, EXIT_JOB_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
@@ -32,14 +31,6 @@ class Command:
 
 
 # --------------------------------------------------------------------------- job options
-
-
-def bundled_example_dir() -> Path:
-    """The installed ``entrypoints`` package directory (found without importing it)."""
-    spec = importlib.util.find_spec("entrypoints")
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("the bundled example (package 'entrypoints') is not installed")
-    return Path(list(spec.submodule_search_locations)[0])
 
 
 def add_job_arguments(parser: argparse.ArgumentParser) -> None:
@@ -70,7 +61,7 @@ def estimator_from_args(args: argparse.Namespace):
 
     source_dir = args.source_dir
     if source_dir is None and args.entry_point == EXAMPLE_SCRIPT:
-        source_dir = str(bundled_example_dir())
+        source_dir = example_source_dir()
     hyperparameters = {"max_steps": args.max_steps, "log_interval": max(1, args.max_steps // 10)}
     hyperparameters.update((name, _scalar(value)) for name, value in args.hyperparameter)
     return Estimator(
@@ -78,19 +69,11 @@ def estimator_from_args(args: argparse.Namespace):
         source_dir,
         instance_type=args.instance_type,
         instance_count=args.instance_count,
-        distribution=args.distribution or _example_distribution(args),
+        distribution=args.distribution or example_distribution(args.processes_per_host, args.sharded_degree),
         hyperparameters=hyperparameters,
         environment=dict(args.env),
         output_path=args.output_path,
     )
-
-
-def _example_distribution(args: argparse.Namespace) -> dict[str, Any]:
-    return {
-        "smdistributed": {"modelparallel": {"enabled": True, "parameters": {
-            "ddp": True, "sharded_data_parallel_degree": args.sharded_degree}}},
-        "mpi": {"enabled": True, "processes_per_host": args.processes_per_host},
-    }
 
 
 def _inputs(args: argparse.Namespace) -> dict[str, str] | None:

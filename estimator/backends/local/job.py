@@ -130,7 +130,8 @@ class LocalJob(Job):
         described = self.describe()
         status = JobStatus(described["TrainingJobStatus"])
         if print_summary:
-            wall = described.get("TrainingTimeInSeconds")
+            start, end = described.get("TrainingStartTime"), described.get("TrainingEndTime")
+            wall = (end - start).total_seconds() if start and end else None
             print(format_summary(self.name, status, wall, self.paths, described.get("FailureReason")))
             sys.stdout.flush()
         if status is JobStatus.FAILED:

@@ -1,0 +1,26 @@
+"""The bundled example job: the nanoGPT-style script in ``entrypoints/`` and its defaults."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+EXAMPLE_ENTRY_POINT = "train_gpt.py"
+
+
+def example_source_dir() -> str:
+    """The installed ``entrypoints`` package directory (found without importing it)."""
+    spec = importlib.util.find_spec("entrypoints")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("the bundled example (package 'entrypoints') is not installed")
+    return str(Path(list(spec.submodule_search_locations)[0]))
+
+
+def example_distribution(processes_per_host: int = 2, sharded_degree: int = 2) -> dict[str, Any]:
+    """A SageMaker ``distribution=`` dict with MiCS sharding, as the SageMaker docs write it."""
+    return {
+        "smdistributed": {"modelparallel": {"enabled": True, "parameters": {
+            "ddp": True, "sharded_data_parallel_degree": sharded_degree}}},
+        "mpi": {"enabled": True, "processes_per_host": processes_per_host},
+    }
