@@ -347,3 +347,30 @@ def test_weight_decay_split_by_name_matches_nanogpt_split_by_rank():
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
     assert {id(p) for p in decay["params"]} == {id(p) for p in model.parameters() if p.dim() >= 2}
     assert {id(p) for p in no_decay["params"]} == {id(p) for p in model.parameters() if p.dim() < 2}
+
+
+def test_training_script_runs_as_one_plain_process(tmp_path):
+    """``python entrypoints/train_gpt.py`` with the SageMaker variables and a channel."""
+    channel = tmp_path / "train"
+    channel.mkdir()
+    (channel / "text.txt").write_bytes(CORPUS_PATH.read_bytes()[:20_000])
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "SMSDP_", "SM_"))}
+    env.update(SM_CHANNEL_TRAIN=str(channel), SM_MODEL_DIR=str(tmp_path / "model"),
+               SM_OUTPUT_DATA_DIR=str(tmp_path / "output"), OMP_NUM_THREADS="1")
+    args = ["--max_steps", "3", "--log_interval", "1", "--n_layer", "1", "--d_model", "32", "--n_head", "2",
+            "--seq_len", "32", "--vocab_size", "256", "--batch_size", "2"]
+    proc = subprocess.run([sys.executable, str(REPO_ROOT / "entrypoints" / "train_gpt.py"), *args],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    progress = [p for p in map(parse_progress_line, proc.stdout.splitlines()) if p]
+    assert [p["step"] for p in progress] == [1, 2, 3]
+    assert "from 1 file(s)" in proc.stdout
+
+    summary = json.loads((tmp_path / "output" / "summary.json").read_text())
+    assert summary["steps"] == 3 and summary["world_size"] == 1
+    assert summary["final_loss"] == pytest.approx(progress[-1]["loss"], abs=1e-4)
+    config = GPTConfig(**json.loads((tmp_path / "model" / "config.json").read_text()))
+    model = GPT(config)
+    model.load_state_dict(torch.load(tmp_path / "model" / "model.pt"))
+    assert summary["model_params"] == model.num_params()
+    assert sorted(os.listdir(tmp_path / "model")) == ["config.json", "model.pt"]  # no temp files
