@@ -1,5 +1,5 @@
 # The shipped corpus, entrypoints/data/corpus.txt (683 KB), is the plain-text
-# pydoc of 40 Python standard-library modules (documentation under the PSF
+# pydoc of 41 Python standard-library modules (documentation under the PSF
 # licence), generated once with Python 3.11.7 from the repository root by:
 #
 #   python - > entrypoints/data/corpus.txt <<'EOF'
