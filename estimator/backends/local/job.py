@@ -127,6 +127,7 @@ class LocalJob(Job):
         return self._ended(print_summary=logs)
 
     def _ended(self, print_summary: bool) -> JobStatus:
+        self._let_supervisor_exit()
         described = self.describe()
         status = JobStatus(described["TrainingJobStatus"])
         if print_summary:
@@ -137,6 +138,18 @@ class LocalJob(Job):
         if status is JobStatus.FAILED:
             raise JobFailedError(self.name, described.get("FailureReason"))
         return status
+
+    def _let_supervisor_exit(self, timeout: float = 10.0) -> None:
+        """The status turns terminal just before the supervisor exits: let it go (and reap it)."""
+        if self._supervisor is not None:
+            try:
+                self._supervisor.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                pass
+            return
+        pid, deadline = self._supervisor_pid(), time.monotonic() + timeout
+        while pid is not None and _process_running(pid, str(self.paths.root)) and time.monotonic() < deadline:
+            time.sleep(POLL_S)
 
     def stop(self) -> None:
         """Ask the supervisor to stop the job (it ends Stopped); returns at once."""
