@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     script, script_args = argv[0], argv[1:]
     rank = _world_rank()
     try:
+        _check_script(script)  # before the rendezvous: a typo should not cost a torch start-up
         _limit_threads()
         _join_world()
         run_script(script, script_args)
@@ -52,12 +53,17 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_script(script: str, args: list[str]) -> None:
     """Run ``script`` as ``python script args...`` would, in this process."""
-    path = Path(script)
-    if not path.is_file():
-        raise FileNotFoundError(f"training script not found: {script} (cwd {os.getcwd()})")
+    path = _check_script(script)
     sys.argv = [script, *args]
     sys.path.insert(0, str(path.resolve().parent))  # like `python script.py`
     runpy.run_path(str(path), run_name="__main__")
+
+
+def _check_script(script: str) -> Path:
+    path = Path(script)
+    if not path.is_file():
+        raise FileNotFoundError(f"training script not found: {script} (cwd {os.getcwd()})")
+    return path
 
 
 def user_traceback(exc: BaseException) -> str:

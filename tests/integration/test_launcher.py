@@ -1,0 +1,65 @@
+"""The per-rank launcher by hand: `mpirun -np 4 python -m entrypoints.launcher SCRIPT ...`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO_ROOT, USER_SCRIPTS
+from tests.mpi_harness import requires_mpi, run_mpi
+
+pytestmark = [pytest.mark.integration, requires_mpi, pytest.mark.timeout(120)]
+
+SCRIPT = str(USER_SCRIPTS / "allreduce.py")
+
+
+def _job_like_env(tmp_path: Path) -> dict[str, str]:
+    """The two variables the user script reads, without any other job variable."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "output" / "data").mkdir(parents=True)
+    return {"SM_MODEL_DIR": str(tmp_path / "model"), "SM_OUTPUT_DATA_DIR": str(tmp_path / "output" / "data")}
+
+
+def test_by_hand_on_four_ranks(tmp_path):
+    result = run_mpi(["-m", "entrypoints.launcher", SCRIPT, "--steps", "2"], nprocs=4,
+                     env=_job_like_env(tmp_path), out_dir=tmp_path)
+    for rank in range(4):
+        assert f"rank {rank} of 4 on algo-1: sum 6" in result.stdout
+    assert "[smsdp] step 2/2 loss=0.5000" in result.stdout
+    assert (tmp_path / "model" / "weights.txt").exists()
+
+
+def test_a_failing_rank_aborts_the_job_at_once(tmp_path):
+    env = _job_like_env(tmp_path)
+    started = time.monotonic()
+    result = run_mpi(["-m", "entrypoints.launcher", SCRIPT, "--fail_rank", "1"], nprocs=4,
+                     env=env, out_dir=tmp_path, check=False, timeout=60)
+    assert not result.timed_out and result.returncode != 0
+    assert time.monotonic() - started < 30  # the other ranks sat in a barrier: aborted, not waited for
+    assert "[smsdp] rank 1 failed:" in result.stderr and "ValueError: boom on rank 1" in result.stderr
+    # Without SM_OUTPUT_DIR the failure files go next to SM_OUTPUT_DATA_DIR (SageMaker's /opt/ml/output).
+    written = (tmp_path / "output" / "failure-rank1").read_text()
+    assert written.startswith("Traceback") and written.rstrip().endswith("ValueError: boom on rank 1")
+    assert (tmp_path / "output" / "failure").read_text().startswith("rank 1: Traceback")
+
+
+def test_a_plain_process_is_a_world_of_one(tmp_path):
+    env = {**_job_like_env(tmp_path), "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"}
+    env.update({k: v for k, v in __import__("os").environ.items() if k in ("PATH", "HOME")})
+    result = subprocess.run([sys.executable, "-m", "entrypoints.launcher", SCRIPT, "--steps", "1"],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "rank 0 of 1 on algo-1: sum 0" in result.stdout
+
+
+def test_a_missing_script_is_reported(tmp_path):
+    env = {"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin", "SM_OUTPUT_DIR": str(tmp_path)}
+    result = subprocess.run([sys.executable, "-m", "entrypoints.launcher", "nope.py"],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert "training script not found: nope.py" in result.stderr
+    assert "training script not found" in (tmp_path / "failure-rank0").read_text()
