@@ -10,6 +10,7 @@ job (``estimator.backends``): ``fit()`` is ``backend.launch(backend.dry_run(spec
 
 from __future__ import annotations
 
+import copy
 import difflib
 import shlex
 from typing import Any, Mapping
@@ -101,14 +102,39 @@ class Estimator:
 
     # ---------------------------------------------------------------- what it is
 
-    entry_point = property(lambda self: self._code.entry_point)
-    source_dir = property(lambda self: None if self._code.source_dir is None else str(self._code.source_dir))
-    instance_type = property(lambda self: self._runtime.instance_type)
-    instance_count = property(lambda self: self._runtime.instance_count)
-    processes_per_host = property(lambda self: self._runtime.processes_per_host)
-    output_path = property(lambda self: self._output_path)
-    base_job_name = property(lambda self: self._base_job_name)
-    runtime_config = property(lambda self: self._runtime, doc="The validated config every rank receives.")
+    @property
+    def entry_point(self) -> str:
+        """The script, relative to ``source_dir``."""
+        return self._code.entry_point
+
+    @property
+    def source_dir(self) -> str | None:
+        return None if self._code.source_dir is None else str(self._code.source_dir)
+
+    @property
+    def instance_type(self) -> str:
+        return self._runtime.instance_type
+
+    @property
+    def instance_count(self) -> int:
+        return self._runtime.instance_count
+
+    @property
+    def processes_per_host(self) -> int:
+        return self._runtime.processes_per_host
+
+    @property
+    def output_path(self) -> str:
+        return self._output_path
+
+    @property
+    def base_job_name(self) -> str:
+        return self._base_job_name
+
+    @property
+    def runtime_config(self) -> RuntimeConfig:
+        """The validated config every rank receives (``SMSDP_CONFIG``)."""
+        return self._runtime
 
     def hyperparameters(self) -> dict[str, Hyperparameter]:
         return dict(self._hyperparameters)
@@ -119,7 +145,7 @@ class Estimator:
 
     @property
     def distribution(self) -> dict[str, Any]:
-        return dict(self._distribution)
+        return copy.deepcopy(self._distribution)
 
     @property
     def model_data(self) -> str:

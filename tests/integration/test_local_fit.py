@@ -178,3 +178,43 @@ def test_run_example_trains_the_bundled_gpt(tmp_path, capsys):
     assert "step 4/4 [########################] 100%" in out
     assert f"final loss   {summary['final_loss']:.4f}" in out
     assert "[smsdp] training job gpt: Completed" in out
+
+
+def test_max_run_stops_the_job(tmp_path, user_scripts):
+    est = Estimator("allreduce.py", source_dir=str(user_scripts), hyperparameters={"sleep": 120},
+                    output_path=str(tmp_path), max_run=3)
+    started = time.monotonic()
+    est.fit(job_name="too-long", logs=False)  # Stopped is not a failure, as on SageMaker
+    assert time.monotonic() - started < 60
+    described = est.latest_job.describe()
+    assert (described["TrainingJobStatus"], described["SecondaryStatus"]) == ("Stopped", "MaxRuntimeExceeded")
+    assert processes_in(tmp_path / "too-long") == []
+
+
+def test_ctrl_c_in_fit_stops_the_local_job(tmp_path, user_scripts):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    code = (
+        "from estimator import Estimator\n"
+        f"est = Estimator('allreduce.py', source_dir={str(user_scripts)!r}, output_path={str(tmp_path)!r},"
+        " hyperparameters={'sleep': 120})\n"
+        "est.fit(job_name='interrupted')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    client = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    log = tmp_path / "interrupted" / "logs" / "job.log"
+    deadline = time.monotonic() + 60
+    while not (log.exists() and "sum 0" in log.read_text()):
+        assert time.monotonic() < deadline and client.poll() is None, client.communicate()[0]
+        time.sleep(0.2)
+    client.send_signal(signal.SIGINT)
+    out, _ = client.communicate(timeout=60)
+    assert client.returncode != 0 and "KeyboardInterrupt" in out
+    assert "stopping job interrupted" in out
+    status = json.loads((tmp_path / "interrupted" / "status.json").read_text())
+    assert status["status"] == "Stopped"
+    assert processes_in(tmp_path / "interrupted") == []
