@@ -41,14 +41,20 @@ def main(argv: list[str] | None = None) -> int:
         _check_script(script)  # before the rendezvous: a typo should not cost a torch start-up
         _limit_threads()
         _join_world()
-        run_script(script, script_args)
-    except SystemExit as exc:
-        if exc.code not in (None, 0):
-            _fail(rank, f"SystemExit: {exc.code}\n" + user_traceback(exc))
+        _run_to_completion(script, script_args)
+        _leave_world()
     except BaseException as exc:  # noqa: BLE001 - reported, then the whole job is aborted
         _fail(rank, user_traceback(exc))
-    _leave_world()
     return 0
+
+
+def _run_to_completion(script: str, args: list[str]) -> None:
+    """``sys.exit(0)`` (or ``sys.exit()``) in a script is a normal end, as in ``python script.py``."""
+    try:
+        run_script(script, args)
+    except SystemExit as exc:
+        if exc.code not in (None, 0):
+            raise
 
 
 def run_script(script: str, args: list[str]) -> None:
@@ -73,7 +79,10 @@ def user_traceback(exc: BaseException) -> str:
         tb = tb.tb_next
     if tb is None:  # the failure is in the launch itself (e.g. the rendezvous): keep it all
         tb = exc.__traceback__
-    return "".join(traceback.format_exception(type(exc), exc, tb))
+    text = "".join(traceback.format_exception(type(exc), exc, tb))
+    if isinstance(exc, SystemExit):  # its traceback ends in a bare "SystemExit: 3"
+        text = f"the script exited with status {exc.code}\n{text}"
+    return text
 
 
 def _is_launch_machinery(filename: str) -> bool:
