@@ -14,6 +14,7 @@ _EXPORTS = {
     "DistributedOptimizer": "smsdp.distributed_optimizer",
     "step": "smsdp.step",
     "StepOutput": "smsdp.step",
+    **{name: "smsdp.checkpoint" for name in ("save_checkpoint", "resume_from_checkpoint", "CheckpointError")},
     "set_activation_checkpointing": "smsdp.activation_checkpointing",
 }
 _API = (
