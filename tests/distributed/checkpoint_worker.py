@@ -175,6 +175,22 @@ def full_resume() -> dict:
     return {"user_content": content, "params": model.state_dict()}
 
 
+def optimizer_switches() -> dict:
+    """load_optimizer=False keeps the optimizer as it is; the default brings back AdamW's ``step``."""
+    model, opt = build(sdp=2)
+    train(model, opt, [0])  # the optimizer has taken 1 step here, 5 in the checkpoint
+
+    def steps() -> set:
+        return {float(s["step"]) for s in opt.optimizer.state.values()}
+
+    smp.resume_from_checkpoint(root() / "main", load_optimizer=False)
+    kept = steps()
+    smp.resume_from_checkpoint(root() / "main", load_sharded_optimizer_state=False)
+    hyper_only = steps()
+    smp.resume_from_checkpoint(root() / "main")
+    return {"kept": kept, "hyper_only": hyper_only, "loaded": steps(), "params": model.state_dict()}
+
+
 def other_world() -> dict:
     """Resume at whatever world size this launch has (4, or 2 in the small launch) without dropout:
     the loss on the 4-rank job's batch of step 5, one AdamW step, and the loss again."""
@@ -209,6 +225,7 @@ CASES = {
     "corrupted_newest": corrupted_newest,
     "full_resume": full_resume,
     "other_world": other_world,
+    "optimizer_switches": optimizer_switches,
 }
 
 if __name__ == "__main__":

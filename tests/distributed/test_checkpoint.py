@@ -26,7 +26,7 @@ NPROCS = 4
 HOSTS = {"SMSDP_SIMULATED_HOSTS": "1", "SM_HOSTS": '["algo-1", "algo-2"]'}
 SAVE_CASES = ["straight", "first_half", "prune", "crash"]  # "crash" ends the launch: keep it last
 RESUME_CASES = ["resume_d2", "resume_d4", "resume_d1", "resume_after_crash", "crashed_tag", "wrong_model",
-                "corrupted_newest", "full_resume", "other_world"]
+                "corrupted_newest", "full_resume", "other_world", "optimizer_switches"]
 HALF = 5
 RESHARD_RTOL = 1e-6
 
@@ -163,3 +163,11 @@ def test_corrupted_newest_is_skipped_and_named_when_asked_for(resumed):
     for result in resumed["corrupted_newest"]:
         assert result["picked"] == {"step": 3}
         assert "'s4'" in result["error"] and "CRC-32" in result["error"] and "corrupted" in result["error"]
+
+
+def test_optimizer_switches(saved, resumed):
+    expected = saved["first_half"][0]["params"]
+    for result in resumed["optimizer_switches"]:
+        assert result["kept"] == {1.0} and result["hyper_only"] == {1.0} and result["loaded"] == {5.0}
+        for name, value in expected.items():
+            assert torch.equal(result["params"][name], value), name
