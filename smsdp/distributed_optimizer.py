@@ -37,6 +37,7 @@ class DistributedOptimizer:
         if rt.params.fp16:
             self.loss_scaler = loss_scaler or DynamicLossScaler()
             model._loss_scaler = self.loss_scaler
+        rt.optimizers.append(self)  # lets smp.resume_from_checkpoint find it, as SMP's does
 
     def _check_params_come_from_model(self) -> None:
         ours = {id(p) for p in self.model.parameters()}

@@ -36,6 +36,7 @@ class RuntimeState:
     stats: CommStats
     all_gather: AllGatherStrategy
     models: list[Any] = field(default_factory=list)  # DistributedModels, newest last
+    optimizers: list[Any] = field(default_factory=list)  # DistributedOptimizers, newest last
     backward_scale: float = 1.0  # 1/microbatches inside @smp.step, applied by model.backward
 
     @property
