@@ -1,0 +1,436 @@
+"""smsdp vs PyTorch FSDP2 (HSDP), FSDP1 (HYBRID_SHARD), DDP and the no-communication limit.
+
+One command, from the repository root::
+
+    /work/venv/bin/python bench/compare.py                 # fp32 and bf16 + the smsdp scaling table
+    /work/venv/bin/python bench/compare.py --precision fp32 --no-scaling --warmup 2 --steps 5   # quick
+
+Every run is its own ``mpirun -np 4`` (gloo, one thread per rank,
+``OMP_NUM_THREADS=1``) of ``bench/workers/train_worker.py``, so peak RSS is
+per system. Same GPT (4 layers, d_model 256, 4 heads, vocab 1024, seq 128),
+batch 4 sequences per rank, AdamW (lr 1e-3), global-norm clipping 1.0, the
+same initial weights and the same token windows from the shipped corpus
+(``entrypoints.data.TokenDataset``) in every system.
+
+What the columns mean:
+
+- tokens/s: the whole job's tokens per second (4 ranks x batch x seq x accum /
+  step time); step time: the slowest rank's median over the timed steps.
+- model TFLOP/s: tokens/s x ``GPT.flops_per_token()`` (6N + 12·l·h·s).
+- peak RSS: ``ru_maxrss`` of each rank at the end, max over ranks (it includes
+  ~220 MiB for the interpreter and torch; "RSS at start" is in the JSON).
+- model state: bytes of the tensors each system holds per rank after
+  ``optimizer.step()`` (before ``zero_grad``): parameters (fp32 master shards
+  and any persistent low-precision copies), gradients, optimizer state
+  (AdamW's exp_avg/exp_avg_sq, scalar step counters excluded). Max over ranks.
+- bytes/step: what one rank sends per optimizer step by collective kind and
+  group, ring accounting (all-gather (n-1)/n of the output, reduce-scatter
+  (n-1)/n of the input, all-reduce 2(n-1)/n). smsdp, FSDP2 and FSDP1 are
+  *counted* by a wrapper over the torch.distributed functions they call
+  (``bench/workers/comm_counter.py``; for smsdp it is cross-checked against
+  ``smp.comm_stats()``). DDP's reducer calls gloo from C++, so its bytes are
+  *computed* from its pattern (every gradient all-reduced once per step).
+- final loss: the mean over ranks of the last step's loss (for the data-parallel
+  systems, the loss of the global batch).
+
+Results: Markdown on stdout (and ``bench/results/latest.md``), JSON in
+``bench/results/`` (gitignored).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+WORKER = REPO_ROOT / "bench" / "workers" / "train_worker.py"
+RESULTS = REPO_ROOT / "bench" / "results"
+NPROCS = 4
+SYSTEMS = ["smsdp", "fsdp2", "fsdp1", "ddp", "nocomm"]
+LABELS = {
+    "smsdp": "smsdp MiCS (d=2, r=2)",
+    "fsdp2": "FSDP2 HSDP (2x2 mesh)",
+    "fsdp1": "FSDP1 HYBRID_SHARD",
+    "ddp": "DDP",
+    "nocomm": "no-comm limit",
+}
+MIB = 1024 * 1024
+
+#: MACHINE-NOTES: shared-memory MPI transport (fast start), one thread per rank, root-friendly.
+MPI_ENV = {
+    "OMPI_MCA_btl": "self,sm",
+    "OMPI_MCA_pml": "ob1",
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "PYTHONUNBUFFERED": "1",
+    "OMPI_ALLOW_RUN_AS_ROOT": "1",
+    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+    "SMSDP_LOG_LEVEL": "WARNING",
+}
+
+
+# --------------------------------------------------------------------------------------------
+# Running one configuration
+# --------------------------------------------------------------------------------------------
+def find_mpirun() -> str:
+    beside = Path(sys.executable).parent / "mpirun"
+    found = str(beside) if beside.exists() else shutil.which("mpirun")
+    if not found:
+        raise SystemExit("mpirun not found next to this interpreter or on PATH")
+    return found
+
+
+def run_config(worker_args: list[str], timeout: float, log) -> dict:
+    """One ``mpirun -np 4`` of the worker; returns the per-rank results and the launch facts."""
+    out = Path(tempfile.mkdtemp(prefix="smsdp-bench-"))
+    argv = [
+        find_mpirun(), "-np", str(NPROCS), "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
+        sys.executable, str(WORKER), "--out", str(out), *worker_args,
+    ]
+    env = dict(os.environ)
+    env.update(MPI_ENV)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    load_before = os.getloadavg()[0]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            time.sleep(1)
+        output, _ = proc.communicate()
+    wall = time.perf_counter() - t0
+    ranks = []
+    for r in range(NPROCS):
+        path = out / f"result.rank{r}.json"
+        if path.exists():
+            ranks.append(json.loads(path.read_text()))
+    extras = {p.name: str(p) for p in out.iterdir() if p.name.startswith("rank0.")}
+    if len(ranks) != NPROCS or proc.returncode != 0:
+        why = "timed out" if timed_out else f"exit code {proc.returncode}"
+        log(f"  FAILED ({why}):\n{output[-3000:]}")
+        shutil.rmtree(out, ignore_errors=True) if not extras else None
+        return {"error": f"{why}: {output[-3000:]}", "argv": argv, "wall_s": wall}
+    if not extras:
+        shutil.rmtree(out, ignore_errors=True)
+    return {"ranks": ranks, "argv": argv, "wall_s": wall, "load_before": load_before,
+            "load_after": os.getloadavg()[0], "files": extras}
+
+
+def summarize(run: dict) -> dict:
+    """The figures of one run, reduced over ranks."""
+    if "error" in run:
+        return {"error": run["error"]}
+    ranks = run["ranks"]
+    r0 = ranks[0]
+    step_s = max(r["median_step_s"] for r in ranks)  # the slowest rank sets the pace
+    tokens = r0["tokens_per_step_rank"] * r0["world"]
+    n_steps = len(r0["losses"])
+    losses = [statistics.fmean(r["losses"][i] for r in ranks) for i in range(n_steps)]
+    states = [r["model_state_bytes"] for r in ranks]
+    state_total = max(sum(s.values()) for s in states)
+    state = max(states, key=lambda s: sum(s.values()))
+    counted = r0["bytes_per_step_counted"]
+    computed = r0["bytes_per_step_computed"]
+    phases = {k: max(r["median_phase_s"].get(k, 0.0) for r in ranks) for k in r0["median_phase_s"]}
+    return {
+        "system": r0["system"],
+        "precision": r0["precision"],
+        "sdp": r0["sdp"],
+        "accum": r0["accum"],
+        "threshold": r0["threshold"],
+        "step_s": step_s,
+        "cpu_s": max(r["median_cpu_s"] for r in ranks),
+        "tokens_per_step": tokens,
+        "tokens_per_s": tokens / step_s,
+        "tflops": tokens / step_s * r0["flops_per_token"] / 1e12,
+        "peak_rss_mib": max(r["rss_peak_kib"] for r in ranks) / 1024,
+        "start_rss_mib": max(r["rss_start_kib"] for r in ranks) / 1024,
+        "model_state": state,
+        "model_state_total": state_total,
+        "bytes_per_step": computed if computed else counted,
+        "bytes_source": "computed" if computed else "counted",
+        "bytes_smsdp_stats": r0["bytes_per_step_smsdp"],
+        "layout": r0["smsdp_layout"],
+        "losses": losses,
+        "final_loss": losses[-1],
+        "phases_s": phases,
+        "setup_s": max(r.get("setup_s", 0.0) for r in ranks),
+        "wall_s": run["wall_s"],
+        "load_before": run["load_before"],
+        "load_after": run["load_after"],
+        "profile": r0.get("profile"),
+        "files": run.get("files"),
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Tables
+# --------------------------------------------------------------------------------------------
+def mib(n: float) -> str:
+    return f"{n / MIB:.2f}"
+
+
+def by_kind(bytes_per_step: dict) -> dict[str, str]:
+    """``{"all_gather": "12.50 (shard)", ...}`` in MiB, labels in parentheses."""
+    cells: dict[str, list[str]] = {}
+    for key in sorted(bytes_per_step, key=lambda k: -bytes_per_step[k]):
+        kind, _, label = key.partition(".")
+        value = bytes_per_step[key]
+        text = f"{mib(value)}" + (f" ({label})" if label else "")
+        if value < 0.005 * MIB:
+            text = f"{value:.0f} B" + (f" ({label})" if label else "")
+        cells.setdefault(kind, []).append(text)
+    return {k: " + ".join(v) for k, v in cells.items()}
+
+
+def main_table(rows: list[dict]) -> str:
+    head = ("| system | precision | tokens/s | × smsdp | step (ms) | model TFLOP/s | peak RSS/rank (MiB) "
+            "| model state/rank (MiB): params + grads + optim = total | all-gather MiB/step | "
+            "reduce-scatter MiB/step | all-reduce MiB/step | bytes | final loss |")
+    lines = [head, "|" + "|".join(["---"] * 13) + "|"]
+    smsdp = {r["precision"]: r for r in rows if r.get("system") == "smsdp" and "error" not in r}
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {LABELS.get(r.get('system'), r.get('system'))} | {r.get('precision')} | failed: "
+                         f"{r['error'][:80]!r} |" + " |" * 10)
+            continue
+        ref = smsdp.get(r["precision"])
+        ratio = f"{r['tokens_per_s'] / ref['tokens_per_s']:.2f}" if ref else "n/a"
+        s = r["model_state"]
+        kinds = by_kind(r["bytes_per_step"])
+        lines.append(
+            f"| {LABELS[r['system']]} | {r['precision']} | {r['tokens_per_s']:,.0f} | {ratio} | "
+            f"{r['step_s'] * 1e3:.0f} | {r['tflops']:.4f} | {r['peak_rss_mib']:.0f} | "
+            f"{mib(s['params'])} + {mib(s['grads'])} + {mib(s['optimizer'])} = {mib(r['model_state_total'])} | "
+            f"{kinds.get('all_gather', '0')} | {kinds.get('reduce_scatter', '0')} | "
+            f"{kinds.get('all_reduce', '0')} | {r['bytes_source'] if r['bytes_per_step'] else '-'} | "
+            f"{r['final_loss']:.4f} |"
+        )
+    return "\n".join(lines)
+
+
+def phase_table(rows: list[dict]) -> str:
+    lines = ["| system | precision | forward (ms) | backward (ms) | clip + optimizer + zero_grad (ms) | "
+             "step (ms) | × no-comm step time | CPU ms/step/rank | × no-comm CPU |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    nocomm = {r["precision"]: r for r in rows if r.get("system") == "nocomm" and "error" not in r}
+    for r in rows:
+        if "error" in r:
+            continue
+        p = r["phases_s"]
+        ref = nocomm.get(r["precision"])
+        rel = f"{r['step_s'] / ref['step_s']:.2f}" if ref else "n/a"
+        cpu_rel = f"{r['cpu_s'] / ref['cpu_s']:.2f}" if ref else "n/a"
+        lines.append(f"| {LABELS[r['system']]} | {r['precision']} | {p.get('forward', 0) * 1e3:.0f} | "
+                     f"{p.get('backward', 0) * 1e3:.0f} | {p.get('optimizer', 0) * 1e3:.0f} | "
+                     f"{r['step_s'] * 1e3:.0f} | {rel} | {r['cpu_s'] * 1e3:.0f} | {cpu_rel} |")
+    return "\n".join(lines)
+
+
+def loss_agreement(rows: list[dict]) -> tuple[str, dict]:
+    """Per precision: each system's per-step mean loss vs DDP's, max relative difference."""
+    lines = ["| precision | system | max rel. diff vs DDP over all steps | final-step rel. diff |",
+             "|---|---|---|---|"]
+    figures = {}
+    for precision in sorted({r["precision"] for r in rows if "error" not in r}):
+        ddp = next((r for r in rows if r.get("system") == "ddp" and r.get("precision") == precision
+                    and "error" not in r), None)
+        if ddp is None:
+            continue
+        for r in rows:
+            if "error" in r or r["precision"] != precision or r["system"] == "ddp":
+                continue
+            rel = [abs(a - b) / abs(b) for a, b in zip(r["losses"], ddp["losses"])]
+            figures[(precision, r["system"])] = (max(rel), rel[-1])
+            lines.append(f"| {precision} | {LABELS[r['system']]} | {max(rel):.2e} | {rel[-1]:.2e} |")
+    return "\n".join(lines), {f"{p}/{s}": v for (p, s), v in figures.items()}
+
+
+def formula_bytes(r: dict, world: int = NPROCS) -> dict[str, float]:
+    """DESIGN.md section 4's per-rank, per-step volume for an smsdp run (ring accounting)."""
+    layout = r["layout"]
+    d, m = layout["sdp"], r["accum"]
+    rr = world // d
+    psi, psi_p = layout["sharded_elements_padded"], layout["replicated_elements"]
+    b_c = 2 if r["precision"] == "bf16" else 4
+    b_r = 4  # smsdp reduces in fp32
+    return {
+        "all_gather": 2 * m * (d - 1) / d * psi * b_c,
+        "reduce_scatter": m * (d - 1) / d * psi * b_r,
+        "all_reduce.replica": 2 * (rr - 1) / rr * psi / d * b_r,
+        "all_reduce.dp": 2 * (world - 1) / world * psi_p * b_r,
+    }
+
+
+def scaling_table(rows: list[dict]) -> str:
+    lines = ["| d | r | accum | tokens/s | step (ms) | model state/rank (MiB) | all-gather MiB/step | "
+             "reduce-scatter MiB/step | all-reduce replica MiB/step | all-reduce dp MiB/step | "
+             "sent KiB/token | = DESIGN §4 formula |", "|" + "|".join(["---"] * 12) + "|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r.get('sdp')} | | {r.get('accum')} | failed |" + " |" * 8)
+            continue
+        stats = r["bytes_smsdp_stats"] or {}
+        expected = formula_bytes(r)
+        ok = all(abs(stats.get(k, 0) - v) <= 1e-6 * max(v, 1) for k, v in expected.items())
+        d = r["layout"]["sdp"]
+        sent = sum(v for k, v in stats.items())
+        lines.append(
+            f"| {d} | {NPROCS // d} | {r['accum']} | {r['tokens_per_s']:,.0f} | {r['step_s'] * 1e3:.0f} | "
+            f"{mib(r['model_state_total'])} | {mib(stats.get('all_gather', 0))} | "
+            f"{mib(stats.get('reduce_scatter', 0))} | {mib(stats.get('all_reduce.replica', 0))} | "
+            f"{mib(stats.get('all_reduce.dp', 0))} | {sent / r['tokens_per_step'] / 1024:.2f} | "
+            f"{'yes' if ok else 'NO'} |"
+        )
+    return "\n".join(lines)
+
+
+def machine_line() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import torch  # only for the version string; the parent never trains
+
+    return (f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}, "
+            f"{NPROCS} ranks x 1 thread, gloo")
+
+
+# --------------------------------------------------------------------------------------------
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--precision", default="fp32,bf16", help="comma-separated: fp32,bf16")
+    p.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset of " + ",".join(SYSTEMS))
+    p.add_argument("--threshold", type=int, default=10_000,
+                   help="smsdp sdp_param_persistence_threshold (default 10000: the blocks' weight matrices "
+                        "are sharded; the SMP default 1e6 exceeds every tensor of this GPT)")
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--scaling", action=argparse.BooleanOptionalAction, default=True,
+                   help="also the smsdp scaling table (d=1,2,4 x accumulation 1,4)")
+    p.add_argument("--scaling-precision", default="fp32")
+    p.add_argument("--scaling-warmup", type=int, default=3)
+    p.add_argument("--scaling-steps", type=int, default=8)
+    p.add_argument("--profile", default="none", choices=["none", "cprofile", "torch"],
+                   help="profile smsdp's rank 0 over the timed steps (slows smsdp down: not for the tables)")
+    p.add_argument("--timeout", type=float, default=300, help="seconds per mpirun launch")
+    p.add_argument("--out", default=str(RESULTS))
+    args = p.parse_args()
+
+    precisions = [x for x in args.precision.split(",") if x]
+    systems = [x for x in args.systems.split(",") if x]
+    started = datetime.datetime.now().astimezone()
+    t_start = time.perf_counter()
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    common = ["--threshold", str(args.threshold)]
+    rows: list[dict] = []
+    for precision in precisions:
+        for system in systems:
+            log(f"[bench] {system} {precision} (warm-up {args.warmup}, timed {args.steps}) ...")
+            extra = ["--profile", args.profile] if system == "smsdp" else []
+            run = run_config(["--system", system, "--precision", precision, "--sdp", "2",
+                              "--warmup", str(args.warmup), "--steps", str(args.steps), *common, *extra],
+                             args.timeout, log)
+            row = summarize(run)
+            row.setdefault("system", system)
+            row.setdefault("precision", precision)
+            if "error" not in row:
+                log(f"  {row['tokens_per_s']:,.0f} tokens/s, step {row['step_s'] * 1e3:.0f} ms, "
+                    f"loss {row['final_loss']:.4f}, launch {row['wall_s']:.0f} s, load {row['load_before']:.1f}")
+            rows.append(row)
+
+    scaling_rows: list[dict] = []
+    if args.scaling:
+        for accum in (1, 4):
+            for d in (1, 2, 4):
+                reuse = next((r for r in rows if r.get("system") == "smsdp" and r.get("sdp") == d
+                              and r.get("accum") == accum and r.get("precision") == args.scaling_precision
+                              and "error" not in r and args.profile == "none"), None)
+                if reuse is not None:
+                    scaling_rows.append(reuse)
+                    continue
+                warmup = args.scaling_warmup if accum == 1 else max(1, args.scaling_warmup - 1)
+                steps = args.scaling_steps if accum == 1 else max(3, args.scaling_steps * 5 // 8)
+                log(f"[bench] scaling: smsdp d={d} accum={accum} (warm-up {warmup}, timed {steps}) ...")
+                run = run_config(["--system", "smsdp", "--precision", args.scaling_precision, "--sdp", str(d),
+                                  "--accum", str(accum), "--warmup", str(warmup), "--steps", str(steps), *common],
+                                 args.timeout, log)
+                row = summarize(run)
+                row.setdefault("sdp", d)
+                row.setdefault("accum", accum)
+                if "error" not in row:
+                    log(f"  {row['tokens_per_s']:,.0f} tokens/s, step {row['step_s'] * 1e3:.0f} ms")
+                scaling_rows.append(row)
+
+    elapsed = time.perf_counter() - t_start
+    loads = [r["load_before"] for r in rows + scaling_rows if "load_before" in r]
+    agreement_md, agreement = loss_agreement(rows)
+    md = [
+        f"Run {started:%Y-%m-%d %H:%M %Z}, {elapsed:.0f} s in all. Machine: {machine_line()}. "
+        f"Load average (1 min) at the start of each launch: {min(loads, default=0):.1f} to "
+        f"{max(loads, default=0):.1f} (2 cores: above ~4.5 means something else was running).",
+        "",
+        f"GPT 4 layers × d_model 256 × 4 heads, vocab 1024, seq 128, batch 4 per rank, 4 ranks, AdamW lr 1e-3, "
+        f"clip 1.0; warm-up {args.warmup} + {args.steps} timed steps (median). smsdp persistence threshold "
+        f"{args.threshold} (blocks sharded; tensors under it — LayerNorms and biases — replicated).",
+        "",
+        main_table(rows),
+        "",
+        "Time per phase (median ms, slowest rank; CPU = process CPU time of a rank, all its threads, "
+        "which with 4 ranks on 2 cores is what the step time is made of):",
+        "",
+        phase_table(rows),
+        "",
+        "Losses against DDP (per-step mean over ranks):",
+        "",
+        agreement_md,
+    ]
+    if scaling_rows:
+        md += ["", f"smsdp scaling ({args.scaling_precision}, 4 ranks, batch 4 per rank per micro-step; "
+                   f"bytes from smp.comm_stats()):", "", scaling_table(scaling_rows)]
+    text = "\n".join(md)
+    print(text)
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = started.strftime("%Y%m%d-%H%M%S")
+    payload = {"started": started.isoformat(), "elapsed_s": elapsed, "machine": machine_line(),
+               "args": vars(args), "rows": rows, "scaling": scaling_rows, "loss_agreement_vs_ddp": agreement,
+               "markdown": text}
+    (out / f"compare-{stamp}.json").write_text(json.dumps(payload, indent=1, default=str))
+    (out / "latest.json").write_text(json.dumps(payload, indent=1, default=str))
+    (out / "latest.md").write_text(text + "\n")
+    for r in rows:
+        if r.get("profile"):
+            (out / f"profile-{r['system']}-{r['precision']}-{args.profile}.txt").write_text(r["profile"])
+    log(f"[bench] wrote {out / f'compare-{stamp}.json'} and {out / 'latest.md'}")
+
+
+if __name__ == "__main__":
+    main()

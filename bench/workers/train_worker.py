@@ -1,0 +1,485 @@
+"""One benchmark run on every rank of an ``mpirun``: one system, one precision, one config.
+
+Started by ``bench/compare.py`` (never by hand, though it can be)::
+
+    mpirun -np 4 python bench/workers/train_worker.py --system smsdp --precision fp32 --out DIR
+
+Systems, all training the same GPT on the same data from the same initial weights,
+AdamW and global-norm clipping at 1.0 everywhere (smsdp's default
+``sdp_gradient_clipping``):
+
+- ``smsdp``     ``smp.DistributedModel`` / ``smp.DistributedOptimizer`` (MiCS, d x r)
+- ``fsdp2``     ``fully_shard`` per Block + root on a 2-D mesh (replicate r x shard d) = HSDP
+- ``fsdp1``     ``FullyShardedDataParallel(HYBRID_SHARD)`` on the same 2-D mesh, one unit per Block
+- ``ddp``       ``DistributedDataParallel`` (gradient_as_bucket_view=True)
+- ``nocomm``    the same per-rank forward/backward/AdamW with no collectives at all
+
+bf16: smsdp ``"bf16": True``; FSDP2 ``MixedPrecisionPolicy(param_dtype=bf16,
+reduce_dtype=fp32)``; FSDP1 ``MixedPrecision(param_dtype=bf16, reduce_dtype=fp32,
+buffer_dtype=bf16)``; DDP and nocomm ``torch.autocast("cpu", bf16)`` with fp32 weights.
+
+Each rank writes ``OUT/result.rank<r>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from comm_counter import CommCounter, ddp_bytes_per_step, diff  # noqa: E402
+
+# The counter must wrap torch.distributed before smsdp.collectives binds its functions.
+COUNTER = CommCounter()
+COUNTER.install()
+
+from entrypoints.data import TokenDataset  # noqa: E402
+from entrypoints.gpt import GPT, Block, GPTConfig  # noqa: E402
+
+MODEL = GPTConfig(vocab_size=1024, block_size=128, n_layer=4, n_head=4, d_model=256)
+SEED = 1234
+CLIP = 1.0
+
+
+def rank_and_world() -> tuple[int, int]:
+    return int(os.environ.get("OMPI_COMM_WORLD_RANK", "0")), int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))
+
+
+def rss_kib() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def current_rss_kib() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
+
+
+def build_gpt() -> GPT:
+    torch.manual_seed(SEED)
+    return GPT(MODEL)
+
+
+def local_bytes(t: torch.Tensor | None) -> int:
+    if t is None:
+        return 0
+    if hasattr(t, "to_local"):  # DTensor: what this rank holds
+        t = t.to_local()
+    return t.numel() * t.element_size()
+
+
+def optimizer_state_bytes(opt: torch.optim.Optimizer) -> int:
+    """Bytes of the optimizer's tensors (exp_avg, exp_avg_sq), scalar step counters excluded."""
+    return sum(
+        local_bytes(v) for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor) and v.dim() > 0
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Systems: each returns (train_step(batches) -> loss float, model_state() -> dict, describe)
+# --------------------------------------------------------------------------------------------
+class System:
+    """One training system; ``phase(name)`` adds wall time to this step's phase totals."""
+
+    name = "?"
+    phases: dict[str, float]
+    measure = False  # set for the last step: model-state bytes are read then (outside the timings' interest)
+    timers = None  # smsdp_timers.Timers under --profile timers
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.phases[name] = self.phases.get(name, 0.0) + time.perf_counter() - t0
+
+    def step(self, batches) -> float:
+        raise NotImplementedError
+
+    def model_state(self) -> dict:
+        raise NotImplementedError
+
+    def smsdp_stats(self) -> dict | None:
+        return None
+
+
+class Smsdp(System):
+    name = "smsdp"
+
+    def __init__(self, args):
+        import smsdp as smp
+
+        self.smp = smp
+        if args.profile == "timers":
+            import smsdp_timers
+
+            self.timers = smsdp_timers.install()
+        smp.init({
+            "ddp": True,
+            "sharded_data_parallel_degree": args.sdp,
+            "sdp_param_persistence_threshold": args.threshold,
+            "sdp_gradient_clipping": CLIP,
+            "bf16": args.precision == "bf16",
+            **json.loads(args.smsdp_config),
+        })
+        self.model = smp.DistributedModel(build_gpt())
+        self.opt = smp.DistributedOptimizer(torch.optim.AdamW(self.model.parameters(), lr=args.lr))
+        if self.timers is not None:
+            import smsdp_timers
+
+            smsdp_timers.wrap_inner_optimizer(self.timers, self.opt.optimizer)
+        self._last_state = None
+        self.layout = {
+            "sharded_elements_padded": sum(g.padded_numel for g in self.model.flat_groups() if g.sharded),
+            "replicated_elements": sum(g.numel for g in self.model.flat_groups() if not g.sharded),
+            "sdp": smp.sdp_size(),
+            "rdp": smp.rdp_size(),
+        }
+
+    def step(self, batches) -> float:
+        total = 0.0
+        accum = len(batches)
+        for x, y in batches:
+            with self.phase("forward"):
+                loss = self.model(x, y).loss / accum
+            with self.phase("backward"):
+                self.model.backward(loss)
+            total += loss.item()
+        with self.phase("optimizer"):
+            self.opt.step()
+        if self.measure:
+            self._last_state = {**self.model.model_state_bytes(), "optimizer": self.opt.optimizer_state_bytes()}
+        with self.phase("optimizer"):
+            self.opt.zero_grad()
+        return total
+
+    def model_state(self) -> dict:
+        return self._last_state
+
+    def smsdp_stats(self) -> dict:
+        return self.smp.comm_stats()
+
+
+class _TorchSystem(System):
+    """Shared step for the PyTorch systems: plain backward, clip, AdamW."""
+
+    autocast = False
+
+    def __init__(self, args):
+        self.precision = args.precision
+        self._last_state = None
+
+    def _forward(self, x, y):
+        if self.autocast and self.precision == "bf16":
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return self.model(x, y).loss
+        return self.model(x, y).loss
+
+    def _clip(self):
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), CLIP)
+
+    def step(self, batches) -> float:
+        total = 0.0
+        accum = len(batches)
+        for i, (x, y) in enumerate(batches):
+            with self._no_sync(i < accum - 1):
+                with self.phase("forward"):
+                    loss = self._forward(x, y) / accum
+                with self.phase("backward"):
+                    loss.backward()
+            total += loss.item()
+        with self.phase("optimizer"):
+            self._clip()
+            self.opt.step()
+        if self.measure:
+            self._last_state = self._measure_state()
+        with self.phase("optimizer"):
+            self.opt.zero_grad(set_to_none=True)
+        return total
+
+    def _no_sync(self, skip: bool):
+        return contextlib.nullcontext()
+
+    def _measure_state(self) -> dict:
+        params = sum(local_bytes(p) for p in self.model.parameters())
+        grads = sum(local_bytes(p.grad) for p in self.model.parameters())
+        return {"params": params, "grads": grads, "optimizer": optimizer_state_bytes(self.opt)}
+
+    def model_state(self) -> dict:
+        return self._last_state
+
+
+def hsdp_mesh(args, world):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh("cpu", (world // args.sdp, args.sdp), mesh_dim_names=("replicate", "shard"))
+
+
+class Fsdp2(_TorchSystem):
+    name = "fsdp2"
+
+    def __init__(self, args, world):
+        super().__init__(args)
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mesh = hsdp_mesh(args, world)
+        mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+              if args.precision == "bf16" else MixedPrecisionPolicy())
+        model = build_gpt()
+        for block in model.transformer.h:
+            fully_shard(block, mesh=mesh, mp_policy=mp)
+        fully_shard(model, mesh=mesh, mp_policy=mp)
+        self.model = model
+        self.opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+
+    def _no_sync(self, skip: bool):
+        self.model.set_requires_gradient_sync(not skip)
+        return contextlib.nullcontext()
+
+
+class Fsdp1(_TorchSystem):
+    name = "fsdp1"
+
+    def __init__(self, args, world):
+        super().__init__(args)
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+        mp = (MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, buffer_dtype=torch.bfloat16)
+              if args.precision == "bf16" else None)
+        self.model = FSDP(
+            build_gpt(),
+            sharding_strategy=ShardingStrategy.HYBRID_SHARD,
+            device_mesh=hsdp_mesh(args, world),
+            auto_wrap_policy=ModuleWrapPolicy({Block}),
+            mixed_precision=mp,
+            device_id=torch.device("cpu"),
+        )
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=args.lr)
+
+    def _clip(self):
+        self.model.clip_grad_norm_(CLIP)
+
+    def _no_sync(self, skip: bool):
+        return self.model.no_sync() if skip else contextlib.nullcontext()
+
+
+class Ddp(_TorchSystem):
+    name = "ddp"
+    autocast = True
+
+    def __init__(self, args, world):
+        super().__init__(args)
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        self.model = DDP(build_gpt(), gradient_as_bucket_view=True)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=args.lr)
+        n = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+        self.computed_bytes = ddp_bytes_per_step(n, 4, world)
+
+    def _no_sync(self, skip: bool):
+        return self.model.no_sync() if skip else contextlib.nullcontext()
+
+
+class NoComm(_TorchSystem):
+    name = "nocomm"
+    autocast = True
+
+    def __init__(self, args, world):
+        super().__init__(args)
+        self.model = build_gpt()
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=args.lr)
+
+
+# --------------------------------------------------------------------------------------------
+def init_process_group(out: Path, rank: int, world: int) -> None:
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{out / 'filestore'}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=120),
+    )
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--system", required=True, choices=["smsdp", "fsdp2", "fsdp1", "ddp", "nocomm"])
+    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
+    p.add_argument("--sdp", type=int, default=2)
+    p.add_argument("--threshold", type=int, default=10_000)
+    p.add_argument("--accum", type=int, default=1)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--smsdp-config", default="{}", help="extra SMP parameters for smsdp, as JSON")
+    p.add_argument("--profile", default="none", choices=["none", "cprofile", "torch", "timers"])
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+
+    torch.set_num_threads(1)
+    out = Path(args.out)
+    rank, world = rank_and_world()
+    rss_start = current_rss_kib()
+    init_process_group(out, rank, world)
+    # Name the groups so the byte counts read "shard"/"replica"/"world" (HSDP/MiCS layout:
+    # shard groups are consecutive blocks of d ranks, replicas are ranks d apart).
+    d = args.sdp
+    COUNTER.name_group(range(world), "world")
+    if 1 < d < world:
+        COUNTER.name_group(range(rank // d * d, rank // d * d + d), "shard")
+        COUNTER.name_group(range(rank % d, world, d), "replica")
+    elif d == world:
+        COUNTER.name_group(range(world), "world=shard")
+
+    t_setup = time.perf_counter()
+    system = {
+        "smsdp": lambda: Smsdp(args),
+        "fsdp2": lambda: Fsdp2(args, world),
+        "fsdp1": lambda: Fsdp1(args, world),
+        "ddp": lambda: Ddp(args, world),
+        "nocomm": lambda: NoComm(args, world),
+    }[args.system]()
+    setup_s = time.perf_counter() - t_setup
+
+    data = TokenDataset(seq_len=MODEL.block_size)
+
+    def batches_for(step: int):
+        return [
+            data.batches(step * args.accum + m, dp_rank=rank, dp_size=world, batch_size=args.batch, seed=0)
+            for m in range(args.accum)
+        ]
+
+    total_steps = args.warmup + args.steps
+    times, cpu_times, losses, phases, timer_steps = [], [], [], [], []
+    before_bytes = before_smsdp = None
+    profiler = None
+    for step in range(total_steps):
+        batches = batches_for(step)
+        if step == args.warmup:
+            before_bytes = COUNTER.snapshot()
+            before_smsdp = system.smsdp_stats()
+            profiler = start_profile(args.profile, rank)
+        system.phases = {}
+        system.measure = step == total_steps - 1
+        if system.timers is not None:
+            system.timers.reset()
+        t0, c0 = time.perf_counter(), time.process_time()
+        loss = system.step(batches)
+        times.append(time.perf_counter() - t0)
+        cpu_times.append(time.process_time() - c0)
+        if system.timers is not None:
+            timer_steps.append(system.timers.reset())
+        phases.append(system.phases)
+        losses.append(loss)
+    profile_text = stop_profile(profiler, args.profile, rank, out, args.steps)
+    after_bytes = COUNTER.snapshot()
+    per_step_bytes = {k: v / args.steps for k, v in diff(after_bytes, before_bytes).items()}
+    smsdp_bytes = None
+    if before_smsdp is not None:
+        smsdp_bytes = {k: v / args.steps for k, v in diff(system.smsdp_stats(), before_smsdp).items()}
+    timed = times[args.warmup:]
+    result = {
+        "system": args.system,
+        "precision": args.precision,
+        "rank": rank,
+        "world": world,
+        "sdp": args.sdp,
+        "threshold": args.threshold,
+        "smsdp_config": json.loads(args.smsdp_config),
+        "accum": args.accum,
+        "batch_per_rank": args.batch,
+        "seq_len": MODEL.block_size,
+        "warmup": args.warmup,
+        "steps": args.steps,
+        "tokens_per_step_rank": args.batch * args.accum * MODEL.block_size,
+        "step_times_s": times,
+        "median_step_s": statistics.median(timed),
+        "cpu_times_s": cpu_times,
+        "median_cpu_s": statistics.median(cpu_times[args.warmup:]),
+        "median_phase_s": {k: statistics.median(p.get(k, 0.0) for p in phases[args.warmup:]) for k in phases[-1]},
+        "losses": losses,
+        "setup_s": setup_s,
+        "rss_start_kib": rss_start,
+        "rss_peak_kib": rss_kib(),
+        "model_state_bytes": system.model_state(),
+        "bytes_per_step_counted": per_step_bytes,
+        "bytes_per_step_smsdp": smsdp_bytes,
+        "bytes_per_step_computed": getattr(system, "computed_bytes", None),
+        "smsdp_layout": getattr(system, "layout", None),
+        "flops_per_token": GPT.flops_per_token(_meta_gpt()),
+        "torch": torch.__version__,
+        "profile": profile_text,
+        "timers_s": _median_timers(timer_steps[args.warmup:]) if timer_steps else None,
+    }
+    (out / f"result.rank{rank}.json").write_text(json.dumps(result))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _median_timers(steps: list[dict]) -> dict:
+    keys = sorted({k for st in steps for k in st})
+    return {k: statistics.median(st.get(k, 0.0) for st in steps) for k in keys}
+
+
+def _meta_gpt() -> GPT:
+    with torch.device("meta"):
+        return GPT(MODEL)
+
+
+# --------------------------------------------------------------------------------------------
+# Profiling (rank 0 only, over the timed steps)
+# --------------------------------------------------------------------------------------------
+def start_profile(kind: str, rank: int):
+    if kind in ("none", "timers") or rank != 0:
+        return None
+    if kind == "cprofile":
+        import cProfile
+
+        prof = cProfile.Profile()
+        prof.enable()
+        return prof
+    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=False)
+    prof.__enter__()
+    return prof
+
+
+def stop_profile(prof, kind: str, rank: int, out: Path, steps: int) -> str | None:
+    if prof is None:
+        return None
+    if kind == "cprofile":
+        import io
+        import pstats
+
+        prof.disable()
+        prof.dump_stats(str(out / "rank0.cprofile"))
+        text = io.StringIO()
+        stats = pstats.Stats(prof, stream=text)
+        stats.sort_stats("cumulative").print_stats(60)
+        stats.sort_stats("tottime").print_stats(40)
+        return text.getvalue()
+    prof.__exit__(None, None, None)
+    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40)
+    prof.export_chrome_trace(str(out / "rank0.trace.json"))
+    return table
+
+
+if __name__ == "__main__":
+    main()
