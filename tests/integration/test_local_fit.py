@@ -218,3 +218,22 @@ def test_ctrl_c_in_fit_stops_the_local_job(tmp_path, user_scripts):
     status = json.loads((tmp_path / "interrupted" / "status.json").read_text())
     assert status["status"] == "Stopped"
     assert processes_in(tmp_path / "interrupted") == []
+
+
+def test_kill_session_reaches_children_in_their_own_process_groups():
+    """Like Open MPI's ranks: same session as mpirun, but a process group each."""
+    import subprocess
+
+    from estimator.backends.local.process_session import kill_session, session_members
+
+    leader = subprocess.Popen(["sh", "-c", "set -m; sleep 60 & sleep 60 & wait"], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while len(session_members(leader.pid)) < 3:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert kill_session(leader.pid, timeout=10)
+        assert session_members(leader.pid) == []
+    finally:
+        leader.kill()
+        leader.wait()

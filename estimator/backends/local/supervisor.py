@@ -16,7 +16,6 @@ process can then ``attach`` to the job through its directory. It
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -27,6 +26,7 @@ from pathlib import Path
 from estimator.backends.local.failure import failure_reason
 from estimator.backends.local.job_dir import JobDir, read_json
 from estimator.backends.local.packaging import pack_model
+from estimator.backends.local.process_session import kill_session, signal_session
 from estimator.backends.local.rank_tags import RankTagger
 from estimator.backends.local.status import SecondaryStatus, StatusRecord, read_status, write_status
 from estimator.job import JobStatus
@@ -69,7 +69,10 @@ class Supervisor:
         self._copy_output()
         exit_code = self.proc.wait()
         timer.cancel()
-        self._signal_ranks(signal.SIGKILL)  # nothing of the job may outlive it
+        # Ranks can outlive mpirun for a moment (or for good, if it crashed):
+        # the job ends only when none of its processes is left.
+        if not kill_session(self.proc.pid, timeout=STOP_GRACE_S):
+            print(f"[smsdp] processes of session {self.proc.pid} survived SIGKILL", file=sys.stderr)
         self._finish(exit_code)
         return 0
 
@@ -101,12 +104,8 @@ class Supervisor:
         killer.start()
 
     def _signal_ranks(self, sig: int) -> None:
-        if self.proc is None:
-            return
-        try:
-            os.killpg(self.proc.pid, sig)  # mpirun, prted and every rank
-        except (ProcessLookupError, PermissionError):
-            pass
+        if self.proc is not None:
+            signal_session(self.proc.pid, sig)  # mpirun and every rank
 
     # ---------------------------------------------------------------- end
 
