@@ -187,11 +187,18 @@ def test_local_inputs_must_exist_and_be_local(src, tmp_path):
     assert not (tmp_path / "jobs").exists()
 
 
-def test_ml_instance_types_validate_but_their_backend_is_not_built(src, tmp_path):
+def test_ml_instance_types_are_validated_at_construction(src, tmp_path):
     est = build(src, tmp_path, instance_type="ml.p4d.24xlarge", output_path="s3://bucket/out",
                 distribution={"mpi": {"enabled": True, "processes_per_host": 8}})
-    assert est.processes_per_host == 8
-    with pytest.raises(BackendUnavailable, match="SageMaker backend is not built yet.*'sagemaker' extra"):
+    assert (est.instance_type, est.processes_per_host, est.output_path) == ("ml.p4d.24xlarge", 8, "s3://bucket/out")
+
+
+def test_a_backend_that_cannot_be_imported_says_what_to_install(src, tmp_path, monkeypatch):
+    from estimator import backends
+
+    monkeypatch.setitem(backends._BACKENDS, "sagemaker", ("estimator.backends.not_installed", "Backend"))
+    est = build(src, tmp_path, instance_type="ml.p4d.24xlarge", output_path="s3://bucket/out")
+    with pytest.raises(BackendUnavailable, match="instance_type='ml.p4d.24xlarge' runs a SageMaker training job"):
         est.dry_run()
 
 
