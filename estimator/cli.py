@@ -54,6 +54,7 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     job.add_argument("--output-path", default=None, help="where job directories go (default ./smsdp-jobs)")
     job.add_argument("--job-name", default=None, help="default: <script>-<timestamp>")
     job.add_argument("--instance-type", default="local", help="'local' (default) or an ml.* type")
+    job.add_argument("--role", default=None, help="the IAM role an ml.* job runs as (SageMaker execution role)")
 
 
 def estimator_from_args(args: argparse.Namespace):
@@ -73,6 +74,7 @@ def estimator_from_args(args: argparse.Namespace):
         hyperparameters=hyperparameters,
         environment=dict(args.env),
         output_path=args.output_path,
+        role=args.role,
     )
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import difflib
 import shlex
+from pathlib import Path
 from typing import Any, Mapping
 
 from smsdp.config import Distribution, RuntimeConfig, resolve_job_config
@@ -38,7 +39,9 @@ REMOTE_ONLY_OPTIONS = frozenset({
     "metric_definitions", "enable_network_isolation", "encrypt_inter_container_traffic",
     "keep_alive_period_in_seconds", "disable_profiler", "debugger_hook_config", "code_location",
     "dependencies", "container_log_level", "max_retry_attempts", "enable_sagemaker_metrics",
-    "model_uri", "model_channel_name", "training_repository_access_mode",
+    "model_uri", "model_channel_name", "training_repository_access_mode", "input_mode",
+    # smsdp's own remote options: how smsdp reaches the container, and CPU-only instance types.
+    "smsdp_source", "smsdp_requirement", "allow_cpu_instances",
 })
 _OWN_ARGUMENTS = (
     "entry_point", "source_dir", "instance_type", "instance_count", "distribution", "hyperparameters",
@@ -218,17 +221,29 @@ class Estimator:
         return backend_for(self.instance_type)
 
     @classmethod
-    def attach(cls, job_name: str, output_path: str | None = None) -> "Estimator":
+    def attach(cls, job_name: str, output_path: str | None = None, sagemaker_session: Any = None) -> "Estimator":
         """The Estimator of an existing job, with ``latest_job`` set to it.
 
-        Local jobs are found under ``output_path`` (default ``./smsdp-jobs``).
+        Local jobs are found under ``output_path`` (default ``./smsdp-jobs``);
+        a name that is no local job there (or an ``s3://`` output_path, or a
+        ``sagemaker_session``) is looked up on SageMaker, as SageMaker's own
+        ``Estimator.attach(training_job_name, sagemaker_session)`` does.
         """
-        remote = isinstance(output_path, str) and output_path.startswith("s3://")
-        backend = backend_named("sagemaker" if remote else "local")
-        attached = backend.attach(job_name, output_path)
+        if _is_remote_job(job_name, output_path, sagemaker_session):
+            attached = backend_named("sagemaker").attach(job_name, output_path, sagemaker_session=sagemaker_session)
+        else:
+            attached = backend_named("local").attach(job_name, output_path)
         estimator = cls(**attached.estimator_kwargs)
         estimator.latest_job = attached.job
         return estimator
+
+
+def _is_remote_job(job_name: str, output_path: str | None, sagemaker_session: Any) -> bool:
+    if sagemaker_session is not None or (isinstance(output_path, str) and output_path.startswith("s3://")):
+        return True
+    if output_path is not None:
+        return False  # a local directory was named: look only there
+    return not (Path(check_output_path(None, LOCAL)) / job_name).exists()
 
 
 def _reject_unknown_options(options: Mapping[str, Any]) -> None:

@@ -1,7 +1,8 @@
 """Pick the backend for an instance type, importing it only when it is used.
 
-``"local"`` runs on this machine through mpirun; ``"ml.*"`` types will submit
-SageMaker training jobs. A new backend is one entry in ``_BACKENDS``.
+``"local"`` runs on this machine through mpirun; ``"ml.*"`` types submit
+SageMaker training jobs (the SDK itself is imported only when a job needs it).
+A new backend is one entry in ``_BACKENDS``.
 """
 
 from __future__ import annotations
@@ -44,8 +45,8 @@ def backend_named(name: str, instance_type: str | None = None) -> Backend:
             raise
         what = f"instance_type={instance_type!r}" if instance_type else "an s3:// output_path"
         raise BackendUnavailable(
-            f"{what} runs a SageMaker training job, and the SageMaker backend is not built yet "
-            f"(it will come with the 'sagemaker' extra: pip install -e '.[sagemaker]'; missing: "
-            f"{exc.name}). Use instance_type='local' to run the same job on this machine."
+            f"{what} runs a SageMaker training job, and smsdp's SageMaker backend could not be "
+            f"imported (missing: {exc.name}); install it with: pip install 'smsdp[sagemaker]'. "
+            f"Use instance_type='local' to run the same job on this machine."
         ) from None
     return getattr(module, class_name)()
