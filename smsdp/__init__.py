@@ -16,6 +16,8 @@ _EXPORTS = {
     "StepOutput": "smsdp.step",
     **{name: "smsdp.checkpoint" for name in ("save_checkpoint", "resume_from_checkpoint", "CheckpointError")},
     "set_activation_checkpointing": "smsdp.activation_checkpointing",
+    "delay_param_initialization": "smsdp.delayed_init",
+    "model_creation": "smsdp.delayed_init",
 }
 _API = (
     "init is_initialized rank size local_rank local_size dp_rank dp_size rdp_rank rdp_size tp_rank tp_size "

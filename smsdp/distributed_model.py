@@ -36,6 +36,7 @@ from smsdp import state as runtime_state
 from smsdp.activation_checkpointing import set_activation_checkpointing
 from smsdp.collectives import broadcast
 from smsdp.flat_param_group import FlatParamGroup, ShardSpec
+from smsdp.delayed_materialize import materialize_units
 from smsdp.units import BackwardState, GroupPolicy, Unit, build_units, find_unit_modules
 
 logger = logging.getLogger("smsdp")
@@ -75,8 +76,9 @@ class DistributedModel(nn.Module):
                 f"tensor_parallel_degree={params.tensor_parallel_degree}: smsdp builds the tensor-parallel "
                 "groups but has no tensor-parallel layers yet; use tensor_parallel_degree=1"
             )
-        self.module = module.to(rt.device)
-        if broadcast_init and rt.cluster.world_size > 1:
+        delayed = any(p.is_meta for p in module.parameters())
+        self.module = module if delayed else module.to(rt.device)
+        if broadcast_init and rt.cluster.world_size > 1 and not delayed:
             _broadcast_from_rank0(self.module, rt)
         classes = (transformer_layer_cls,) if isinstance(transformer_layer_cls, type) else transformer_layer_cls
         self._state_dict_keys = list(self.module.state_dict().keys())
@@ -87,7 +89,11 @@ class DistributedModel(nn.Module):
             compute_dtype=rt.compute_dtype,
             device=rt.device,
         )
-        self._units = build_units(self.module, unit_modules, policy)
+        if delayed:
+            self._units = materialize_units(self.module, unit_modules, policy)
+            self.module.to(rt.device)  # buffers
+        else:
+            self._units = build_units(self.module, unit_modules, policy)
         if params.activation_checkpointing:
             for unit in self._units[:-1]:
                 set_activation_checkpointing(unit.module)

@@ -59,6 +59,7 @@ class ParamInfo:
     shape: torch.Size
     offset: int  # into the unpadded flat buffer
     original: nn.Parameter  # kept registered on its modules as a placeholder
+    initial: torch.Tensor | None = None  # where the initial values come from, when not ``original``
 
     @property
     def numel(self) -> int:
@@ -144,7 +145,8 @@ class FlatParamGroup:
         for info in self.infos:
             lo, hi = max(start, info.offset), min(stop, info.offset + info.numel)
             if lo < hi:
-                flat = info.original.detach().reshape(-1)
+                source = info.initial if info.initial is not None else info.original
+                flat = source.detach().reshape(-1)
                 self.master[lo - start : hi - start].copy_(flat[lo - info.offset : hi - info.offset])
 
     def _make_optim_params(self) -> None:
@@ -182,6 +184,7 @@ class FlatParamGroup:
         placeholder_dtype = self.compute_dtype
         for info in self.infos:
             info.original.data = torch.empty(0, dtype=placeholder_dtype, device=self.device)
+            info.initial = None
 
     # ---- gathering -----------------------------------------------------------------------
 

@@ -100,7 +100,14 @@ class GroupPolicy:
 
 
 def build_units(root: nn.Module, unit_modules: list[tuple[str, nn.Module]], policy: GroupPolicy) -> list[Unit]:
-    """Assign every parameter to exactly one unit and build that unit's flat groups.
+    planned = plan_units(root, unit_modules)
+    for unit, infos in planned:
+        unit.groups = make_groups(unit.name, infos, policy)
+    return [unit for unit, _ in planned]
+
+
+def plan_units(root: nn.Module, unit_modules: list[tuple[str, nn.Module]]) -> list[tuple[Unit, list[ParamInfo]]]:
+    """Assign every parameter to exactly one unit (the root unit last); no memory is touched.
 
     A parameter reachable from two units (or from a unit and the root) belongs to
     the root unit: the root is gathered for the whole forward and the whole
@@ -128,9 +135,7 @@ def build_units(root: nn.Module, unit_modules: list[tuple[str, nn.Module]], poli
         unit_owners = owners[key]
         per_unit[unit_owners.pop() if len(unit_owners) == 1 else root_index].append(info)
     units = [Unit(name, module) for name, module in unit_modules] + [Unit("<root>", root, is_root=True)]
-    for unit, unit_infos in zip(units, per_unit):
-        unit.groups = _make_groups(unit.name, unit_infos, policy)
-    return units
+    return list(zip(units, per_unit))
 
 
 def _owner_of_each_module(root: nn.Module, unit_modules: list[tuple[str, nn.Module]]) -> dict[int, int]:
@@ -142,7 +147,7 @@ def _owner_of_each_module(root: nn.Module, unit_modules: list[tuple[str, nn.Modu
     return owner
 
 
-def _make_groups(unit_name: str, infos: list[ParamInfo], policy: GroupPolicy) -> list[FlatParamGroup]:
+def make_groups(unit_name: str, infos: list[ParamInfo], policy: GroupPolicy) -> list[FlatParamGroup]:
     buckets: dict[tuple[bool, bool], list[ParamInfo]] = defaultdict(list)
     for info in infos:
         sharded = info.numel >= policy.persistence_threshold and policy.shard.world > 1

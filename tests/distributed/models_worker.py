@@ -152,7 +152,27 @@ def _train_data_parallel(model, case: Case, rank: int, n: int, smsdp_optimizer: 
     return losses
 
 
+def delayed_initialization(model: str, sdp: int) -> dict:
+    """Built on meta and materialized unit by unit vs an eager build with the same seed."""
+    runtime_state.reset_for_tests()
+    smp.init({"sharded_data_parallel_degree": sdp, "sdp_param_persistence_threshold": 0,
+              "delayed_parameter_initialization": True})
+    eager = TINY_MODELS[model].build(seed=11).state_dict()
+    torch.manual_seed(11)
+    with smp.model_creation():
+        meta_built = TINY_MODELS[model].build(seed=None)
+    on_meta = all(p.is_meta for p in meta_built.parameters())
+    distributed = smp.DistributedModel(meta_built)
+    x, y = batch(0, smp.dp_size())
+    loss = TINY_MODELS[model].loss(distributed, x.chunk(smp.dp_size())[smp.rank()], y.chunk(smp.dp_size())[smp.rank()])
+    return {"eager": eager, "delayed": distributed.state_dict(), "built_on_meta": on_meta, "loss": loss.item()}
+
+
+DELAYED = {"delayed_init_gpt_d2": ("gpt", 2), "delayed_init_gpt_d4": ("gpt", 4), "delayed_init_hf_gpt2_d4": ("hf_gpt2", 4)}
+
+
 if __name__ == "__main__":
     cases = {name: (lambda name=name: run_case(name)) for name in CASES}
+    cases.update({name: (lambda args=args: delayed_initialization(*args)) for name, args in DELAYED.items()})
     cases["bf16_against_fsdp2"] = bf16_against_fsdp2
     worker_main(cases, setup=init_gloo_from_env)

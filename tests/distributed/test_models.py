@@ -22,11 +22,14 @@ CASES = [
 ]
 
 
+DELAYED = ["delayed_init_gpt_d2", "delayed_init_gpt_d4", "delayed_init_hf_gpt2_d4"]
+
+
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     return run_cases(
         "tests/distributed/models_worker.py",
-        CASES + ["bf16_against_fsdp2"],
+        CASES + DELAYED + ["bf16_against_fsdp2"],
         4,
         env={"SMSDP_SIMULATED_HOSTS": "1", "SM_HOSTS": '["algo-1", "algo-2"]'},
         timeout=400,
@@ -69,3 +72,13 @@ def test_bf16_is_as_close_to_fp32_as_fsdp2_bf16(results):
     # Both cast parameters to bf16 for compute and reduce in fp32; the rounding differs in
     # detail (where each casts), so allow a factor of two around FSDP2's own deviation.
     assert ours <= max(2 * theirs, 1e-3), f"smsdp bf16 deviates {ours:.2e} from fp32, FSDP2 bf16 {theirs:.2e}"
+
+
+@pytest.mark.parametrize("case", DELAYED)
+def test_delayed_initialization_equals_an_eager_build(results, case):
+    for result in results[case]:
+        assert result["built_on_meta"]
+        assert list(result["delayed"]) == list(result["eager"])
+        for name, value in result["eager"].items():
+            assert torch.equal(result["delayed"][name], value), f"{case}: {name} differs from the eager build"
+        assert torch.isfinite(torch.tensor(result["loss"]))
