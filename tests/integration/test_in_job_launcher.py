@@ -144,3 +144,43 @@ def test_losses_equal_a_local_job_of_the_same_config(in_job, local_job):
     remote_losses, local_losses = _losses(stdout), _losses(local_job)
     assert len(remote_losses) == len(local_losses) == 4
     assert remote_losses == pytest.approx(local_losses, abs=2e-4)
+
+
+# --------------------------------------------------------------------- the entry's checks, without mpirun
+
+
+def _rank_env(tmp_path: Path, rank: int, current_host_file: str) -> dict[str, str]:
+    config_dir = tmp_path / "config"
+    config_dir.mkdir(exist_ok=True)
+    (config_dir / "resourceconfig.json").write_text(json.dumps({"current_host": current_host_file, "hosts": HOSTS}))
+    request = _request()
+    return {**request.create_training_job["Environment"], "SM_INPUT_CONFIG_DIR": str(config_dir),
+            "SM_HOSTS": json.dumps(HOSTS), "SM_CURRENT_HOST": "algo-1", "SM_OUTPUT_DIR": str(tmp_path / "output"),
+            "OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": "4"}
+
+
+def test_the_host_comes_from_this_hosts_resource_config_not_the_forwarded_variable(tmp_path):
+    from entrypoints.sagemaker_entry import container_environment
+
+    assert container_environment(_rank_env(tmp_path, 3, "algo-2"))["SM_CURRENT_HOST"] == "algo-2"
+
+
+def test_a_rank_on_the_wrong_host_fails_the_job_with_a_reason(tmp_path, capsys):
+    from entrypoints.sagemaker_entry import main
+
+    env = _rank_env(tmp_path, 3, "algo-1")  # rank 3 belongs on algo-2 (host-major layout)
+    assert main("train_gpt.py", [], env) == 1
+    reason = (tmp_path / "output" / "failure").read_text()
+    assert "rank 3 runs on algo-1, but smsdp lays ranks out host-major" in reason
+    assert "mpirun must map by slot" in capsys.readouterr().err
+
+
+def test_a_wrong_world_size_and_a_missing_config_are_reported(tmp_path):
+    from entrypoints.sagemaker_entry import EntryError, container_environment
+
+    env = {**_rank_env(tmp_path, 0, "algo-1"), "OMPI_COMM_WORLD_SIZE": "8"}
+    with pytest.raises(EntryError, match="mpirun started 8 processes on 2 host"):
+        container_environment(env)
+    env = {k: v for k, v in _rank_env(tmp_path, 0, "algo-1").items() if k != "SMSDP_CONFIG"}
+    with pytest.raises(EntryError, match="SMSDP_CONFIG is not set"):
+        container_environment(env)
