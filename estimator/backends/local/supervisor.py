@@ -66,13 +66,17 @@ class Supervisor:
         timer = threading.Timer(self.max_run_s, self.request_stop, (SecondaryStatus.MAX_RUNTIME_EXCEEDED,))
         timer.daemon = True
         timer.start()
-        self._copy_output()
+        # Copy output in a thread: the job ends when mpirun does, even if a stray
+        # process still holds the pipe open.
+        copier = threading.Thread(target=self._copy_output, daemon=True)
+        copier.start()
         exit_code = self.proc.wait()
         timer.cancel()
         # Ranks can outlive mpirun for a moment (or for good, if it crashed):
         # the job ends only when none of its processes is left.
         if not kill_session(self.proc.pid, timeout=STOP_GRACE_S):
             print(f"[smsdp] processes of session {self.proc.pid} survived SIGKILL", file=sys.stderr)
+        copier.join(timeout=STOP_GRACE_S)  # the last lines, now that every writer is gone
         self._finish(exit_code)
         return 0
 
