@@ -83,6 +83,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--train", default=os.environ.get("SM_CHANNEL_TRAIN"), help="dir of .txt files")
     p.add_argument("--model_dir", default=os.environ.get("SM_MODEL_DIR", "model"))
     p.add_argument("--output_data_dir", default=os.environ.get("SM_OUTPUT_DATA_DIR", "output"))
+    p.add_argument("--checkpoint_dir", default=os.environ.get("SM_CHECKPOINT_DIR", ""),
+                   help="resume from the newest complete checkpoint here; save here every --checkpoint_interval")
+    p.add_argument("--checkpoint_interval", type=int, default=0, help="steps between checkpoints (0: none)")
     args = p.parse_args(argv)
     if args.vocab_size < 256:
         p.error(f"--vocab_size {args.vocab_size} is below the 256 byte tokens; use 256 or more")
@@ -181,10 +184,20 @@ def main(argv=None) -> dict:
         model.train()
         return mean_over_data_parallel(total / args.eval_batches)
 
+    # -- resume -------------------------------------------------------------------
+    # A restarted job (spot interruption, a new fit() with the same checkpoint path)
+    # continues from the newest complete checkpoint: data order follows the step
+    # number and the RNG states come back, so the run continues as if never stopped.
+    first_step = 1
+    if args.checkpoint_dir and any(Path(args.checkpoint_dir).glob("*_partial")):
+        resumed = smp.resume_from_checkpoint(args.checkpoint_dir, model=model, optimizer=optimizer)
+        first_step = resumed["step"] + 1
+        log.info(f"resumed from the checkpoint of step {resumed['step']} in {args.checkpoint_dir}")
+
     # -- training loop ------------------------------------------------------------
     model.train()
     log.start()
-    for step in range(1, args.max_steps + 1):
+    for step in range(first_step, args.max_steps + 1):
         step_loss = torch.zeros((), device=device)
         for micro in range(args.grad_accum):
             # Global batch numbers are counted in micro-steps, so a run with
@@ -202,6 +215,10 @@ def main(argv=None) -> dict:
         if (args.eval_interval and step % args.eval_interval == 0) or step == args.max_steps:
             with log.paused():
                 log.eval(step, evaluate())
+        if args.checkpoint_dir and args.checkpoint_interval and step % args.checkpoint_interval == 0:
+            with log.paused():
+                smp.save_checkpoint(args.checkpoint_dir, tag=f"step{step}", model=model, optimizer=optimizer,
+                                    user_content={"step": step}, num_kept_partial_checkpoints=2)
 
     # -- artifacts ----------------------------------------------------------------
     state = model.state_dict()  # full, unsharded: a collective, so every rank calls it
