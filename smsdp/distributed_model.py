@@ -76,6 +76,8 @@ class DistributedModel(nn.Module):
                 f"tensor_parallel_degree={params.tensor_parallel_degree}: smsdp builds the tensor-parallel "
                 "groups but has no tensor-parallel layers yet; use tensor_parallel_degree=1"
             )
+        if params.offload_activations:
+            logger.warning("offload_activations=True has no effect yet: smsdp does not offload activations")
         delayed = any(p.is_meta for p in module.parameters())
         self.module = module if delayed else module.to(rt.device)
         if broadcast_init and rt.cluster.world_size > 1 and not delayed:
