@@ -2,9 +2,11 @@
 
     smsdp run-example            train the bundled GPT as a local job (4 ranks, 2 simulated hosts)
     smsdp dry-run                print the mpirun command and environment such a job would use
+    smsdp plan                   will a configuration fit? memory, communication, step time
 
-Both take the same job options (``--help``). A new subcommand is one
-``Command`` in ``COMMANDS``: its name, help, an argument hook and a handler.
+``run-example`` and ``dry-run`` take the same job options (``--help``); ``plan``
+its own. A new subcommand is one ``Command`` in ``COMMANDS``: its name, help, an
+argument hook and a handler.
 """
 
 from __future__ import annotations
@@ -140,11 +142,25 @@ def _add_dry_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the request as JSON")
 
 
+def plan(args: argparse.Namespace) -> int:
+    from smsdp.planner.cli import run_plan
+
+    return run_plan(args)
+
+
+def _add_plan_arguments(parser: argparse.ArgumentParser) -> None:
+    from smsdp.planner.cli import add_plan_arguments
+
+    add_plan_arguments(parser)
+
+
 COMMANDS: list[Command] = [
     Command("run-example", "train the bundled GPT as a local job and print a summary",
             add_job_arguments, run_example),
     Command("dry-run", "print the exact mpirun argv and environment of a job, without running it",
             _add_dry_run_arguments, dry_run),
+    Command("plan", "predict per-GPU memory, communication and step time of a configuration; "
+            "recommend the smallest sharded degree that fits (docs/planner.md)", _add_plan_arguments, plan),
 ]
 
 

@@ -189,13 +189,46 @@ class Estimator:
         """What ``fit(inputs)`` would do, as a typed, printable request; runs and writes nothing."""
         return self._backend().dry_run(self.job_spec(inputs, job_name))
 
-    def fit(self, inputs: Any = None, wait: bool = True, logs: bool = True, job_name: str | None = None) -> None:
+    def plan(self, model: Any = None, *, batch_size: int | None = None, grad_accum: int | None = None,
+             optimizer: str = "adamw", assumptions: Any = None):
+        """Will this job fit? The planner's answer (``smsdp.planner.Plan``; ``print()`` it for the table).
+
+        ``model``: a ``smsdp.planner.ModelSpec``, or an ``nn.Module`` (built on the meta
+        device is enough), or None for the bundled ``train_gpt.py``, whose GPT, batch and
+        accumulation come from this estimator's hyperparameters. ``batch_size``: sequences
+        per GPU per micro-step. ``fit()`` checks what was asked here last (docs/planner.md).
+        """
+        from smsdp.planner.jobs import PlanRequest, plan_for_job
+        from smsdp.planner.hardware import Assumptions
+
+        request = PlanRequest(model, batch_size, grad_accum, optimizer, assumptions or Assumptions())
+        result = plan_for_job(self._runtime, self._code.script_path, self._hyperparameters, request)
+        if result is None:
+            raise ValueError(
+                f"the planner does not know the model {self.entry_point} trains: pass it, e.g. "
+                "est.plan(ModelSpec.gpt(...)) or est.plan(model_built_on_meta_device)"
+            )
+        self._plan_request = request
+        return result
+
+    def fit(self, inputs: Any = None, wait: bool = True, logs: bool = True, job_name: str | None = None,
+            check_memory: bool = True) -> None:
         """Run the job. ``inputs``: a ``file://`` path (channel "training") or ``{channel: uri}``.
 
         With ``wait`` (default) block until it ends, streaming logs and a
         progress bar, then print a summary; raise ``JobFailedError`` if it
         failed. Ctrl-C stops a local job (it runs on your machine).
+
+        Before anything starts, when the model is known (given to ``plan()``, or the bundled
+        ``train_gpt.py``), the planner checks the job fits in memory and raises
+        ``DoesNotFitError`` (a ``ConfigError``) with the numbers and a recommendation if it
+        does not; ``check_memory=False`` launches anyway.
         """
+        if check_memory:
+            from smsdp.planner.jobs import PlanRequest, check_job
+
+            asked = getattr(self, "_plan_request", None) or PlanRequest()
+            check_job(self._runtime, self._code.script_path, self._hyperparameters, asked)
         backend = self._backend()
         request = backend.dry_run(self.job_spec(inputs, job_name))
         self.latest_job = backend.launch(request)

@@ -8,7 +8,7 @@ from estimator.cli import COMMANDS, build_parser, main
 
 
 def test_subcommands():
-    assert [c.name for c in COMMANDS] == ["run-example", "dry-run"]
+    assert [c.name for c in COMMANDS] == ["run-example", "dry-run", "plan"]
     args = build_parser().parse_args(["run-example", "-H", "lr=0.01", "--max-steps", "3"])
     assert args.hyperparameter == [("lr", "0.01")] and args.max_steps == 3
 

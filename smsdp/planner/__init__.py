@@ -1,0 +1,36 @@
+"""The planner: will a MiCS job fit, what would fit, and how fast would it run.
+
+Pure Python (pydantic and the standard library), so the client imports it
+without torch::
+
+    from smsdp.planner import ModelSpec, plan
+    p = plan(ModelSpec.gpt(n_layer=96, d_model=12288, n_head=96, vocab_size=50257, seq_len=2048),
+             instance_type="ml.p4d.24xlarge", instance_count=32, batch_size=1,
+             parameters={"sharded_data_parallel_degree": 256, "bf16": True,
+                         "activation_checkpointing": True, "delayed_parameter_initialization": True})
+    print(p)                        # memory table, communication, step time, recommendation
+    p.fits, p.recommendation.sharded_degree, p.to_dict()
+
+``smsdp plan`` (``estimator/cli.py``) and ``Estimator.plan()`` are the user-facing
+doors. ``docs/planner.md`` states every formula and constant.
+"""
+
+from smsdp.planner.hardware import Assumptions, Hardware
+from smsdp.planner.model import ROOT, ModelSpec, ParamTensor, TransformerShape, gpt_from_hyperparameters
+from smsdp.planner.plan import DoesNotFitError, Plan, PlanError, Recommendation, plan, plan_runtime
+
+__all__ = [
+    "Assumptions",
+    "DoesNotFitError",
+    "Hardware",
+    "ModelSpec",
+    "ParamTensor",
+    "Plan",
+    "PlanError",
+    "ROOT",
+    "Recommendation",
+    "TransformerShape",
+    "gpt_from_hyperparameters",
+    "plan",
+    "plan_runtime",
+]

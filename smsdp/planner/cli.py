@@ -1,0 +1,162 @@
+"""``smsdp plan``: the planner's table for one configuration, from the command line.
+
+    smsdp plan --model gpt3-175b --instance-count 32 --sharded-degree 256 --precision bf16 \\
+               --activation-checkpointing --delayed-init
+    smsdp plan --layers 48 --hidden 7168 --heads 64 --vocab 50257 --seq-len 2048 --batch-size 2 ...
+    smsdp plan --params 13e9 --layers 40 --instance-count 4 --sharded-degree 32 --json
+
+Exit status: 0 when the configuration fits, 1 when it does not, 2 on invalid input.
+Registered in ``estimator/cli.py``; everything else lives here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from smsdp.planner.hardware import GiB, Assumptions
+from smsdp.planner.model import ModelSpec, gpt_from_hyperparameters
+
+PRESETS = {
+    "gpt3-175b": lambda: ModelSpec.gpt(96, 12288, 96, 50257, 2048, name="GPT-3 175B"),
+    "gpt-1t": lambda: ModelSpec.gpt(128, 25600, 160, 51200, 2048, name="GPT 1T"),
+    "gpt2-30b": lambda: ModelSpec.gpt(48, 7168, 64, 50257, 2048, name="GPT-2 30B"),
+    "gpt3-13b": lambda: ModelSpec.gpt(40, 5120, 40, 50257, 2048, name="GPT-3 13B"),
+    "gpt3-6.7b": lambda: ModelSpec.gpt(32, 4096, 32, 50257, 2048, name="GPT-3 6.7B"),
+    "bundled": lambda: gpt_from_hyperparameters({}),
+}
+EXIT_FITS, EXIT_DOES_NOT_FIT, EXIT_USAGE = 0, 1, 2
+
+
+def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
+    model = parser.add_argument_group("model (one of --model, --layers/--hidden/..., --params)")
+    model.add_argument("--model", choices=sorted(PRESETS), help="a preset GPT")
+    model.add_argument("--layers", type=int, help="transformer blocks")
+    model.add_argument("--hidden", type=int, help="d_model")
+    model.add_argument("--heads", type=int)
+    model.add_argument("--vocab", type=int, default=50257, help="vocabulary (default 50257)")
+    model.add_argument("--seq-len", type=int, default=2048, help="sequence length (default 2048)")
+    model.add_argument("--params", type=float, help="parameter count only, e.g. 175e9 (no activations "
+                       "unless --layers/--hidden/--heads are given too)")
+    model.add_argument("--untied", action="store_true", help="separate LM head (GPT)")
+
+    train = parser.add_argument_group("training")
+    train.add_argument("--batch-size", type=int, default=1, help="sequences per GPU per micro-step (default 1)")
+    train.add_argument("--grad-accum", type=int, default=1, help="micro-steps per optimizer step (default 1)")
+    train.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="bf16", help="default bf16")
+    train.add_argument("--optimizer", choices=["adamw", "adam", "sgd_momentum", "sgd"], default="adamw")
+    train.add_argument("--activation-checkpointing", action="store_true", help="checkpoint every block")
+    train.add_argument("--offload-activations", action="store_true")
+    train.add_argument("--activation-loading-horizon", type=int, default=4)
+    train.add_argument("--dropout", action="store_true", help="the model uses dropout (adds masks)")
+
+    cluster = parser.add_argument_group("cluster and SMP parameters")
+    cluster.add_argument("--instance-type", default="ml.p4d.24xlarge", help="default ml.p4d.24xlarge")
+    cluster.add_argument("--instance-count", type=int, default=1)
+    cluster.add_argument("--processes-per-host", type=int, default=None, help="default: one per GPU")
+    cluster.add_argument("--sharded-degree", type=int, default=None,
+                         help="sharded_data_parallel_degree (default: the whole cluster)")
+    cluster.add_argument("--persistence-threshold", type=float, default=1e6,
+                         help="sdp_param_persistence_threshold (default 1e6)")
+    cluster.add_argument("--max-live-parameters", type=float, default=1e9, help="sdp_max_live_parameters")
+    cluster.add_argument("--no-hierarchical-allgather", action="store_true")
+    cluster.add_argument("--delayed-init", action="store_true", help="delayed_parameter_initialization")
+    cluster.add_argument("--distribution", type=_json_object, default=None,
+                         help="a whole SageMaker distribution dict as JSON (replaces the SMP options above)")
+
+    assume = parser.add_argument_group("assumptions (docs/planner.md)")
+    assume.add_argument("--achieved-fraction", type=float, default=None,
+                        help="fraction of the dense peak the matmuls sustain (default 0.5)")
+    assume.add_argument("--safety-margin", type=float, default=None, help="fraction kept free (default 0.10)")
+    assume.add_argument("--memory-gib", type=float, default=None, help="device memory per rank to plan for")
+    assume.add_argument("--overhead-gib", type=float, default=None, help="framework overhead per rank")
+    assume.add_argument("--hold-reduce-inputs", action="store_true",
+                        help="model the runtime keeping every reduce-scatter input to the end of backward")
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+
+
+def model_from_args(args: argparse.Namespace) -> ModelSpec:
+    shape_given = [args.layers, args.hidden, args.heads]
+    if args.model:
+        return PRESETS[args.model]()
+    if args.params is not None:
+        spec = ModelSpec.from_param_count(args.params, n_layers=args.layers)
+        if all(shape_given):
+            full = ModelSpec.gpt(args.layers, args.hidden, args.heads, args.vocab, args.seq_len,
+                                 dropout=args.dropout)
+            spec = spec.with_shape(full.shape)
+        return spec
+    if all(shape_given):
+        return ModelSpec.gpt(args.layers, args.hidden, args.heads, args.vocab, args.seq_len,
+                             tie_embeddings=not args.untied, dropout=args.dropout)
+    raise ValueError("describe the model: --model NAME, or --layers/--hidden/--heads (with --vocab/--seq-len), "
+                     "or --params N")
+
+
+def assumptions_from_args(args: argparse.Namespace) -> Assumptions:
+    values: dict[str, Any] = {}
+    if args.achieved_fraction is not None:
+        values["achieved_fraction_of_peak"] = args.achieved_fraction
+    if args.safety_margin is not None:
+        values["safety_margin"] = args.safety_margin
+    if args.memory_gib is not None:
+        values["memory_budget_bytes"] = int(args.memory_gib * GiB)
+    if args.overhead_gib is not None:
+        values["framework_overhead_bytes"] = int(args.overhead_gib * GiB)
+    if args.hold_reduce_inputs:
+        values["pending_reduce_units"] = None
+    return Assumptions(**values)
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    """Print the plan (table or JSON); exit 0 if it fits, 1 if not, 2 on invalid input."""
+    try:
+        return _run_plan(args)
+    except ValueError as exc:  # ConfigError included: one line per problem
+        print(f"smsdp plan: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _run_plan(args: argparse.Namespace) -> int:
+    from smsdp.instance_types import LOCAL, lookup
+    from smsdp.planner.plan import plan
+
+    model = model_from_args(args)
+    kwargs: dict[str, Any] = {}
+    if args.distribution is not None:
+        kwargs["distribution"] = args.distribution
+    else:
+        ppn = args.processes_per_host
+        if ppn is None:
+            ppn = 1 if args.instance_type == LOCAL else lookup(args.instance_type).default_processes_per_host
+        degree = args.sharded_degree or args.instance_count * ppn
+        kwargs["processes_per_host"] = ppn
+        kwargs["parameters"] = {
+            "sharded_data_parallel_degree": degree,
+            "bf16": args.precision == "bf16",
+            "fp16": args.precision == "fp16",
+            "activation_checkpointing": args.activation_checkpointing,
+            "offload_activations": args.offload_activations,
+            "activation_loading_horizon": args.activation_loading_horizon,
+            "sdp_param_persistence_threshold": int(args.persistence_threshold),
+            "sdp_max_live_parameters": int(args.max_live_parameters),
+            "sdp_hierarchical_allgather": not args.no_hierarchical_allgather,
+            "delayed_parameter_initialization": args.delayed_init,
+        }
+    result = plan(model, batch_size=args.batch_size, grad_accum=args.grad_accum, optimizer=args.optimizer,
+                  instance_type=args.instance_type, instance_count=args.instance_count,
+                  assumptions=assumptions_from_args(args), **kwargs)
+    print(json.dumps(result.to_dict(), indent=2) if args.json else result)
+    return EXIT_FITS if result.fits else EXIT_DOES_NOT_FIT
+
+
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object")
+    return value

@@ -1,0 +1,228 @@
+"""Communication per optimizer step, split by link, and the step-time model.
+
+Bytes follow DESIGN.md section 4 (ring accounting, per rank, ``Psi`` sharded
+padded elements, ``m`` micro-steps), exactly what ``smp.comm_stats()`` counts:
+
+- all-gathers ``2m (d-1)/d Psi c`` inside the sharding group (forward and backward);
+- reduce-scatters ``m (d-1)/d Psi_t 4`` inside the sharding group (the runtime
+  reduces in fp32; ``Psi_t`` the trainable part);
+- ``2 (r-1)/r Psi_t/d 4`` across the replication group, once per step;
+- ``2 (n-1)/n Psi_p 4`` for replicated (persistent) trainable parameters over the
+  ``n`` data-parallel ranks.
+
+Which link carries them: a collective whose group lies inside one host runs on
+the intra-host links; one whose group spans hosts is a ring paced by its
+slowest hop, so all of its bytes move at the inter-host rate, except the
+hierarchical all-gather, whose stage 1 (``(H-1)/d Psi c`` per gather) alone
+crosses hosts and whose stage 2 (``(L-1) H/d Psi c``) stays inside them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from smsdp.topology import Topology, TopologyError
+
+
+@dataclass(frozen=True)
+class LinkBytes:
+    intra: float = 0.0
+    inter: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.intra + self.inter
+
+
+@dataclass(frozen=True)
+class CommBreakdown:
+    """Bytes one rank sends per optimizer step, per collective and link."""
+
+    all_gather: LinkBytes
+    reduce_scatter: LinkBytes
+    replica_all_reduce: LinkBytes
+    persistent_all_reduce: LinkBytes
+    shard_group_hosts: int
+    hierarchical: bool
+
+    @property
+    def intra_host_bytes(self) -> float:
+        return sum(x.intra for x in self._all())
+
+    @property
+    def inter_host_bytes(self) -> float:
+        return sum(x.inter for x in self._all())
+
+    @property
+    def total_bytes(self) -> float:
+        return self.intra_host_bytes + self.inter_host_bytes
+
+    def _all(self) -> tuple[LinkBytes, ...]:
+        return (self.all_gather, self.reduce_scatter, self.replica_all_reduce, self.persistent_all_reduce)
+
+
+@dataclass(frozen=True)
+class GroupSpan:
+    """Hosts spanned by a rank's sharding, replication and data-parallel groups (worst group)."""
+
+    shard_hosts: int
+    shard_per_host: int
+    replica_hosts: int
+    dp_hosts: int
+    hierarchical_ok: bool
+
+
+def group_span(world: int, processes_per_host: int, sdp_degree: int) -> GroupSpan:
+    """From the real topology (``smsdp.topology``): how many hosts each group spans."""
+    topo = Topology(world, processes_per_host, 1, sdp_degree)
+
+    def hosts(group) -> int:
+        return len({topo.host_of(r) for r in group})
+
+    shard = max(topo.shard_groups(), key=hosts)
+    shard_hosts = hosts(shard)
+    ok = True
+    if shard_hosts > 1:
+        try:
+            topo.hierarchical_layout(shard)
+        except TopologyError:
+            ok = False
+    return GroupSpan(
+        shard_hosts=shard_hosts,
+        shard_per_host=max(1, len(shard) // shard_hosts),
+        replica_hosts=max(hosts(g) for g in topo.replica_groups()),
+        dp_hosts=hosts(topo.dp_groups()[0]),
+        hierarchical_ok=ok,
+    )
+
+
+def comm_per_step(
+    *,
+    sharded_elems: int,
+    sharded_trainable_elems: int,
+    persistent_trainable_elems: int,
+    compute_bytes: int,
+    sdp_degree: int,
+    world: int,
+    processes_per_host: int,
+    micro_steps: int,
+    hierarchical_allgather: bool,
+    reduce_bytes: int = 4,
+) -> CommBreakdown:
+    """The DESIGN.md section 4 volumes, split by link (see module docstring)."""
+    d, m = sdp_degree, micro_steps
+    r = world // d
+    span = group_span(world, processes_per_host, d)
+    psi, psi_t, psi_p = sharded_elems, sharded_trainable_elems, persistent_trainable_elems
+
+    ag_bytes = 2 * m * (d - 1) / d * psi * compute_bytes if d > 1 else 0.0
+    hierarchical = hierarchical_allgather and span.shard_hosts > 1 and span.hierarchical_ok
+    if d <= 1:
+        all_gather = LinkBytes()
+    elif span.shard_hosts == 1:
+        all_gather = LinkBytes(intra=ag_bytes)
+    elif hierarchical:
+        h, per_host = span.shard_hosts, span.shard_per_host
+        stage1 = 2 * m * (h - 1) / d * psi * compute_bytes
+        stage2 = 2 * m * (per_host - 1) * h / d * psi * compute_bytes
+        all_gather = LinkBytes(intra=stage2, inter=stage1)
+    else:
+        all_gather = LinkBytes(inter=ag_bytes)
+
+    rs_bytes = m * (d - 1) / d * psi_t * reduce_bytes if d > 1 else 0.0
+    reduce_scatter = _on(span.shard_hosts, rs_bytes)
+    replica_bytes = 2 * (r - 1) / r * psi_t / d * reduce_bytes if r > 1 else 0.0
+    replica = _on(span.replica_hosts, replica_bytes)
+    n = world
+    persistent_bytes = 2 * (n - 1) / n * psi_p * reduce_bytes if n > 1 else 0.0
+    persistent = _on(span.dp_hosts, persistent_bytes)
+    return CommBreakdown(all_gather, reduce_scatter, replica, persistent, span.shard_hosts, hierarchical)
+
+
+def _on(hosts: int, nbytes: float) -> LinkBytes:
+    return LinkBytes(intra=nbytes) if hosts <= 1 else LinkBytes(inter=nbytes)
+
+
+# --------------------------------------------------------------------------- step time
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Seconds per optimizer step on one rank, and what follows from them."""
+
+    compute_s: float
+    in_group_comm_s: float
+    boundary_comm_s: float
+    step_s: float
+    tokens_per_step: int  # the whole job's
+    model_flops_per_token: float  # 6N (+ attention), recomputation not counted
+    peak_flops: float
+    world: int
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens_per_step / self.step_s if self.step_s else 0.0
+
+    @property
+    def model_tflops_per_gpu(self) -> float:
+        """Model FLOPs (6N + attention, no recomputation) per second per GPU, in TFLOP/s."""
+        return self.tokens_per_s * self.model_flops_per_token / self.world / 1e12
+
+    @property
+    def mfu(self) -> float:
+        """Model FLOPs utilization: model TFLOP/s over the dense peak."""
+        return self.model_tflops_per_gpu * 1e12 / self.peak_flops if self.peak_flops else 0.0
+
+    @property
+    def exposed_comm_s(self) -> float:
+        return self.step_s - self.compute_s
+
+
+def link_seconds(link: LinkBytes, intra_bps: float, inter_bps: float) -> float:
+    t = 0.0
+    if link.intra:
+        t += link.intra / intra_bps if intra_bps else float("inf")
+    if link.inter:
+        t += link.inter / inter_bps if inter_bps else float("inf")
+    return t
+
+
+def step_time(
+    comm: CommBreakdown,
+    *,
+    flops_per_token: float,
+    recompute_flops_per_token: float,
+    tokens_per_rank_per_micro_step: int,
+    micro_steps: int,
+    world: int,
+    peak_flops: float,
+    achieved_fraction: float,
+    intra_bps: float,
+    inter_bps: float,
+    overlap: bool,
+) -> StepTime:
+    """``step = m * max(compute, in-group comm) + boundary comm`` (``+`` instead of ``max`` without overlap).
+
+    Compute per micro-step: ``(flops_per_token + recompute) * tokens / (peak * achieved_fraction)``,
+    with ``flops_per_token = 6N (+ 12 l h s attention)`` and the recomputation one more
+    forward (``2N + 4 l h s``) under activation checkpointing: the "8N" of the SMP examples.
+    """
+    m = micro_steps
+    compute = (flops_per_token + recompute_flops_per_token) * tokens_per_rank_per_micro_step
+    compute /= peak_flops * achieved_fraction
+    in_group = (link_seconds(comm.all_gather, intra_bps, inter_bps)
+                + link_seconds(comm.reduce_scatter, intra_bps, inter_bps)) / m
+    boundary = (link_seconds(comm.replica_all_reduce, intra_bps, inter_bps)
+                + link_seconds(comm.persistent_all_reduce, intra_bps, inter_bps))
+    micro = max(compute, in_group) if overlap else compute + in_group
+    step = m * micro + boundary
+    return StepTime(
+        compute_s=m * compute,
+        in_group_comm_s=m * in_group,
+        boundary_comm_s=boundary,
+        step_s=step,
+        tokens_per_step=tokens_per_rank_per_micro_step * m * world,
+        model_flops_per_token=flops_per_token,
+        peak_flops=peak_flops,
+        world=world,
+    )

@@ -1,0 +1,111 @@
+"""The planner seen from a job: what ``Estimator.plan()`` and the check in ``Estimator.fit()`` call.
+
+A job says what runs (its validated ``RuntimeConfig``), not what model it
+trains. The model comes from, in order: what the caller passes (a
+:class:`~smsdp.planner.ModelSpec`, or an ``nn.Module``, e.g. built on the meta
+device), else, when the entry point is the bundled ``train_gpt.py``, that
+script's GPT for the job's hyperparameters (``n_layer``, ``d_model``, ``n_head``,
+``vocab_size``, ``seq_len``, ``batch_size``, ``grad_accum``). Otherwise there is
+nothing to check, and :func:`plan_for_job` says so.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+from smsdp.config import RuntimeConfig
+from smsdp.planner.hardware import Assumptions
+from smsdp.planner.model import ModelSpec, gpt_from_hyperparameters
+from smsdp.planner.plan import DoesNotFitError, Plan, plan_runtime
+
+BUNDLED_SCRIPT = "train_gpt.py"
+BUNDLED_BATCH_DEFAULTS = {"batch_size": 4, "grad_accum": 1}
+"""``train_gpt.py``'s per-rank batch and accumulation defaults (kept in sync by a test)."""
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """What ``Estimator.plan()`` was asked, remembered so ``fit()`` checks the same thing."""
+
+    model: Any = None
+    batch_size: int | None = None
+    grad_accum: int | None = None
+    optimizer: str = "adamw"
+    assumptions: Assumptions = field(default_factory=Assumptions)
+
+
+def is_bundled_script(script: Path | None) -> bool:
+    """True when ``script`` is the bundled ``entrypoints/train_gpt.py`` (same bytes: copies count)."""
+    if script is None or script.name != BUNDLED_SCRIPT or not script.is_file():
+        return False
+    spec = importlib.util.find_spec("entrypoints")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    bundled = Path(list(spec.submodule_search_locations)[0]) / BUNDLED_SCRIPT
+    try:
+        return bundled.is_file() and bundled.read_bytes() == script.read_bytes()
+    except OSError:
+        return False
+
+
+def plan_for_job(
+    runtime: RuntimeConfig,
+    script: Path | None,
+    hyperparameters: Mapping[str, Any],
+    request: PlanRequest = PlanRequest(),
+    recommend: bool = True,
+) -> Plan | None:
+    """The plan of this job, or None when its model is unknown (not given, not the bundled script)."""
+    model = request.model
+    bundled = is_bundled_script(script)
+    if model is None and not bundled:
+        return None
+    if model is None:
+        model = gpt_from_hyperparameters(dict(hyperparameters))
+    elif not isinstance(model, ModelSpec):
+        model = ModelSpec.from_module(model)
+    defaults = {key: _int_hp(hyperparameters, key, value) for key, value in BUNDLED_BATCH_DEFAULTS.items()}
+    batch = request.batch_size or (defaults["batch_size"] if bundled else 1)
+    accum = request.grad_accum or (defaults["grad_accum"] if bundled else 1)
+    note = None
+    if bundled and runtime.parameters.delayed_parameter_initialization and not _builds_in_model_creation(script):
+        # The switch acts only on models built inside smp.model_creation(); this script builds eagerly.
+        params = runtime.parameters.model_copy(update={"delayed_parameter_initialization": False})
+        runtime = runtime.model_copy(update={"parameters": params})
+        note = (f"{BUNDLED_SCRIPT} builds its model outside smp.model_creation(), so "
+                "delayed_parameter_initialization has no effect on it: planned as eager construction")
+    result = plan_runtime(model, runtime, batch_size=batch, grad_accum=accum, optimizer=request.optimizer,
+                          assumptions=request.assumptions, recommend=recommend)
+    return replace(result, warnings=result.warnings + (note,)) if note else result
+
+
+def check_job(
+    runtime: RuntimeConfig,
+    script: Path | None,
+    hyperparameters: Mapping[str, Any],
+    request: PlanRequest = PlanRequest(),
+) -> Plan | None:
+    """Raise :class:`DoesNotFitError` (a ``ConfigError``) when the plan says the job cannot fit."""
+    result = plan_for_job(runtime, script, hyperparameters, request, recommend=False)
+    if result is not None and not result.fits:
+        raise DoesNotFitError(plan_for_job(runtime, script, hyperparameters, request))
+    return result
+
+
+def _builds_in_model_creation(script: Path | None) -> bool:
+    try:
+        text = script.read_text() if script is not None else ""
+    except OSError:
+        return False
+    return "model_creation(" in text or "delay_param_initialization(" in text
+
+
+def _int_hp(hyperparameters: Mapping[str, Any], key: str, default: int) -> int:
+    value = hyperparameters.get(key, default)
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"hyperparameter {key}={value!r} is not a whole number") from None

@@ -1,0 +1,380 @@
+"""Per-rank memory of a MiCS job, piece by piece, as the smsdp runtime allocates it.
+
+Notation: ``d`` sharded degree, ``c`` bytes of the compute dtype (2 for bf16
+and fp16, 4 for fp32), ``b`` sequences per micro-step, ``s`` sequence length,
+``h`` hidden size, ``a`` heads, ``V`` vocabulary, ``L`` layers, ``f`` MLP
+multiplier.
+
+Model state (``smsdp/flat_param_group.py``): each unit's parameters are split
+into flat groups by (sharded?, trainable?). A parameter with fewer than
+``sdp_param_persistence_threshold`` elements, or any parameter when ``d == 1``,
+is replicated. A sharded group of ``n`` elements is padded to
+``p = ceil(n/d)*d`` and each rank keeps ``s = p/d``:
+
+- parameters: fp32 master ``4s``, plus a compute-dtype copy ``c*s`` when
+  ``c != 4`` (replicated groups: ``4n (+ c*n)``);
+- gradients: an fp32 accumulator ``4s`` per trainable group;
+- optimizer state: AdamW's ``exp_avg`` and ``exp_avg_sq`` in fp32 over this
+  rank's unpadded slice, ``8 * min(s, max(0, n - r*s))`` on shard rank ``r``
+  (rank 0 holds the most).
+
+Everything else is reported separately (see :class:`MemoryBreakdown`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from smsdp.planner.model import ROOT, ModelSpec, TransformerShape
+
+OPTIMIZER_BYTES_PER_ELEMENT = {"adamw": 8, "adam": 8, "sgd_momentum": 4, "sgd": 0}
+"""fp32 state per trainable element: Adam(W) keeps two moments; SGD with momentum one; plain SGD none."""
+
+
+# ----------------------------------------------------------------------------- layout
+
+
+@dataclass(frozen=True)
+class GroupLayout:
+    """One flat group of one unit on one rank."""
+
+    unit: int
+    sharded: bool
+    trainable: bool
+    numel: int
+    padded: int
+    shard: int  # elements this rank keeps (the whole group when replicated)
+
+    def local_unpadded(self, sdp_rank: int) -> int:
+        """Elements of real parameters in shard rank ``sdp_rank``'s slice (optimizer state covers these)."""
+        if not self.sharded:
+            return self.numel
+        start = sdp_rank * self.shard
+        return max(0, min(self.numel, start + self.shard) - start)
+
+
+def layout(spec: ModelSpec, sdp_degree: int, persistence_threshold: int) -> list[GroupLayout]:
+    """The flat groups the runtime builds, unit by unit (``smsdp/units.py: _make_groups``)."""
+    groups: list[GroupLayout] = []
+    for unit in spec.unit_ids():
+        buckets: dict[tuple[bool, bool], int] = {}
+        for t in spec.tensors_of(unit):
+            sharded = t.numel >= persistence_threshold and sdp_degree > 1
+            key = (sharded, t.trainable)
+            buckets[key] = buckets.get(key, 0) + t.numel
+        for (sharded, trainable), n in sorted(buckets.items(), reverse=True):
+            if sharded:
+                padded = math.ceil(n / sdp_degree) * sdp_degree if n else 0
+                groups.append(GroupLayout(unit, True, trainable, n, padded, padded // sdp_degree))
+            else:
+                groups.append(GroupLayout(unit, False, trainable, n, n, n))
+    return groups
+
+
+# ------------------------------------------------------------------------- model state
+
+
+@dataclass(frozen=True)
+class ModelState:
+    params: int
+    grads: int
+    optimizer: int
+
+    @property
+    def total(self) -> int:
+        return self.params + self.grads + self.optimizer
+
+
+def model_state(
+    groups: list[GroupLayout], compute_bytes: int, optimizer_bytes: float, sdp_rank: int = 0
+) -> ModelState:
+    """Bytes of parameters, gradients and optimizer state on shard rank ``sdp_rank``.
+
+    These are what ``DistributedModel.model_state_bytes()`` (params, grads) and
+    ``DistributedOptimizer.optimizer_state_bytes()`` report after ``step()``.
+    """
+    params = grads = 0
+    opt = 0.0
+    for g in groups:
+        params += 4 * g.shard + (compute_bytes * g.shard if compute_bytes != 4 else 0)
+        if g.trainable:
+            grads += 4 * g.shard
+            opt += optimizer_bytes * g.local_unpadded(sdp_rank)
+    return ModelState(params, grads, int(opt))
+
+
+# ------------------------------------------------------------------------- activations
+
+
+@dataclass(frozen=True)
+class Activations:
+    """Activation bytes of one micro-step on one rank, at their peak (start of backward)."""
+
+    saved_per_layer: int
+    layers_on_device: int
+    head_saved: int
+    transient: int
+    recomputed_layer: int
+
+    @property
+    def total(self) -> int:
+        return self.saved_per_layer * self.layers_on_device + self.head_saved + self.transient
+
+
+def layer_activation_bytes(shape: TransformerShape, batch: int, compute_bytes: int) -> int:
+    """Bytes one transformer block keeps for its backward when nothing is recomputed.
+
+    Elements kept, in units of ``s*b*h`` (then times ``c``): LayerNorm inputs 2,
+    QKV-projection input 1, Q, K and V 3, output-projection input 1, MLP input 1,
+    GeLU input ``f``, second MLP input ``f``: ``8 + 2f`` (16 for ``f = 4``).
+    Attention core: ``flash`` keeps its output (1 more ``sbh``) and the fp32
+    log-sum-exp ``4*a*s*b``; ``eager`` keeps the softmax output ``c*a*s^2*b``.
+    With dropout, one 1-byte mask per dropout (``2*sbh``; eager adds the
+    attention-dropout mask ``a*s^2*b`` and its output ``c*a*s^2*b``).
+
+    At ``c = 2`` with eager attention and dropout this is Korthikanti et al.
+    (2022), eq. (1): ``s*b*h*(34 + 5*a*s/h)``.
+    """
+    s, b, h, a, f = shape.seq_len, batch, shape.d_model, shape.n_head, shape.ffn_mult
+    sbh = s * b * h
+    total = compute_bytes * (8 + 2 * f) * sbh
+    if shape.attention == "flash":
+        total += compute_bytes * sbh + 4 * a * s * b
+    else:
+        total += compute_bytes * a * s * s * b
+    if shape.dropout:
+        total += 2 * sbh
+        if shape.attention == "eager":
+            total += a * s * s * b + compute_bytes * a * s * s * b
+    return total
+
+
+def activation_bytes(
+    shape: TransformerShape,
+    batch: int,
+    compute_bytes: int,
+    *,
+    checkpointing: bool = False,
+    offload: bool = False,
+    loading_horizon: int = 4,
+) -> Activations:
+    """Activation memory at its peak, the start of backward.
+
+    - Blocks: :func:`layer_activation_bytes` each; with full activation
+      checkpointing (every block, as ``activation_checkpointing`` does) only each
+      block's input ``c*s*b*h`` (Korthikanti's ``2sbh`` per layer at 16 bits),
+      plus one block's full activations while it is recomputed in backward.
+      With offloading (only together with checkpointing, as in SMP), only the
+      inputs of ``loading_horizon + 1`` blocks stay on the device.
+    - Head (root, never checkpointed): the final LayerNorm and LM-head inputs
+      ``2c*sbh`` and the fp32 log-probabilities of the loss ``4*s*b*V``.
+    - Transient: the larger of the loss backward (two fp32 ``s*b*V`` gradients,
+      while the log-probabilities are still alive) and a block's backward (two
+      ``c*f*sbh`` gradients of the MLP hidden, plus the recomputed block).
+    """
+    s, b, h, v, f = shape.seq_len, batch, shape.d_model, shape.vocab_size, shape.ffn_mult
+    sbh, sbv = s * b * h, s * b * v
+    full = layer_activation_bytes(shape, batch, compute_bytes)
+    if checkpointing:
+        per_layer = compute_bytes * sbh
+        on_device = min(shape.n_layer, loading_horizon + 1) if offload else shape.n_layer
+        recomputed = full
+    else:
+        per_layer, on_device, recomputed = full, shape.n_layer, 0
+    head = 2 * compute_bytes * sbh + (sbh if shape.dropout else 0)
+    loss_backward = 4 * sbv + 8 * sbv
+    block_backward = 2 * compute_bytes * f * sbh + recomputed
+    return Activations(per_layer, on_device, head, max(loss_backward, block_backward), recomputed)
+
+
+# --------------------------------------------------------------- buffers around the step
+
+
+@dataclass(frozen=True)
+class UnitSizes:
+    """Per unit, elements gathered (sharded, padded) and cast (replicated, when c != 4)."""
+
+    order: list[int]  # block units in forward order
+    gathered: dict[int, int]
+    replicated: dict[int, int]
+    trainable_sharded: dict[int, int]
+    trainable_all: dict[int, int]
+
+
+def unit_sizes(groups: list[GroupLayout]) -> UnitSizes:
+    gathered: dict[int, int] = {}
+    replicated: dict[int, int] = {}
+    trainable_sharded: dict[int, int] = {}
+    trainable_all: dict[int, int] = {}
+    for g in groups:
+        gathered.setdefault(g.unit, 0)
+        replicated.setdefault(g.unit, 0)
+        trainable_sharded.setdefault(g.unit, 0)
+        trainable_all.setdefault(g.unit, 0)
+        if g.sharded:
+            gathered[g.unit] += g.padded
+            if g.trainable:
+                trainable_sharded[g.unit] += g.padded
+        else:
+            replicated[g.unit] += g.numel
+        if g.trainable:
+            trainable_all[g.unit] += g.padded
+    order = sorted(u for u in gathered if u != ROOT)
+    return UnitSizes(order, gathered, replicated, trainable_sharded, trainable_all)
+
+
+def unsharded_in_flight_bytes(sizes: UnitSizes, compute_bytes: int, max_live: int) -> int:
+    """Gathered parameters alive at once (``DistributedModel._prefetch_after``).
+
+    The root unit stays gathered for the whole forward and backward; the unit
+    running is gathered whatever the budget; the next unit is prefetched only if
+    root + current + next <= ``sdp_max_live_parameters`` elements. Replicated
+    groups add a compute-dtype cast of their whole buffer while gathered when
+    ``c != 4`` (in fp32 they compute from the master directly).
+    """
+    cast = compute_bytes != 4
+
+    def live(units: list[int]) -> int:
+        elems = sum(sizes.gathered.get(u, 0) for u in units)
+        if cast:
+            elems += sum(sizes.replicated.get(u, 0) for u in units)
+        return compute_bytes * elems
+
+    root = [ROOT] if ROOT in sizes.gathered else []
+    if not sizes.order:
+        return live(root)
+    worst = 0
+    for i, unit in enumerate(sizes.order):
+        units = root + [unit]
+        # Prefetch neighbours in forward (i+1) and backward (i-1) order.
+        for j in (i + 1, i - 1):
+            if 0 <= j < len(sizes.order):
+                nxt = sizes.order[j]
+                budget = sum(sizes.gathered.get(u, 0) for u in units + [nxt])
+                if budget <= max_live:
+                    worst = max(worst, live(units + [nxt]))
+        worst = max(worst, live(units))
+    return worst
+
+
+def gradient_buffer_bytes(sizes: UnitSizes, compute_bytes: int, pending_units: int | None) -> int:
+    """Unsharded gradients alive during backward, before they are reduce-scattered.
+
+    - The root's gradient (compute dtype) builds up over the whole backward (its
+      LM head is used first and its embedding last).
+    - The running unit's flat gradient in the compute dtype.
+    - Reduce-scatter inputs, fp32 (the runtime reduces in fp32: ``grad.float()``,
+      then contiguous buckets): ``pending_units`` of the largest unit, or every
+      sharded unit when ``pending_units`` is None (the runtime at the time of
+      writing keeps them all until the end of backward). In fp32 the running
+      unit's gradient is its own reduce-scatter input and is not counted twice.
+    """
+    root = sizes.trainable_all.get(ROOT, 0)
+    largest_all = max(sizes.trainable_all.values(), default=0)
+    largest_sharded = max(sizes.trainable_sharded.values(), default=0)
+    if pending_units is None:
+        pending = 4 * sum(sizes.trainable_sharded.values())
+    else:
+        pending = 4 * largest_sharded * pending_units
+    running = compute_bytes * largest_all if (compute_bytes != 4 or not largest_sharded) else 0
+    return compute_bytes * root + running + pending
+
+
+def comm_buffer_bytes(
+    sizes: UnitSizes,
+    compute_bytes: int,
+    sdp_degree: int,
+    *,
+    hierarchical_hosts: int,
+    buffered_cpu_path: bool,
+    sort_buffer_bytes: int,
+) -> int:
+    """Staging buffers of the parameter all-gather (``smsdp/collectives.py``).
+
+    - Hierarchical (the sharding group spans ``H`` hosts): stage 1 gathers ``H``
+      shards of the largest unit, stage 2 a whole unit before the re-layout:
+      ``c * (H*U/d + U)``.
+    - SMDDP-style buffered path on CPU/gloo: the scratch buffer holds one shard
+      and the sort buffer up to one whole unit (only the touched pages count).
+    - Otherwise (NCCL all-gather straight into the output): nothing; NCCL's own
+      buffers are part of the framework overhead.
+    """
+    largest = max(sizes.gathered.values(), default=0)
+    if sdp_degree <= 1 or not largest:
+        return 0
+    if hierarchical_hosts > 1:
+        return compute_bytes * (hierarchical_hosts * largest // sdp_degree + largest)
+    if buffered_cpu_path:
+        return compute_bytes * largest // sdp_degree + min(sort_buffer_bytes, compute_bytes * largest)
+    return 0
+
+
+def optimizer_step_temp_bytes(groups: list[GroupLayout], foreach: bool) -> int:
+    """fp32 temporaries of the step: AdamW's foreach path (CUDA) materializes one full
+    copy of the local shards (``sqrt(exp_avg_sq)``); the single-tensor path (CPU) one
+    parameter at a time; the gradient-norm ``pow(2)`` one group at a time."""
+    trainable = [g.shard for g in groups if g.trainable]
+    if not trainable:
+        return 0
+    return 4 * (sum(trainable) if foreach else max(trainable))
+
+
+# ------------------------------------------------------------------------------ result
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Bytes per rank. ``peak`` is the largest of the three phases below.
+
+    - training (forward/backward): everything but the step temporaries, summed
+      (conservative: gradients and the reduce-scatter buffers are counted
+      although they peak late in backward, when most activations are freed);
+    - optimizer step: model state + step temporaries;
+    - construction: without delayed parameter initialization the whole model
+      is built in fp32 on every rank before it is sharded (``4N``); with it,
+      one unit at a time on the CPU (see ``plan._construction_bytes``).
+    """
+
+    parameters: int
+    gradients: int
+    optimizer_state: int
+    unsharded_params: int
+    unsharded_grads: int
+    activations: int | None
+    communication_buffers: int
+    framework_overhead: int
+    optimizer_step_temp: int
+    construction: int
+
+    @property
+    def model_state(self) -> int:
+        return self.parameters + self.gradients + self.optimizer_state
+
+    @property
+    def training_phase(self) -> int:
+        return (
+            self.model_state + self.unsharded_params + self.unsharded_grads + (self.activations or 0)
+            + self.communication_buffers + self.framework_overhead
+        )
+
+    @property
+    def step_phase(self) -> int:
+        return self.model_state + self.optimizer_step_temp + self.framework_overhead
+
+    @property
+    def construction_phase(self) -> int:
+        return self.construction + self.framework_overhead
+
+    @property
+    def peak(self) -> int:
+        return max(self.training_phase, self.step_phase, self.construction_phase)
+
+    @property
+    def peak_phase(self) -> str:
+        phases = {
+            "forward/backward": self.training_phase,
+            "optimizer step": self.step_phase,
+            "model construction": self.construction_phase,
+        }
+        return max(phases, key=phases.__getitem__)

@@ -1,0 +1,314 @@
+"""What the planner knows about a model: its parameter tensors, their units, and its shape.
+
+A :class:`ModelSpec` is a list of parameter tensors, each with its element
+count, the unit it belongs to and whether it is trainable, plus (optionally)
+the transformer shape the activation formulas need. Three ways to get one:
+
+- :meth:`ModelSpec.gpt`: layers / hidden / heads / vocab / sequence length of a
+  GPT laid out exactly as the bundled ``entrypoints.gpt.GPT`` (one unit per
+  block, tied embeddings in the root unit);
+- :meth:`ModelSpec.from_param_count`: a parameter count, optionally split over
+  ``n_layers`` equal units (no activations unless a shape is given);
+- :meth:`ModelSpec.from_module`: an ``nn.Module``, typically built on the meta
+  device, cut into units the way ``smp.DistributedModel`` cuts it. This is the
+  only place the planner imports torch (lazily, inside the function).
+
+Pure Python: ``import smsdp.planner`` never imports torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterable, Literal
+
+ROOT = -1
+"""Unit index of the root unit (every parameter outside the repeated blocks)."""
+
+AttentionKind = Literal["flash", "eager"]
+
+
+@dataclass(frozen=True)
+class ParamTensor:
+    """One parameter tensor: ``numel`` elements in unit ``unit`` (``ROOT`` for the root)."""
+
+    name: str
+    numel: int
+    unit: int = ROOT
+    trainable: bool = True
+
+
+@dataclass(frozen=True)
+class TransformerShape:
+    """The shape the activation formulas need (Korthikanti et al. 2022 notation).
+
+    ``n_layer`` blocks of hidden size ``d_model`` with ``n_head`` heads and an
+    MLP of ``ffn_mult * d_model``; sequences of ``seq_len`` tokens over a
+    vocabulary of ``vocab_size``. ``attention="flash"`` is PyTorch's
+    ``scaled_dot_product_attention`` (no s x s matrix kept; what the bundled
+    GPT uses), ``"eager"`` keeps the softmax output (and its dropout mask and
+    output when ``dropout``), as in Korthikanti's accounting.
+    """
+
+    n_layer: int
+    d_model: int
+    n_head: int
+    seq_len: int
+    vocab_size: int
+    ffn_mult: int = 4
+    dropout: bool = False
+    attention: AttentionKind = "flash"
+
+    def __post_init__(self) -> None:
+        for name in ("n_layer", "d_model", "n_head", "seq_len", "vocab_size", "ffn_mult"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"TransformerShape.{name}={value!r} must be a whole number >= 1")
+        if self.attention not in ("flash", "eager"):
+            raise ValueError(f"TransformerShape.attention={self.attention!r} must be 'flash' or 'eager'")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model as the planner sees it (see module docstring)."""
+
+    name: str
+    tensors: tuple[ParamTensor, ...]
+    shape: TransformerShape | None = None
+    matmul_params: int | None = None
+    """Parameters that take part in a matmul per token (the N of 6N); default: all but position embeddings."""
+    notes: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if not self.tensors:
+            raise ValueError(f"model {self.name!r} has no parameters")
+        bad = [t for t in self.tensors if not isinstance(t.numel, int) or t.numel < 0]
+        if bad:
+            raise ValueError(f"model {self.name!r}: parameter {bad[0].name!r} has numel {bad[0].numel!r}")
+
+    # ------------------------------------------------------------------ sizes
+    @property
+    def num_params(self) -> int:
+        return sum(t.numel for t in self.tensors)
+
+    @property
+    def num_units(self) -> int:
+        """Repeated-block units (the root not counted)."""
+        return len({t.unit for t in self.tensors if t.unit != ROOT})
+
+    def unit_ids(self) -> list[int]:
+        """Block units in forward order, then ROOT (if it has parameters)."""
+        blocks = sorted({t.unit for t in self.tensors if t.unit != ROOT})
+        return blocks + ([ROOT] if any(t.unit == ROOT for t in self.tensors) else [])
+
+    def tensors_of(self, unit: int) -> list[ParamTensor]:
+        return [t for t in self.tensors if t.unit == unit]
+
+    @property
+    def flops_params(self) -> int:
+        """N of the 6N rule."""
+        return self.num_params if self.matmul_params is None else self.matmul_params
+
+    def with_shape(self, shape: TransformerShape | None) -> "ModelSpec":
+        return replace(self, shape=shape)
+
+    def describe(self) -> str:
+        units = f"{self.num_units} blocks + root" if self.num_units else "one unit (root)"
+        return f"{self.name}: {_count(self.num_params)} parameters, {units}"
+
+    # ------------------------------------------------------------ builders
+    @classmethod
+    def gpt(
+        cls,
+        n_layer: int,
+        d_model: int,
+        n_head: int,
+        vocab_size: int,
+        seq_len: int,
+        *,
+        bias: bool = True,
+        tie_embeddings: bool = True,
+        ffn_mult: int = 4,
+        dropout: bool = False,
+        attention: AttentionKind = "flash",
+        name: str | None = None,
+    ) -> "ModelSpec":
+        """A GPT laid out like ``entrypoints.gpt.GPT`` (pre-LN blocks, learned positions).
+
+        Per block: ``ln_1``, ``attn.c_attn`` (3h x h), ``attn.c_proj`` (h x h),
+        ``ln_2``, ``mlp.c_fc`` (4h x h), ``mlp.c_proj`` (h x 4h), with biases when
+        ``bias``. Root: ``wte`` (V x h), ``wpe`` (s x h), ``ln_f``, and
+        ``lm_head`` (V x h) unless tied to ``wte``. ``seq_len`` is also the
+        position table's length (``block_size``).
+        """
+        shape = TransformerShape(n_layer, d_model, n_head, seq_len, vocab_size, ffn_mult, dropout, attention)
+        if d_model % n_head:
+            raise ValueError(f"d_model={d_model} is not divisible by n_head={n_head}")
+        h, f = d_model, ffn_mult * d_model
+        tensors: list[ParamTensor] = []
+
+        def add(name: str, numel: int, unit: int) -> None:
+            tensors.append(ParamTensor(name, numel, unit))
+
+        def layer_norm(prefix: str, unit: int) -> None:
+            add(f"{prefix}.weight", h, unit)
+            if bias:
+                add(f"{prefix}.bias", h, unit)
+
+        def linear(prefix: str, n_in: int, n_out: int, unit: int, has_bias: bool = bias) -> None:
+            add(f"{prefix}.weight", n_in * n_out, unit)
+            if has_bias:
+                add(f"{prefix}.bias", n_out, unit)
+
+        add("transformer.wte.weight", vocab_size * h, ROOT)
+        add("transformer.wpe.weight", seq_len * h, ROOT)
+        for i in range(n_layer):
+            p = f"transformer.h.{i}"
+            layer_norm(f"{p}.ln_1", i)
+            linear(f"{p}.attn.c_attn", h, 3 * h, i)
+            linear(f"{p}.attn.c_proj", h, h, i)
+            layer_norm(f"{p}.ln_2", i)
+            linear(f"{p}.mlp.c_fc", h, f, i)
+            linear(f"{p}.mlp.c_proj", f, h, i)
+        layer_norm("transformer.ln_f", ROOT)
+        if not tie_embeddings:
+            linear("lm_head", h, vocab_size, ROOT, has_bias=False)
+        total = sum(t.numel for t in tensors)
+        # Position embeddings take no matmul; the token embedding does only when tied (as lm_head).
+        matmul = total - seq_len * h - (0 if tie_embeddings else vocab_size * h)
+        label = name or f"GPT {_count(total)} (l={n_layer}, h={d_model}, a={n_head}, V={vocab_size}, s={seq_len})"
+        return cls(label, tuple(tensors), shape, matmul_params=matmul)
+
+    @classmethod
+    def from_param_count(
+        cls,
+        num_params: int | float,
+        *,
+        n_layers: int | None = None,
+        shape: TransformerShape | None = None,
+        name: str | None = None,
+    ) -> "ModelSpec":
+        """A model known only by its size: ``n_layers`` equal units, or one root unit.
+
+        Every tensor is treated as large (sharded at any persistence threshold
+        below a unit's size). Without a ``shape`` the plan cannot estimate
+        activations and says so.
+        """
+        n = int(num_params)
+        if n < 1 or n != num_params:
+            raise ValueError(f"num_params={num_params!r} must be a whole number >= 1")
+        layers = n_layers if n_layers is not None else (shape.n_layer if shape else None)
+        notes: list[str] = []
+        if layers:
+            per, rest = divmod(n, layers)
+            tensors = [ParamTensor(f"block.{i}", per, i) for i in range(layers)]
+            if rest:
+                tensors.append(ParamTensor("root", rest, ROOT))
+        else:
+            tensors = [ParamTensor("model", n, ROOT)]
+            notes.append("no layer count given: the whole model is one unit, gathered at once")
+        label = name or f"{_count(n)}-parameter model"
+        return cls(label, tuple(tensors), shape, notes=tuple(notes))
+
+    @classmethod
+    def from_module(
+        cls,
+        module: Any,
+        *,
+        transformer_layer_cls: type | tuple[type, ...] | None = None,
+        shape: TransformerShape | None = None,
+        seq_len: int | None = None,
+        name: str | None = None,
+    ) -> "ModelSpec":
+        """Parameters and units of an ``nn.Module`` (meta device is fine: no values are read).
+
+        Units are found exactly as ``smp.DistributedModel`` finds them (each
+        instance of a repeated block class; a parameter reachable from two units
+        goes to the root). A GPT-like ``module.config`` (``n_layer``,
+        ``d_model``/``n_embd``, ``n_head``, ``vocab_size``, ``block_size``/
+        ``n_positions``) gives the activation shape unless ``shape`` is passed;
+        ``seq_len`` overrides the sequence length taken from it.
+        """
+        from smsdp.units import find_unit_modules  # lazy: imports torch
+
+        classes = (transformer_layer_cls,) if isinstance(transformer_layer_cls, type) else transformer_layer_cls
+        unit_modules = find_unit_modules(module, classes)
+        owner = {id(m): ROOT for m in module.modules()}
+        for index, (_, unit_module) in enumerate(unit_modules):
+            for sub in unit_module.modules():
+                owner[id(sub)] = index
+        seen: dict[int, tuple[str, Any, set[int]]] = {}
+        for module_name, sub in module.named_modules(remove_duplicate=False):
+            for attr, param in sub._parameters.items():
+                if param is None:
+                    continue
+                full = f"{module_name}.{attr}" if module_name else attr
+                entry = seen.setdefault(id(param), (full, param, set()))
+                entry[2].add(owner[id(sub)])
+        tensors = []
+        for full, param, owners in seen.values():
+            unit = owners.pop() if len(owners) == 1 else ROOT
+            tensors.append(ParamTensor(full, int(param.numel()), unit, bool(param.requires_grad)))
+        if shape is None:
+            shape = _shape_from_config(getattr(module, "config", None), seq_len)
+        elif seq_len is not None:
+            shape = replace(shape, seq_len=seq_len)
+        label = name or type(module).__name__
+        return cls(f"{label} {_count(sum(t.numel for t in tensors))}", tuple(tensors), shape)
+
+
+def _shape_from_config(config: Any, seq_len: int | None) -> TransformerShape | None:
+    """A TransformerShape from a GPT-like config object (bundled GPT or Hugging Face GPT-2)."""
+    if config is None:
+        return None
+
+    def first(*names: str) -> Any:
+        for n in names:
+            value = getattr(config, n, None)
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+        return None
+
+    layers, hidden, heads = first("n_layer", "num_hidden_layers"), first("d_model", "n_embd", "hidden_size"), first(
+        "n_head", "num_attention_heads"
+    )
+    vocab, seq = first("vocab_size"), seq_len or first("block_size", "n_positions", "max_position_embeddings")
+    if None in (layers, hidden, heads, vocab, seq):
+        return None
+    inner = first("n_inner", "intermediate_size")
+    ffn = inner // hidden if inner and inner % hidden == 0 else 4
+    dropout = any(float(getattr(config, n, 0.0) or 0.0) > 0 for n in ("dropout", "resid_pdrop", "attn_pdrop"))
+    return TransformerShape(layers, hidden, heads, seq, vocab, ffn, dropout)
+
+
+def gpt_from_hyperparameters(hyperparameters: dict[str, Any]) -> ModelSpec:
+    """The bundled ``train_gpt.py`` model for these hyperparameters (its argparse defaults otherwise)."""
+    values = {}
+    for key, default in BUNDLED_GPT_DEFAULTS.items():
+        raw = hyperparameters.get(key, default)
+        try:
+            values[key] = type(default)(raw)
+        except (TypeError, ValueError):
+            raise ValueError(f"hyperparameter {key}={raw!r} is not a {type(default).__name__}") from None
+    return ModelSpec.gpt(
+        values["n_layer"], values["d_model"], values["n_head"], values["vocab_size"], values["seq_len"],
+        dropout=values["dropout"] > 0, name="bundled GPT (train_gpt.py)",
+    )
+
+
+BUNDLED_GPT_DEFAULTS: dict[str, Any] = {
+    "n_layer": 4, "d_model": 256, "n_head": 4, "vocab_size": 1024, "seq_len": 128, "dropout": 0.0,
+}
+"""``entrypoints/train_gpt.py``'s model hyperparameters and their defaults (kept in sync by a test)."""
+
+
+def _count(n: float) -> str:
+    """1234567 -> '1.23M'."""
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return str(int(n))
+
+
+def iter_units(spec: ModelSpec) -> Iterable[tuple[int, list[ParamTensor]]]:
+    for unit in spec.unit_ids():
+        yield unit, spec.tensors_of(unit)

@@ -1,0 +1,140 @@
+"""Plain-text tables for plans (``Plan.__str__``, ``smsdp plan``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+from smsdp.planner.hardware import GiB
+
+if TYPE_CHECKING:  # pragma: no cover
+    from smsdp.planner.plan import Plan
+
+
+def gib(nbytes: float | None, digits: int = 2) -> str:
+    return "n/a" if nbytes is None else f"{nbytes / GiB:.{digits}f}"
+
+
+def human_bytes(nbytes: float) -> str:
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.2f} {unit}"
+    return f"{nbytes:.0f} B"
+
+
+def human_seconds(seconds: float) -> str:
+    if seconds == float("inf"):
+        return "inf"
+    if seconds >= 1:
+        return f"{seconds:.2f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.1f} ms"
+    return f"{seconds * 1e6:.0f} us"
+
+
+def table(rows: Sequence[Sequence[str]], header: Sequence[str] | None = None, indent: str = "  ") -> str:
+    """Left-aligned first column, right-aligned others; a last column may be free text."""
+    all_rows = [list(header)] if header else []
+    all_rows += [list(r) for r in rows]
+    widths = [max(len(r[i]) for r in all_rows if i < len(r)) for i in range(max(len(r) for r in all_rows))]
+    lines = []
+    for index, row in enumerate(all_rows):
+        cells = []
+        for i, cell in enumerate(row):
+            cells.append(cell.ljust(widths[i]) if i == 0 or i == len(widths) - 1 and _is_text(all_rows, i)
+                         else cell.rjust(widths[i]))
+        lines.append(indent + "  ".join(cells).rstrip())
+        if header and index == 0:
+            lines.append(indent + "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _is_text(rows: list[list[str]], column: int) -> bool:
+    return any(len(r) > column and r[column] and not r[column][0].isdigit() and r[column] != "n/a"
+               for r in rows[1:])
+
+
+def render_plan(plan: "Plan") -> str:
+    rt, p, m = plan.runtime, plan.runtime.parameters, plan.memory
+    hw = plan.hardware
+    precision = "bf16" if p.bf16 else "fp16" if p.fp16 else "fp32"
+    c = 2 if precision != "fp32" else 4
+    switches = [precision, f"{plan.optimizer}"]
+    if p.activation_checkpointing:
+        switches.append("activation checkpointing")
+    if p.offload_activations:
+        switches.append(f"activation offloading (horizon {p.activation_loading_horizon})")
+    if p.delayed_parameter_initialization:
+        switches.append("delayed parameter initialization")
+    seq = plan.model.shape.seq_len if plan.model.shape else None
+    word = plan.device_word
+    lines = [
+        f"smsdp plan: {plan.model.describe()}",
+        f"  cluster   {rt.instance_count} x {hw.name}, {rt.processes_per_host} ranks/host = {rt.world_size} ranks; "
+        f"sharded degree {p.sharded_data_parallel_degree} x {rt.replication_degree} replicas",
+        f"  training  batch {plan.batch_size}" + (f" x seq {seq}" if seq else "")
+        + f" per {word} per micro-step, {plan.grad_accum} micro-step(s) per step; " + ", ".join(switches),
+        "",
+        f"memory per {word}",
+    ]
+    master = "fp32 master" + (f" + {precision} shard" if c != 4 else "")
+    in_flight_note = f"root + running unit (+ next, within sdp_max_live_parameters={p.sdp_max_live_parameters:.3g})"
+    act = plan.activation_detail
+    act_note = "not estimated (no shape)" if act is None else (
+        f"{act.layers_on_device} x {gib(act.saved_per_layer, 3)} per block + head {gib(act.head_saved, 3)}"
+        f" + backward working set {gib(act.transient, 3)}")
+    rows = [
+        ["parameters", gib(m.parameters), master],
+        ["gradients", gib(m.gradients), "fp32 shards"],
+        ["optimizer state", gib(m.optimizer_state), f"{plan.optimizer}, fp32"],
+        ["unsharded parameters in flight", gib(m.unsharded_params), in_flight_note],
+        ["unsharded gradients in flight", gib(m.unsharded_grads), "root + running unit + fp32 reduce-scatter inputs"],
+        ["activations", gib(m.activations), act_note],
+        ["communication buffers", gib(m.communication_buffers), "all-gather staging"],
+        ["framework overhead", gib(m.framework_overhead), "CUDA context, NCCL" if hw.is_gpu else "python + torch"],
+        [f"peak ({m.peak_phase})", gib(m.peak), ""],
+        ["available", gib(plan.budget_bytes), plan.budget_note],
+    ]
+    lines.append(table(rows, ["", "GiB", ""]))
+    verdict = (f"FITS, {gib(plan.headroom_bytes)} GiB to spare" if plan.fits
+               else f"DOES NOT FIT: {gib(-plan.headroom_bytes)} GiB over")
+    lines += [f"  -> {verdict}", ""]
+
+    cm = plan.comm
+    lines.append(f"communication per step per {word} (sharding group spans {cm.shard_group_hosts} host(s)"
+                 + (", hierarchical all-gather" if cm.hierarchical else "") + ")")
+    comm_rows = [
+        ["all-gather (parameters)", human_bytes(cm.all_gather.intra), human_bytes(cm.all_gather.inter)],
+        ["reduce-scatter (gradients, fp32)", human_bytes(cm.reduce_scatter.intra),
+         human_bytes(cm.reduce_scatter.inter)],
+        ["all-reduce across replicas", human_bytes(cm.replica_all_reduce.intra),
+         human_bytes(cm.replica_all_reduce.inter)],
+        ["all-reduce of replicated params", human_bytes(cm.persistent_all_reduce.intra),
+         human_bytes(cm.persistent_all_reduce.inter)],
+        ["total", human_bytes(cm.intra_host_bytes), human_bytes(cm.inter_host_bytes)],
+    ]
+    lines.append(table(comm_rows, ["", "intra-host", "inter-host"]))
+    lines.append("")
+    if plan.time is not None:
+        t = plan.time
+        a = plan.assumptions
+        lines.append(
+            f"step time (compute at {a.achieved_fraction_of_peak:.0%} of {t.peak_flops / 1e12:.0f} TFLOP/s; "
+            f"links at {a.link_efficiency:.0%}: {hw.intra_bytes_per_s / 1e9:.0f} GB/s intra, "
+            f"{hw.inter_bytes_per_s / 1e9:.2f} GB/s inter per GPU)")
+        time_rows = [
+            ["compute", human_seconds(t.compute_s), "incl. recomputation" if p.activation_checkpointing else ""],
+            ["in-group all-gather + reduce-scatter", human_seconds(t.in_group_comm_s),
+             "overlapped with compute" if a.overlap_in_group_comm else "not overlapped"],
+            ["step-boundary all-reduces", human_seconds(t.boundary_comm_s), "exposed"],
+            ["step", human_seconds(t.step_s), ""],
+            ["tokens/s (job)", f"{t.tokens_per_s:,.0f}", ""],
+            ["model TFLOP/s per GPU", f"{t.model_tflops_per_gpu:.1f}", f"6N + attention; MFU {t.mfu:.0%}"],
+        ]
+        lines.append(table(time_rows))
+        lines.append("")
+    lines.append("recommendation")
+    lines.append("  " + plan.recommendation.summary())
+    if plan.warnings:
+        lines.append("notes")
+        lines += [f"  - {w}" for w in plan.warnings]
+    return "\n".join(lines)

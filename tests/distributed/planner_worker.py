@@ -1,0 +1,69 @@
+"""Worker for test_planner_cpu.py: train a few steps, report what each rank holds.
+
+Runs under mpirun with 4 ranks on 2 simulated hosts. Each case trains the
+bundled GPT for a few AdamW steps and returns, per rank, the runtime's own
+counts after the last ``optimizer.step()`` (before ``zero_grad``):
+``model.model_state_bytes()`` and ``opt.optimizer_state_bytes()``, plus the
+shard rank and the process's peak RSS so far (for information only: the cases
+share one process).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+
+import torch
+
+import smsdp as smp
+from entrypoints.gpt import GPT, GPTConfig
+from smsdp import state as runtime_state
+from tests.mpi_harness import init_gloo_from_env, worker_main
+
+# The equivalence tests' model and the benchmark's model (bench/workers/train_worker.py).
+EQUIVALENCE = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, d_model=32, bias=False,
+                        tie_embeddings=True)
+BENCH = GPTConfig(vocab_size=1024, block_size=128, n_layer=4, n_head=4, d_model=256)
+
+# name: (model, batch per rank, SMP parameters)
+CASES = {
+    "equivalence_d2": (EQUIVALENCE, 2, {"sharded_data_parallel_degree": 2, "sdp_param_persistence_threshold": 0}),
+    "equivalence_d4": (EQUIVALENCE, 2, {"sharded_data_parallel_degree": 4, "sdp_param_persistence_threshold": 0}),
+    "equivalence_persist": (EQUIVALENCE, 2, {"sharded_data_parallel_degree": 2,
+                                             "sdp_param_persistence_threshold": 100}),
+    "bench_fp32": (BENCH, 4, {"sharded_data_parallel_degree": 2, "sdp_param_persistence_threshold": 10_000}),
+    "bench_bf16": (BENCH, 4, {"sharded_data_parallel_degree": 2, "sdp_param_persistence_threshold": 10_000,
+                              "bf16": True}),
+}
+STEPS = 1
+
+
+def run(name: str) -> dict:
+    config, batch, params = CASES[name]
+    runtime_state.reset_for_tests()
+    smp.init({"ddp": True, **params})
+    torch.manual_seed(0)
+    model = smp.DistributedModel(GPT(config))
+    opt = smp.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=1e-3))
+    gen = torch.Generator().manual_seed(smp.rank())
+    for _ in range(STEPS):
+        tokens = torch.randint(0, config.vocab_size, (batch, config.block_size + 1), generator=gen)
+        loss = model(tokens[:, :-1], tokens[:, 1:]).loss
+        model.backward(loss)
+        opt.step()
+        state = {**model.model_state_bytes(), "optimizer": opt.optimizer_state_bytes()}
+        opt.zero_grad()
+    return {
+        "model_state": state,
+        "sdp_rank": smp.sdp_rank(),
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    }
+
+
+def main() -> None:
+    worker_main({name: (lambda name=name: run(name)) for name in CASES}, setup=init_gloo_from_env)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("SMSDP_LOG_LEVEL", "WARNING")
+    main()
