@@ -391,6 +391,7 @@ class AllGatherStrategy:
         self._scratch: torch.Tensor | None = None
         self._sort: torch.Tensor | None = None
         self._logged: set[FallbackReason] = set()
+        self._buffers_busy = False  # a one-round buffered gather is in flight
         self.path_counts: dict[AllGatherPath, int] = {path: 0 for path in AllGatherPath}
 
     # ------------------------------------------------------------ decision
@@ -458,8 +459,10 @@ class AllGatherStrategy:
         self.path_counts[path] += 1
         if path is AllGatherPath.HIERARCHICAL:
             return hierarchical_all_gather(output, input, self.groups.hierarchical, stats, async_op)
-        if path is AllGatherPath.BUFFERED and input.device.type == "cpu":
-            return self._buffered_all_gather(output, input, stats)
+        if path is AllGatherPath.BUFFERED and input.device.type == "cpu" and not self._buffers_busy:
+            return self._buffered_all_gather(output, input, stats, async_op)
+        # On CUDA, and while the buffers serve an in-flight gather, the flat all-gather
+        # (bit-identical) keeps prefetches overlapping.
         return all_gather_flat(output, input, self.groups.shard_group, stats, async_op)
 
     __call__ = all_gather
@@ -472,7 +475,7 @@ class AllGatherStrategy:
         return self._scratch, self._sort
 
     def _buffered_all_gather(self, output: torch.Tensor, input: torch.Tensor,
-                             stats: CommStats | None) -> Handle:
+                             stats: CommStats | None, async_op: bool = False) -> Handle:
         n, group = self.degree, self.groups.shard_group
         out, inp = _flat(output, "output"), _flat(input, "input")
         _check_scatter_sizes(out, inp, n, "buffered all-gather")
@@ -485,6 +488,23 @@ class AllGatherStrategy:
         scratch.copy_(inp)
         per_round = min(shard, self.settings.sort_bytes // (n * elem))
         out_2d = out.view(n, shard)
+        if per_round == shard:
+            # One round: gather into the sort buffer in the background and lay it out
+            # into ``output`` on wait(), so the runtime's prefetch still overlaps compute.
+            sort = sort_bytes[: n * shard * elem].view(inp.dtype)
+            work = all_gather_flat(sort, scratch, group, None, async_op=True)
+            self._buffers_busy = True
+
+            def lay_out() -> None:
+                work.wait()
+                out_2d.copy_(sort.view(n, shard))
+                self._buffers_busy = False
+
+            handle = PendingHandle(None, then=lay_out)
+            if async_op:
+                return handle
+            handle.wait()
+            return COMPLETED
         for start in range(0, shard, per_round):
             count = min(per_round, shard - start)
             sort = sort_bytes[: n * count * elem].view(inp.dtype)

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_map
 
+from smsdp import fault_injection
 from smsdp import state as runtime_state
 from smsdp.activation_checkpointing import set_activation_checkpointing
 from smsdp.collectives import broadcast
@@ -109,6 +110,10 @@ class DistributedModel(nn.Module):
         self._in_backward = False
         self._pending: list[_PendingReduce] = []
         self._micro_steps = 0
+        # Gradients are a mean over the data-parallel ranks, as one process on the global
+        # batch would see; applied to the 1/d-sized shard as it is accumulated, not to the
+        # whole flat gradient before the reduce-scatter.
+        self._mean_scale = 1.0 / rt.dp_size
         for unit in self._units:
             if not unit.is_root:
                 unit.module.register_forward_pre_hook(self._pre_forward_hook)
@@ -143,6 +148,7 @@ class DistributedModel(nn.Module):
         )
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        fault_injection.at("forward")
         rt = runtime_state.get()
         if self._in_backward:
             raise RuntimeError("forward called while a backward of this model is still running")
@@ -229,6 +235,7 @@ class DistributedModel(nn.Module):
     # ---- backward ----------------------------------------------------------------------------
 
     def _pre_backward(self, unit: Unit) -> None:
+        fault_injection.at("backward")
         if not self._in_backward:
             self._in_backward = True
             torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
@@ -258,10 +265,8 @@ class DistributedModel(nn.Module):
         """Micro-step reduction: reduce-scatter in the shard group, or keep locally when replicated."""
         rt = runtime_state.get()
         grad = grad.float() if grad.dtype != torch.float32 else grad
-        if rt.dp_size > 1:
-            grad.div_(rt.dp_size)  # a mean over data-parallel ranks, as one process on the global batch
         if not group.sharded:
-            group.accumulate(grad)
+            group.accumulate(grad, scale=self._mean_scale)
             return
         d = group.shard.world
         columns = max(1, self._bucket // d)
@@ -286,11 +291,12 @@ class DistributedModel(nn.Module):
             pending.handle.wait()
             group = pending.group
             if pending.shard.numel() == group.shard_numel:
-                group.accumulate(pending.shard)
+                group.accumulate(pending.shard, scale=self._mean_scale)
             else:
                 if group.grad_acc is None:
                     group.grad_acc = torch.zeros_like(group.master)
-                group.grad_acc[pending.start : pending.start + pending.shard.numel()].add_(pending.shard)
+                end = pending.start + pending.shard.numel()
+                group.grad_acc[pending.start : end].add_(pending.shard, alpha=self._mean_scale)
         self._pending.clear()
 
     # ---- the step boundary (called by DistributedOptimizer) ------------------------------------

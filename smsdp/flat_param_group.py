@@ -244,11 +244,14 @@ class FlatParamGroup:
         self.flat_param.grad = None
         return grad
 
-    def accumulate(self, grad_shard: torch.Tensor) -> None:
+    def accumulate(self, grad_shard: torch.Tensor, scale: float = 1.0) -> None:
+        """Add ``scale * grad_shard`` (fp32) into the gradient; the first one is taken over in place."""
         if self.grad_acc is None:
             self.grad_acc = grad_shard if grad_shard.dtype == torch.float32 else grad_shard.float()
+            if scale != 1.0:
+                self.grad_acc.mul_(scale)
         else:
-            self.grad_acc.add_(grad_shard)
+            self.grad_acc.add_(grad_shard, alpha=scale)
 
     def attach_grads(self) -> None:
         """Point each optimizer parameter's ``.grad`` at its slice of the accumulated gradient."""
