@@ -86,6 +86,7 @@ class Plan:
     recommendation: Recommendation
     warnings: tuple[str, ...] = ()
     activation_detail: mem.Activations | None = None
+    prefetches_next_unit: bool = True
 
     # ------------------------------------------------------------------ facts
     @property
@@ -334,6 +335,7 @@ def _evaluate(
         hardware=hardware, assumptions=assumptions, memory=memory, budget_bytes=hardware.budget_bytes(assumptions),
         comm=comm, time=time, recommendation=Recommendation(None, None, None), warnings=tuple(warnings),
         activation_detail=act_detail,
+        prefetches_next_unit=memory.unsharded_params > mem.unsharded_in_flight_bytes(sizes, c, max_live=0),
     )
 
 

@@ -72,31 +72,42 @@ def render_plan(plan: "Plan") -> str:
         f"  cluster   {rt.instance_count} x {hw.name}, {rt.processes_per_host} ranks/host = {rt.world_size} ranks; "
         f"sharded degree {p.sharded_data_parallel_degree} x {rt.replication_degree} replicas",
         f"  training  batch {plan.batch_size}" + (f" x seq {seq}" if seq else "")
-        + f" per {word} per micro-step, {plan.grad_accum} micro-step(s) per step; " + ", ".join(switches),
+        + f" per {word} per micro-step, {plan.grad_accum} micro-step{'s' if plan.grad_accum > 1 else ''} per step; "
+        + ", ".join(switches),
         "",
         f"memory per {word}",
     ]
     master = "fp32 master" + (f" + {precision} shard" if c != 4 else "")
-    in_flight_note = f"root + running unit (+ next, within sdp_max_live_parameters={p.sdp_max_live_parameters:.3g})"
+    live = f"sdp_max_live_parameters={p.sdp_max_live_parameters:.3g}"
+    in_flight_note = (f"root + running unit + next (prefetched within {live})" if plan.prefetches_next_unit
+                      else f"root + running unit (no room to prefetch within {live})")
+    if not m.unsharded_params:
+        in_flight_note = "none: replicated fp32 parameters compute from the master"
+    small = m.peak < 4 * GiB
+    unit_name, scale = ("MiB", 2**20) if small else ("GiB", GiB)
+
+    def size(nbytes: float | None, digits: int = 2) -> str:
+        return "n/a" if nbytes is None else f"{nbytes / scale:.{1 if small else digits}f}"
+
     act = plan.activation_detail
     act_note = "not estimated (no shape)" if act is None else (
-        f"{act.layers_on_device} x {gib(act.saved_per_layer, 3)} per block + head {gib(act.head_saved, 3)}"
-        f" + backward working set {gib(act.transient, 3)}")
+        f"{act.layers_on_device} x {size(act.saved_per_layer, 3)} per block + head {size(act.head_saved, 3)}"
+        f" + backward working set {size(act.transient, 3)}")
     rows = [
-        ["parameters", gib(m.parameters), master],
-        ["gradients", gib(m.gradients), "fp32 shards"],
-        ["optimizer state", gib(m.optimizer_state), f"{plan.optimizer}, fp32"],
-        ["unsharded parameters in flight", gib(m.unsharded_params), in_flight_note],
-        ["unsharded gradients in flight", gib(m.unsharded_grads), "root + running unit + fp32 reduce-scatter inputs"],
-        ["activations", gib(m.activations), act_note],
-        ["communication buffers", gib(m.communication_buffers), "all-gather staging"],
-        ["framework overhead", gib(m.framework_overhead), "CUDA context, NCCL" if hw.is_gpu else "python + torch"],
-        [f"peak ({m.peak_phase})", gib(m.peak), ""],
-        ["available", gib(plan.budget_bytes), plan.budget_note],
+        ["parameters", size(m.parameters), master],
+        ["gradients", size(m.gradients), "fp32 shards"],
+        ["optimizer state", size(m.optimizer_state), f"{plan.optimizer}, fp32"],
+        ["unsharded parameters in flight", size(m.unsharded_params), in_flight_note],
+        ["unsharded gradients in flight", size(m.unsharded_grads), "root + running unit + fp32 reduce-scatter inputs"],
+        ["activations", size(m.activations), act_note],
+        ["communication buffers", size(m.communication_buffers), "all-gather staging"],
+        ["framework overhead", size(m.framework_overhead), "CUDA context, NCCL" if hw.is_gpu else "python + torch"],
+        [f"peak ({m.peak_phase})", size(m.peak), ""],
+        ["available", size(plan.budget_bytes), plan.budget_note],
     ]
-    lines.append(table(rows, ["", "GiB", ""]))
-    verdict = (f"FITS, {gib(plan.headroom_bytes)} GiB to spare" if plan.fits
-               else f"DOES NOT FIT: {gib(-plan.headroom_bytes)} GiB over")
+    lines.append(table(rows, ["", unit_name, ""]))
+    verdict = (f"FITS, {size(plan.headroom_bytes)} {unit_name} to spare" if plan.fits
+               else f"DOES NOT FIT: {size(-plan.headroom_bytes)} {unit_name} over")
     lines += [f"  -> {verdict}", ""]
 
     cm = plan.comm

@@ -27,7 +27,6 @@ BENCH = GPTConfig(vocab_size=1024, block_size=128, n_layer=4, n_head=4, d_model=
 
 # name: (model, batch per rank, SMP parameters)
 CASES = {
-    "equivalence_d2": (EQUIVALENCE, 2, {"sharded_data_parallel_degree": 2, "sdp_param_persistence_threshold": 0}),
     "equivalence_d4": (EQUIVALENCE, 2, {"sharded_data_parallel_degree": 4, "sdp_param_persistence_threshold": 0}),
     "equivalence_persist": (EQUIVALENCE, 2, {"sharded_data_parallel_degree": 2,
                                              "sdp_param_persistence_threshold": 100}),

@@ -22,7 +22,6 @@ SIMULATED_HOSTS = {"SMSDP_SIMULATED_HOSTS": "1", "SM_HOSTS": '["algo-1", "algo-2
 EQUIVALENCE = dict(n_layer=2, d_model=32, n_head=2, vocab_size=64, seq_len=16, bias=False, tie_embeddings=True)
 BENCH = dict(n_layer=4, d_model=256, n_head=4, vocab_size=1024, seq_len=128)
 CASES = {
-    "equivalence_d2": (EQUIVALENCE, 2, {"sharded_data_parallel_degree": 2, "sdp_param_persistence_threshold": 0}),
     "equivalence_d4": (EQUIVALENCE, 2, {"sharded_data_parallel_degree": 4, "sdp_param_persistence_threshold": 0}),
     "equivalence_persist": (EQUIVALENCE, 2, {"sharded_data_parallel_degree": 2,
                                              "sdp_param_persistence_threshold": 100}),
