@@ -68,6 +68,7 @@ class DistributedModel(nn.Module):
         transformer_layer_cls: type | tuple[type, ...] | None = None,
         prefetch_units: int = 1,
         broadcast_init: bool = True,
+        backward_passes_per_step: int | None = None,
     ):
         super().__init__()
         rt = runtime_state.get()
@@ -110,6 +111,13 @@ class DistributedModel(nn.Module):
         self._in_backward = False
         self._pending: list[_PendingReduce] = []
         self._micro_steps = 0
+        # [Note: early replica sync] With backward_passes_per_step declared, the backward
+        # that ends the accumulation is known when it starts: each unit's replica all-reduce
+        # is launched as soon as its reduce-scatter is done, overlapping the rest of that
+        # backward, and step() only waits. Undeclared, the sync happens in step().
+        self._backward_passes_per_step = backward_passes_per_step
+        self._boundary_backward = False
+        self._sync_handles: dict[int, Any] = {}  # id(group) -> in-flight replica/dp all-reduce
         # Gradients are a mean over the data-parallel ranks, as one process on the global
         # batch would see; applied to the 1/d-sized shard as it is accumulated, not to the
         # whole flat gradient before the reduce-scatter.
@@ -179,6 +187,10 @@ class DistributedModel(nn.Module):
         (loss * scale if scale != 1.0 else loss).backward(*args, **kwargs)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        for handle in self._sync_handles.values():
+            if handle is not None:
+                handle.wait()  # never free a buffer a collective still writes
+        self._sync_handles.clear()
         for group in self.flat_groups():
             group.zero_grad()
 
@@ -237,8 +249,7 @@ class DistributedModel(nn.Module):
     def _pre_backward(self, unit: Unit) -> None:
         fault_injection.at("backward")
         if not self._in_backward:
-            self._in_backward = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+            self._begin_backward()
         if unit.backward_state is BackwardState.GATHERED:
             return
         unit.backward_state = BackwardState.GATHERED
@@ -252,9 +263,23 @@ class DistributedModel(nn.Module):
         elif self._forward_order:
             self._prefetch_after(None, forward=False)
 
+    def _begin_backward(self) -> None:
+        self._in_backward = True
+        torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+        bpps = self._backward_passes_per_step
+        if self._sync_handles:
+            raise RuntimeError(
+                f"backward_passes_per_step={bpps}: a backward ran after the {bpps}-th one without "
+                f"optimizer.step(); call step() every {bpps} backward passes, or leave "
+                "backward_passes_per_step unset to synchronize in step()"
+            )
+        self._boundary_backward = bpps is not None and (self._micro_steps + 1) % bpps == 0
+
     def _make_post_backward(self, unit: Unit, group: FlatParamGroup):
         def post_backward(flat_param: torch.Tensor) -> None:
             grad = group.take_flat_grad()
+            if self._boundary_backward:
+                self._complete_reduces(keep=group)  # earlier units' reduce-scatters are done by now
             if grad is not None:
                 self._reduce_grad(group, grad)
             group.reshard()
@@ -279,7 +304,10 @@ class DistributedModel(nn.Module):
             self._pending.append(_PendingReduce(group, handle, out, bucket, start))
 
     def _end_of_backward(self) -> None:
-        self.finish_pending_reduces()
+        self._complete_reduces()
+        if self._boundary_backward:
+            for group in self.flat_groups():
+                self._launch_sync(group)
         for unit in self._units:
             unit.reshard()
             unit.backward_state = BackwardState.IDLE
@@ -287,7 +315,13 @@ class DistributedModel(nn.Module):
         self._micro_steps += 1
 
     def finish_pending_reduces(self) -> None:
-        for pending in self._pending:
+        self._complete_reduces()
+
+    def _complete_reduces(self, keep: FlatParamGroup | None = None) -> None:
+        """Wait for the reduce-scatters of every group but ``keep`` and add them into the shards."""
+        done = [p for p in self._pending if p.group is not keep]
+        self._pending = [p for p in self._pending if p.group is keep]
+        for pending in done:
             pending.handle.wait()
             group = pending.group
             if pending.shard.numel() == group.shard_numel:
@@ -297,25 +331,34 @@ class DistributedModel(nn.Module):
                     group.grad_acc = torch.zeros_like(group.master)
                 end = pending.start + pending.shard.numel()
                 group.grad_acc[pending.start : end].add_(pending.shard, alpha=self._mean_scale)
-        self._pending.clear()
+        if self._boundary_backward:
+            for group in {id(p.group): p.group for p in done}.values():
+                self._launch_sync(group)
 
     # ---- the step boundary (called by DistributedOptimizer) ------------------------------------
 
+    def _launch_sync(self, group: FlatParamGroup) -> None:
+        """Start the second hop for ``group`` (once per step): replicas, or the dp group if replicated."""
+        if not group.trainable or id(group) in self._sync_handles:
+            return
+        rt = runtime_state.get()
+        if group.grad_acc is None:
+            group.grad_acc = torch.zeros_like(group.master)
+        if group.sharded and rt.topology.replication_degree > 1:
+            self._sync_handles[id(group)] = rt.all_reduce_replicas(group.grad_acc, async_op=True)
+        elif not group.sharded and rt.dp_size > 1:
+            self._sync_handles[id(group)] = rt.all_reduce_dp(group.grad_acc, async_op=True)
+        else:
+            self._sync_handles[id(group)] = None
+
     def synchronize_gradients(self) -> None:
         """Second hop: replica all-reduce of grad shards, dp all-reduce of replicated grads."""
-        rt = runtime_state.get()
-        handles = []
         for group in self.flat_groups():
-            if not group.trainable:
-                continue
-            if group.grad_acc is None:
-                group.grad_acc = torch.zeros_like(group.master)
-            if group.sharded and rt.topology.replication_degree > 1:
-                handles.append(rt.all_reduce_replicas(group.grad_acc, async_op=True))
-            elif not group.sharded and rt.dp_size > 1:
-                handles.append(rt.all_reduce_dp(group.grad_acc, async_op=True))
-        for handle in handles:
-            handle.wait()
+            self._launch_sync(group)  # no-op for groups launched during the boundary backward
+        for handle in self._sync_handles.values():
+            if handle is not None:
+                handle.wait()
+        self._sync_handles.clear()
         self._micro_steps = 0
 
     def refresh_compute_copies(self) -> None:

@@ -46,6 +46,7 @@ class Case:
     fp16: bool = False
     steps: int = STEPS
     lr: float = 1e-3
+    declare_accumulation: bool = False  # pass backward_passes_per_step=accum (early replica sync)
 
 
 CASES = {
@@ -58,6 +59,8 @@ CASES = {
     "persist_small_params": Case(sdp=2, threshold=100),
     "persist_everything": Case(sdp=2, threshold=10**9),
     "untied": Case(sdp=4, tie=False),
+    "early_sync": Case(sdp=2, threshold=100, declare_accumulation=True),
+    "early_sync_accum2": Case(sdp=2, accum=2, threshold=100, declare_accumulation=True),
 }
 
 
@@ -115,7 +118,8 @@ def train_sharded(case: Case) -> dict:
     runtime_state.reset_for_tests()
     smp.init(smp_parameters(case))
     rank, n = smp.rank(), smp.dp_size()
-    model = smp.DistributedModel(build_model(case))
+    bpps = case.accum if case.declare_accumulation else None
+    model = smp.DistributedModel(build_model(case), backward_passes_per_step=bpps)
     opt = smp.DistributedOptimizer(torch.optim.AdamW(param_groups(model.named_parameters()), lr=case.lr, eps=ADAM_EPS))
     losses, norms, per_step_bytes = [], [], []
     for step in range(case.steps):
@@ -188,8 +192,25 @@ def fp16_overflow() -> dict:
     return record
 
 
+def misdeclared_accumulation() -> str:
+    """backward_passes_per_step=1, but two backwards before step(): refused, not silently wrong."""
+    case = Case(sdp=2)
+    runtime_state.reset_for_tests()
+    smp.init(smp_parameters(case))
+    rank, n = smp.rank(), smp.dp_size()
+    model = smp.DistributedModel(build_model(case), backward_passes_per_step=1)
+    x, y = global_batch(0, 0, n)
+    model.backward(model(x.chunk(n)[rank], y.chunk(n)[rank]).loss)
+    try:
+        model.backward(model(x.chunk(n)[rank], y.chunk(n)[rank]).loss)
+    except RuntimeError as error:
+        return str(error)
+    return "no error"
+
+
 def main() -> None:
     cases = {name: (lambda name=name: run_case(name)) for name in CASES}
+    cases["misdeclared_accumulation"] = misdeclared_accumulation
     cases["fp16_overflow"] = fp16_overflow
     worker_main(cases, setup=init_gloo_from_env)
 

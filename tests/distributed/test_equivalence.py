@@ -24,6 +24,8 @@ EQUIVALENCE_CASES = [
     "persist_small_params",
     "persist_everything",
     "untied",
+    "early_sync",
+    "early_sync_accum2",
 ]
 SIMULATED_HOSTS = {"SMSDP_SIMULATED_HOSTS": "1", "SM_HOSTS": '["algo-1", "algo-2"]'}
 FP32_RTOL = 1e-5
@@ -34,7 +36,7 @@ FP32_ATOL = 1e-6  # parameters that pass near zero have no meaningful relative e
 def results(tmp_path_factory):
     return run_cases(
         "tests/distributed/equivalence_worker.py",
-        EQUIVALENCE_CASES + ["fp16_overflow"],
+        EQUIVALENCE_CASES + ["fp16_overflow", "misdeclared_accumulation"],
         NPROCS,
         env=SIMULATED_HOSTS,
         timeout=400,
@@ -105,7 +107,10 @@ def _by_kind(step_bytes: dict) -> dict:
     return out
 
 
-@pytest.mark.parametrize("case,micro_steps", [("persist_small_params", 1), ("accum2", 2)])
+@pytest.mark.parametrize(
+    "case,micro_steps",
+    [("persist_small_params", 1), ("accum2", 2), ("early_sync", 1), ("early_sync_accum2", 2)],
+)
 def test_bytes_per_step_match_the_formula(results, case, micro_steps):
     for result in results[case]:
         sharded = result["sharded"]
@@ -131,3 +136,8 @@ def test_fp16_overflow_skips_the_step_on_every_rank_together(results):
         assert [r["overflow"] for r in rank_record] == [False, False, True, False]
         assert [r["changed"] for r in rank_record] == [True, True, False, True]
         assert rank_record[2]["scale_after"] == rank_record[2]["scale_before"] / 2
+
+
+def test_a_backward_beyond_the_declared_count_is_refused(results):
+    for message in results["misdeclared_accumulation"]:
+        assert "backward_passes_per_step=1" in message and "optimizer.step()" in message, message
