@@ -35,6 +35,11 @@ corpus shipped in ``entrypoints/data/``); ``$SM_MODEL_DIR`` (``./model``) gets
 ``$SM_OUTPUT_DATA_DIR`` (``./output``) gets ``summary.json``. The SMP
 parameters (sharded degree, bf16, ...) come from the job, through
 ``smp.init()``.
+
+SIGTERM (``job.stop()``, ``max_run``, a spot interruption) does not kill the
+run mid-step: every rank finishes the current step, they agree to stop, save a
+checkpoint in ``--checkpoint_dir`` (``$SM_CHECKPOINT_DIR``) when there is one,
+and leave; the next job with the same checkpoint directory resumes there.
 """
 
 from __future__ import annotations
@@ -42,7 +47,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -120,6 +127,29 @@ def mean_over_data_parallel(value: torch.Tensor) -> torch.Tensor:
     return value
 
 
+class StopSignal:
+    """Remembers a SIGTERM; ``agreed()`` tells every rank the same thing at a step boundary.
+
+    Ranks receive the signal at different moments (one may be a step ahead of
+    another), so each step ends with a one-element all-reduce of the flag: all
+    ranks stop after the same step, none waits in a collective the others left.
+    """
+
+    def __init__(self) -> None:
+        self.received = False
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._on_signal)
+
+    def _on_signal(self, signum, frame) -> None:
+        self.received = True
+
+    def agreed(self, device: torch.device) -> bool:
+        flag = torch.tensor([1.0 if self.received else 0.0], device=device)
+        if smp.size() > 1:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+
 def save_atomically(obj, path: Path) -> None:
     """Write then rename, so a reader (or a packer of model/) never sees half a file."""
     tmp = path.with_name(f".{path.name}.tmp")
@@ -130,6 +160,7 @@ def save_atomically(obj, path: Path) -> None:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     t_start = time.perf_counter()
+    stop = StopSignal()  # first: a SIGTERM during start-up is honoured after the first step
 
     # -- the job ------------------------------------------------------------------
     smp.init()
@@ -152,7 +183,8 @@ def main(argv=None) -> dict:
     gpt = GPT(config)
     n_params = gpt.num_params()
     flops_per_token = gpt.flops_per_token(args.seq_len)
-    model = smp.DistributedModel(gpt)
+    # Declaring the accumulation lets the replica all-reduce overlap the last backward.
+    model = smp.DistributedModel(gpt, backward_passes_per_step=args.grad_accum)
     optimizer = smp.DistributedOptimizer(
         torch.optim.AdamW(param_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.95))
     )
@@ -215,10 +247,19 @@ def main(argv=None) -> dict:
         if (args.eval_interval and step % args.eval_interval == 0) or step == args.max_steps:
             with log.paused():
                 log.eval(step, evaluate())
-        if args.checkpoint_dir and args.checkpoint_interval and step % args.checkpoint_interval == 0:
+        saved = bool(args.checkpoint_dir and args.checkpoint_interval and step % args.checkpoint_interval == 0)
+        if saved:
             with log.paused():
                 smp.save_checkpoint(args.checkpoint_dir, tag=f"step{step}", model=model, optimizer=optimizer,
                                     user_content={"step": step}, num_kept_partial_checkpoints=2)
+        if step < args.max_steps and stop.agreed(device):
+            if args.checkpoint_dir and not saved:
+                smp.save_checkpoint(args.checkpoint_dir, tag=f"step{step}", model=model, optimizer=optimizer,
+                                    user_content={"step": step}, num_kept_partial_checkpoints=2)
+            where = f"; checkpoint step{step} in {args.checkpoint_dir}" if args.checkpoint_dir else ""
+            log.info(f"stopped by SIGTERM after step {step}{where}")
+            smp.barrier()
+            return {"stopped_after_step": step}
 
     # -- artifacts ----------------------------------------------------------------
     state = model.state_dict()  # full, unsharded: a collective, so every rank calls it
