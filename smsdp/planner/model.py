@@ -19,7 +19,7 @@ Pure Python: ``import smsdp.planner`` never imports torch.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, Literal
+from typing import Any, Literal
 
 ROOT = -1
 """Unit index of the root unit (every parameter outside the repeated blocks)."""
@@ -308,7 +308,3 @@ def _count(n: float) -> str:
             return f"{n / scale:.3g}{unit}"
     return str(int(n))
 
-
-def iter_units(spec: ModelSpec) -> Iterable[tuple[int, list[ParamTensor]]]:
-    for unit in spec.unit_ids():
-        yield unit, spec.tensors_of(unit)

@@ -15,7 +15,7 @@ together for one configuration and searches degrees and batch sizes.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Mapping
 
 from smsdp.config import ConfigError, ConfigProblem, RuntimeConfig, SMPParameters, resolve_job_config

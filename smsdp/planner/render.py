@@ -10,10 +10,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from smsdp.planner.plan import Plan
 
 
-def gib(nbytes: float | None, digits: int = 2) -> str:
-    return "n/a" if nbytes is None else f"{nbytes / GiB:.{digits}f}"
-
-
 def human_bytes(nbytes: float) -> str:
     for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
         if nbytes >= scale:
