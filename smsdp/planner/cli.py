@@ -73,7 +73,10 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     assume.add_argument("--memory-gib", type=float, default=None, help="device memory per rank to plan for")
     assume.add_argument("--overhead-gib", type=float, default=None, help="framework overhead per rank")
     assume.add_argument("--hold-reduce-inputs", action="store_true",
-                        help="model the runtime keeping every reduce-scatter input to the end of backward")
+                        help="model a runtime keeping every reduce-scatter input to the end of backward")
+    assume.add_argument("--late-replica-sync", action="store_true",
+                        help="the script does not pass backward_passes_per_step to smp.DistributedModel: "
+                             "replica all-reduces wait for optimizer.step()")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
 
 
@@ -107,6 +110,8 @@ def assumptions_from_args(args: argparse.Namespace) -> Assumptions:
         values["framework_overhead_bytes"] = int(args.overhead_gib * GiB)
     if args.hold_reduce_inputs:
         values["pending_reduce_units"] = None
+    if args.late_replica_sync:
+        values["early_replica_sync"] = False
     return Assumptions(**values)
 
 

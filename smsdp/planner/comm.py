@@ -153,6 +153,7 @@ class StepTime:
     compute_s: float
     in_group_comm_s: float
     boundary_comm_s: float
+    exposed_boundary_s: float
     step_s: float
     tokens_per_step: int  # the whole job's
     model_flops_per_token: float  # 6N (+ attention), recomputation not counted
@@ -200,12 +201,20 @@ def step_time(
     intra_bps: float,
     inter_bps: float,
     overlap: bool,
+    early_boundary_sync: bool = False,
 ) -> StepTime:
-    """``step = m * max(compute, in-group comm) + boundary comm`` (``+`` instead of ``max`` without overlap).
+    """``step = m * max(compute, in-group comm) + exposed boundary comm`` (``+`` instead of ``max``
+    without overlap).
 
     Compute per micro-step: ``(flops_per_token + recompute) * tokens / (peak * achieved_fraction)``,
     with ``flops_per_token = 6N (+ 12 l h s attention)`` and the recomputation one more
     forward (``2N + 4 l h s``) under activation checkpointing: the "8N" of the SMP examples.
+
+    Boundary all-reduces (replicas, persistent parameters) run after backward unless
+    ``early_boundary_sync``: then they start during the last micro-step's backward and hide in
+    what is left of it once the in-group collectives are paid for:
+    ``exposed = max(0, boundary - (backward_share * compute - in_group))``, the backward being 2/3
+    of a micro-step's FLOPs (3/4 with recomputation).
     """
     m = micro_steps
     compute = (flops_per_token + recompute_flops_per_token) * tokens_per_rank_per_micro_step
@@ -215,11 +224,16 @@ def step_time(
     boundary = (link_seconds(comm.replica_all_reduce, intra_bps, inter_bps)
                 + link_seconds(comm.persistent_all_reduce, intra_bps, inter_bps))
     micro = max(compute, in_group) if overlap else compute + in_group
-    step = m * micro + boundary
+    exposed = boundary
+    if early_boundary_sync:
+        backward_share = 0.75 if recompute_flops_per_token else 2.0 / 3.0
+        exposed = max(0.0, boundary - max(0.0, backward_share * compute - in_group))
+    step = m * micro + exposed
     return StepTime(
         compute_s=m * compute,
         in_group_comm_s=m * in_group,
         boundary_comm_s=boundary,
+        exposed_boundary_s=exposed,
         step_s=step,
         tokens_per_step=tokens_per_rank_per_micro_step * m * world,
         model_flops_per_token=flops_per_token,

@@ -49,12 +49,17 @@ FP32_PEAK_FRACTION = 0.5
 class Assumptions:
     """What a plan assumes; every field has the default stated above and can be overridden.
 
-    ``pending_reduce_units``: how many units' reduce-scatter inputs (fp32 flat
-    gradients) are alive at once. The design frees each one when its
-    reduce-scatter completes, so about 2 (the one being reduced, the next one
-    issued). ``None`` models the runtime as it is at the time of writing,
-    which keeps every unit's input until the end of backward
-    (``DistributedModel._pending``).
+    ``early_replica_sync``: the training script passes ``backward_passes_per_step`` to
+    ``smp.DistributedModel`` (the bundled ``train_gpt.py`` does). Then, in the backward that
+    ends a step, the runtime frees each unit's reduce-scatter input as soon as the next unit
+    reduces, and starts each unit's replica all-reduce right away, overlapping the rest of
+    that backward. Otherwise (and in every earlier micro-step of an accumulation) it keeps
+    every unit's reduce-scatter input until the end of backward, and the replica all-reduce
+    waits for ``optimizer.step()``.
+
+    ``pending_reduce_units``: how many units' reduce-scatter inputs (fp32 flat gradients)
+    are alive at once when they are freed early: the one being reduced and the next one
+    issued. ``None`` models a runtime that never frees them early.
     """
 
     safety_margin: float = SAFETY_MARGIN
@@ -63,7 +68,8 @@ class Assumptions:
     link_efficiency: float = LINK_EFFICIENCY
     overlap_in_group_comm: bool = True
     """All-gathers and reduce-scatters inside the sharding group overlap with compute (prefetch and
-    asynchronous reduce-scatter); step-boundary all-reduces never do."""
+    asynchronous reduce-scatter)."""
+    early_replica_sync: bool = True
     pending_reduce_units: int | None = 2
     memory_budget_bytes: int | None = None
     """Override the device memory per rank (before the safety margin), e.g. to test a small budget."""

@@ -288,6 +288,9 @@ def _evaluate(
         hierarchical_allgather=p.sdp_hierarchical_allgather,
     )
 
+    # Reduce-scatter inputs are freed early only in a backward that the runtime knows ends the step.
+    early = assumptions.early_replica_sync and assumptions.pending_reduce_units is not None
+    pending = assumptions.pending_reduce_units if early and accum == 1 else None
     buffered_cpu = (not hardware.is_gpu and p.ddp_dist_backend == "auto" and d > 1 and not comm.hierarchical
                     and _buffered_path_fits(sizes, c, d, runtime))
     memory = mem.MemoryBreakdown(
@@ -295,7 +298,7 @@ def _evaluate(
         gradients=state.grads,
         optimizer_state=state.optimizer,
         unsharded_params=mem.unsharded_in_flight_bytes(sizes, c, p.sdp_max_live_parameters),
-        unsharded_grads=mem.gradient_buffer_bytes(sizes, c, assumptions.pending_reduce_units),
+        unsharded_grads=mem.gradient_buffer_bytes(sizes, c, pending),
         activations=activations,
         communication_buffers=mem.comm_buffer_bytes(
             sizes, c, d, hierarchical_hosts=comm.shard_group_hosts if comm.hierarchical else 1,
@@ -304,13 +307,15 @@ def _evaluate(
         optimizer_step_temp=mem.optimizer_step_temp_bytes(groups, foreach=hardware.is_gpu),
         construction=_construction_bytes(model, state, sizes, p.delayed_parameter_initialization, hardware.is_gpu),
     )
-    if assumptions.pending_reduce_units is not None and d > 1:
-        held = mem.gradient_buffer_bytes(sizes, c, None) - memory.unsharded_grads
-        if held > 0.01 * hardware.budget_bytes(assumptions):
+    if pending is None and d > 1:
+        early_bytes = mem.gradient_buffer_bytes(sizes, c, assumptions.pending_reduce_units or 2)
+        extra = memory.unsharded_grads - early_bytes
+        if extra > 0.01 * hardware.budget_bytes(assumptions):
+            why = (f"with grad_accum={accum}, the {accum - 1} micro-step(s) before the last"
+                   if early else "without backward_passes_per_step declared to smp.DistributedModel")
             warnings.append(
-                f"assumes each reduce-scatter input is freed when it completes; the runtime at the time of "
-                f"writing keeps them all until the end of backward, which adds {_gib(held)} "
-                "(Assumptions(pending_reduce_units=None) models that)"
+                f"{why}, the runtime keeps every unit's fp32 reduce-scatter input until the end of backward: "
+                f"{_gib(extra)} more than freeing each when the next unit reduces"
             )
 
     # Step time
@@ -324,6 +329,7 @@ def _evaluate(
             tokens_per_rank_per_micro_step=tokens, micro_steps=accum, world=world, peak_flops=peak,
             achieved_fraction=assumptions.achieved_fraction_of_peak, intra_bps=hardware.intra_bytes_per_s,
             inter_bps=hardware.inter_bytes_per_s, overlap=assumptions.overlap_in_group_comm,
+            early_boundary_sync=assumptions.early_replica_sync,
         )
         if model.shape is None:
             warnings.append("step time per token of an unknown sequence length: tokens = batch x 1")

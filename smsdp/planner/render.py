@@ -132,7 +132,9 @@ def render_plan(plan: "Plan") -> str:
             ["compute", human_seconds(t.compute_s), "incl. recomputation" if p.activation_checkpointing else ""],
             ["in-group all-gather + reduce-scatter", human_seconds(t.in_group_comm_s),
              "overlapped with compute" if a.overlap_in_group_comm else "not overlapped"],
-            ["step-boundary all-reduces", human_seconds(t.boundary_comm_s), "exposed"],
+            ["step-boundary all-reduces", human_seconds(t.boundary_comm_s),
+             f"{human_seconds(t.exposed_boundary_s)} exposed"
+             + (" (started in the last backward)" if a.early_replica_sync else " (after backward)")],
             ["step", human_seconds(t.step_s), ""],
             ["tokens/s (job)", f"{t.tokens_per_s:,.0f}", ""],
             ["model TFLOP/s per GPU", f"{t.model_tflops_per_gpu:.1f}", f"6N + attention; MFU {t.mfu:.0%}"],

@@ -6,7 +6,8 @@ Weak scaling (fixed batch per GPU) on ml.p4d.24xlarge from 8 to 512 GPUs:
   hierarchical all-gather), no replication;
 - MiCS: ``d = min(8, world)`` (one instance: every all-gather and
   reduce-scatter on NVLink) and ``d = min(16, world)`` (two instances, with the
-  hierarchical all-gather), replicas synchronized once per step (2-hop).
+  hierarchical all-gather), replicas synchronized once per step (2-hop), during
+  the last backward; and d = 8 with that synchronization left to ``step()``.
 
 Scaling efficiency = tokens/s per GPU at ``W`` GPUs / tokens/s per GPU at 8.
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from smsdp.planner.hardware import Assumptions
 from smsdp.planner.model import ModelSpec
 from smsdp.planner.plan import Plan, plan
 
@@ -50,15 +52,22 @@ class ScalingRow:
 
 def simulate(model: ModelSpec = MODEL, batch: int = BATCH, mics_degrees: tuple[int, ...] = MICS_DEGREES,
              gpus: tuple[int, ...] = GPUS) -> list[ScalingRow]:
+    """One row per (system, GPU count). MiCS at the first degree also appears with the replica
+    all-reduce left to ``optimizer.step()`` (a script that does not declare
+    ``backward_passes_per_step``), to show what the early synchronization buys."""
     rows = []
     per_host = 8
-    systems = [("ZeRO-3 (d = world)", None)] + [(f"MiCS (d = {k})", k) for k in mics_degrees]
-    for system, degree in systems:
+    systems = [("ZeRO-3 (d = world)", None, True)]
+    for i, k in enumerate(mics_degrees):
+        systems.append((f"MiCS (d = {k})", k, True))
+        if i == 0:
+            systems.append((f"MiCS (d = {k}), replica sync in step()", k, False))
+    for system, degree, early in systems:
         for world in gpus:
             d = world if degree is None else min(degree, world)
             params = {**PARAMETERS, "sharded_data_parallel_degree": d, "sdp_hierarchical_allgather": degree is not None}
             p = plan(model, batch_size=batch, instance_type=INSTANCE, instance_count=world // per_host,
-                     parameters=params, recommend=False)
+                     parameters=params, recommend=False, assumptions=Assumptions(early_replica_sync=early))
             rows.append(ScalingRow(system, world, d, p))
     return rows
 

@@ -200,6 +200,10 @@ def test_step_time_by_hand():
     assert serial.step_s == pytest.approx(2 * (compute + in_group) + 1)
     assert t.tokens_per_s == pytest.approx(80 / t.step_s)
     assert t.model_tflops_per_gpu == pytest.approx(t.tokens_per_s * 6e3 / 4 / 1e12)
+    # started in the last backward (3/4 of a micro-step with recomputation), after the in-group comm
+    early = comm_model.step_time(comm, overlap=True, early_boundary_sync=True, **kwargs)
+    assert early.exposed_boundary_s == pytest.approx(max(0.0, 1 - (0.75 * compute - in_group)))
+    assert early.step_s == pytest.approx(2 * compute)
 
 
 def test_hardware_figures_of_p4d():
@@ -264,6 +268,21 @@ def test_fit_decision_and_recommendation():
     assert plan(spec, batch_size=rec.max_batch_size, parameters=params, **at).fits
     assert not plan(spec, batch_size=rec.max_batch_size + 1, parameters=params, **at).fits
     assert str(rec.sharded_degree) in rec.summary()
+
+
+def test_reduce_scatter_inputs_are_held_unless_the_backward_is_known_to_end_the_step():
+    spec = gpt30b()
+    at = dict(instance_type=P4D, instance_count=16, recommend=False,
+              parameters={**BF16_CKPT, "sharded_data_parallel_degree": 32})
+    early = plan(spec, **at)
+    accumulating = plan(spec, grad_accum=2, **at)
+    undeclared = plan(spec, assumptions=Assumptions(early_replica_sync=False), **at)
+    sizes = mem.unit_sizes(mem.layout(spec, 32, 10**6))
+    assert early.memory.unsharded_grads == mem.gradient_buffer_bytes(sizes, 2, 2)
+    for held in (accumulating, undeclared):
+        assert held.memory.unsharded_grads == mem.gradient_buffer_bytes(sizes, 2, None)
+        assert any("keeps every unit's fp32 reduce-scatter input" in w for w in held.warnings)
+    assert not any("reduce-scatter input" in w for w in early.warnings)
 
 
 def test_a_memory_budget_override_turns_a_fit_into_a_refusal():
