@@ -173,3 +173,13 @@ def test_fit_of_an_unknown_model_is_not_checked(tmp_path, monkeypatch):
     script.write_text("print('hi')\n")
     Estimator(str(script)).fit(wait=False)
     assert len(backend.launched) == 1
+
+
+def test_delayed_init_is_planned_as_eager_for_the_bundled_script(tmp_path):
+    dist = example_distribution(2, 2)
+    dist["smdistributed"]["modelparallel"]["parameters"]["delayed_parameter_initialization"] = True
+    est = Estimator("train_gpt.py", example_source_dir(), instance_count=2, distribution=dist,
+                    output_path=str(tmp_path / "jobs"))
+    p = est.plan()
+    assert any("outside smp.model_creation()" in w for w in p.warnings)
+    assert p.memory.construction >= 4 * p.model.num_params
