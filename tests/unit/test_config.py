@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.sagemaker_docs_examples import docs_p3_distribution, docs_p4d_distribution
+
 from smsdp.config import (
     CONFIG_ENV_VAR,
     SCRATCH_BUFFER_ENV_VAR,
@@ -65,32 +67,7 @@ def test_import_config_does_not_import_torch():
 
 
 def test_docs_example_sharded_data_parallelism_p3():
-    # Verbatim from "How to Apply Sharded Data Parallelism to Your Training Job",
-    # https://docs.aws.amazon.com/sagemaker/latest/dg/model-parallel-extended-features-pytorch-sharded-data-parallelism.html
-    smp_options = {
-        "enabled": True,
-        "parameters": {
-            # "pipeline_parallel_degree": 1,    # Optional, default is 1
-            # "tensor_parallel_degree": 1,      # Optional, default is 1
-            "ddp": True,
-            # parameters for sharded data parallelism
-            "sharded_data_parallel_degree": 2,              # Add this to activate sharded data parallelism
-            "sdp_reduce_bucket_size": int(5e8),             # Optional
-            "sdp_param_persistence_threshold": int(1e6),    # Optional
-            "sdp_max_live_parameters": int(1e9),            # Optional
-            "sdp_hierarchical_allgather": True,             # Optional
-            "sdp_gradient_clipping": 1.0                    # Optional
-        }
-    }
-
-    mpi_options = {
-        "enabled" : True,                      # Required
-        "processes_per_host" : 8               # Required
-    }
-    distribution = {
-        "smdistributed": {"modelparallel": smp_options},
-        "mpi": mpi_options
-    }
+    distribution = docs_p3_distribution()  # verbatim from the docs, see tests/sagemaker_docs_examples.py
 
     config = resolve_job_config(distribution, instance_type="ml.p3.16xlarge", instance_count=1)
 
@@ -103,28 +80,7 @@ def test_docs_example_sharded_data_parallelism_p3():
 
 
 def test_docs_example_smddp_collectives_p4d():
-    # Verbatim from "Sharded data parallelism with SMDDP Collectives",
-    # https://docs.aws.amazon.com/sagemaker/latest/dg/model-parallel-extended-features-pytorch-sharded-data-parallelism.html
-    # except for ONE added comma after 64: the docs' dict is missing it (a SyntaxError as printed).
-    smp_options = {
-        "enabled":True,
-        "parameters": {
-            "partitions": 1,
-            "ddp": True,
-            "sharded_data_parallel_degree": 64,  # comma missing in the docs
-            "bf16": True,
-            "ddp_dist_backend": "auto"  # Specify "nccl" to force to use NCCL.
-        }
-    }
-
-    mpi_options = {
-        "enabled" : True,                      # Required
-        "processes_per_host" : 8               # Required
-    }
-    distribution = {
-        "smdistributed": {"modelparallel": smp_options},
-        "mpi": mpi_options
-    }
+    distribution = docs_p4d_distribution()  # verbatim from the docs, see tests/sagemaker_docs_examples.py
 
     config = resolve_job_config(distribution, instance_type="ml.p4d.24xlarge", instance_count=8)
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.sagemaker_docs_examples import docs_p3_distribution, docs_p4d_distribution
+
 from estimator import Estimator
 from estimator.backends.sagemaker import SageMakerRequest
 from estimator.backends.sagemaker.environment import CONFIG_PART_PREFIX, config_environment
@@ -230,59 +232,6 @@ def test_a_lone_script_and_dependencies(tmp_path):
 # --------------------------------------------------------------------- the SageMaker docs' examples
 
 
-def _docs_p3_distribution():
-    # Verbatim from tests/unit/test_config.py: "How to Apply Sharded Data Parallelism to Your Training Job",
-    # https://docs.aws.amazon.com/sagemaker/latest/dg/model-parallel-extended-features-pytorch-sharded-data-parallelism.html
-    smp_options = {
-        "enabled": True,
-        "parameters": {
-            # "pipeline_parallel_degree": 1,    # Optional, default is 1
-            # "tensor_parallel_degree": 1,      # Optional, default is 1
-            "ddp": True,
-            # parameters for sharded data parallelism
-            "sharded_data_parallel_degree": 2,              # Add this to activate sharded data parallelism
-            "sdp_reduce_bucket_size": int(5e8),             # Optional
-            "sdp_param_persistence_threshold": int(1e6),    # Optional
-            "sdp_max_live_parameters": int(1e9),            # Optional
-            "sdp_hierarchical_allgather": True,             # Optional
-            "sdp_gradient_clipping": 1.0                    # Optional
-        }
-    }
-
-    mpi_options = {
-        "enabled" : True,                      # Required
-        "processes_per_host" : 8               # Required
-    }
-    return {
-        "smdistributed": {"modelparallel": smp_options},
-        "mpi": mpi_options
-    }
-
-
-def _docs_p4d_distribution():
-    # Verbatim from tests/unit/test_config.py: "Sharded data parallelism with SMDDP Collectives", same page,
-    # except for ONE added comma after 64: the docs' dict is missing it (a SyntaxError as printed).
-    smp_options = {
-        "enabled":True,
-        "parameters": {
-            "partitions": 1,
-            "ddp": True,
-            "sharded_data_parallel_degree": 64,  # comma missing in the docs
-            "bf16": True,
-            "ddp_dist_backend": "auto"  # Specify "nccl" to force to use NCCL.
-        }
-    }
-
-    mpi_options = {
-        "enabled" : True,                      # Required
-        "processes_per_host" : 8               # Required
-    }
-    return {
-        "smdistributed": {"modelparallel": smp_options},
-        "mpi": mpi_options
-    }
-
-
 def _assert_valid_create_training_job(request: dict) -> None:
     """botocore's own check of the request shape, plus the length limits it leaves to the service."""
     botocore_session = pytest.importorskip("botocore.session").get_session()
@@ -296,8 +245,8 @@ def _assert_valid_create_training_job(request: dict) -> None:
 
 
 @pytest.mark.parametrize("distribution, instance_type, count, world, degree", [
-    (_docs_p3_distribution(), "ml.p3.16xlarge", 1, 8, 2),
-    (_docs_p4d_distribution(), "ml.p4d.24xlarge", 8, 64, 64),
+    (docs_p3_distribution(), "ml.p3.16xlarge", 1, 8, 2),
+    (docs_p4d_distribution(), "ml.p4d.24xlarge", 8, 64, 64),
 ])
 def test_the_sagemaker_docs_examples_make_valid_requests(src, distribution, instance_type, count, world, degree):
     est = remote(src, instance_type=instance_type, instance_count=count, distribution=distribution, environment={})
