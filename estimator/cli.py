@@ -21,6 +21,7 @@ from smsdp.config import ConfigError
 
 from estimator.example import EXAMPLE_ENTRY_POINT as EXAMPLE_SCRIPT
 from estimator.example import example_distribution, example_source_dir
+from smsdp.planner.cli import json_object_arg
 EXIT_OK, EXIT_JOB_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
@@ -44,7 +45,7 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     job.add_argument("--instance-count", type=int, default=2, help="hosts, simulated locally (default 2)")
     job.add_argument("--processes-per-host", type=int, default=2, help="ranks per host (default 2)")
     job.add_argument("--sharded-degree", type=int, default=2, help="sharded_data_parallel_degree (default 2)")
-    job.add_argument("--distribution", type=_json_object, default=None,
+    job.add_argument("--distribution", type=json_object_arg, default=None,
                      help="a whole SageMaker distribution dict as JSON (overrides the three options above)")
     job.add_argument("--max-steps", type=int, default=30, help="hyperparameter max_steps (default 30)")
     job.add_argument("-H", "--hyperparameter", action="append", default=[], metavar="NAME=VALUE",
@@ -89,16 +90,6 @@ def _key_value(text: str) -> tuple[str, str]:
     if not sep or not name:
         raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
     return name, value
-
-
-def _json_object(text: str) -> dict:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError("expected a JSON object")
-    return value
 
 
 def _scalar(text: str) -> Any:

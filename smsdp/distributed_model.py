@@ -278,8 +278,9 @@ class DistributedModel(nn.Module):
     def _make_post_backward(self, unit: Unit, group: FlatParamGroup):
         def post_backward(flat_param: torch.Tensor) -> None:
             grad = group.take_flat_grad()
-            if self._boundary_backward:
-                self._complete_reduces(keep=group)  # earlier units' reduce-scatters are done by now
+            # Earlier units' reduce-scatters have had a unit's backward to finish: collecting
+            # them now keeps about one unit's fp32 gradient in flight, not the whole model's.
+            self._complete_reduces(keep=group)
             if grad is not None:
                 self._reduce_grad(group, grad)
             group.reshard()

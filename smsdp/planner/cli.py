@@ -63,7 +63,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     cluster.add_argument("--max-live-parameters", type=float, default=1e9, help="sdp_max_live_parameters")
     cluster.add_argument("--no-hierarchical-allgather", action="store_true")
     cluster.add_argument("--delayed-init", action="store_true", help="delayed_parameter_initialization")
-    cluster.add_argument("--distribution", type=_json_object, default=None,
+    cluster.add_argument("--distribution", type=json_object_arg, default=None,
                          help="a whole SageMaker distribution dict as JSON (replaces the SMP options above)")
 
     assume = parser.add_argument_group("assumptions (docs/planner.md)")
@@ -157,7 +157,8 @@ def _run_plan(args: argparse.Namespace) -> int:
     return EXIT_FITS if result.fits else EXIT_DOES_NOT_FIT
 
 
-def _json_object(text: str) -> dict:
+def json_object_arg(text: str) -> dict:
+    """argparse type: a JSON object (used by every smsdp subcommand that takes a distribution)."""
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
