@@ -638,8 +638,6 @@ def _apply_model(model: Any, pending: dict) -> None:
     with torch.no_grad():
         for group, m, buf in pending["model"]:
             group.master[m : m + buf.numel()].copy_(buf)
-        for group in model.flat_groups():
-            group.refresh_compute_copy()
         for target, buf in pending["buffers"]:
             target.copy_(buf.view(target.shape))
 

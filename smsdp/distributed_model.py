@@ -362,10 +362,6 @@ class DistributedModel(nn.Module):
         self._sync_handles.clear()
         self._micro_steps = 0
 
-    def refresh_compute_copies(self) -> None:
-        for group in self.flat_groups():
-            group.refresh_compute_copy()
-
     # ---- whole-model state ---------------------------------------------------------------------
 
     def state_dict(self, *args: Any, **kwargs: Any) -> "OrderedDict[str, torch.Tensor]":
@@ -418,8 +414,6 @@ class DistributedModel(nn.Module):
         params = grads = 0
         for group in self.flat_groups():
             params += group.master.numel() * group.master.element_size()
-            if group.compute_shard is not group.master:
-                params += group.compute_shard.numel() * group.compute_shard.element_size()
             if not group.sharded and group.unsharded is not group.master:
                 params += group.unsharded.untyped_storage().nbytes()
             if group.grad_acc is not None:

@@ -81,7 +81,6 @@ class DistributedOptimizer:
         for group in groups:
             group.attach_grads()
         self.optimizer.step(closure) if closure is not None else self.optimizer.step()
-        self.model.refresh_compute_copies()
         if self.loss_scaler is not None:
             self.loss_scaler.update(overflow=False)
 

@@ -92,7 +92,7 @@ class FlatParamGroup:
     padded_numel: int = 0
     shard_numel: int = 0
     master: torch.Tensor = field(default=None)  # fp32: the local shard, or the whole buffer when replicated
-    compute_shard: torch.Tensor = field(default=None)  # all-gather input in the compute dtype
+    _gather_input: torch.Tensor | None = None  # the cast shard an in-flight all-gather reads
     unsharded: torch.Tensor = field(default=None)  # all-gather output; storage freed when resharded
     flat_param: nn.Parameter = field(default=None)  # the autograd leaf the views are split from
     grad_acc: torch.Tensor | None = None  # fp32 gradient of ``master``, accumulated over micro-steps
@@ -170,7 +170,6 @@ class FlatParamGroup:
 
     def _make_buffers(self) -> None:
         needs_cast = self.compute_dtype != torch.float32
-        self.compute_shard = self.master.to(self.compute_dtype) if needs_cast else self.master
         if not self.sharded and not needs_cast:
             self.unsharded = self.master  # replicated fp32: compute straight from the master
         else:
@@ -201,7 +200,10 @@ class FlatParamGroup:
             return
         self.unsharded.untyped_storage().resize_(self.padded_numel * self.unsharded.element_size())
         if self.sharded:
-            self._gather_handle = gather(self.unsharded, self.compute_shard, async_op)
+            # Under bf16/fp16 the shard is cast for each gather (as FSDP2 does) rather than
+            # kept as a second copy: 2 bytes per sharded parameter less, one small cast more.
+            self._gather_input = self.master.to(self.compute_dtype)
+            self._gather_handle = gather(self.unsharded, self._gather_input, async_op)
             self.state = ParamState.GATHERING
         else:
             self.unsharded.copy_(self.master)  # replicated, lower precision: a cast, no traffic
@@ -212,6 +214,7 @@ class FlatParamGroup:
             if self._gather_handle is not None:
                 self._gather_handle.wait()
             self._gather_handle = None
+            self._gather_input = None
             self.state = ParamState.UNSHARDED
 
     def expose_views(self) -> None:
@@ -268,11 +271,6 @@ class FlatParamGroup:
         for _, param in self.optim_params:
             param.grad = None
 
-    def refresh_compute_copy(self) -> None:
-        """After the optimizer changed ``master``, bring the compute-dtype shard up to date."""
-        if self.compute_shard is not self.master:
-            self.compute_shard.copy_(self.master)
-
     # ---- whole-parameter access (state dicts) ---------------------------------------------
 
     def full_master(self, gather_fp32: Callable[[torch.Tensor, torch.Tensor], None]) -> torch.Tensor:
@@ -290,4 +288,3 @@ class FlatParamGroup:
         self.master.zero_()
         if stop > start:
             self.master[: stop - start].copy_(flat[start:stop])
-        self.refresh_compute_copy()
