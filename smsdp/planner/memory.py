@@ -97,7 +97,7 @@ def model_state(
     params = grads = 0
     opt = 0.0
     for g in groups:
-        params += 4 * g.shard + (compute_bytes * g.shard if compute_bytes != 4 else 0)
+        params += 4 * g.shard  # fp32 master only: bf16/fp16 gathers cast it on the fly
         if g.trainable:
             grads += 4 * g.shard
             opt += optimizer_bytes * g.local_unpadded(sdp_rank)
@@ -265,9 +265,9 @@ def gradient_buffer_bytes(sizes: UnitSizes, compute_bytes: int, pending_units: i
       LM head is used first and its embedding last).
     - The running unit's flat gradient in the compute dtype.
     - Reduce-scatter inputs, fp32 (the runtime reduces in fp32: ``grad.float()``,
-      then contiguous buckets): ``pending_units`` of the largest unit, or every
-      sharded unit when ``pending_units`` is None (the runtime at the time of
-      writing keeps them all until the end of backward). In fp32 the running
+      then contiguous buckets): ``pending_units`` of the largest unit (the runtime
+      collects earlier units' reduce-scatters at each unit's post-backward), or
+      every sharded unit when ``pending_units`` is None. In fp32 the running
       unit's gradient is its own reduce-scatter input and is not counted twice.
     """
     root = sizes.trainable_all.get(ROOT, 0)

@@ -288,9 +288,8 @@ def _evaluate(
         hierarchical_allgather=p.sdp_hierarchical_allgather,
     )
 
-    # Reduce-scatter inputs are freed early only in a backward that the runtime knows ends the step.
-    early = assumptions.early_replica_sync and assumptions.pending_reduce_units is not None
-    pending = assumptions.pending_reduce_units if early and accum == 1 else None
+    # The runtime collects earlier units' reduce-scatters at each unit's post-backward.
+    pending = assumptions.pending_reduce_units or 2
     buffered_cpu = (not hardware.is_gpu and p.ddp_dist_backend == "auto" and d > 1 and not comm.hierarchical
                     and _buffered_path_fits(sizes, c, d, runtime))
     memory = mem.MemoryBreakdown(
@@ -307,16 +306,6 @@ def _evaluate(
         optimizer_step_temp=mem.optimizer_step_temp_bytes(groups, foreach=hardware.is_gpu),
         construction=_construction_bytes(model, state, sizes, p.delayed_parameter_initialization, hardware.is_gpu),
     )
-    if pending is None and d > 1:
-        early_bytes = mem.gradient_buffer_bytes(sizes, c, assumptions.pending_reduce_units or 2)
-        extra = memory.unsharded_grads - early_bytes
-        if extra > 0.01 * hardware.budget_bytes(assumptions):
-            why = (f"with grad_accum={accum}, the {accum - 1} micro-step(s) before the last"
-                   if early else "without backward_passes_per_step declared to smp.DistributedModel")
-            warnings.append(
-                f"{why}, the runtime keeps every unit's fp32 reduce-scatter input until the end of backward: "
-                f"{_gib(extra)} more than freeing each when the next unit reduces"
-            )
 
     # Step time
     time = None
