@@ -32,6 +32,11 @@ What the columns mean:
   *computed* from its pattern (every gradient all-reduced once per step).
 - final loss: the mean over ranks of the last step's loss (for the data-parallel
   systems, the loss of the global batch).
+- load: the 1-minute load average when the launch started. The machine has 2
+  cores and 4 ranks use them all; anything above ~4.5 means other work was
+  competing, and wall-clock figures of that row are inflated. The per-phase
+  table adds each rank's process CPU time per step, which contention inflates
+  far less.
 
 Results: Markdown on stdout (and ``bench/results/latest.md``), JSON in
 ``bench/results/`` (gitignored).
@@ -40,6 +45,7 @@ Results: Markdown on stdout (and ``bench/results/latest.md``), JSON in
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import datetime
 import json
 import os
@@ -135,11 +141,13 @@ def run_config(worker_args: list[str], timeout: float, log) -> dict:
             "load_after": os.getloadavg()[0], "files": extras}
 
 
-def summarize(run: dict) -> dict:
-    """The figures of one run, reduced over ranks."""
+def summarize(run: dict, system: str | None = None) -> dict:
+    """The figures of one system of one launch, reduced over ranks."""
     if "error" in run:
         return {"error": run["error"]}
-    ranks = run["ranks"]
+    if system is None:
+        (system,) = run["ranks"][0]
+    ranks = [r[system] for r in run["ranks"]]
     r0 = ranks[0]
     step_s = max(r["median_step_s"] for r in ranks)  # the slowest rank sets the pace
     tokens = r0["tokens_per_step_rank"] * r0["world"]
@@ -179,6 +187,11 @@ def summarize(run: dict) -> dict:
         "load_after": run["load_after"],
         "profile": r0.get("profile"),
         "files": run.get("files"),
+        "interleaved": r0.get("interleaved"),
+        "timers_s": r0.get("timers_s"),
+        "per_rank": {"median_step_s": [r["median_step_s"] for r in ranks],
+                     "median_cpu_s": [r["median_cpu_s"] for r in ranks],
+                     "timers_s": [r.get("timers_s") for r in ranks]},
     }
 
 
@@ -205,13 +218,13 @@ def by_kind(bytes_per_step: dict) -> dict[str, str]:
 def main_table(rows: list[dict]) -> str:
     head = ("| system | precision | tokens/s | × smsdp | step (ms) | model TFLOP/s | peak RSS/rank (MiB) "
             "| model state/rank (MiB): params + grads + optim = total | all-gather MiB/step | "
-            "reduce-scatter MiB/step | all-reduce MiB/step | bytes | final loss |")
-    lines = [head, "|" + "|".join(["---"] * 13) + "|"]
+            "reduce-scatter MiB/step | all-reduce MiB/step | bytes | final loss | load |")
+    lines = [head, "|" + "|".join(["---"] * 14) + "|"]
     smsdp = {r["precision"]: r for r in rows if r.get("system") == "smsdp" and "error" not in r}
     for r in rows:
         if "error" in r:
             lines.append(f"| {LABELS.get(r.get('system'), r.get('system'))} | {r.get('precision')} | failed: "
-                         f"{r['error'][:80]!r} |" + " |" * 10)
+                         f"{r['error'][:80]!r} |" + " |" * 11)
             continue
         ref = smsdp.get(r["precision"])
         ratio = f"{r['tokens_per_s'] / ref['tokens_per_s']:.2f}" if ref else "n/a"
@@ -223,15 +236,16 @@ def main_table(rows: list[dict]) -> str:
             f"{mib(s['params'])} + {mib(s['grads'])} + {mib(s['optimizer'])} = {mib(r['model_state_total'])} | "
             f"{kinds.get('all_gather', '0')} | {kinds.get('reduce_scatter', '0')} | "
             f"{kinds.get('all_reduce', '0')} | {r['bytes_source'] if r['bytes_per_step'] else '-'} | "
-            f"{r['final_loss']:.4f} |"
+            f"{r['final_loss']:.4f} | {r['load_before']:.1f} |"
         )
     return "\n".join(lines)
 
 
 def phase_table(rows: list[dict]) -> str:
-    lines = ["| system | precision | forward (ms) | backward (ms) | clip + optimizer + zero_grad (ms) | "
-             "step (ms) | × no-comm step time | CPU ms/step/rank | × no-comm CPU |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| system | precision | forward ms | backward ms | clip + optimizer + zero_grad ms | "
+             "step ms | × no-comm step | main-thread CPU ms: fwd / bwd / opt | process CPU ms/step/rank | "
+             "× no-comm CPU |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     nocomm = {r["precision"]: r for r in rows if r.get("system") == "nocomm" and "error" not in r}
     for r in rows:
         if "error" in r:
@@ -242,14 +256,16 @@ def phase_table(rows: list[dict]) -> str:
         cpu_rel = f"{r['cpu_s'] / ref['cpu_s']:.2f}" if ref else "n/a"
         lines.append(f"| {LABELS[r['system']]} | {r['precision']} | {p.get('forward', 0) * 1e3:.0f} | "
                      f"{p.get('backward', 0) * 1e3:.0f} | {p.get('optimizer', 0) * 1e3:.0f} | "
-                     f"{r['step_s'] * 1e3:.0f} | {rel} | {r['cpu_s'] * 1e3:.0f} | {cpu_rel} |")
+                     f"{r['step_s'] * 1e3:.0f} | {rel} | {p.get('cpu:forward', 0) * 1e3:.0f} / "
+                     f"{p.get('cpu:backward', 0) * 1e3:.0f} / {p.get('cpu:optimizer', 0) * 1e3:.0f} | "
+                     f"{r['cpu_s'] * 1e3:.0f} | {cpu_rel} |")
     return "\n".join(lines)
 
 
 def loss_agreement(rows: list[dict]) -> tuple[str, dict]:
     """Per precision: each system's per-step mean loss vs DDP's, max relative difference."""
-    lines = ["| precision | system | max rel. diff vs DDP over all steps | final-step rel. diff |",
-             "|---|---|---|---|"]
+    lines = ["| precision | system | max rel. diff vs DDP, first 5 steps | max rel. diff, all steps | "
+             "final-step rel. diff |", "|---|---|---|---|---|"]
     figures = {}
     for precision in sorted({r["precision"] for r in rows if "error" not in r}):
         ddp = next((r for r in rows if r.get("system") == "ddp" and r.get("precision") == precision
@@ -260,8 +276,10 @@ def loss_agreement(rows: list[dict]) -> tuple[str, dict]:
             if "error" in r or r["precision"] != precision or r["system"] == "ddp":
                 continue
             rel = [abs(a - b) / abs(b) for a, b in zip(r["losses"], ddp["losses"])]
-            figures[(precision, r["system"])] = (max(rel), rel[-1])
-            lines.append(f"| {precision} | {LABELS[r['system']]} | {max(rel):.2e} | {rel[-1]:.2e} |")
+            figures[(precision, r["system"])] = {"first5": max(rel[:5]), "max": max(rel), "final": rel[-1],
+                                                 "per_step": rel}
+            lines.append(f"| {precision} | {LABELS[r['system']]} | {max(rel[:5]):.1e} | {max(rel):.1e} | "
+                         f"{rel[-1]:.1e} |")
     return "\n".join(lines), {f"{p}/{s}": v for (p, s), v in figures.items()}
 
 
@@ -282,12 +300,13 @@ def formula_bytes(r: dict, world: int = NPROCS) -> dict[str, float]:
 
 
 def scaling_table(rows: list[dict]) -> str:
-    lines = ["| d | r | accum | tokens/s | step (ms) | model state/rank (MiB) | all-gather MiB/step | "
+    lines = ["| d | r | accum | tokens/s | step (ms) | process CPU ms per 1k tokens per rank | "
+             "model state/rank (MiB) | all-gather MiB/step | "
              "reduce-scatter MiB/step | all-reduce replica MiB/step | all-reduce dp MiB/step | "
-             "sent KiB/token | = DESIGN §4 formula |", "|" + "|".join(["---"] * 12) + "|"]
+             "sent KiB/token | = DESIGN §4 formula | load |", "|" + "|".join(["---"] * 14) + "|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r.get('sdp')} | | {r.get('accum')} | failed |" + " |" * 8)
+            lines.append(f"| {r.get('sdp')} | | {r.get('accum')} | failed |" + " |" * 10)
             continue
         stats = r["bytes_smsdp_stats"] or {}
         expected = formula_bytes(r)
@@ -296,12 +315,27 @@ def scaling_table(rows: list[dict]) -> str:
         sent = sum(v for k, v in stats.items())
         lines.append(
             f"| {d} | {NPROCS // d} | {r['accum']} | {r['tokens_per_s']:,.0f} | {r['step_s'] * 1e3:.0f} | "
+            f"{r['cpu_s'] * 1e3 / (r['tokens_per_step'] / NPROCS / 1000):.0f} | "
             f"{mib(r['model_state_total'])} | {mib(stats.get('all_gather', 0))} | "
             f"{mib(stats.get('reduce_scatter', 0))} | {mib(stats.get('all_reduce.replica', 0))} | "
             f"{mib(stats.get('all_reduce.dp', 0))} | {sent / r['tokens_per_step'] / 1024:.2f} | "
-            f"{'yes' if ok else 'NO'} |"
+            f"{'yes' if ok else 'NO'} | {r['load_before']:.1f} |"
         )
     return "\n".join(lines)
+
+
+def code_line() -> str:
+    """The commit benchmarked, and whether smsdp/ had uncommitted changes (the runtime moves fast)."""
+    def git(*argv: str) -> str:
+        try:
+            return subprocess.run(["git", *argv], cwd=REPO_ROOT, capture_output=True, text=True,
+                                  timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    dirty = git("status", "--porcelain", "--", "smsdp")
+    return f"commit {head}" + (" with uncommitted changes in smsdp/" if dirty else "")
 
 
 def machine_line() -> str:
@@ -332,10 +366,12 @@ def main() -> None:
     p.add_argument("--scaling", action=argparse.BooleanOptionalAction, default=True,
                    help="also the smsdp scaling table (d=1,2,4 x accumulation 1,4)")
     p.add_argument("--scaling-precision", default="fp32")
-    p.add_argument("--scaling-warmup", type=int, default=3)
-    p.add_argument("--scaling-steps", type=int, default=8)
-    p.add_argument("--profile", default="none", choices=["none", "cprofile", "torch"],
-                   help="profile smsdp's rank 0 over the timed steps (slows smsdp down: not for the tables)")
+    p.add_argument("--scaling-warmup", type=int, default=2)
+    p.add_argument("--scaling-steps", type=int, default=6,
+                   help="timed steps with accumulation 1 (accumulation 4: half as many, 4 micro-steps each)")
+    p.add_argument("--memory-steps", type=int, default=2,
+                   help="timed steps of the one-system launches that measure peak RSS")
+    p.add_argument("--memory-parallel", type=int, default=2, help="memory launches run at a time")
     p.add_argument("--timeout", type=float, default=300, help="seconds per mpirun launch")
     p.add_argument("--out", default=str(RESULTS))
     args = p.parse_args()
@@ -351,32 +387,47 @@ def main() -> None:
     common = ["--threshold", str(args.threshold)]
     rows: list[dict] = []
     for precision in precisions:
+        # Speed: every system in ONE launch, steps interleaved, so all see the same machine load.
+        log(f"[bench] {precision}: {', '.join(systems)} interleaved (warm-up {args.warmup}, "
+            f"timed {args.steps}) ...")
+        run = run_config(["--system", ",".join(systems), "--precision", precision, "--sdp", "2",
+                          "--warmup", str(args.warmup), "--steps", str(args.steps), *common],
+                         args.timeout, log)
         for system in systems:
-            log(f"[bench] {system} {precision} (warm-up {args.warmup}, timed {args.steps}) ...")
-            extra = ["--profile", args.profile] if system == "smsdp" else []
-            run = run_config(["--system", system, "--precision", precision, "--sdp", "2",
-                              "--warmup", str(args.warmup), "--steps", str(args.steps), *common, *extra],
-                             args.timeout, log)
-            row = summarize(run)
+            row = summarize(run, system)
             row.setdefault("system", system)
             row.setdefault("precision", precision)
             if "error" not in row:
-                log(f"  {row['tokens_per_s']:,.0f} tokens/s, step {row['step_s'] * 1e3:.0f} ms, "
-                    f"loss {row['final_loss']:.4f}, launch {row['wall_s']:.0f} s, load {row['load_before']:.1f}")
+                log(f"  {system}: {row['tokens_per_s']:,.0f} tokens/s, step {row['step_s'] * 1e3:.0f} ms, "
+                    f"CPU {row['cpu_s'] * 1e3:.0f} ms/step/rank, loss {row['final_loss']:.4f}")
             rows.append(row)
+        log(f"  launch {run['wall_s']:.0f} s, load {run.get('load_before', 0):.1f} -> {run.get('load_after', 0):.1f}")
+        # Memory: peak RSS is per process, so each system alone, a few steps. RSS does not
+        # depend on CPU contention, so two of these launches run at a time.
+        log(f"  peak RSS: each system alone ({args.memory_parallel} launches at a time) ...")
+        with concurrent.futures.ThreadPoolExecutor(max_workers=args.memory_parallel) as pool:
+            solos = dict(zip(systems, pool.map(
+                lambda system: run_config(["--system", system, "--precision", precision, "--sdp", "2",
+                                           "--warmup", "1", "--steps", str(args.memory_steps), *common],
+                                          args.timeout, log),
+                systems)))
+        for system in systems:
+            row = next(r for r in rows if r["system"] == system and r["precision"] == precision)
+            solo = solos[system]
+            if "error" in row or "error" in solo:
+                row["peak_rss_mib"] = float("nan")
+                continue
+            alone = summarize(solo, system)
+            row["peak_rss_mib"], row["start_rss_mib"] = alone["peak_rss_mib"], alone["start_rss_mib"]
+            row["solo_model_state_total"] = alone["model_state_total"]
+            log(f"  {system} alone: peak RSS {alone['peak_rss_mib']:.0f} MiB/rank")
 
     scaling_rows: list[dict] = []
     if args.scaling:
         for accum in (1, 4):
             for d in (1, 2, 4):
-                reuse = next((r for r in rows if r.get("system") == "smsdp" and r.get("sdp") == d
-                              and r.get("accum") == accum and r.get("precision") == args.scaling_precision
-                              and "error" not in r and args.profile == "none"), None)
-                if reuse is not None:
-                    scaling_rows.append(reuse)
-                    continue
                 warmup = args.scaling_warmup if accum == 1 else max(1, args.scaling_warmup - 1)
-                steps = args.scaling_steps if accum == 1 else max(3, args.scaling_steps * 5 // 8)
+                steps = args.scaling_steps if accum == 1 else max(2, args.scaling_steps // 2)
                 log(f"[bench] scaling: smsdp d={d} accum={accum} (warm-up {warmup}, timed {steps}) ...")
                 run = run_config(["--system", "smsdp", "--precision", args.scaling_precision, "--sdp", str(d),
                                   "--accum", str(accum), "--warmup", str(warmup), "--steps", str(steps), *common],
@@ -392,18 +443,23 @@ def main() -> None:
     loads = [r["load_before"] for r in rows + scaling_rows if "load_before" in r]
     agreement_md, agreement = loss_agreement(rows)
     md = [
-        f"Run {started:%Y-%m-%d %H:%M %Z}, {elapsed:.0f} s in all. Machine: {machine_line()}. "
+        f"Run {started:%Y-%m-%d %H:%M %Z} on {code_line()}, {elapsed:.0f} s in all. Machine: {machine_line()}. "
         f"Load average (1 min) at the start of each launch: {min(loads, default=0):.1f} to "
-        f"{max(loads, default=0):.1f} (2 cores: above ~4.5 means something else was running).",
+        f"{max(loads, default=0):.1f} (2 cores: above ~4.5 means something else was running). "
+        f"The systems of one precision ran in one launch, their steps interleaved (round robin, order "
+        f"rotated every step, a barrier before each system's step), so they shared the same machine state; "
+        f"peak RSS comes from a launch of each system alone; the scaling rows are separate launches.",
         "",
         f"GPT 4 layers × d_model 256 × 4 heads, vocab 1024, seq 128, batch 4 per rank, 4 ranks, AdamW lr 1e-3, "
-        f"clip 1.0; warm-up {args.warmup} + {args.steps} timed steps (median). smsdp persistence threshold "
+        f"clip 1.0; warm-up {args.warmup} + {args.steps} timed steps per system (median). smsdp persistence threshold "
         f"{args.threshold} (blocks sharded; tensors under it — LayerNorms and biases — replicated).",
         "",
         main_table(rows),
         "",
-        "Time per phase (median ms, slowest rank; CPU = process CPU time of a rank, all its threads, "
-        "which with 4 ranks on 2 cores is what the step time is made of):",
+        "Time per phase (medians, slowest rank). Wall ms include time a rank waits or is descheduled; "
+        "main-thread CPU is the work the training thread itself did; process CPU adds gloo's threads "
+        "(moving bytes). With 4 ranks on 2 cores the step time is made of CPU time, so the CPU columns "
+        "say where the work is, and contention from other jobs inflates them far less than wall time:",
         "",
         phase_table(rows),
         "",
@@ -420,15 +476,12 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stamp = started.strftime("%Y%m%d-%H%M%S")
-    payload = {"started": started.isoformat(), "elapsed_s": elapsed, "machine": machine_line(),
+    payload = {"started": started.isoformat(), "elapsed_s": elapsed, "machine": machine_line(), "code": code_line(),
                "args": vars(args), "rows": rows, "scaling": scaling_rows, "loss_agreement_vs_ddp": agreement,
                "markdown": text}
     (out / f"compare-{stamp}.json").write_text(json.dumps(payload, indent=1, default=str))
     (out / "latest.json").write_text(json.dumps(payload, indent=1, default=str))
     (out / "latest.md").write_text(text + "\n")
-    for r in rows:
-        if r.get("profile"):
-            (out / f"profile-{r['system']}-{r['precision']}-{args.profile}.txt").write_text(r["profile"])
     log(f"[bench] wrote {out / f'compare-{stamp}.json'} and {out / 'latest.md'}")
 
 

@@ -13,11 +13,15 @@ Categories:
   i.e. issuing a gather and, for a synchronous one or a prefetched one that is
   needed now, waiting for it (plus the buffered path's copies, when used);
 - ``reduce-scatter issue``: ``_reduce_grad`` (grad cast/divide, bucket copy, issuing);
-- ``reduce-scatter wait + accumulate``: ``finish_pending_reduces``;
-- ``replica/dp all-reduce at step``: ``synchronize_gradients`` (second hop, exposed);
+- ``reduce-scatter wait + accumulate``: ``_complete_reduces`` (earlier units' reduce-scatters,
+  collected at each post-backward and at the end of backward);
+- ``replica/dp all-reduce issue``: ``_launch_sync`` (the second hop, started during the
+  step-ending backward when ``backward_passes_per_step`` is declared, else in ``step()``);
+- ``replica/dp all-reduce wait at step``: the rest of ``synchronize_gradients`` (exposed waiting);
 - ``grad norm + clip``: ``DistributedOptimizer.clip_master_grads``;
 - ``AdamW``: the wrapped optimizer's ``step``;
-- ``refresh compute copy``: ``refresh_compute_copies`` (bf16 shard from fp32 master);
+- ``refresh compute copy``: ``refresh_compute_copies`` (bf16 shard from fp32 master; runtimes
+  that cast at all-gather time have no such method, and the category is absent);
 - ``zero_grad``; ``optimizer wrapper``: the rest of ``DistributedOptimizer.step``;
 - ``hooks (Python)``: exclusive time of the forward/backward hooks, prefetch
   bookkeeping and the end-of-backward callback.
@@ -33,14 +37,20 @@ HOOKS = "hooks (Python)"
 
 
 class Timers:
+    """Exclusive wall time and main-thread CPU time (``time.thread_time``) per label."""
+
     def __init__(self) -> None:
         self.totals: dict[str, float] = defaultdict(float)
+        self.cpu: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)
-        self._stack: list[float] = []
+        self._stack: list[list[float]] = []
 
     def reset(self) -> dict[str, float]:
+        """This step's figures: ``{label: wall s}`` plus ``{"cpu:" + label: main-thread CPU s}``."""
         out = dict(self.totals)
+        out.update({f"cpu:{k}": v for k, v in self.cpu.items()})
         self.totals.clear()
+        self.cpu.clear()
         self.calls.clear()
         return out
 
@@ -50,40 +60,54 @@ class Timers:
         @functools.wraps(fn)
         def timed(*args, **kwargs):
             label = name(args) if callable(name) else name
-            t0 = time.perf_counter()
-            timers._stack.append(0.0)
+            t0, c0 = time.perf_counter(), time.thread_time()
+            timers._stack.append([0.0, 0.0])
             try:
                 return fn(*args, **kwargs)
             finally:
-                elapsed = time.perf_counter() - t0
-                children = timers._stack.pop()
-                timers.totals[label] += elapsed - children
+                elapsed, cpu = time.perf_counter() - t0, time.thread_time() - c0
+                child_wall, child_cpu = timers._stack.pop()
+                timers.totals[label] += elapsed - child_wall
+                timers.cpu[label] += cpu - child_cpu
                 timers.calls[label] += 1
                 if timers._stack:
-                    timers._stack[-1] += elapsed
+                    timers._stack[-1][0] += elapsed
+                    timers._stack[-1][1] += cpu
 
         return timed
 
 
 def install() -> Timers:
+    """Wrap the runtime's methods (those that exist in this version of smsdp; see ``Timers.wrapped``)."""
     from smsdp.distributed_model import DistributedModel
     from smsdp.distributed_optimizer import DistributedOptimizer
 
     t = Timers()
+    t.wrapped = []
+
+    def wrap(cls, attr: str, name) -> None:
+        if hasattr(cls, attr):
+            setattr(cls, attr, t.wrap(getattr(cls, attr), name))
+            t.wrapped.append(f"{cls.__name__}.{attr}")
+
     dm, do = DistributedModel, DistributedOptimizer
-    dm._gather = t.wrap(dm._gather, lambda a: "all-gather (backward)" if a[0]._in_backward else "all-gather (forward)")
-    for hook in ("_pre_forward_hook", "_post_forward_hook", "_pre_backward", "_hook_outputs",
+    wrap(dm, "_gather", lambda a: "all-gather (backward)" if a[0]._in_backward else "all-gather (forward)")
+    for hook in ("_pre_forward_hook", "_post_forward_hook", "_pre_backward", "_begin_backward", "_hook_outputs",
                  "_end_of_backward", "_prefetch_after"):
-        setattr(dm, hook, t.wrap(getattr(dm, hook), HOOKS))
-    make = dm._make_post_backward
-    dm._make_post_backward = lambda self, unit, group: t.wrap(make(self, unit, group), HOOKS)
-    dm._reduce_grad = t.wrap(dm._reduce_grad, "reduce-scatter issue")
-    dm.finish_pending_reduces = t.wrap(dm.finish_pending_reduces, "reduce-scatter wait + accumulate")
-    dm.synchronize_gradients = t.wrap(dm.synchronize_gradients, "replica/dp all-reduce at step")
-    dm.refresh_compute_copies = t.wrap(dm.refresh_compute_copies, "refresh compute copy")
-    do.clip_master_grads = t.wrap(do.clip_master_grads, "grad norm + clip")
-    do.zero_grad = t.wrap(do.zero_grad, "zero_grad")
-    do.step = t.wrap(do.step, "optimizer wrapper")
+        wrap(dm, hook, HOOKS)
+    if hasattr(dm, "_make_post_backward"):
+        make = dm._make_post_backward
+        dm._make_post_backward = lambda self, unit, group: t.wrap(make(self, unit, group), HOOKS)
+    wrap(dm, "_reduce_grad", "reduce-scatter issue")
+    wrap(dm, "_complete_reduces", "reduce-scatter wait + accumulate")
+    if not hasattr(dm, "_complete_reduces"):
+        wrap(dm, "finish_pending_reduces", "reduce-scatter wait + accumulate")
+    wrap(dm, "_launch_sync", "replica/dp all-reduce issue")
+    wrap(dm, "synchronize_gradients", "replica/dp all-reduce wait at step")
+    wrap(dm, "refresh_compute_copies", "refresh compute copy")
+    wrap(do, "clip_master_grads", "grad norm + clip")
+    wrap(do, "zero_grad", "zero_grad")
+    wrap(do, "step", "optimizer wrapper")
     return t
 
 

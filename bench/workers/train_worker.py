@@ -1,14 +1,22 @@
 """One benchmark run on every rank of an ``mpirun``: one system, one precision, one config.
 
-Started by ``bench/compare.py`` (never by hand, though it can be)::
+Started by ``bench/compare.py`` and ``bench/profile_smsdp.py`` (by hand too)::
 
     mpirun -np 4 python bench/workers/train_worker.py --system smsdp --precision fp32 --out DIR
+    mpirun -np 4 python bench/workers/train_worker.py --system smsdp,fsdp2,fsdp1,ddp,nocomm --out DIR
+
+With several systems, all are built in the one process and their steps are
+interleaved (round robin, order rotated every step, a barrier before each
+system's step), so every system sees the same machine load: the way to compare
+speed on a shared machine. Peak RSS is then the process's, so memory is
+measured in a launch of one system alone.
 
 Systems, all training the same GPT on the same data from the same initial weights,
 AdamW and global-norm clipping at 1.0 everywhere (smsdp's default
 ``sdp_gradient_clipping``):
 
-- ``smsdp``     ``smp.DistributedModel`` / ``smp.DistributedOptimizer`` (MiCS, d x r)
+- ``smsdp``     ``smp.DistributedModel(gpt, backward_passes_per_step=accum)`` (as the bundled
+                training script) / ``smp.DistributedOptimizer`` (MiCS, d x r)
 - ``fsdp2``     ``fully_shard`` per Block + root on a 2-D mesh (replicate r x shard d) = HSDP
 - ``fsdp1``     ``FullyShardedDataParallel(HYBRID_SHARD)`` on the same 2-D mesh, one unit per Block
 - ``ddp``       ``DistributedDataParallel`` (gradient_as_bucket_view=True)
@@ -18,7 +26,7 @@ bf16: smsdp ``"bf16": True``; FSDP2 ``MixedPrecisionPolicy(param_dtype=bf16,
 reduce_dtype=fp32)``; FSDP1 ``MixedPrecision(param_dtype=bf16, reduce_dtype=fp32,
 buffer_dtype=bf16)``; DDP and nocomm ``torch.autocast("cpu", bf16)`` with fp32 weights.
 
-Each rank writes ``OUT/result.rank<r>.json``.
+Each rank writes ``OUT/result.rank<r>.json``: ``{system: result}``.
 """
 
 from __future__ import annotations
@@ -102,11 +110,14 @@ class System:
 
     @contextlib.contextmanager
     def phase(self, name: str):
-        t0 = time.perf_counter()
+        """Wall time under ``name`` and main-thread CPU time under ``"cpu:" + name``."""
+        t0, c0 = time.perf_counter(), time.thread_time()
         try:
             yield
         finally:
             self.phases[name] = self.phases.get(name, 0.0) + time.perf_counter() - t0
+            key = "cpu:" + name
+            self.phases[key] = self.phases.get(key, 0.0) + time.thread_time() - c0
 
     def step(self, batches) -> float:
         raise NotImplementedError
@@ -119,12 +130,29 @@ class System:
 
 
 class Smsdp(System):
+    """smsdp; ``variant`` builds a second model in the same runtime with one setting changed.
+
+    Variants exist so that an A/B comparison runs in one process, interleaved step by step
+    (the same machine noise for both). smp.init() is global and happens once, with the base
+    settings; a variant changes, from the outside, only what it names:
+
+    - ``agflat``: during its own steps the all-gather strategy is told ``ddp_dist_backend="gloo"``,
+      so it takes the backend's own (asynchronous) all-gather instead of the SMDDP-style
+      buffered path;
+    - ``thr<N>``: its DistributedModel is built while the runtime's config says
+      ``sdp_param_persistence_threshold=N``;
+    - ``latesync``: ``backward_passes_per_step`` not declared, so the replica all-reduce
+      waits for ``step()`` instead of overlapping the step-ending backward.
+    """
+
     name = "smsdp"
 
-    def __init__(self, args):
+    def __init__(self, args, variant: str = ""):
         import smsdp as smp
+        from smsdp import state as runtime_state
 
         self.smp = smp
+        self.variant = variant
         if args.profile == "timers":
             import smsdp_timers
 
@@ -137,21 +165,56 @@ class Smsdp(System):
             "bf16": args.precision == "bf16",
             **json.loads(args.smsdp_config),
         })
-        self.model = smp.DistributedModel(build_gpt())
-        self.opt = smp.DistributedOptimizer(torch.optim.AdamW(self.model.parameters(), lr=args.lr))
+        self.rt = runtime_state.get()
+        base_config = self.rt.config
+        if variant.startswith("thr"):
+            params = base_config.parameters.model_copy(update={"sdp_param_persistence_threshold": int(float(variant[3:]))})
+            self.rt.config = base_config.model_copy(update={"parameters": params})
+        # Declared as the bundled training script does: the step-ending backward then starts
+        # each unit's replica all-reduce as soon as its reduce-scatter is done.
+        declare = {} if variant == "latesync" else {"backward_passes_per_step": args.accum}
+        try:
+            self.model = smp.DistributedModel(build_gpt(), **declare)
+        finally:
+            self.rt.config = base_config
+        self.opt = smp.DistributedOptimizer(torch.optim.AdamW(self.model.parameters(), lr=args.lr), model=self.model)
+        self._settings = None
+        if variant == "agflat":
+            from dataclasses import replace
+
+            self._settings = replace(self.rt.all_gather.settings, ddp_dist_backend="gloo")
+        elif variant not in ("", "latesync") and not variant.startswith("thr"):
+            raise SystemExit(f"unknown smsdp variant {variant!r}")
         if self.timers is not None:
             import smsdp_timers
 
             smsdp_timers.wrap_inner_optimizer(self.timers, self.opt.optimizer)
         self._last_state = None
+        groups = list(self.model.flat_groups())
         self.layout = {
-            "sharded_elements_padded": sum(g.padded_numel for g in self.model.flat_groups() if g.sharded),
-            "replicated_elements": sum(g.numel for g in self.model.flat_groups() if not g.sharded),
+            "sharded_elements_padded": sum(g.padded_numel for g in groups if g.sharded),
+            "replicated_elements": sum(g.numel for g in groups if not g.sharded),
             "sdp": smp.sdp_size(),
             "rdp": smp.rdp_size(),
         }
 
+    @contextlib.contextmanager
+    def _variant_settings(self):
+        if self._settings is None:
+            yield
+            return
+        strategy = self.rt.all_gather
+        saved, strategy.settings = strategy.settings, self._settings
+        try:
+            yield
+        finally:
+            strategy.settings = saved
+
     def step(self, batches) -> float:
+        with self._variant_settings():
+            return self._step(batches)
+
+    def _step(self, batches) -> float:
         total = 0.0
         accum = len(batches)
         for x, y in batches:
@@ -318,9 +381,24 @@ def init_process_group(out: Path, rank: int, world: int) -> None:
     )
 
 
+SYSTEMS = ["smsdp", "fsdp2", "fsdp1", "ddp", "nocomm"]
+
+
+def make_system(name: str, args, world: int) -> System:
+    if name == "smsdp" or name.startswith("smsdp_"):
+        system = Smsdp(args, name.partition("_")[2])
+    else:
+        system = {"fsdp2": Fsdp2, "fsdp1": Fsdp1, "ddp": Ddp, "nocomm": NoComm}[name](args, world)
+    system.label = name
+    return system
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--system", required=True, choices=["smsdp", "fsdp2", "fsdp1", "ddp", "nocomm"])
+    p.add_argument("--system", required=True,
+                   help="one of %s, or several separated by commas: their steps are then interleaved "
+                        "(round robin, rotating the order every step) in one process, so that all of them "
+                        "see the same machine; smsdp variants: smsdp_agflat, smsdp_thr<N>" % SYSTEMS)
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     p.add_argument("--sdp", type=int, default=2)
     p.add_argument("--threshold", type=int, default=10_000)
@@ -333,6 +411,9 @@ def main() -> None:
     p.add_argument("--profile", default="none", choices=["none", "cprofile", "torch", "timers"])
     p.add_argument("--out", required=True)
     args = p.parse_args()
+    names = [n for n in args.system.split(",") if n]
+    if args.profile != "none" and len(names) > 1:
+        raise SystemExit("--profile needs a single --system")
 
     torch.set_num_threads(1)
     out = Path(args.out)
@@ -349,15 +430,14 @@ def main() -> None:
     elif d == world:
         COUNTER.name_group(range(world), "world=shard")
 
-    t_setup = time.perf_counter()
-    system = {
-        "smsdp": lambda: Smsdp(args),
-        "fsdp2": lambda: Fsdp2(args, world),
-        "fsdp1": lambda: Fsdp1(args, world),
-        "ddp": lambda: Ddp(args, world),
-        "nocomm": lambda: NoComm(args, world),
-    }[args.system]()
-    setup_s = time.perf_counter() - t_setup
+    systems = []
+    for name in names:
+        t_setup = time.perf_counter()
+        system = make_system(name, args, world)
+        system.setup_s = time.perf_counter() - t_setup
+        system.record = {"times": [], "cpu": [], "main_cpu": [], "losses": [], "phases": [], "timers": [],
+                         "bytes": {}, "smsdp_bytes": {}}
+        systems.append(system)
 
     data = TokenDataset(seq_len=MODEL.block_size)
 
@@ -368,36 +448,39 @@ def main() -> None:
         ]
 
     total_steps = args.warmup + args.steps
-    times, cpu_times, losses, phases, timer_steps = [], [], [], [], []
-    before_bytes = before_smsdp = None
     profiler = None
     for step in range(total_steps):
         batches = batches_for(step)
         if step == args.warmup:
-            before_bytes = COUNTER.snapshot()
-            before_smsdp = system.smsdp_stats()
             profiler = start_profile(args.profile, rank)
-        system.phases = {}
-        system.measure = step == total_steps - 1
-        if system.timers is not None:
-            system.timers.reset()
-        t0, c0 = time.perf_counter(), time.process_time()
-        loss = system.step(batches)
-        times.append(time.perf_counter() - t0)
-        cpu_times.append(time.process_time() - c0)
-        if system.timers is not None:
-            timer_steps.append(system.timers.reset())
-        phases.append(system.phases)
-        losses.append(loss)
+        k = step % len(systems)
+        for system in systems[k:] + systems[:k]:
+            rec = system.record
+            system.phases = {}
+            system.measure = step == total_steps - 1
+            if system.timers is not None:
+                system.timers.reset()
+            if len(systems) > 1:
+                dist.barrier()  # each system's step starts with the ranks aligned (not timed)
+            before, before_smsdp = COUNTER.snapshot(), system.smsdp_stats()
+            t0, c0, m0 = time.perf_counter(), time.process_time(), time.thread_time()
+            loss = system.step(batches)
+            rec["times"].append(time.perf_counter() - t0)
+            rec["cpu"].append(time.process_time() - c0)
+            rec["main_cpu"].append(time.thread_time() - m0)
+            if step >= args.warmup:
+                for key, value in diff(COUNTER.snapshot(), before).items():
+                    rec["bytes"][key] = rec["bytes"].get(key, 0) + value / args.steps
+                if before_smsdp is not None:
+                    for key, value in diff(system.smsdp_stats(), before_smsdp).items():
+                        rec["smsdp_bytes"][key] = rec["smsdp_bytes"].get(key, 0) + value / args.steps
+            if system.timers is not None:
+                rec["timers"].append(system.timers.reset())
+            rec["phases"].append(system.phases)
+            rec["losses"].append(loss)
     profile_text = stop_profile(profiler, args.profile, rank, out, args.steps)
-    after_bytes = COUNTER.snapshot()
-    per_step_bytes = {k: v / args.steps for k, v in diff(after_bytes, before_bytes).items()}
-    smsdp_bytes = None
-    if before_smsdp is not None:
-        smsdp_bytes = {k: v / args.steps for k, v in diff(system.smsdp_stats(), before_smsdp).items()}
-    timed = times[args.warmup:]
-    result = {
-        "system": args.system,
+
+    common = {
         "precision": args.precision,
         "rank": rank,
         "world": world,
@@ -409,27 +492,37 @@ def main() -> None:
         "seq_len": MODEL.block_size,
         "warmup": args.warmup,
         "steps": args.steps,
+        "interleaved": [s.label for s in systems] if len(systems) > 1 else None,
         "tokens_per_step_rank": args.batch * args.accum * MODEL.block_size,
-        "step_times_s": times,
-        "median_step_s": statistics.median(timed),
-        "cpu_times_s": cpu_times,
-        "median_cpu_s": statistics.median(cpu_times[args.warmup:]),
-        "median_phase_s": {k: statistics.median(p.get(k, 0.0) for p in phases[args.warmup:]) for k in phases[-1]},
-        "losses": losses,
-        "setup_s": setup_s,
         "rss_start_kib": rss_start,
-        "rss_peak_kib": rss_kib(),
-        "model_state_bytes": system.model_state(),
-        "bytes_per_step_counted": per_step_bytes,
-        "bytes_per_step_smsdp": smsdp_bytes,
-        "bytes_per_step_computed": getattr(system, "computed_bytes", None),
-        "smsdp_layout": getattr(system, "layout", None),
+        "rss_peak_kib": rss_kib(),  # of the whole process: meaningful per system only in a solo launch
         "flops_per_token": GPT.flops_per_token(_meta_gpt()),
         "torch": torch.__version__,
         "profile": profile_text,
-        "timers_s": _median_timers(timer_steps[args.warmup:]) if timer_steps else None,
     }
-    (out / f"result.rank{rank}.json").write_text(json.dumps(result))
+    results = {}
+    for system in systems:
+        rec, w = system.record, args.warmup
+        results[system.label] = {
+            **common,
+            "system": system.label,
+            "step_times_s": rec["times"],
+            "median_step_s": statistics.median(rec["times"][w:]),
+            "cpu_times_s": rec["cpu"],
+            "median_cpu_s": statistics.median(rec["cpu"][w:]),
+            "median_main_thread_cpu_s": statistics.median(rec["main_cpu"][w:]),
+            "median_phase_s": {k: statistics.median(ph.get(k, 0.0) for ph in rec["phases"][w:])
+                               for k in rec["phases"][-1]},
+            "losses": rec["losses"],
+            "setup_s": system.setup_s,
+            "model_state_bytes": system.model_state(),
+            "bytes_per_step_counted": rec["bytes"],
+            "bytes_per_step_smsdp": rec["smsdp_bytes"] if system.smsdp_stats() is not None else None,
+            "bytes_per_step_computed": getattr(system, "computed_bytes", None),
+            "smsdp_layout": getattr(system, "layout", None),
+            "timers_s": _median_timers(rec["timers"][w:]) if rec["timers"] else None,
+        }
+    (out / f"result.rank{rank}.json").write_text(json.dumps(results))
     dist.barrier()
     dist.destroy_process_group()
 
