@@ -13,7 +13,11 @@ Every rank runs this module. It
 4. on any exception writes the traceback to ``$SM_OUTPUT_DIR/failure-rank<N>``
    (and SageMaker's ``$SM_OUTPUT_DIR/failure``, first writer wins) and to
    stderr, then aborts the whole MPI job at once: the other ranks may be
-   blocked in a collective this rank will never join, and must not hang,
+   blocked in a collective this rank will never join, and must not hang.
+   An error that only says a peer went away (a collective timed out, a
+   connection was reset) is a consequence, not a cause: it gets its
+   ``failure-rank<N>`` file but does not claim ``failure``, so the rank that
+   failed first is named (``estimator.backends.local.failure``),
 5. on success leaves the process group cleanly.
 """
 
@@ -22,12 +26,14 @@ from __future__ import annotations
 import os
 import runpy
 import sys
+import time
 import traceback
 from pathlib import Path
 
 USAGE = "usage: python -m entrypoints.launcher SCRIPT [--name value ...]"
 FAILURE_FILE = "failure"
 EXIT_FAILURE = 1
+PEER_LOSS_GRACE_S = 2.0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         _run_to_completion(script, script_args)
         _leave_world()
     except BaseException as exc:  # noqa: BLE001 - reported, then the whole job is aborted
-        _fail(rank, user_traceback(exc))
+        _fail(rank, user_traceback(exc), lost_peer=lost_a_peer(exc))
     return 0
 
 
@@ -85,6 +91,18 @@ def user_traceback(exc: BaseException) -> str:
     return text
 
 
+#: What gloo (and the TCPStore) say when a peer died, hung, or stopped answering.
+_PEER_LOSS = ("Timed out waiting", "Connection reset by peer", "Connection closed by peer", "Broken pipe",
+              "Socket Timeout", "Read error", "Write error")
+PEER_LOSS_NOTE = ("[smsdp] this rank lost a peer in a collective (a peer died, hung, or did not answer within "
+                  "collective_timeout_s): a consequence of another rank's failure, not its cause")
+
+
+def lost_a_peer(exc: BaseException) -> bool:
+    """The exception only says another rank went away (timeout, reset connection)."""
+    return isinstance(exc, RuntimeError) and any(marker in str(exc) for marker in _PEER_LOSS)
+
+
 def _is_launch_machinery(filename: str) -> bool:
     return filename in (__file__, runpy.__file__) or filename.endswith("runpy>")
 
@@ -115,28 +133,43 @@ def _leave_world() -> None:
         dist.destroy_process_group()
 
 
-def _fail(rank: int, tb: str) -> None:
+def _fail(rank: int, tb: str, lost_peer: bool = False) -> None:
     """Record this rank's traceback, then take the whole job down (never returns)."""
+    if lost_peer:
+        tb = f"{tb}{PEER_LOSS_NOTE}\n"
     message = f"rank {rank} failed:\n{tb}"
     print(f"[smsdp] {message}", file=sys.stderr)
-    _write_failure_files(rank, tb)
+    _write_failure_files(rank, tb, claim_first=not lost_peer)
     sys.stdout.flush()
     sys.stderr.flush()
+    if lost_peer:
+        # A peer that died (SIGKILL, os._exit, OOM) is seen by mpirun within moments: let mpirun end
+        # the job and report that rank and its signal or exit code, rather than our abort masking it.
+        time.sleep(PEER_LOSS_GRACE_S)
     _abort_job()
 
 
-def _write_failure_files(rank: int, tb: str) -> None:
+def _write_failure_files(rank: int, tb: str, claim_first: bool = True) -> None:
+    """``failure-rank<N>``, and SageMaker's ``failure`` (shown as the job's FailureReason).
+
+    ``failure``: the first real failure wins (exclusive create). A rank that only
+    lost a peer writes it when nobody has, and a real failure coming later
+    replaces that, so the cause is named rather than a consequence.
+    """
     out_dir = _output_dir()
     if out_dir is None:
         return
+    first, text = out_dir / FAILURE_FILE, f"rank {rank}: {tb}"
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         _write_atomically(out_dir / f"failure-rank{rank}", tb)
-        # SageMaker shows /opt/ml/output/failure as the job's FailureReason.
-        with open(out_dir / FAILURE_FILE, "x") as f:
-            f.write(f"rank {rank}: {tb}")
-    except FileExistsError:
-        pass  # an earlier rank failed first; its reason stands
+        try:
+            with open(first, "x") as f:
+                f.write(text)
+        except FileExistsError:
+            if claim_first and PEER_LOSS_NOTE in first.read_text(errors="replace"):
+                _write_atomically(first, text)
+            # else an earlier rank failed first; its reason stands
     except OSError as exc:
         print(f"[smsdp] could not write failure file in {out_dir}: {exc}", file=sys.stderr)
 
@@ -150,7 +183,7 @@ def _output_dir() -> Path | None:
 
 
 def _write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text(text)
     os.replace(tmp, path)
 

@@ -24,8 +24,8 @@ from estimator.job import Job, JobFailedError
 from estimator.naming import base_name_for, unique_job_name
 from estimator.spec import CheckpointSpec, Hyperparameter, JobSpec
 from estimator.validation import (
-    check_checkpoint_uri, check_code, check_environment, check_hyperparameters, check_inputs,
-    check_job_name, check_max_run, check_output_path, collect,
+    check_checkpoint_local_path, check_checkpoint_uri, check_code, check_collective_timeout, check_environment,
+    check_hyperparameters, check_inputs, check_job_name, check_max_run, check_output_path, collect,
 )
 
 DEFAULT_MAX_RUN = 24 * 60 * 60  # SageMaker's default MaxRuntimeInSeconds
@@ -46,7 +46,7 @@ REMOTE_ONLY_OPTIONS = frozenset({
 _OWN_ARGUMENTS = (
     "entry_point", "source_dir", "instance_type", "instance_count", "distribution", "hyperparameters",
     "environment", "output_path", "base_job_name", "role", "checkpoint_s3_uri", "checkpoint_local_path",
-    "max_run",
+    "max_run", "collective_timeout",
 )
 
 
@@ -76,11 +76,15 @@ class Estimator:
         checkpoint_s3_uri: str | None = None,
         checkpoint_local_path: str | None = None,
         max_run: int = DEFAULT_MAX_RUN,
+        collective_timeout: float | None = None,
         **remote_options: Any,
     ):
+        """``collective_timeout``: seconds a collective may wait for a peer rank before the job
+        fails (``RuntimeConfig.collective_timeout_s``; default 600): a hung or dead rank ends
+        the job within about that long instead of holding it until ``max_run``."""
         _reject_unknown_options(remote_options)
         config_env = environment if isinstance(environment, Mapping) else None
-        code, runtime, hps, env, output, checkpoint_uri, max_run_s = collect(
+        code, runtime, hps, env, output, checkpoint_uri, checkpoint_path, max_run_s, timeout_s = collect(
             lambda: check_code(entry_point, source_dir),
             lambda: resolve_job_config(distribution, instance_type=instance_type,
                                        instance_count=instance_count, environment=config_env),
@@ -88,8 +92,12 @@ class Estimator:
             lambda: check_environment(environment),
             lambda: check_output_path(output_path, instance_type),
             lambda: check_checkpoint_uri(checkpoint_s3_uri, instance_type),
+            lambda: check_checkpoint_local_path(checkpoint_local_path),
             lambda: check_max_run(max_run),
+            lambda: check_collective_timeout(collective_timeout),
         )
+        if timeout_s is not None:
+            runtime = runtime.model_copy(update={"collective_timeout_s": timeout_s})
         base = check_job_name(base_job_name, "base_job_name") if base_job_name else base_name_for(code.entry_point)
         self._code = code
         self._runtime: RuntimeConfig = runtime
@@ -98,7 +106,7 @@ class Estimator:
         self._output_path = output
         self._base_job_name = base
         self._distribution = _plain_distribution(distribution)
-        self._checkpoints = CheckpointSpec(checkpoint_uri, checkpoint_local_path)
+        self._checkpoints = CheckpointSpec(checkpoint_uri, checkpoint_path)
         self._max_run_s = max_run_s
         self._backend_options = {**remote_options, **({"role": role} if role else {})}
         self.latest_job: Job | None = None

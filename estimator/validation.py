@@ -17,9 +17,11 @@ from typing import Any, Callable, Mapping
 from smsdp.config import ConfigError, ConfigProblem
 from smsdp.instance_types import LOCAL
 
+from estimator.redact import REDACTED, is_secret
 from estimator.spec import FILE_SCHEME, S3_SCHEME, Channel, CodeSpec, Hyperparameter
 
 # SageMaker's own limits, so a job that runs locally is also accepted remotely.
+# Every pattern is used with fullmatch: "$" would also match before a trailing newline.
 HP_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]{0,255}$")
 HP_VALUE_MAX_CHARS = 2500
 CHANNEL_NAME_RE = re.compile(r"^[A-Za-z0-9\.\-_]{1,64}$")
@@ -27,8 +29,40 @@ ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,511}$")
 JOB_NAME_RE = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
 DEFAULT_CHANNEL = "training"  # SageMaker's name for fit("s3://...") with a bare URI
 RESERVED_HP_PREFIX = "sagemaker_"
+MAX_COLLECTIVE_TIMEOUT_S = 24 * 60 * 60
+MAX_RUN_LIMIT_S = 28 * 24 * 60 * 60  # SageMaker's largest MaxRuntimeInSeconds
 #: Variables the job sets itself: a user value would silently break the contract.
 RESERVED_ENV_PREFIXES = ("SM_", "SMSDP_", "OMPI_COMM_WORLD_")
+
+
+#: Integers longer than this many bits are longer than any limit here (and str() refuses huge ones).
+_MAX_INT_BITS = 16 * 1024
+
+
+def text_rule(value: str, path: bool = False) -> str | None:
+    """Why ``value`` cannot travel as an argv word, a variable, JSON or a file name (None: it can).
+
+    NUL ends a C string; a lone surrogate (text decoded from bytes that were not
+    UTF-8) is no text at all. File names may hold undecodable bytes as
+    ``os.fsdecode`` gives them; everything else must be valid UTF-8.
+    """
+    if "\x00" in value:
+        return "contains a NUL character, which no argument, variable or file name can hold"
+    try:
+        os.fsencode(value) if path else value.encode("utf-8")
+    except UnicodeError:
+        return "is not valid UTF-8 text (it holds a lone surrogate, e.g. from bytes decoded with errors='surrogateescape')"
+    local = value.removeprefix(FILE_SCHEME)
+    if path and local.startswith("~") and os.path.expanduser(local).startswith("~"):
+        return f"starts with {local.split('/')[0]!r}, the home directory of a user this machine does not know"
+    return None
+
+
+def _scalar_chars(value: Any) -> int:
+    """len(str(value)) without building huge strings (str() of a 5,000-digit int raises)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > _MAX_INT_BITS:
+        return _MAX_INT_BITS
+    return len(str(value))
 
 
 def problem(path: str | tuple, rule: str, value: Any = ...) -> ConfigError:
@@ -57,8 +91,12 @@ def collect(*checks: Callable[[], Any]) -> list[Any]:
 
 def check_code(entry_point: Any, source_dir: Any) -> CodeSpec:
     """The script exists, is Python, and (with a source dir) lies inside it."""
-    if not isinstance(entry_point, (str, os.PathLike)) or not str(entry_point):
+    if not isinstance(entry_point, (str, os.PathLike)) or not isinstance(os.fspath(entry_point), str) \
+            or not os.fspath(entry_point):
         raise problem("entry_point", "must be the path of a Python script such as 'train.py'", entry_point)
+    rule = text_rule(os.fspath(entry_point), path=True)
+    if rule:
+        raise problem("entry_point", rule, os.fspath(entry_point))
     entry = Path(entry_point)
     if entry.suffix != ".py":
         raise problem("entry_point", "must be a Python file ending in .py (the launcher runs it with runpy)",
@@ -73,8 +111,12 @@ def check_code(entry_point: Any, source_dir: Any) -> CodeSpec:
 
 
 def _code_in_source_dir(entry: Path, source_dir: Any) -> CodeSpec:
-    if not isinstance(source_dir, (str, os.PathLike)) or str(source_dir).startswith(S3_SCHEME):
+    if not isinstance(source_dir, (str, os.PathLike)) or not isinstance(os.fspath(source_dir), str) \
+            or os.fspath(source_dir).startswith(S3_SCHEME):
         raise problem("source_dir", "must be a local directory holding the entry point", source_dir)
+    rule = text_rule(os.fspath(source_dir), path=True)
+    if rule:
+        raise problem("source_dir", rule, os.fspath(source_dir))
     src = Path(source_dir).expanduser().resolve()
     if not src.is_dir():
         raise problem("source_dir", f"is not a directory (looked for {src})", str(source_dir))
@@ -103,13 +145,14 @@ def check_hyperparameters(hyperparameters: Any) -> dict[str, Hyperparameter]:
         rule = _hyperparameter_name_rule(name) or _hyperparameter_value_rule(value)
         if rule:
             problems.append(ConfigProblem(("hyperparameters", str(name)), rule, value))
+    problems += _env_name_clashes("hyperparameters", "SM_HP_", hyperparameters)
     if problems:
         raise ConfigError.from_problems(problems)
     return dict(hyperparameters)
 
 
 def _hyperparameter_name_rule(name: Any) -> str | None:
-    if not isinstance(name, str) or not HP_NAME_RE.match(name):
+    if not isinstance(name, str) or not HP_NAME_RE.fullmatch(name):
         return ("has an invalid name: use letters, digits, '_' or '-', starting with a letter "
                 "(it becomes --name and SM_HP_NAME)")
     if name.startswith(RESERVED_HP_PREFIX):
@@ -125,7 +168,9 @@ def _hyperparameter_value_rule(value: Any) -> str | None:
                 "so use a str, int, float or bool (e.g. a JSON string for structures)")
     if isinstance(value, float) and not math.isfinite(value):
         return "is not a finite number"
-    if len(str(value)) > HP_VALUE_MAX_CHARS:
+    if isinstance(value, str) and text_rule(value):
+        return text_rule(value)
+    if _scalar_chars(value) > HP_VALUE_MAX_CHARS:
         return f"is longer than SageMaker's {HP_VALUE_MAX_CHARS} characters; pass large data as a channel"
     return None
 
@@ -143,7 +188,8 @@ def check_environment(environment: Any) -> dict[str, str]:
     for name, value in environment.items():
         rule = _environment_rule(name, value)
         if rule:
-            problems.append(ConfigProblem(("environment", str(name)), rule, value))
+            shown = REDACTED if _looks_secret(name, value) else value
+            problems.append(ConfigProblem(("environment", str(name)), rule, shown))
         else:
             clean[name] = str(value)
     if problems:
@@ -151,13 +197,26 @@ def check_environment(environment: Any) -> dict[str, str]:
     return clean
 
 
+def _looks_secret(name: Any, value: Any) -> bool:
+    """The variable's name or value (whatever its type) looks like a secret: never quote it."""
+    try:
+        text = value if isinstance(value, str) else repr(value)
+    except ValueError:  # an int too long to print
+        text = ""
+    return is_secret(str(name), text)
+
+
 def _environment_rule(name: Any, value: Any) -> str | None:
-    if not isinstance(name, str) or not ENV_NAME_RE.match(name):
+    if not isinstance(name, str) or not ENV_NAME_RE.fullmatch(name):
         return "is not a valid variable name (letters, digits and '_', not starting with a digit)"
     if name.startswith(RESERVED_ENV_PREFIXES):
         return "is set by smsdp for every job (container contract); remove it, pass settings as hyperparameters"
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         return "must be a string (SageMaker passes environment values as strings), e.g. '1'"
+    if isinstance(value, str) and text_rule(value):
+        return text_rule(value)
+    if _scalar_chars(value) > HP_VALUE_MAX_CHARS:
+        return f"is longer than {HP_VALUE_MAX_CHARS} characters; pass large settings as a file in source_dir"
     return None
 
 
@@ -179,24 +238,42 @@ def check_inputs(inputs: Any) -> tuple[Channel, ...]:
             problems.append(ConfigProblem(("inputs", str(name)), rule, uri))
         else:
             channels.append(Channel(name, os.fspath(uri)))
+    problems += _env_name_clashes("inputs", "SM_CHANNEL_", inputs)
     if problems:
         raise ConfigError.from_problems(problems)
     return tuple(channels)
 
 
 def _channel_rule(name: Any, uri: Any) -> str | None:
-    if not isinstance(name, str) or not CHANNEL_NAME_RE.match(name):
+    if not isinstance(name, str) or not CHANNEL_NAME_RE.fullmatch(name):
         return "has an invalid channel name: 1-64 letters, digits, '.', '-' or '_' (e.g. 'train')"
-    if not isinstance(uri, (str, os.PathLike)) or not os.fspath(uri):
+    if not name.strip("."):
+        return "is not a channel name: '.' and '..' would be input/data itself or its parent"
+    if not isinstance(uri, (str, os.PathLike)) or not isinstance(os.fspath(uri), str) or not os.fspath(uri):
         return "must be a 'file://' path or an 's3://' URI string"
-    return None
+    return text_rule(os.fspath(uri), path=True)
+
+
+def _env_name_clashes(field: str, prefix: str, names: Mapping[Any, Any]) -> list[ConfigProblem]:
+    """Two names that become the same variable (``a-b`` and ``A_B`` are both ``<prefix>A_B``)."""
+    seen: dict[str, str] = {}
+    problems = []
+    for name in names:
+        if not isinstance(name, str):
+            continue
+        variable = prefix + name.upper().replace("-", "_").replace(".", "_")
+        if variable in seen:
+            rule = f"and {seen[variable]!r} both become {variable}; rename one"
+            problems.append(ConfigProblem((field, name), rule))
+        seen.setdefault(variable, name)
+    return problems
 
 
 # ---------------------------------------------------------------- names, paths, limits
 
 
 def check_job_name(job_name: Any, field: str = "job_name") -> str:
-    if not isinstance(job_name, str) or not JOB_NAME_RE.match(job_name):
+    if not isinstance(job_name, str) or not JOB_NAME_RE.fullmatch(job_name):
         raise problem(field, "must be 1-63 letters, digits or '-', starting and ending with a letter "
                       "or digit (SageMaker's rule), e.g. 'gpt-small'", job_name)
     return job_name
@@ -206,9 +283,13 @@ def check_output_path(output_path: Any, instance_type: str) -> str:
     """Local jobs write under a directory (absolute from now on); remote ones under s3://."""
     if output_path is None:
         return str(Path("smsdp-jobs").resolve()) if instance_type == LOCAL else ""
-    if not isinstance(output_path, (str, os.PathLike)) or not os.fspath(output_path):
+    if not isinstance(output_path, (str, os.PathLike)) or not isinstance(os.fspath(output_path), str) \
+            or not os.fspath(output_path):
         raise problem("output_path", "must be a directory path (local jobs) or an s3:// URI", output_path)
     text = os.fspath(output_path)
+    rule = text_rule(text, path=True)
+    if rule:
+        raise problem("output_path", rule, text)
     if text.startswith(S3_SCHEME):
         if instance_type == LOCAL:
             raise problem("output_path", "is in S3 but local jobs write to this machine; "
@@ -221,15 +302,43 @@ def check_checkpoint_uri(uri: Any, instance_type: str) -> str | None:
     if uri is None:
         return None
     text = os.fspath(uri) if isinstance(uri, (str, os.PathLike)) else None
-    if not text:
+    if not text or not isinstance(text, str):
         raise problem("checkpoint_s3_uri", "must be an s3:// URI (or file:// for local jobs)", uri)
+    rule = text_rule(text, path=True)
+    if rule:
+        raise problem("checkpoint_s3_uri", rule, text)
     if instance_type == LOCAL and text.startswith(S3_SCHEME):
         raise problem("checkpoint_s3_uri", "is in S3 but local jobs keep checkpoints on this machine; "
                       "use 'file:///some/dir' to keep them across jobs", text)
     return text
 
 
+def check_checkpoint_local_path(path: Any) -> str | None:
+    """SageMaker's checkpoint_local_path: a directory path (locally, where checkpoints are kept)."""
+    if path is None:
+        return None
+    text = os.fspath(path) if isinstance(path, (str, os.PathLike)) else None
+    if not text or not isinstance(text, str):
+        raise problem("checkpoint_local_path", "must be a directory path such as '/opt/ml/checkpoints'", path)
+    rule = text_rule(text, path=True)
+    if rule:
+        raise problem("checkpoint_local_path", rule, text)
+    return text
+
+
+def check_collective_timeout(seconds: Any) -> float | None:
+    """How long a collective may wait for a peer before the job fails (None: the runtime's default)."""
+    if seconds is None:
+        return None
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) \
+            or not 0 < seconds <= MAX_COLLECTIVE_TIMEOUT_S:  # NaN fails the comparison too
+        raise problem("collective_timeout", f"must be a number of seconds > 0 and at most {MAX_COLLECTIVE_TIMEOUT_S} "
+                      "(a day), e.g. 600 (the default)", seconds)
+    return float(seconds)
+
+
 def check_max_run(max_run: Any) -> int:
-    if isinstance(max_run, bool) or not isinstance(max_run, int) or max_run < 1:
-        raise problem("max_run", "must be a whole number of seconds >= 1, e.g. 86400 (the default)", max_run)
+    if isinstance(max_run, bool) or not isinstance(max_run, int) or not 1 <= max_run <= MAX_RUN_LIMIT_S:
+        raise problem("max_run", f"must be a whole number of seconds from 1 to {MAX_RUN_LIMIT_S} (28 days, "
+                      "SageMaker's limit), e.g. 86400 (the default)", max_run)
     return max_run

@@ -45,8 +45,10 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.api import CheckpointException as DCPException
 
 from smsdp import checkpoint_files as files
+from smsdp import fault_injection
 from smsdp import state as runtime_state
 from smsdp.checkpoint_dcp import Chunk, ChunkLoadPlanner, ChunkSavePlanner
 from smsdp.checkpoint_files import FULL, PARTIAL, CheckpointError
@@ -173,6 +175,18 @@ def _agree(error: str | None, what: str) -> None:
         raise CheckpointError(f"{what}: {failing[0][1]} (on {where})")
     lines = [f"  rank {r}: {e}" for r, e in failing[:_LIST_LIMIT]]
     raise CheckpointError(f"{what} failed on {len(failing)} rank(s):\n" + "\n".join(lines))
+
+
+def _dcp_failure(exc: BaseException) -> str:
+    """DCP's CheckpointException (a BaseException holding every rank's traceback) as one line per cause."""
+    failures = getattr(exc, "failures", None)
+    if not isinstance(failures, dict) or not failures:
+        return f"{type(exc).__name__}: {exc}"
+    causes: dict[str, list[int]] = {}
+    for rank, wrapped in sorted(failures.items()):
+        cause = wrapped[0] if isinstance(wrapped, tuple) else wrapped
+        causes.setdefault(f"{type(cause).__name__}: {cause}", []).append(rank)
+    return "; ".join(f"{cause} (rank(s) {ranks})" for cause, ranks in causes.items())
 
 
 def _run(what: str, fn: Callable[..., Any], *args: Any) -> Any:
@@ -320,8 +334,11 @@ def _save_partial(root: Path, tag: str, model: Any, optimizer: Any, user_content
     chunks, optim_info = _run(f"collecting the shards of checkpoint {tag!r}", _save_chunks, model, optimizer, rt)
     try:
         dcp.save(chunks, storage_writer=FileSystemWriter(str(staging)), planner=ChunkSavePlanner())
-    except Exception as exc:  # DCP has already agreed: it raises on every rank
-        raise CheckpointError(f"writing the shards of checkpoint {tag!r} to {staging}: {exc}") from exc
+    except (Exception, DCPException) as exc:  # DCP has already agreed: it raises on every rank
+        if rank == 0:  # nobody writes there any more: give the space back (a full disk, say)
+            shutil.rmtree(staging, ignore_errors=True)
+        raise CheckpointError(f"writing the shards of checkpoint {tag!r} to {staging}: {_dcp_failure(exc)}") from exc
+    fault_injection.at("checkpoint")  # shards written, marker not yet: outside _run, so a raise is this rank's own
     per_rank_optim = _all_gather(optim_info) if optimizer is not None else None
 
     def write_small_files() -> None:
@@ -542,8 +559,9 @@ def _load_partial(found: files.Found, model: Any, optimizer: Any, strict: bool, 
     chunks, pending = _run("preparing to load", _load_chunks, model, optimizer, saved, load_state)
     try:
         dcp.load(chunks, storage_reader=FileSystemReader(str(directory)), planner=ChunkLoadPlanner())
-    except Exception as exc:  # DCP has already agreed: it raises on every rank
-        raise CheckpointError(f"reading the shards of checkpoint {found.tag!r} from {directory}: {exc}") from exc
+    except (Exception, DCPException) as exc:  # DCP has already agreed: it raises on every rank
+        raise CheckpointError(f"reading the shards of checkpoint {found.tag!r} from {directory}: "
+                              f"{_dcp_failure(exc)}") from exc
 
     def apply() -> Any:
         _apply_model(model, pending)

@@ -121,7 +121,10 @@ class ConfigProblem:
 
 
 def _short_repr(value: Any, limit: int = 120) -> str:
-    text = repr(value)
+    try:
+        text = repr(value)
+    except ValueError:  # an int of more than 4,300 digits (sys.get_int_max_str_digits)
+        text = f"<{type(value).__name__} too large to print>"
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -273,8 +276,10 @@ def _not_bool(value: Any) -> Any:
     return value
 
 
-WholeNumber = Annotated[int, BeforeValidator(_whole_number), Strict()]
-"""An int that may be written as a float with no fraction (``5e8``); never a bool or str."""
+WholeNumber = Annotated[int, BeforeValidator(_whole_number), Strict(), Field(le=2**63 - 1)]
+"""An int that may be written as a float with no fraction (``5e8``); never a bool or str.
+
+At most 2**63 - 1: every rank must be able to read back the JSON the client wrote."""
 
 Number = Annotated[float, BeforeValidator(_not_bool), Strict(), Field(allow_inf_nan=False)]
 """A finite float or int; never a bool or str."""

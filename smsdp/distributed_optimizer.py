@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from smsdp import fault_injection
 from smsdp import state as runtime_state
 from smsdp.loss_scaler import DynamicLossScaler
 
@@ -64,6 +65,7 @@ class DistributedOptimizer:
         self.optimizer.zero_grad(set_to_none=True)
 
     def step(self, closure: Any = None) -> None:
+        fault_injection.at("optimizer_step")
         rt = runtime_state.get()
         self.model.finish_pending_reduces()
         self.model.synchronize_gradients()

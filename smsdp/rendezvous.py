@@ -75,10 +75,15 @@ def _job_config():
     return RuntimeConfig.from_env()
 
 
-def _timeout(timeout_s: float | None, config) -> datetime.timedelta | None:
+def _timeout(timeout_s: float | None, config) -> datetime.timedelta:
+    """The argument, else the job config's, else RuntimeConfig's default (not torch's 30 minutes)."""
     if timeout_s is None and config is not None:
         timeout_s = config.collective_timeout_s
-    return None if timeout_s is None else datetime.timedelta(seconds=float(timeout_s))
+    if timeout_s is None:
+        from smsdp.config import RuntimeConfig
+
+        timeout_s = RuntimeConfig.model_fields["collective_timeout_s"].default
+    return datetime.timedelta(seconds=float(timeout_s))
 
 
 def _set_cuda_device(cluster: ClusterInfo) -> None:
@@ -96,13 +101,13 @@ def _under_torchrun() -> bool:
     return all(name in os.environ for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"))
 
 
-def _mpi_store(cluster: ClusterInfo, timeout: datetime.timedelta | None):
+def _mpi_store(cluster: ClusterInfo, timeout: datetime.timedelta):
     """Rank 0 serves a TCPStore on a free port; mpi4py tells everyone where."""
     import torch.distributed as dist
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
-    store_timeout = timeout or datetime.timedelta(minutes=5)
+    store_timeout = timeout
     one_machine = len(set(comm.allgather(MPI.Get_processor_name()))) == 1
     if cluster.rank == 0:
         addr = LOOPBACK if one_machine else socket.gethostname()

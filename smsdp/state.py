@@ -7,6 +7,7 @@ this rank's coordinates, its process groups, its device and the byte counter.
 
 from __future__ import annotations
 
+import datetime
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -102,11 +103,11 @@ def init(config: RuntimeConfig | SMPParameters | Mapping[str, Any] | None = None
     if _STATE is not None:
         return _STATE
     job_config = RuntimeConfig.from_env()
-    cluster = init_distributed(
-        backend=_backend_for(config, job_config),
-        timeout_s=(job_config.collective_timeout_s if job_config else None),
-    )
-    resolved = _resolve_config(config, job_config, cluster)
+    # Checked before the rendezvous: a config that does not fit the world that started
+    # fails on every rank at once, with no collective to hang in.
+    resolved = _resolve_config(config, job_config, ClusterInfo.from_env())
+    timeout = datetime.timedelta(seconds=float(resolved.collective_timeout_s))
+    cluster = init_distributed(backend=_backend_for(config, job_config), timeout_s=timeout.total_seconds())
     topology = Topology(
         world_size=cluster.world_size,
         processes_per_host=resolved.processes_per_host,
@@ -114,7 +115,8 @@ def init(config: RuntimeConfig | SMPParameters | Mapping[str, Any] | None = None
         sdp_degree=resolved.parameters.sharded_data_parallel_degree,
     )
     _check_hosts_are_host_major(cluster, topology)
-    groups = build_process_groups(topology, cluster.rank)
+    # Subgroups get the same timeout: new_group's default is 30 minutes, whatever the world's is.
+    groups = build_process_groups(topology, cluster.rank, timeout=timeout)
     device = _device_for(cluster)
     stats = CommStats()
     strategy = AllGatherStrategy(resolved, groups, stats)

@@ -116,7 +116,7 @@ def test_printed_request_redacts_secrets(request_):
 def test_secret_values_in_custom_mpi_options_are_redacted(src, tmp_path):
     dist = {"mpi": {"enabled": True, "processes_per_host": 1, "custom_mpi_options": "-x HF_TOKEN=abc123"}}
     request = Estimator("train.py", str(src), distribution=dist, output_path=str(tmp_path)).dry_run(job_name="j")
-    assert "HF_TOKEN=abc123" in request.argv
+    assert "HF_TOKEN" in request.argv and request.env["HF_TOKEN"] == "abc123"  # off the command line and job.json
     assert "abc123" not in str(request) and "abc123" not in request.command_line()
 
 

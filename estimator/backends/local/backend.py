@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import site
 import subprocess
 import sys
@@ -17,14 +18,18 @@ from estimator.backends.local.container_env import (
     container_env, encoded_hyperparameters, host_names, hyperparameter_args, process_env,
 )
 from estimator.backends.local.job import LocalJob
-from estimator.backends.local.job_dir import JobDir, JobDirPlan, read_json, write_json_atomically
+from estimator.backends.local.job_dir import (
+    JobDir, JobDirPlan, read_json, write_json_atomically, write_text_atomically,
+)
 from estimator.backends.local.mpirun import mpirun_argv, require_mpirun
 from estimator.backends.local.request import LocalRequest
 from estimator.backends.local.status import StatusRecord, utcnow, write_status
+from estimator.redact import Scrubber, is_secret, redact_env
 from estimator.spec import S3_SCHEME, JobSpec
 from estimator.validation import check_output_path, problem
 
 SUPERVISOR_MODULE = "estimator.backends.local.supervisor"
+JOB_UMASK = 0o077  # what the supervisor, mpirun and every rank create is the owner's alone
 
 
 class LocalBackend(Backend[LocalRequest]):
@@ -44,7 +49,9 @@ class LocalBackend(Backend[LocalRequest]):
             **container_env(spec, job),  # ...but never over the container contract
         }
         script_argv = [spec.code.entry_point, *hyperparameter_args(dict(spec.hyperparameters))]
-        argv = mpirun_argv(spec.world_size, env.keys(), spec.custom_mpi_options, script_argv)
+        custom_options, custom_env = _values_off_the_command_line(spec.custom_mpi_options)
+        env = {**custom_env, **env}
+        argv = mpirun_argv(spec.world_size, env.keys(), custom_options, script_argv)
         plan = JobDirPlan(
             root=root,
             config_files=_config_files(spec),
@@ -63,20 +70,27 @@ class LocalBackend(Backend[LocalRequest]):
         require_mpirun(request.argv[0])
         try:
             job = request.job_dir.create()
+            now = utcnow()
+            write_json_atomically(job.description_file,
+                                  {**request.description, "CreationTime": now, "TrainingStartTime": now})
+            write_status(job.status_file, StatusRecord.starting())
         except FileExistsError:
             raise problem("job_name", f"is taken: {request.job_path} exists", request.job_name) from None
-        now = utcnow()
-        write_json_atomically(job.description_file,
-                              {**request.description, "CreationTime": now, "TrainingStartTime": now})
-        write_status(job.status_file, StatusRecord.starting())
-        with open(job.supervisor_log, "ab") as supervisor_log:
+        except OSError as exc:  # read-only or full file system, no permission: at the first write
+            _remove_partial_job(request.job_path)
+            raise problem("output_path", f"cannot hold the job directory {request.job_path}: {exc.strerror or exc} "
+                          f"({type(exc).__name__}); pick a writable output_path with free space",
+                          str(request.job_path.parent)) from exc
+        # Owner-only (0600 files, 0700 directories) for the job's logs, status, outputs and checkpoints.
+        log_fd = os.open(job.supervisor_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        with open(log_fd, "ab") as supervisor_log:
             supervisor = subprocess.Popen(
                 [sys.executable, "-m", SUPERVISOR_MODULE, str(job.root)],
                 env={**os.environ, **request.env}, cwd=job.root, stdin=subprocess.DEVNULL,
-                stdout=supervisor_log, stderr=subprocess.STDOUT,
+                stdout=supervisor_log, stderr=subprocess.STDOUT, umask=JOB_UMASK,
                 start_new_session=True,  # the job outlives this process, like a SageMaker job
             )
-        job.pid_file.write_text(str(supervisor.pid))
+        write_text_atomically(job.pid_file, str(supervisor.pid))  # 0600, like everything in the job
         return LocalJob(job.root, supervisor=supervisor)
 
     # ---------------------------------------------------------------- attach
@@ -99,8 +113,27 @@ class LocalBackend(Backend[LocalRequest]):
             "checkpoint_s3_uri": own.get("CheckpointS3Uri"),
             "checkpoint_local_path": own.get("CheckpointLocalPath"),
             "max_run": own["MaxRun"],
+            "collective_timeout": own.get("CollectiveTimeout"),
         }
         return AttachedJob(LocalJob(root), kwargs)
+
+
+def _values_off_the_command_line(options: tuple[str, ...]) -> tuple[list[str], dict[str, str]]:
+    """A secret ``-x NAME=VALUE`` in custom_mpi_options becomes ``-x NAME`` plus NAME=VALUE in
+    mpirun's environment: secret values never sit on a command line or in job.json."""
+    argv, env = [], {}
+    for i, word in enumerate(options):
+        name, sep, value = word.partition("=")
+        if i and options[i - 1] in ("-x", "--x") and sep and name and is_secret(name, value):
+            env[name] = value
+            word = name
+        argv.append(word)
+    return argv, env
+
+
+def _remove_partial_job(root: Path) -> None:
+    """A job directory this launch made but could not finish writing (never someone else's)."""
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def _source_root() -> str | None:
@@ -163,7 +196,7 @@ def _description(spec: JobSpec, argv: list[str]) -> dict[str, Any]:
         ],
         "OutputDataConfig": {"S3OutputPath": Path(spec.output_path).as_uri()},
         "StoppingCondition": {"MaxRuntimeInSeconds": spec.max_run_s},
-        "Environment": dict(spec.environment),
+        "Environment": redact_env(spec.environment),  # job.json is on disk: no secret values
         "Smsdp": {
             "Argv": argv,
             "Hosts": host_names(spec.runtime.instance_count),
@@ -172,14 +205,16 @@ def _description(spec: JobSpec, argv: list[str]) -> dict[str, Any]:
             "EntryPoint": spec.code.entry_point,
             "Distribution": dict(spec.distribution),
             "HyperParameters": dict(spec.hyperparameters),
-            "Environment": dict(spec.environment),
+            "Environment": redact_env(spec.environment),  # attach() gets '********' for secrets
             "CheckpointS3Uri": spec.checkpoints.s3_uri,
             "CheckpointLocalPath": spec.checkpoints.local_path,
             "MaxRun": spec.max_run_s,
+            "CollectiveTimeout": spec.runtime.collective_timeout_s,
         },
     }
     if spec.checkpoints.s3_uri or spec.checkpoints.local_path:
         description["CheckpointConfig"] = {
             "S3Uri": spec.checkpoints.s3_uri, "LocalPath": spec.checkpoints.local_path,
         }
-    return description
+    # job.json is on disk: no secret value anywhere in it (custom_mpi_options' -x NAME=VALUE included).
+    return Scrubber.from_environment(spec.environment, spec.custom_mpi_options).tree(description)

@@ -113,19 +113,20 @@ class JobDirPlan:
         """Make the directory. Fails if it exists: the job name is taken."""
         job = JobDir(self.root)
         self.root.parent.mkdir(parents=True, exist_ok=True)
-        self.root.mkdir()  # atomic claim of the name
-        for path in (job.config, job.data, job.model, job.output_data, job.logs):
-            path.mkdir(parents=True, exist_ok=True)
+        self.root.mkdir(mode=0o700)  # atomic claim of the name; owner-only, whatever is inside
+        os.chmod(self.root, 0o700)  # mkdir's mode is masked by the umask
+        for path in (job.input, job.config, job.data, job.model, job.output, job.output_data, job.logs):
+            path.mkdir(mode=0o700)  # parents first: mkdir(parents=True) would not pass the mode on
         for relative, content in self.config_files.items():
             write_json_atomically(self.root / relative, content)
         self._copy_code(job.code)
         for name, source in self.channels.items():
             _link_channel(source, job.channel(name))
         if self.checkpoint_source is not None:
-            self.checkpoint_source.mkdir(parents=True, exist_ok=True)
+            self.checkpoint_source.mkdir(mode=0o700, parents=True, exist_ok=True)
             link_or_copy(self.checkpoint_source, job.checkpoints)
         else:
-            job.checkpoints.mkdir()
+            job.checkpoints.mkdir(mode=0o700)
         return job
 
     def _copy_code(self, code_dir: Path) -> None:

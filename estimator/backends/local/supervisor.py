@@ -9,13 +9,18 @@ process can then ``attach`` to the job through its directory. It
 - runs the mpirun argv from ``job.json`` in its own process group,
 - rewrites mpirun's rank tags and appends every line to ``logs/job.log``,
 - on SIGTERM (``job.stop()``) or after ``max_run`` seconds: status Stopping,
-  SIGTERM to every rank, SIGKILL after a grace period, status Stopped,
+  SIGTERM to every rank (not to mpirun, which would kill them at once: the
+  ranks get the grace period to finish their step and checkpoint, as on a spot
+  interruption), SIGKILL to everything after the grace period, status Stopped,
 - packs ``model/`` into ``output/model.tar.gz`` (Completed or Stopped jobs),
-- writes the final status with the first failing rank's traceback.
+- writes the final status with the first failing rank's traceback,
+- keeps the values of secret-looking variables out of the log and the
+  failure reason (``estimator.redact.Scrubber``).
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -24,12 +29,13 @@ import traceback
 from pathlib import Path
 
 from estimator.backends.local.failure import failure_reason
-from estimator.backends.local.job_dir import JobDir, read_json
+from estimator.backends.local.job_dir import JobDir, read_json, write_text_atomically
 from estimator.backends.local.packaging import pack_model
-from estimator.backends.local.process_session import kill_session, signal_session
+from estimator.backends.local.process_session import kill_session, session_members, signal_session
 from estimator.backends.local.rank_tags import RankTagger
 from estimator.backends.local.status import SecondaryStatus, StatusRecord, read_status, write_status
 from estimator.job import JobStatus
+from estimator.redact import Scrubber
 
 STOP_GRACE_S = 10.0  # SIGTERM -> SIGKILL; SageMaker gives 120 s, a local job needs less
 
@@ -43,6 +49,7 @@ class Supervisor:
         self.tagger = RankTagger(tuple(smsdp["Hosts"]), smsdp["ProcessesPerHost"])
         self.max_run_s = float(description["StoppingCondition"]["MaxRuntimeInSeconds"])
         self.proc: subprocess.Popen | None = None
+        self.scrub = Scrubber.from_environment(os.environ)
         self.stop_reason: str | None = None  # a SecondaryStatus once a stop was asked for
         self._finished = False
         # Status writes happen under this lock, never in a signal handler (which
@@ -85,7 +92,7 @@ class Supervisor:
         with open(self.job.log_file, "a", encoding="utf-8") as log:
             for raw in self.proc.stdout:
                 for line in self.tagger.retag(raw.decode("utf-8", errors="replace")):
-                    log.write(line + "\n")
+                    log.write(self.scrub(line) + "\n")
                 log.flush()
 
     # ---------------------------------------------------------------- stop
@@ -103,19 +110,31 @@ class Supervisor:
             if self.proc is None:
                 return
             self._signal_ranks(signal.SIGTERM)
-        killer = threading.Timer(STOP_GRACE_S, self._signal_ranks, (signal.SIGKILL,))
+        killer = threading.Timer(STOP_GRACE_S, self._kill_all)
         killer.daemon = True
         killer.start()
 
     def _signal_ranks(self, sig: int) -> None:
+        """Every process of the job but mpirun; mpirun itself while it has started no rank yet."""
+        if self.proc is None:
+            return
+        ranks = [pid for pid in session_members(self.proc.pid) if pid != self.proc.pid]
+        for pid in ranks or [self.proc.pid]:
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def _kill_all(self) -> None:
         if self.proc is not None:
-            signal_session(self.proc.pid, sig)  # mpirun and every rank
+            signal_session(self.proc.pid, signal.SIGKILL)  # mpirun and every rank
 
     # ---------------------------------------------------------------- end
 
     def _finish(self, exit_code: int) -> None:
         with self._lock:
             self._finished = True
+        self._scrub_failure_files()
         if self.stop_reason is not None:
             self._pack_quietly()
             self._write(JobStatus.STOPPED, self.stop_reason, exit_code=exit_code)
@@ -130,7 +149,20 @@ class Supervisor:
             self._write(JobStatus.COMPLETED, SecondaryStatus.COMPLETED, exit_code=0)
         else:
             self._write(JobStatus.FAILED, SecondaryStatus.FAILED, exit_code=exit_code,
-                        failure_reason=failure_reason(self.job, exit_code))
+                        failure_reason=self.scrub(failure_reason(self.job, exit_code)))
+
+    def _scrub_failure_files(self) -> None:
+        """The ranks' tracebacks (output/failure*) may quote a secret: not on disk, not in the reason."""
+        for path in [self.job.output / "failure", *self.job.failure_files()]:
+            try:
+                text = path.read_text(errors="replace")
+                clean = self.scrub(text)
+                if clean != text:
+                    stat = path.stat()
+                    write_text_atomically(path, clean)
+                    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # which rank failed first
+            except OSError:
+                pass
 
     def _pack_quietly(self) -> None:
         """A stopped job keeps what it saved, as on SageMaker; a failure to pack is not fatal."""

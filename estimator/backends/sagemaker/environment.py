@@ -23,6 +23,7 @@ from smsdp.config import (
     CONFIG_ENV_VAR, SCRATCH_BUFFER_ENV_VAR, SORT_BUFFER_ENV_VAR, ConfigError, ConfigProblem, RuntimeConfig,
 )
 
+from estimator.redact import redact_value
 from estimator.spec import JobSpec
 
 CHECKPOINT_DIR_ENV = "SM_CHECKPOINT_DIR"
@@ -73,7 +74,7 @@ def _check_limits(environment: Mapping[str, str], user_names: Iterable[str]) -> 
     problems = [
         ConfigProblem(("environment", name), f"is longer than SageMaker's {MAX_VALUE_CHARS} characters per "
                       "value; pass large settings as a hyperparameter or a file in source_dir",
-                      environment[name])
+                      redact_value(name, environment[name]))
         for name in user_names if len(environment[name]) > MAX_VALUE_CHARS
     ]
     if len(environment) > MAX_ENTRIES:

@@ -12,7 +12,7 @@ import yaml
 from estimator.backends.sagemaker.options import RemoteOptions
 from estimator.backends.sagemaker.source_bundle import SourceBundle
 from estimator.backends.sagemaker.training_request import ResolvedJob
-from estimator.redact import redact_env
+from estimator.redact import Scrubber, redact_env
 from estimator.spec import JobSpec
 
 
@@ -51,7 +51,9 @@ class SageMakerRequest:
 
     def to_dict(self) -> dict[str, Any]:
         request = copy.deepcopy(dict(self.create_training_job))
-        request["Environment"] = redact_env(request["Environment"])
+        # Secret values also hide in custom_mpi_options (-x NAME=VALUE) and anywhere else they were pasted.
+        scrub = Scrubber.from_environment(request["Environment"], self.spec.custom_mpi_options)
+        request = scrub.tree({**request, "Environment": redact_env(request["Environment"])})
         return {
             "CreateTrainingJob": request,
             "SourceDir": {"upload_to": self.resolved.code_uri, **self.bundle.summary()},
