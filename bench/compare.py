@@ -5,20 +5,34 @@ One command, from the repository root::
     /work/venv/bin/python bench/compare.py                 # fp32 and bf16 + the smsdp scaling table
     /work/venv/bin/python bench/compare.py --precision fp32 --no-scaling --warmup 2 --steps 5   # quick
 
-Every run is its own ``mpirun -np 4`` (gloo, one thread per rank,
-``OMP_NUM_THREADS=1``) of ``bench/workers/train_worker.py``, so peak RSS is
-per system. Same GPT (4 layers, d_model 256, 4 heads, vocab 1024, seq 128),
-batch 4 sequences per rank, AdamW (lr 1e-3), global-norm clipping 1.0, the
-same initial weights and the same token windows from the shipped corpus
-(``entrypoints.data.TokenDataset``) in every system.
+How it runs (every launch is ``mpirun -np 4`` of ``bench/workers/train_worker.py``:
+gloo, one thread per rank, ``OMP_NUM_THREADS=1``):
+
+1. speed: per precision ONE launch that builds all five systems and interleaves
+   their steps (round robin, order rotated every step, a barrier before each
+   system's step). This machine is shared with other work; interleaving gives
+   every system the same machine state, where separate launches minutes apart
+   would not;
+2. memory: per precision and system a short launch of that system alone
+   (peak RSS is per process), two launches at a time;
+3. scaling: smsdp alone at d = 1, 2, 4 with accumulation 1 and 4 (separate
+   launches: the runtime has one configuration per process).
+
+Same GPT (4 layers, d_model 256, 4 heads, vocab 1024, seq 128), batch 4
+sequences per rank, AdamW (lr 1e-3), global-norm clipping 1.0, the same
+initial weights and the same token windows from the shipped corpus
+(``entrypoints.data.TokenDataset``) in every system. smsdp is built as the
+bundled training script builds it: ``smp.DistributedModel(gpt,
+backward_passes_per_step=accum)``, persistence threshold 10000 (``--threshold``).
 
 What the columns mean:
 
 - tokens/s: the whole job's tokens per second (4 ranks x batch x seq x accum /
   step time); step time: the slowest rank's median over the timed steps.
 - model TFLOP/s: tokens/s x ``GPT.flops_per_token()`` (6N + 12·l·h·s).
-- peak RSS: ``ru_maxrss`` of each rank at the end, max over ranks (it includes
-  ~220 MiB for the interpreter and torch; "RSS at start" is in the JSON).
+- peak RSS: ``ru_maxrss`` of each rank at the end of its solo launch, max over
+  ranks (it includes ~220 MiB for the interpreter and torch; "RSS at start" is
+  in the JSON).
 - model state: bytes of the tensors each system holds per rank after
   ``optimizer.step()`` (before ``zero_grad``): parameters (fp32 master shards
   and any persistent low-precision copies), gradients, optimizer state
@@ -177,6 +191,10 @@ def summarize(run: dict, system: str | None = None) -> dict:
         "bytes_per_step": computed if computed else counted,
         "bytes_source": "computed" if computed else "counted",
         "bytes_smsdp_stats": r0["bytes_per_step_smsdp"],
+        "counter_matches_comm_stats": (
+            None if r0["bytes_per_step_smsdp"] is None else
+            abs(sum(counted.values()) - sum(r0["bytes_per_step_smsdp"].values()))
+            <= 1e-6 * max(1.0, sum(counted.values()))),
         "layout": r0["smsdp_layout"],
         "losses": losses,
         "final_loss": losses[-1],
@@ -455,6 +473,11 @@ def main() -> None:
         f"{args.threshold} (blocks sharded; tensors under it — LayerNorms and biases — replicated).",
         "",
         main_table(rows),
+        "",
+        "smsdp's bytes as counted by the torch.distributed wrapper "
+        + ("equal" if all(r.get("counter_matches_comm_stats") for r in rows if r.get("system") == "smsdp"
+                          and "error" not in r) else "DO NOT equal")
+        + " the runtime's own smp.comm_stats() per step.",
         "",
         "Time per phase (medians, slowest rank). Wall ms include time a rank waits or is descheduled; "
         "main-thread CPU is the work the training thread itself did; process CPU adds gloo's threads "

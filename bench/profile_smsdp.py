@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from compare import RESULTS, run_config, summarize  # noqa: E402
+from compare import RESULTS, code_line, machine_line, run_config, summarize  # noqa: E402
 
 ORDER = [
     "model compute (autograd fwd+bwd, rest of step)",
@@ -162,7 +162,7 @@ def main() -> None:
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    sections, payload = [], {}
+    sections, payload = [f"Profile of {code_line()}; {machine_line()}."], {"code": code_line()}
     for precision in [x for x in args.precision.split(",") if x]:
         text, data = breakdown(precision, args.warmup, args.steps, args.timeout)
         sections.append(text)
