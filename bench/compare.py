@@ -23,7 +23,9 @@ sequences per rank, AdamW (lr 1e-3), global-norm clipping 1.0, the same
 initial weights and the same token windows from the shipped corpus
 (``entrypoints.data.TokenDataset``) in every system. smsdp is built as the
 bundled training script builds it: ``smp.DistributedModel(gpt,
-backward_passes_per_step=accum)``, persistence threshold 10000 (``--threshold``).
+backward_passes_per_step=accum)``, persistence threshold 0 (``--threshold``):
+every parameter sharded, as FSDP2 and FSDP1 shard every parameter (the SMP
+default 1e6 exceeds every tensor of this GPT and would shard nothing).
 
 What the columns mean:
 
@@ -376,9 +378,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--precision", default="fp32,bf16", help="comma-separated: fp32,bf16")
     p.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset of " + ",".join(SYSTEMS))
-    p.add_argument("--threshold", type=int, default=10_000,
-                   help="smsdp sdp_param_persistence_threshold (default 10000: the blocks' weight matrices "
-                        "are sharded; the SMP default 1e6 exceeds every tensor of this GPT)")
+    p.add_argument("--threshold", type=int, default=0,
+                   help="smsdp sdp_param_persistence_threshold (default 0: every parameter sharded, like FSDP; "
+                        "the SMP default 1e6 exceeds every tensor of this GPT)")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--scaling", action=argparse.BooleanOptionalAction, default=True,
@@ -470,7 +472,7 @@ def main() -> None:
         "",
         f"GPT 4 layers × d_model 256 × 4 heads, vocab 1024, seq 128, batch 4 per rank, 4 ranks, AdamW lr 1e-3, "
         f"clip 1.0; warm-up {args.warmup} + {args.steps} timed steps per system (median). smsdp persistence threshold "
-        f"{args.threshold} (blocks sharded; tensors under it — LayerNorms and biases — replicated).",
+        f"{args.threshold} ({'every parameter sharded, as FSDP does' if args.threshold == 0 else 'tensors under it replicated'}).",
         "",
         main_table(rows),
         "",

@@ -401,7 +401,7 @@ def main() -> None:
                         "see the same machine; smsdp variants: smsdp_agflat, smsdp_thr<N>" % SYSTEMS)
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     p.add_argument("--sdp", type=int, default=2)
-    p.add_argument("--threshold", type=int, default=10_000)
+    p.add_argument("--threshold", type=int, default=0)
     p.add_argument("--accum", type=int, default=1)
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--warmup", type=int, default=5)
