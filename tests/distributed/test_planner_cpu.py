@@ -14,21 +14,18 @@ import pytest
 
 from smsdp.planner import ModelSpec, plan
 from smsdp.planner import memory as mem
+from tests.distributed.planner_worker import CASES
 from tests.mpi_harness import requires_mpi, run_cases
 
 pytestmark = [pytest.mark.distributed, requires_mpi]
 
 SIMULATED_HOSTS = {"SMSDP_SIMULATED_HOSTS": "1", "SM_HOSTS": '["algo-1", "algo-2"]'}
-EQUIVALENCE = dict(n_layer=2, d_model=32, n_head=2, vocab_size=64, seq_len=16, bias=False, tie_embeddings=True)
-BENCH = dict(n_layer=4, d_model=256, n_head=4, vocab_size=1024, seq_len=128)
-CASES = {
-    "equivalence_d4": (EQUIVALENCE, 2, {"sharded_data_parallel_degree": 4, "sdp_param_persistence_threshold": 0}),
-    "equivalence_persist": (EQUIVALENCE, 2, {"sharded_data_parallel_degree": 2,
-                                             "sdp_param_persistence_threshold": 100}),
-    "bench_fp32": (BENCH, 4, {"sharded_data_parallel_degree": 2, "sdp_param_persistence_threshold": 10_000}),
-    "bench_bf16": (BENCH, 4, {"sharded_data_parallel_degree": 2, "sdp_param_persistence_threshold": 10_000,
-                              "bf16": True}),
-}
+
+
+def _shape(config) -> dict:
+    """The planner's description of a GPTConfig."""
+    return dict(n_layer=config.n_layer, d_model=config.d_model, n_head=config.n_head, vocab_size=config.vocab_size,
+                seq_len=config.block_size, bias=config.bias, tie_embeddings=config.tie_embeddings)
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +35,8 @@ def results(tmp_path_factory):
 
 
 def _plan(case: str):
-    shape, batch, params = CASES[case]
-    return plan(ModelSpec.gpt(**shape), batch_size=batch, instance_type="local", instance_count=2,
+    config, batch, params = CASES[case]
+    return plan(ModelSpec.gpt(**_shape(config)), batch_size=batch, instance_type="local", instance_count=2,
                 processes_per_host=2, parameters=params, recommend=False)
 
 
