@@ -76,6 +76,10 @@ import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT))  # run as `python bench/compare.py` from a checkout, installed or not
+
+from estimator.backends.local.mpirun import FAST_MPI_ENV, find_mpirun  # noqa: E402
+
 WORKER = REPO_ROOT / "bench" / "workers" / "train_worker.py"
 RESULTS = REPO_ROOT / "bench" / "results"
 NPROCS = 4
@@ -89,25 +93,14 @@ LABELS = {
 }
 MIB = 1024 * 1024
 
-#: MACHINE-NOTES: shared-memory MPI transport (fast start), one thread per rank, root-friendly.
-MPI_ENV = {
-    "OMPI_MCA_btl": "self,sm",
-    "OMPI_MCA_pml": "ob1",
-    "OMP_NUM_THREADS": "1",
-    "MKL_NUM_THREADS": "1",
-    "PYTHONUNBUFFERED": "1",
-    "OMPI_ALLOW_RUN_AS_ROOT": "1",
-    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-    "SMSDP_LOG_LEVEL": "WARNING",
-}
+MPI_ENV = {**FAST_MPI_ENV, "SMSDP_LOG_LEVEL": "WARNING"}
 
 
 # --------------------------------------------------------------------------------------------
 # Running one configuration
 # --------------------------------------------------------------------------------------------
-def find_mpirun() -> str:
-    beside = Path(sys.executable).parent / "mpirun"
-    found = str(beside) if beside.exists() else shutil.which("mpirun")
+def _mpirun() -> str:
+    found = find_mpirun()
     if not found:
         raise SystemExit("mpirun not found next to this interpreter or on PATH")
     return found
@@ -117,7 +110,7 @@ def run_config(worker_args: list[str], timeout: float, log) -> dict:
     """One ``mpirun -np 4`` of the worker; returns the per-rank results and the launch facts."""
     out = Path(tempfile.mkdtemp(prefix="smsdp-bench-"))
     argv = [
-        find_mpirun(), "-np", str(NPROCS), "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
+        _mpirun(), "-np", str(NPROCS), "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
         sys.executable, str(WORKER), "--out", str(out), *worker_args,
     ]
     env = dict(os.environ)

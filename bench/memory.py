@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # run as `python bench/memory.py` from a checkout, installed or not
 MIB = 2**20
 
 
@@ -96,11 +97,11 @@ def rank_main(kind: str, flag: bool, out: str) -> None:
 
 
 def launch(kind: str, flag: bool) -> list[dict]:
-    mpirun = Path(sys.executable).parent / "mpirun"
+    from estimator.backends.local.mpirun import FAST_MPI_ENV, find_mpirun
+
     out = Path(tempfile.mkdtemp()) / "result.json"
-    env = {**os.environ, "OMPI_MCA_btl": "self,sm", "OMPI_MCA_pml": "ob1", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": str(REPO), "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
-    argv = [str(mpirun), "-np", "4", "--oversubscribe", "--bind-to", "none", sys.executable, __file__,
+    env = {**os.environ, **FAST_MPI_ENV, "PYTHONPATH": str(REPO)}
+    argv = [find_mpirun() or "mpirun", "-np", "4", "--oversubscribe", "--bind-to", "none", sys.executable, __file__,
             "--rank", kind, str(int(flag)), str(out)]
     subprocess.run(argv, check=True, env=env, cwd=REPO, timeout=600)
     return json.loads(out.read_text())

@@ -58,40 +58,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from estimator.backends.local.mpirun import FAST_MPI_ENV, find_mpirun  # noqa: F401 (re-exported)
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 OUT_ENV = "SMSDP_TEST_OUT"
 CASES_ENV = "SMSDP_TEST_CASES"
 PG_TIMEOUT_ENV = "SMSDP_TEST_PG_TIMEOUT"
 
-#: Settings from MACHINE-NOTES: shared-memory transport only (start-up 0.1 s
-#: instead of 1.2 s), one thread per rank, unbuffered output, root-friendly.
-FAST_MPI_ENV = {
-    "OMPI_MCA_btl": "self,sm",
-    "OMPI_MCA_pml": "ob1",
-    "OMP_NUM_THREADS": "1",
-    "MKL_NUM_THREADS": "1",
-    "PYTHONUNBUFFERED": "1",
-    "OMPI_ALLOW_RUN_AS_ROOT": "1",
-    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-}
-
 _TAIL_CHARS = 6000
-
-
-# --------------------------------------------------------------------------- #
-# Finding mpirun
-# --------------------------------------------------------------------------- #
-def find_mpirun() -> str | None:
-    """The ``mpirun`` next to this interpreter (the venv's Open MPI), else PATH.
-
-    The venv's one comes first because mpi4py is linked against its library;
-    mixing it with a system Open MPI works only by accident.
-    """
-    beside = Path(sys.executable).parent / "mpirun"
-    if beside.exists():
-        return str(beside)
-    return shutil.which("mpirun")
 
 
 def _make_requires_mpi():

@@ -60,19 +60,20 @@ def batch(step: int, n: int):
     return tokens[:, :-1], tokens[:, 1:]
 
 
-def train(model, opt, steps) -> list[float]:
+def train_step(model, opt, x, y) -> float:
+    """One optimizer step on this rank's slice of the global batch; returns the global loss."""
     rank, n = smp.rank(), smp.dp_size()
-    losses = []
-    for step in steps:
-        x, y = batch(step, n)
-        loss = model(x.chunk(n)[rank], y.chunk(n)[rank]).loss
-        model.backward(loss)
-        opt.step()
-        opt.zero_grad()
-        total = loss.detach().clone()
-        dist.all_reduce(total)
-        losses.append(total.item() / n)
-    return losses
+    loss = model(x.chunk(n)[rank], y.chunk(n)[rank]).loss
+    model.backward(loss)
+    opt.step()
+    opt.zero_grad()
+    total = loss.detach().clone()
+    dist.all_reduce(total)
+    return total.item() / n
+
+
+def train(model, opt, steps) -> list[float]:
+    return [train_step(model, opt, *batch(step, smp.dp_size())) for step in steps]
 
 
 # ---- the SAVE launch -------------------------------------------------------------------------
@@ -197,18 +198,9 @@ def other_world() -> dict:
     model, opt = build(sdp=2)
     smp.resume_from_checkpoint(root() / "main")
     model.eval()  # the RNG streams of a 4-rank job have no counterpart in another world size
-    rank, n = smp.rank(), smp.dp_size()
     x, y = batch(HALF, 4)
-    losses = []
-    for _ in range(2):
-        loss = model(x.chunk(n)[rank], y.chunk(n)[rank]).loss
-        model.backward(loss)
-        opt.step()
-        opt.zero_grad()
-        total = loss.detach().clone()
-        dist.all_reduce(total)
-        losses.append(total.item() / n)
-    return {"world": n, "losses": losses}
+    losses = [train_step(model, opt, x, y) for _ in range(2)]
+    return {"world": smp.dp_size(), "losses": losses}
 
 
 CASES = {
