@@ -77,8 +77,9 @@ def process_env(spec: JobSpec, source_root: str | None) -> dict[str, str]:
         "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // spec.world_size)),
     }
     if source_root is not None:
-        inherited = os.environ.get("PYTHONPATH")
-        env["PYTHONPATH"] = os.pathsep.join([source_root] + ([inherited] if inherited else []))
+        inherited = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                     if entry and entry != source_root]
+        env["PYTHONPATH"] = os.pathsep.join([source_root, *inherited])
     return env
 
 
