@@ -1,5 +1,6 @@
-"""Memory of construction (eager vs delayed initialization) and of activations (with and
-without activation checkpointing), measured as peak RSS per rank. Prints Markdown tables.
+"""Memory of construction (eager vs delayed initialization) and of activations (without
+activation checkpointing, with it, and with offloading too), measured as peak RSS per rank.
+Prints Markdown tables.
 
     .venv/bin/python bench/memory.py            # about a minute on 2 cores
 
@@ -56,14 +57,22 @@ def construct(delayed: bool) -> dict:
             "shard_bytes": model.model_state_bytes()["params"]}
 
 
-def train(checkpointing: bool, steps: int = 6) -> dict:
+#: activation memory settings compared: name -> smp.init parameters
+ACTIVATION_MODES = {
+    "none": {},
+    "checkpointing": {"activation_checkpointing": True},
+    "checkpointing + offloading (horizon 1)": {"activation_checkpointing": True, "offload_activations": True,
+                                               "activation_loading_horizon": 1},
+}
+
+
+def train(mode: str, steps: int = 6) -> dict:
     import torch
 
     import smsdp as smp
     from entrypoints.gpt import GPT, GPTConfig
 
-    smp.init({"sharded_data_parallel_degree": 2, "sdp_param_persistence_threshold": 0,
-              "activation_checkpointing": checkpointing})
+    smp.init({"sharded_data_parallel_degree": 2, "sdp_param_persistence_threshold": 0, **ACTIVATION_MODES[mode]})
     config = GPTConfig(vocab_size=1024, block_size=512, n_layer=4, n_head=4, d_model=256)
     torch.manual_seed(0)
     model = smp.DistributedModel(GPT(config))
@@ -80,13 +89,18 @@ def train(checkpointing: bool, steps: int = 6) -> dict:
         times.append(time.perf_counter() - start)
         if step == 0:
             before = _peak_rss()  # after one step: weights, optimizer state and allocator warm
-    return {"rss_growth": _peak_rss() - before, "peak_rss": _peak_rss(), "step_s": sorted(times[1:])[len(times[1:]) // 2]}
+    from smsdp import state
+
+    offloader = state.get().activation_offloader
+    return {"rss_growth": _peak_rss() - before, "peak_rss": _peak_rss(), "step_s": sorted(times[1:])[len(times[1:]) // 2],
+            "offloaded_per_step": offloader.stats.offloaded_bytes / steps if offloader else 0,
+            "max_back": offloader.stats.max_loaded_bytes if offloader else 0}
 
 
-def rank_main(kind: str, flag: bool, out: str) -> None:
+def rank_main(kind: str, arg: str, out: str) -> None:
     import torch.distributed as dist
 
-    result = construct(flag) if kind == "construct" else train(flag)
+    result = construct(arg == "delayed") if kind == "construct" else train(arg)
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, result)
     if dist.get_rank() == 0:
@@ -96,13 +110,13 @@ def rank_main(kind: str, flag: bool, out: str) -> None:
 # ---- the driver -------------------------------------------------------------------------------
 
 
-def launch(kind: str, flag: bool) -> list[dict]:
+def launch(kind: str, arg: str) -> list[dict]:
     from estimator.backends.local.mpirun import FAST_MPI_ENV, find_mpirun
 
     out = Path(tempfile.mkdtemp()) / "result.json"
     env = {**os.environ, **FAST_MPI_ENV, "PYTHONPATH": str(REPO)}
     argv = [find_mpirun() or "mpirun", "-np", "4", "--oversubscribe", "--bind-to", "none", sys.executable, __file__,
-            "--rank", kind, str(int(flag)), str(out)]
+            "--rank", kind, arg, str(out)]
     subprocess.run(argv, check=True, env=env, cwd=REPO, timeout=600)
     return json.loads(out.read_text())
 
@@ -112,24 +126,26 @@ def main() -> None:
     print("| initialization | parameters | largest unit (elements) | peak RSS growth per rank (max) | shard bytes per rank |")
     print("|---|---|---|---|---|")
     for delayed in (False, True):
-        ranks = launch("construct", delayed)
+        ranks = launch("construct", "delayed" if delayed else "eager")
         r0 = ranks[0]
         print(f"| {'delayed' if delayed else 'eager'} | {r0['params'] / 1e6:.1f} M | {r0['unit_elements'] / 1e6:.2f} M "
               f"| {max(r['rss_growth'] for r in ranks) / MIB:.0f} MiB | {r0['shard_bytes'] / MIB:.0f} MiB |")
     print("\n## Activations: 4-layer GPT (d_model 256), seq 512, batch 8 per rank, d=2, 4 ranks\n")
-    print("| activation checkpointing | peak RSS growth during training (max over ranks) | peak RSS | step time (median) |")
-    print("|---|---|---|---|")
-    for checkpointing in (False, True):
-        ranks = launch("train", checkpointing)
-        print(f"| {'on' if checkpointing else 'off'} | {max(r['rss_growth'] for r in ranks) / MIB:.0f} MiB "
-              f"| {max(r['peak_rss'] for r in ranks) / MIB:.0f} MiB | {max(r['step_s'] for r in ranks) * 1e3:.0f} ms |")
+    print("| activations | peak RSS growth during training (max over ranks) | peak RSS | step time (median) "
+          "| moved to host per step | most brought back at once |")
+    print("|---|---|---|---|---|---|")
+    for mode in ACTIVATION_MODES:
+        ranks = launch("train", mode)
+        print(f"| {mode} | {max(r['rss_growth'] for r in ranks) / MIB:.0f} MiB "
+              f"| {max(r['peak_rss'] for r in ranks) / MIB:.0f} MiB | {max(r['step_s'] for r in ranks) * 1e3:.0f} ms "
+              f"| {ranks[0]['offloaded_per_step'] / MIB:.1f} MiB | {ranks[0]['max_back'] / MIB:.1f} MiB |")
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rank", nargs=3, metavar=("KIND", "FLAG", "OUT"), help=argparse.SUPPRESS)
+    parser.add_argument("--rank", nargs=3, metavar=("KIND", "MODE", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rank:
-        rank_main(args.rank[0], bool(int(args.rank[1])), args.rank[2])
+        rank_main(*args.rank)
     else:
         main()

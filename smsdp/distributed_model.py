@@ -78,8 +78,6 @@ class DistributedModel(nn.Module):
                 f"tensor_parallel_degree={params.tensor_parallel_degree}: smsdp builds the tensor-parallel "
                 "groups but has no tensor-parallel layers yet; use tensor_parallel_degree=1"
             )
-        if params.offload_activations:
-            logger.warning("offload_activations=True has no effect yet: smsdp does not offload activations")
         delayed = any(p.is_meta for p in module.parameters())
         self.module = module if delayed else module.to(rt.device)
         if broadcast_init and rt.cluster.world_size > 1 and not delayed:
@@ -111,6 +109,7 @@ class DistributedModel(nn.Module):
         self._in_backward = False
         self._pending: list[_PendingReduce] = []
         self._micro_steps = 0
+        self._warned_nothing_offloaded = False
         # [Note: early replica sync] With backward_passes_per_step declared, the backward
         # that ends the accumulation is known when it starts: each unit's replica all-reduce
         # is launched as soon as its reduce-scatter is done, overlapping the rest of that
@@ -265,6 +264,14 @@ class DistributedModel(nn.Module):
 
     def _begin_backward(self) -> None:
         self._in_backward = True
+        offloader = runtime_state.get().activation_offloader
+        if offloader is not None:
+            offloader.prefetch()  # the last checkpointed units' inputs, while the head's backward runs
+            if offloader.stats.groups == 0 and not self._warned_nothing_offloaded:
+                self._warned_nothing_offloaded = True
+                logger.warning("offload_activations=True offloads the inputs of checkpointed modules, and no "
+                               "module is checkpointed: set activation_checkpointing=True, or call "
+                               "smp.set_activation_checkpointing(module) on the modules to offload")
         torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
         bpps = self._backward_passes_per_step
         if self._sync_handles:

@@ -15,6 +15,7 @@ from typing import Any, Mapping
 import torch
 import torch.distributed as dist
 
+from smsdp.activation_offload import ActivationOffloader
 from smsdp.cluster import ClusterInfo
 from smsdp.collectives import AllGatherStrategy, Handle, all_reduce, reduce_scatter_flat
 from smsdp.comm_accounting import CommStats
@@ -39,6 +40,7 @@ class RuntimeState:
     models: list[Any] = field(default_factory=list)  # DistributedModels, newest last
     optimizers: list[Any] = field(default_factory=list)  # DistributedOptimizers, newest last
     backward_scale: float = 1.0  # 1/microbatches inside @smp.step, applied by model.backward
+    activation_offloader: ActivationOffloader | None = None  # with offload_activations
 
     @property
     def params(self) -> SMPParameters:
@@ -121,6 +123,8 @@ def init(config: RuntimeConfig | SMPParameters | Mapping[str, Any] | None = None
     stats = CommStats()
     strategy = AllGatherStrategy(resolved, groups, stats)
     _STATE = RuntimeState(resolved, cluster, topology, topology.coords(cluster.rank), groups, device, stats, strategy)
+    if resolved.parameters.offload_activations:
+        _STATE.activation_offloader = ActivationOffloader(device, resolved.parameters.activation_loading_horizon)
     logger.info("smsdp initialized: %s", topology)
     return _STATE
 

@@ -274,9 +274,6 @@ def _evaluate(
                         "(give layers/hidden/heads/vocab/seq, or ModelSpec.with_shape)")
     if p.offload_activations and not checkpointing:
         warnings.append("offload_activations has no effect without activation checkpointing (as in SMP)")
-    if p.offload_activations:
-        warnings.append("offload_activations is not implemented by the smsdp runtime yet: the plan assumes "
-                        "SMP's behaviour (inputs of activation_loading_horizon+1 blocks on the device)")
 
     # Communication (also tells whether the all-gather is hierarchical)
     sharded = sum(g.padded for g in groups if g.sharded)

@@ -6,6 +6,7 @@ AdamW equivalence is test_equivalence.py's job. Run with 4 ranks on 2 simulated 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -36,6 +37,12 @@ CASES = {
     "no_room_to_prefetch": Case("gpt", {"sharded_data_parallel_degree": 2, "sdp_max_live_parameters": 1}),
     "activation_checkpointing": Case("gpt", {"sharded_data_parallel_degree": 2, "activation_checkpointing": True}),
     "activation_checkpointing_hf_gpt2": Case("hf_gpt2", {"sharded_data_parallel_degree": 4, "activation_checkpointing": True}),
+    # the activation_checkpointing case plus offloading: bit for bit the same run
+    "activation_offloading": Case("gpt", {"sharded_data_parallel_degree": 2, "activation_checkpointing": True,
+                                          "offload_activations": True, "activation_loading_horizon": 1}),
+    "activation_offloading_on_demand_microbatches": Case(
+        "gpt", {"sharded_data_parallel_degree": 2, "activation_checkpointing": True, "offload_activations": True,
+                "activation_loading_horizon": 0, "microbatches": 2}, microbatches=2),
     "step_microbatches": Case("gpt", {"sharded_data_parallel_degree": 2, "microbatches": 2}, microbatches=2),
 }
 
@@ -101,7 +108,10 @@ def sharded(case: Case) -> dict:
         opt.step()
         opt.zero_grad()
         losses.append(loss.item())
-    return {"losses": losses, "params": model.state_dict(), "inner_calls_per_step": len(inner_calls) / STEPS}
+    offloader = runtime_state.get().activation_offloader
+    return {"losses": losses, "params": model.state_dict(), "inner_calls_per_step": len(inner_calls) / STEPS,
+            "checkpointed_units": len(model.units) - 1,
+            "offload": dataclasses.asdict(offloader.stats) if offloader is not None else None}
 
 
 def run_case(name: str) -> dict:

@@ -19,6 +19,8 @@ CASES = [
     "step_microbatches",
     "activation_checkpointing",
     "activation_checkpointing_hf_gpt2",
+    "activation_offloading",
+    "activation_offloading_on_demand_microbatches",
 ]
 
 
@@ -53,6 +55,31 @@ def test_activation_checkpointing_recomputes_in_backward(results):
     assert results["small_reduce_buckets"][0]["sharded"]["inner_calls_per_step"] == 1
     assert results["activation_checkpointing"][0]["sharded"]["inner_calls_per_step"] == 2
     assert results["activation_checkpointing_hf_gpt2"][0]["sharded"]["inner_calls_per_step"] == 2
+
+
+def test_activation_offloading_changes_no_bit(results):
+    for with_offload, without in zip(results["activation_offloading"], results["activation_checkpointing"]):
+        assert with_offload["sharded"]["losses"] == without["sharded"]["losses"]
+        for name, value in without["sharded"]["params"].items():
+            assert torch.equal(with_offload["sharded"]["params"][name], value), name
+    assert results["activation_offloading"][0]["sharded"]["inner_calls_per_step"] == 2  # still recomputed
+
+
+@pytest.mark.parametrize("case, horizon, backwards_per_step", [
+    ("activation_offloading", 1, 1), ("activation_offloading_on_demand_microbatches", 0, 2)])
+def test_activation_offloading_moves_every_checkpointed_input_once(results, case, horizon, backwards_per_step):
+    from tests.distributed.models_worker import STEPS
+
+    for result in results[case]:
+        ours, stats = result["sharded"], result["sharded"]["offload"]
+        units = ours["checkpointed_units"]
+        assert stats["groups"] == units * STEPS * backwards_per_step
+        assert stats["offloaded_bytes"] == stats["loaded_bytes"] > 0  # each input out once and back once
+        assert stats["max_loaded_groups"] == min(units, horizon + 1)  # the horizon bounds what is back
+        if horizon == 0:
+            assert stats["on_demand_groups"] == stats["groups"] and stats["prefetched_groups"] == 0
+        else:  # the backward's start loads the first; each recomputation loads the next ahead
+            assert stats["prefetched_groups"] == stats["groups"] and stats["on_demand_groups"] == 0
 
 
 def test_frozen_parameters_do_not_move(results):
