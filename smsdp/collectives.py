@@ -366,20 +366,16 @@ class AllGatherStrategy:
     4. otherwise FLAT, logging once per reason (logger "smsdp") which buffer
        was too small, by how much, and which environment variable to raise.
 
-    What BUFFERED honestly does: SMDDP's custom all-gather kernels are not
-    available here, so on CUDA tensors it issues the same NCCL all-gather as
-    FLAT, straight into the output, and allocates no buffers (it must never be
-    slower than FLAT). On CPU/gloo it is a staging path that exercises the
-    SMDDP buffer contract: the input is copied into the preallocated scratch
-    buffer, then gathered in rounds whose results land in the preallocated
-    sort buffer and are copied column-wise into the output; ``sort >= input*d/8``
-    bounds that at 8 rounds. That costs two extra memcpys and buys nothing on
-    gloo; it exists so the buffer rules, the fallback and the bit-exactness
-    are tested where we can run them. It runs to completion before returning
-    (the shared buffers cannot serve two gathers in flight), so an
-    ``async_op=True`` call gets a completed handle. Every path gives the flat
-    all-gather's bits and records the flat ring byte count under "all_gather"
-    (the hierarchical path under its two stage labels).
+    What BUFFERED does: SMDDP's custom all-gather kernels are not available
+    here, so on every backend it issues the flat all-gather straight into the
+    output, asynchronously, and allocates no buffers: it must never be slower
+    than FLAT. (An earlier version staged gloo gathers through the scratch and
+    sort buffers to exercise them; that cost two copies of every gathered unit,
+    about 5% of a CPU step, and bought nothing.) What the buffer sizes decide is
+    recorded in ``path_counts``, and a fallback is logged once per reason with
+    the variable to raise, as SMDDP does. Every path gives the flat all-gather's
+    bits and records the flat ring byte count under "all_gather" (the
+    hierarchical path under its two stage labels).
     """
 
     def __init__(self, settings, groups: ProcessGroups, stats: CommStats | None = None) -> None:
@@ -388,10 +384,7 @@ class AllGatherStrategy:
         self.settings = settings
         self.groups = groups
         self.stats = stats
-        self._scratch: torch.Tensor | None = None
-        self._sort: torch.Tensor | None = None
         self._logged: set[FallbackReason] = set()
-        self._buffers_busy = False  # a one-round buffered gather is in flight
         self.path_counts: dict[AllGatherPath, int] = {path: 0 for path in AllGatherPath}
 
     # ------------------------------------------------------------ decision
@@ -459,55 +452,6 @@ class AllGatherStrategy:
         self.path_counts[path] += 1
         if path is AllGatherPath.HIERARCHICAL:
             return hierarchical_all_gather(output, input, self.groups.hierarchical, stats, async_op)
-        if path is AllGatherPath.BUFFERED and input.device.type == "cpu" and not self._buffers_busy:
-            return self._buffered_all_gather(output, input, stats, async_op)
-        # On CUDA, and while the buffers serve an in-flight gather, the flat all-gather
-        # (bit-identical) keeps prefetches overlapping.
         return all_gather_flat(output, input, self.groups.shard_group, stats, async_op)
 
     __call__ = all_gather
-
-    def _buffers(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """The scratch and sort buffers, allocated once (bytes; viewed per dtype)."""
-        if self._scratch is None:
-            self._scratch = torch.empty(self.settings.scratch_bytes, dtype=torch.uint8, device=device)
-            self._sort = torch.empty(self.settings.sort_bytes, dtype=torch.uint8, device=device)
-        return self._scratch, self._sort
-
-    def _buffered_all_gather(self, output: torch.Tensor, input: torch.Tensor,
-                             stats: CommStats | None, async_op: bool = False) -> Handle:
-        n, group = self.degree, self.groups.shard_group
-        out, inp = _flat(output, "output"), _flat(input, "input")
-        _check_scatter_sizes(out, inp, n, "buffered all-gather")
-        _record(stats, CollectiveKind.ALL_GATHER, out, n)  # once, for the whole gather
-        scratch_bytes, sort_bytes = self._buffers(inp.device)
-        shard, elem = inp.numel(), inp.element_size()
-        if shard == 0:
-            return COMPLETED
-        scratch = scratch_bytes[: shard * elem].view(inp.dtype)
-        scratch.copy_(inp)
-        per_round = min(shard, self.settings.sort_bytes // (n * elem))
-        out_2d = out.view(n, shard)
-        if per_round == shard:
-            # One round: gather into the sort buffer in the background and lay it out
-            # into ``output`` on wait(), so the runtime's prefetch still overlaps compute.
-            sort = sort_bytes[: n * shard * elem].view(inp.dtype)
-            work = all_gather_flat(sort, scratch, group, None, async_op=True)
-            self._buffers_busy = True
-
-            def lay_out() -> None:
-                work.wait()
-                out_2d.copy_(sort.view(n, shard))
-                self._buffers_busy = False
-
-            handle = PendingHandle(None, then=lay_out)
-            if async_op:
-                return handle
-            handle.wait()
-            return COMPLETED
-        for start in range(0, shard, per_round):
-            count = min(per_round, shard - start)
-            sort = sort_bytes[: n * count * elem].view(inp.dtype)
-            all_gather_flat(sort, scratch[start:start + count], group, None)
-            out_2d[:, start:start + count].copy_(sort.view(n, count))
-        return COMPLETED

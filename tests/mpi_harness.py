@@ -350,6 +350,10 @@ def worker_main(
         write_result(value, name)
     if teardown is not None:
         teardown()
+    # Left to interpreter exit, gloo's threads are sometimes torn down while still
+    # joinable ("terminate called without an active exception", SIGABRT after every
+    # case passed); the job launcher leaves the same way (entrypoints/launcher.py).
+    destroy_process_group()
 
 
 def init_gloo_from_env(timeout_s: float | None = None) -> None:

@@ -287,26 +287,21 @@ def comm_buffer_bytes(
     sdp_degree: int,
     *,
     hierarchical_hosts: int,
-    buffered_cpu_path: bool,
-    sort_buffer_bytes: int,
 ) -> int:
     """Staging buffers of the parameter all-gather (``smsdp/collectives.py``).
 
     - Hierarchical (the sharding group spans ``H`` hosts): stage 1 gathers ``H``
       shards of the largest unit, stage 2 a whole unit before the re-layout:
       ``c * (H*U/d + U)``.
-    - SMDDP-style buffered path on CPU/gloo: the scratch buffer holds one shard
-      and the sort buffer up to one whole unit (only the touched pages count).
-    - Otherwise (NCCL all-gather straight into the output): nothing; NCCL's own
-      buffers are part of the framework overhead.
+    - Otherwise (the backend's all-gather straight into the output, the
+      SMDDP-style path included): nothing; NCCL's own buffers are part of the
+      framework overhead.
     """
     largest = max(sizes.gathered.values(), default=0)
     if sdp_degree <= 1 or not largest:
         return 0
     if hierarchical_hosts > 1:
         return compute_bytes * (hierarchical_hosts * largest // sdp_degree + largest)
-    if buffered_cpu_path:
-        return compute_bytes * largest // sdp_degree + min(sort_buffer_bytes, compute_bytes * largest)
     return 0
 
 

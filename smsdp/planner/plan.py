@@ -287,8 +287,6 @@ def _evaluate(
 
     # The runtime collects earlier units' reduce-scatters at each unit's post-backward.
     pending = assumptions.pending_reduce_units or 2
-    buffered_cpu = (not hardware.is_gpu and p.ddp_dist_backend == "auto" and d > 1 and not comm.hierarchical
-                    and _buffered_path_fits(sizes, c, d, runtime))
     memory = mem.MemoryBreakdown(
         parameters=state.params,
         gradients=state.grads,
@@ -297,8 +295,7 @@ def _evaluate(
         unsharded_grads=mem.gradient_buffer_bytes(sizes, c, pending),
         activations=activations,
         communication_buffers=mem.comm_buffer_bytes(
-            sizes, c, d, hierarchical_hosts=comm.shard_group_hosts if comm.hierarchical else 1,
-            buffered_cpu_path=buffered_cpu, sort_buffer_bytes=runtime.smddp.sort_buffer_size_bytes),
+            sizes, c, d, hierarchical_hosts=comm.shard_group_hosts if comm.hierarchical else 1),
         framework_overhead=hardware.overhead_bytes(assumptions),
         optimizer_step_temp=mem.optimizer_step_temp_bytes(groups, foreach=hardware.is_gpu),
         construction=_construction_bytes(model, state, sizes, p.delayed_parameter_initialization, hardware.is_gpu),
@@ -343,13 +340,6 @@ def _construction_bytes(model: ModelSpec, state: mem.ModelState, sizes: mem.Unit
         return state.params
     largest = max((sizes.gathered.get(u, 0) + sizes.replicated.get(u, 0) for u in sizes.gathered), default=0)
     return state.params + 4 * largest
-
-
-def _buffered_path_fits(sizes: mem.UnitSizes, c: int, d: int, runtime: RuntimeConfig) -> bool:
-    largest = max(sizes.gathered.values(), default=0)
-    shard_bytes = c * largest // d
-    return runtime.smddp.scratch_buffer_size_bytes >= shard_bytes and \
-        runtime.smddp.sort_buffer_size_bytes >= -(-shard_bytes * d // 8)
 
 
 def _flops_per_token(model: ModelSpec, checkpointing: bool) -> tuple[float, float]:

@@ -147,7 +147,7 @@ def test_buffered_path_bit_identical(results):
             assert path.value == "buffered", (rank, key)
             assert same, (rank, key)
         assert out["path_counts"] == {"flat": 0, "hierarchical": 0, "buffered": 15}
-        # ring count of the whole gather, once per call, not per round
+        # ring count of the whole gather, once per call
         expected = sum(3 * numel * b for b in BYTES.values() for numel in (1, 5, 7, 1000, 4097))
         assert out["plain_stats"] == {"all_gather": {"bytes_sent": expected, "calls": 15}}
 
