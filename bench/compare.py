@@ -297,7 +297,8 @@ def loss_agreement(rows: list[dict]) -> tuple[str, dict]:
 
 
 def formula_bytes(r: dict, world: int = NPROCS) -> dict[str, float]:
-    """DESIGN.md section 4's per-rank, per-step volume for an smsdp run (ring accounting)."""
+    """DESIGN.md section 4's per-rank, per-step volume for an smsdp run (ring accounting), with
+    the root and the last unit gathered once per micro-step (kept from forward into backward)."""
     layout = r["layout"]
     d, m = layout["sdp"], r["accum"]
     rr = world // d
@@ -305,7 +306,7 @@ def formula_bytes(r: dict, world: int = NPROCS) -> dict[str, float]:
     b_c = 2 if r["precision"] == "bf16" else 4
     b_r = 4  # smsdp reduces in fp32
     return {
-        "all_gather": 2 * m * (d - 1) / d * psi * b_c,
+        "all_gather": m * (d - 1) / d * (2 * psi - layout["kept_for_backward_padded"]) * b_c,
         "reduce_scatter": m * (d - 1) / d * psi * b_r,
         "all_reduce.replica": 2 * (rr - 1) / rr * psi / d * b_r,
         "all_reduce.dp": 2 * (world - 1) / world * psi_p * b_r,

@@ -653,6 +653,7 @@ def _load_chunks(model: Any, optimizer: Any, saved: dict, load_state: bool) -> t
 
 
 def _apply_model(model: Any, pending: dict) -> None:
+    model.reshard_all()  # no gathered copy of the old values may serve a forward
     with torch.no_grad():
         for group, m, buf in pending["model"]:
             group.master[m : m + buf.numel()].copy_(buf)

@@ -164,18 +164,27 @@ class DistributedModel(nn.Module):
         recording = not self._order_known and torch.is_grad_enabled()
         if recording:
             self._forward_order = []
+        self.reshard_all()  # what an earlier forward kept for a backward that never came
         self._gather(self._root, async_op=False)
         self._root.expose_views()
         self._prefetch_after(None, forward=True)
         try:
             output = self.module(*args, **kwargs)
-        finally:
-            self._root.reshard()
+        except BaseException:
+            self.reshard_all()
+            raise
         if torch.is_grad_enabled():
             self._hook_outputs(self._root, output)
             if recording:
                 self._order_known = True
+        else:
+            self._root.reshard()
         return output
+
+    def reshard_all(self) -> None:
+        """Free every gathered unit (the step, a load, or a new forward must not see old copies)."""
+        for unit in self._units:
+            unit.reshard()
 
     def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
         """``loss.backward()``, times the fp16 loss scale and 1/microbatches inside ``@smp.step``."""
@@ -211,8 +220,25 @@ class DistributedModel(nn.Module):
             return output
         if torch.is_grad_enabled():
             self._hook_outputs(unit, output)
+            if self._backward_starts_with(unit):
+                return output
         unit.reshard()
         return output
+
+    def _backward_starts_with(self, unit: Unit) -> bool:
+        """Whether ``unit`` stays gathered from its forward into the backward.
+
+        [Note: kept for backward] The backward needs the root first (the head) and then
+        the forward's last unit: resharding them at the end of the forward would gather
+        the same bytes again moments later. The root is kept whenever a backward can
+        follow (it stays gathered through the whole backward anyway, for the embedding);
+        the last unit when the live budget (``sdp_max_live_parameters``) allows, which is
+        when the backward would have prefetched it at once. All-gathers per micro-step:
+        ``(d-1)/d * (2 Psi - Psi_root - Psi_last)`` rather than DESIGN section 4's
+        ``2 (d-1)/d Psi``. The forward's order is known from the second forward on.
+        """
+        return (self._order_known and self._prefetch_units > 0 and unit is self._forward_order[-1]
+                and self._live_numel() <= self._max_live)
 
     def _hook_outputs(self, unit: Unit, output: Any) -> None:
         for tensor in _tensors_requiring_grad(output):
@@ -361,6 +387,7 @@ class DistributedModel(nn.Module):
 
     def synchronize_gradients(self) -> None:
         """Second hop: replica all-reduce of grad shards, dp all-reduce of replicated grads."""
+        self.reshard_all()  # the step changes the masters: no gathered copy may outlive it
         for group in self.flat_groups():
             self._launch_sync(group)  # no-op for groups launched during the boundary backward
         for handle in self._sync_handles.values():
@@ -391,6 +418,7 @@ class DistributedModel(nn.Module):
 
     def load_state_dict(self, state_dict: dict[str, torch.Tensor], strict: bool = True):  # type: ignore[override]
         """Load a full state dict (as ``state_dict()`` returns) into the local shards."""
+        self.reshard_all()
         expected = set(self._state_dict_keys)
         missing = sorted(expected - set(state_dict))
         unexpected = sorted(set(state_dict) - expected)

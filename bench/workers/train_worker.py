@@ -191,7 +191,9 @@ class Smsdp(System):
             smsdp_timers.wrap_inner_optimizer(self.timers, self.opt.optimizer)
         self._last_state = None
         groups = list(self.model.flat_groups())
+        root, last_block = self.model.units[-1], self.model.units[-2]  # the GPT's forward ends with its last block
         self.layout = {
+            "kept_for_backward_padded": sum(g.padded_numel for u in (root, last_block) for g in u.groups if g.sharded),
             "sharded_elements_padded": sum(g.padded_numel for g in groups if g.sharded),
             "replicated_elements": sum(g.numel for g in groups if not g.sharded),
             "sdp": smp.sdp_size(),

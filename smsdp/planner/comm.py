@@ -108,14 +108,20 @@ def comm_per_step(
     micro_steps: int,
     hierarchical_allgather: bool,
     reduce_bytes: int = 4,
+    kept_elems: int = 0,
 ) -> CommBreakdown:
-    """The DESIGN.md section 4 volumes, split by link (see module docstring)."""
+    """The DESIGN.md section 4 volumes, split by link (see module docstring).
+
+    ``kept_elems``: sharded elements gathered once per micro-step rather than twice
+    (the root and the forward's last unit stay gathered into the backward).
+    """
     d, m = sdp_degree, micro_steps
     r = world // d
     span = group_span(world, processes_per_host, d)
     psi, psi_t, psi_p = sharded_elems, sharded_trainable_elems, persistent_trainable_elems
+    gathered = 2 * psi - kept_elems  # elements all-gathered per micro-step
 
-    ag_bytes = 2 * m * (d - 1) / d * psi * compute_bytes if d > 1 else 0.0
+    ag_bytes = m * (d - 1) / d * gathered * compute_bytes if d > 1 else 0.0
     hierarchical = hierarchical_allgather and span.shard_hosts > 1 and span.hierarchical_ok
     if d <= 1:
         all_gather = LinkBytes()
@@ -123,8 +129,8 @@ def comm_per_step(
         all_gather = LinkBytes(intra=ag_bytes)
     elif hierarchical:
         h, per_host = span.shard_hosts, span.shard_per_host
-        stage1 = 2 * m * (h - 1) / d * psi * compute_bytes
-        stage2 = 2 * m * (per_host - 1) * h / d * psi * compute_bytes
+        stage1 = m * (h - 1) / d * gathered * compute_bytes
+        stage2 = m * (per_host - 1) * h / d * gathered * compute_bytes
         all_gather = LinkBytes(intra=stage2, inter=stage1)
     else:
         all_gather = LinkBytes(inter=ag_bytes)

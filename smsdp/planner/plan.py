@@ -23,7 +23,7 @@ from smsdp.instance_types import LOCAL, lookup
 from smsdp.planner import comm as comm_model
 from smsdp.planner import memory as mem
 from smsdp.planner.hardware import Assumptions, GiB, Hardware
-from smsdp.planner.model import ModelSpec
+from smsdp.planner.model import ROOT, ModelSpec
 
 MAX_BATCH_SEARCH = 1 << 16
 MAX_INSTANCES_SEARCH = 4096
@@ -282,7 +282,7 @@ def _evaluate(
     comm = comm_model.comm_per_step(
         sharded_elems=sharded, sharded_trainable_elems=sharded_t, persistent_trainable_elems=persistent_t,
         compute_bytes=c, sdp_degree=d, world=world, processes_per_host=ppn, micro_steps=accum,
-        hierarchical_allgather=p.sdp_hierarchical_allgather,
+        hierarchical_allgather=p.sdp_hierarchical_allgather, kept_elems=_kept_for_backward(sizes, p),
     )
 
     # The runtime collects earlier units' reduce-scatters at each unit's post-backward.
@@ -340,6 +340,14 @@ def _construction_bytes(model: ModelSpec, state: mem.ModelState, sizes: mem.Unit
         return state.params
     largest = max((sizes.gathered.get(u, 0) + sizes.replicated.get(u, 0) for u in sizes.gathered), default=0)
     return state.params + 4 * largest
+
+
+def _kept_for_backward(sizes: mem.UnitSizes, p: SMPParameters) -> int:
+    """Sharded elements the runtime keeps gathered from forward into backward: the root,
+    and the forward's last unit when the live budget allows (distributed_model.py)."""
+    root = sizes.gathered.get(ROOT, 0)
+    last = sizes.gathered[sizes.order[-1]] if sizes.order else 0
+    return root + last if root + last <= p.sdp_max_live_parameters else root
 
 
 def _flops_per_token(model: ModelSpec, checkpointing: bool) -> tuple[float, float]:

@@ -153,7 +153,10 @@ def _diff(after: dict, before: dict) -> dict:
 
 def _layout(model) -> dict:
     groups = list(model.flat_groups())
+    root, last_block = model.units[-1], model.units[-2]  # the GPT's forward ends with its last block
     return {
+        "root_padded": sum(g.padded_numel for g in root.groups if g.sharded),
+        "last_unit_padded": sum(g.padded_numel for g in last_block.groups if g.sharded),
         "sharded_padded": sum(g.padded_numel for g in groups if g.sharded),
         "sharded_unpadded": sum(g.numel for g in groups if g.sharded),
         "replicated": sum(g.numel for g in groups if not g.sharded),

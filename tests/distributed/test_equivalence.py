@@ -83,13 +83,17 @@ def test_persistence_threshold_splits_parameters(results):
     assert all_kept["sharded_unpadded"] == 0
 
 
-def _formula(layout: dict, micro_steps: int) -> dict:
-    """DESIGN.md section 4, fp32 (4 bytes for compute and reduce), ring accounting."""
+def _formula(layout: dict, micro_steps: int, first_step: bool) -> dict:
+    """DESIGN.md section 4, fp32 (4 bytes for compute and reduce), ring accounting, with the
+    root and the forward's last unit kept gathered into the backward (distributed_model.py,
+    [Note: kept for backward]); the last unit is known from the second forward on."""
     d, n = layout["sdp"], layout["dp"]
     r = n // d
     psi, psi_p, b = layout["sharded_padded"], layout["replicated"], 4
+    last_kept = micro_steps - 1 if first_step else micro_steps
+    gathered = 2 * micro_steps * psi - micro_steps * layout["root_padded"] - last_kept * layout["last_unit_padded"]
     return {
-        "all_gather": 2 * micro_steps * (d - 1) * psi * b // d,
+        "all_gather": (d - 1) * gathered * b // d,
         "reduce_scatter": micro_steps * (d - 1) * psi * b // d,
         "all_reduce.replica": 2 * (r - 1) * (psi // d) * b // r,
         "all_reduce.dp": 2 * (n - 1) * psi_p * b // n,
@@ -114,9 +118,8 @@ def _by_kind(step_bytes: dict) -> dict:
 def test_bytes_per_step_match_the_formula(results, case, micro_steps):
     for result in results[case]:
         sharded = result["sharded"]
-        expected = _formula(sharded["layout"], micro_steps)
-        for step_bytes in sharded["bytes"]:
-            assert _by_kind(step_bytes) == expected
+        for step, step_bytes in enumerate(sharded["bytes"]):
+            assert _by_kind(step_bytes) == _formula(sharded["layout"], micro_steps, first_step=step == 0)
 
 
 def test_model_state_memory_is_the_sharded_share(results):
