@@ -317,7 +317,7 @@ def scaling_table(rows: list[dict]) -> str:
     lines = ["| d | r | accum | tokens/s | step (ms) | process CPU ms per 1k tokens per rank | "
              "model state/rank (MiB) | all-gather MiB/step | "
              "reduce-scatter MiB/step | all-reduce replica MiB/step | all-reduce dp MiB/step | "
-             "sent KiB/token | = DESIGN §4 formula | load |", "|" + "|".join(["---"] * 14) + "|"]
+             "sent KiB/token | = formula (docs/runtime.md) | load |", "|" + "|".join(["---"] * 14) + "|"]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r.get('sdp')} | | {r.get('accum')} | failed |" + " |" * 10)
