@@ -73,7 +73,7 @@ def render_plan(plan: "Plan") -> str:
         "",
         f"memory per {word}",
     ]
-    master = "fp32 master" + (f" + {precision} shard" if c != 4 else "")
+    master = "fp32 master" + (f", cast to {precision} per gather" if c != 4 else "")
     live = f"sdp_max_live_parameters={p.sdp_max_live_parameters:.3g}"
     in_flight_note = (f"root + running unit + next (prefetched within {live})" if plan.prefetches_next_unit
                       else f"root + running unit (no room to prefetch within {live})")
