@@ -92,8 +92,8 @@ def user_traceback(exc: BaseException) -> str:
 
 
 #: What gloo (and the TCPStore) say when a peer died, hung, or stopped answering.
-_PEER_LOSS = ("Timed out waiting", "Connection reset by peer", "Connection closed by peer", "Broken pipe",
-              "Socket Timeout", "Read error", "Write error")
+_PEER_LOSS = ("Timed out waiting", "Application timeout caused pair closure", "Connection reset by peer",
+              "Connection closed by peer", "Broken pipe", "Socket Timeout", "Read error", "Write error")
 PEER_LOSS_NOTE = ("[smsdp] this rank lost a peer in a collective (a peer died, hung, or did not answer within "
                   "collective_timeout_s): a consequence of another rank's failure, not its cause")
 

@@ -59,6 +59,10 @@ class DistributedModel(nn.Module):
     optimizer from ``DistributedModel.parameters()`` (or ``named_parameters()``,
     which keeps the original names), each yielding this rank's part of that
     parameter.
+
+    ``keep_gathered_for_backward`` (default True): the root and the forward's last
+    unit stay gathered into the backward that needs them first (as FSDP2's root does);
+    False reshards every unit at the end of its forward.
     """
 
     def __init__(
@@ -69,6 +73,7 @@ class DistributedModel(nn.Module):
         prefetch_units: int = 1,
         broadcast_init: bool = True,
         backward_passes_per_step: int | None = None,
+        keep_gathered_for_backward: bool = True,
     ):
         super().__init__()
         rt = runtime_state.get()
@@ -102,6 +107,7 @@ class DistributedModel(nn.Module):
         self._root = self._units[-1]
         self._unit_of_module = {id(u.module): u for u in self._units if not u.is_root}
         self._prefetch_units = prefetch_units
+        self._keep_for_backward = keep_gathered_for_backward  # [Note: kept for backward]
         self._max_live = params.sdp_max_live_parameters
         self._bucket = max(1, params.sdp_reduce_bucket_size)
         self._forward_order: list[Unit] = []
@@ -177,7 +183,7 @@ class DistributedModel(nn.Module):
             self._hook_outputs(self._root, output)
             if recording:
                 self._order_known = True
-        else:
+        if not (torch.is_grad_enabled() and self._keep_for_backward):
             self._root.reshard()
         return output
 
@@ -236,8 +242,10 @@ class DistributedModel(nn.Module):
         when the backward would have prefetched it at once. All-gathers per micro-step:
         ``(d-1)/d * (2 Psi - Psi_root - Psi_last)`` rather than DESIGN section 4's
         ``2 (d-1)/d Psi``. The forward's order is known from the second forward on.
+        ``keep_gathered_for_backward=False`` frees both at the end of the forward and
+        gathers them again (DESIGN section 4's count exactly).
         """
-        return (self._order_known and self._prefetch_units > 0 and unit is self._forward_order[-1]
+        return (self._keep_for_backward and self._order_known and self._prefetch_units > 0 and unit is self._forward_order[-1]
                 and self._live_numel() <= self._max_live)
 
     def _hook_outputs(self, unit: Unit, output: Any) -> None:

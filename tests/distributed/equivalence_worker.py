@@ -47,6 +47,7 @@ class Case:
     steps: int = STEPS
     lr: float = 1e-3
     declare_accumulation: bool = False  # pass backward_passes_per_step=accum (early replica sync)
+    keep_gathered: bool = True  # DistributedModel(keep_gathered_for_backward=...)
 
 
 CASES = {
@@ -61,6 +62,9 @@ CASES = {
     "untied": Case(sdp=4, tie=False),
     "early_sync": Case(sdp=2, threshold=100, declare_accumulation=True),
     "early_sync_accum2": Case(sdp=2, accum=2, threshold=100, declare_accumulation=True),
+    # every unit resharded after its forward: DESIGN.md section 4's all-gather count exactly
+    "design_count": Case(sdp=2, threshold=100, keep_gathered=False),
+    "design_count_accum2": Case(sdp=2, accum=2, keep_gathered=False),
 }
 
 
@@ -119,7 +123,8 @@ def train_sharded(case: Case) -> dict:
     smp.init(smp_parameters(case))
     rank, n = smp.rank(), smp.dp_size()
     bpps = case.accum if case.declare_accumulation else None
-    model = smp.DistributedModel(build_model(case), backward_passes_per_step=bpps)
+    model = smp.DistributedModel(build_model(case), backward_passes_per_step=bpps,
+                                 keep_gathered_for_backward=case.keep_gathered)
     opt = smp.DistributedOptimizer(torch.optim.AdamW(param_groups(model.named_parameters()), lr=case.lr, eps=ADAM_EPS))
     losses, norms, per_step_bytes = [], [], []
     for step in range(case.steps):
@@ -154,9 +159,10 @@ def _diff(after: dict, before: dict) -> dict:
 def _layout(model) -> dict:
     groups = list(model.flat_groups())
     root, last_block = model.units[-1], model.units[-2]  # the GPT's forward ends with its last block
+    kept = model._keep_for_backward
     return {
-        "root_padded": sum(g.padded_numel for g in root.groups if g.sharded),
-        "last_unit_padded": sum(g.padded_numel for g in last_block.groups if g.sharded),
+        "root_padded": sum(g.padded_numel for g in root.groups if g.sharded) if kept else 0,
+        "last_unit_padded": sum(g.padded_numel for g in last_block.groups if g.sharded) if kept else 0,
         "sharded_padded": sum(g.padded_numel for g in groups if g.sharded),
         "sharded_unpadded": sum(g.numel for g in groups if g.sharded),
         "replicated": sum(g.numel for g in groups if not g.sharded),

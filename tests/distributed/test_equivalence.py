@@ -26,6 +26,8 @@ EQUIVALENCE_CASES = [
     "untied",
     "early_sync",
     "early_sync_accum2",
+    "design_count",
+    "design_count_accum2",
 ]
 SIMULATED_HOSTS = {"SMSDP_SIMULATED_HOSTS": "1", "SM_HOSTS": '["algo-1", "algo-2"]'}
 FP32_RTOL = 1e-5
@@ -66,6 +68,15 @@ def test_every_rank_ends_with_the_same_full_parameters(results):
         for other in results[case][1:]:
             for name, value in other["sharded"]["params"].items():
                 assert torch.equal(value, first[name]), f"{case}: {name} differs between ranks"
+
+
+@pytest.mark.parametrize("kept, resharded", [("persist_small_params", "design_count"),
+                                              ("accum2", "design_count_accum2")])
+def test_keeping_units_gathered_into_backward_changes_no_bit(results, kept, resharded):
+    for with_kept, without in zip(results[kept], results[resharded]):
+        assert with_kept["sharded"]["losses"] == without["sharded"]["losses"]
+        for name, value in without["sharded"]["params"].items():
+            assert torch.equal(with_kept["sharded"]["params"][name], value), name
 
 
 def test_clipping_was_active(results):
@@ -113,7 +124,8 @@ def _by_kind(step_bytes: dict) -> dict:
 
 @pytest.mark.parametrize(
     "case,micro_steps",
-    [("persist_small_params", 1), ("accum2", 2), ("early_sync", 1), ("early_sync_accum2", 2)],
+    [("persist_small_params", 1), ("accum2", 2), ("early_sync", 1), ("early_sync_accum2", 2),
+     ("design_count", 1), ("design_count_accum2", 2)],
 )
 def test_bytes_per_step_match_the_formula(results, case, micro_steps):
     for result in results[case]:
