@@ -245,8 +245,8 @@ class DistributedModel(nn.Module):
         ``keep_gathered_for_backward=False`` frees both at the end of the forward and
         gathers them again (DESIGN section 4's count exactly).
         """
-        return (self._keep_for_backward and self._order_known and self._prefetch_units > 0 and unit is self._forward_order[-1]
-                and self._live_numel() <= self._max_live)
+        return (self._keep_for_backward and self._order_known and self._prefetch_units > 0
+                and unit is self._forward_order[-1] and self._live_numel() <= self._max_live)
 
     def _hook_outputs(self, unit: Unit, output: Any) -> None:
         for tensor in _tensors_requiring_grad(output):
