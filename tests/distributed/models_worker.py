@@ -27,6 +27,7 @@ class Case:
     params: dict = field(default_factory=dict)
     freeze: tuple[str, ...] = ()  # parameter-name prefixes to freeze
     microbatches: int = 1  # drive through @smp.step
+    stray_forward: bool = False  # a grad-enabled forward with no backward between backward and step
 
 
 CASES = {
@@ -43,6 +44,8 @@ CASES = {
     "activation_offloading_on_demand_microbatches": Case(
         "gpt", {"sharded_data_parallel_degree": 2, "activation_checkpointing": True, "offload_activations": True,
                 "activation_loading_horizon": 0, "microbatches": 2}, microbatches=2),
+    # what it keeps gathered for a backward that never comes must not outlive the step
+    "forward_without_backward": Case("gpt", {"sharded_data_parallel_degree": 2}, stray_forward=True),
     "step_microbatches": Case("gpt", {"sharded_data_parallel_degree": 2, "microbatches": 2}, microbatches=2),
 }
 
@@ -105,6 +108,8 @@ def sharded(case: Case) -> dict:
             loss = loss.detach().clone()
             dist.all_reduce(loss)
             loss /= n
+        if case.stray_forward:
+            loss_fn(model, *(t.chunk(n)[rank] for t in batch(step + 1000, n)))
         opt.step()
         opt.zero_grad()
         losses.append(loss.item())

@@ -21,6 +21,7 @@ CASES = [
     "activation_checkpointing_hf_gpt2",
     "activation_offloading",
     "activation_offloading_on_demand_microbatches",
+    "forward_without_backward",
 ]
 
 
