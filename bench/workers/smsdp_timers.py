@@ -11,7 +11,7 @@ Categories:
 
 - ``all-gather (forward)`` / ``all-gather (backward)``: ``DistributedModel._gather``,
   i.e. issuing a gather and, for a synchronous one or a prefetched one that is
-  needed now, waiting for it (plus the buffered path's copies, when used);
+  needed now, waiting for it;
 - ``reduce-scatter issue``: ``_reduce_grad`` (grad cast/divide, bucket copy, issuing);
 - ``reduce-scatter wait + accumulate``: ``_complete_reduces`` (earlier units' reduce-scatters,
   collected at each post-backward and at the end of backward);

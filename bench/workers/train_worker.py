@@ -137,8 +137,7 @@ class Smsdp(System):
     settings; a variant changes, from the outside, only what it names:
 
     - ``agflat``: during its own steps the all-gather strategy is told ``ddp_dist_backend="gloo"``,
-      so it takes the backend's own (asynchronous) all-gather instead of the SMDDP-style
-      buffered path;
+      so it takes the fallback (the backend's own all-gather) instead of the SMDDP-style path;
     - ``thr<N>``: its DistributedModel is built while the runtime's config says
       ``sdp_param_persistence_threshold=N``;
     - ``latesync``: ``backward_passes_per_step`` not declared, so the replica all-reduce
