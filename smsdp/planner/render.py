@@ -77,6 +77,8 @@ def render_plan(plan: "Plan") -> str:
     live = f"sdp_max_live_parameters={p.sdp_max_live_parameters:.3g}"
     in_flight_note = (f"root + running unit + next (prefetched within {live})" if plan.prefetches_next_unit
                       else f"root + running unit (no room to prefetch within {live})")
+    if not plan.comm.all_gather.total:
+        in_flight_note = "root + running unit: compute-dtype copies of replicated parameters (nothing to gather)"
     if not m.unsharded_params:
         in_flight_note = "none: replicated fp32 parameters compute from the master"
     small = m.peak < 4 * GiB
