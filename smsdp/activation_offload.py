@@ -96,11 +96,17 @@ class ActivationOffloader:
         # evaluation) drops its groups with it.
         self._groups: list[weakref.ref[OffloadGroup]] = []
         self._next_index = 0
+        self._pass_start = 0  # index of the first group of the newest forward pass
         if not self._cuda:
             logger.info("offload_activations on a %s device: activations already live in host memory, "
                         "so offloading copies them and saves nothing here", device.type)
 
     # ---- forward ---------------------------------------------------------------------------
+
+    def begin_forward(self) -> None:
+        """A new forward pass starts: prefetching stays within it, so the groups of a graph the
+        user still holds (a loss kept without ``.item()``) are loaded only if asked for."""
+        self._pass_start = self._next_index
 
     @contextlib.contextmanager
     def offloading(self) -> Iterator[None]:
@@ -163,7 +169,7 @@ class ActivationOffloader:
         """Load the next groups in backward order until ``horizon`` wait on the device."""
         waiting = 0
         for group in self._live_groups_newest_first():
-            if waiting >= self.horizon:
+            if waiting >= self.horizon or group.index < self._pass_start:
                 break
             if group.state is GroupState.CONSUMED:
                 continue

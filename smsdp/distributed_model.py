@@ -170,6 +170,8 @@ class DistributedModel(nn.Module):
         recording = not self._order_known and torch.is_grad_enabled()
         if recording:
             self._forward_order = []
+        if rt.activation_offloader is not None and torch.is_grad_enabled():
+            rt.activation_offloader.begin_forward()
         self.reshard_all()  # what an earlier forward kept for a backward that never came
         self._gather(self._root, async_op=False)
         self._root.expose_views()

@@ -29,6 +29,8 @@ def _blocks(device: str) -> nn.ModuleList:
 
 def _run(blocks: nn.ModuleList, offloader: ActivationOffloader | None, device: str):
     """Forward through every block (checkpointed), then backward; what a test needs to compare."""
+    if offloader is not None:
+        offloader.begin_forward()  # as DistributedModel.forward does
     torch.manual_seed(1)  # dropout masks: the recomputation must replay them
     x = torch.randn(8, 32, device=device, requires_grad=True)
     h, inputs = x * 2.0, []
@@ -96,3 +98,19 @@ def test_a_graph_never_backwarded_leaves_nothing_behind():
     assert len(offloader.waiting_groups()) == BLOCKS
     del h
     assert offloader.waiting_groups() == []
+
+
+def test_a_graph_held_from_an_earlier_pass_is_not_prefetched():
+    blocks = _blocks("cpu")
+    offloader = ActivationOffloader(torch.device("cpu"), 4)
+    offloader.begin_forward()
+    h = torch.randn(4, 32, requires_grad=True)
+    for block in blocks:
+        with offloader.offloading():
+            h = checkpoint(block, h, use_reentrant=False)
+    held = h.sum()  # a loss kept from an earlier step without .item(): its graph stays alive
+    _, _, _ = _run(blocks, offloader, "cpu")  # the next pass, backwarded
+    assert offloader.waiting_groups()[:BLOCKS] == [GroupState.ON_HOST] * BLOCKS  # none loaded
+    assert offloader.stats.max_loaded_groups == BLOCKS  # this pass: min(5, horizon + 1)
+    held.backward()  # still works: loaded when asked for
+    assert offloader.stats.on_demand_groups == 1 + BLOCKS
