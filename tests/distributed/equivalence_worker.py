@@ -147,7 +147,7 @@ def train_sharded(case: Case) -> dict:
         "grad_norms": norms,
         "params": model.state_dict(),
         "bytes": per_step_bytes,
-        "layout": _layout(model),
+        "layout": _layout(model, kept=case.keep_gathered),
         "model_state": model_state,  # after the last step, before zero_grad frees the gradients
     }
 
@@ -156,10 +156,9 @@ def _diff(after: dict, before: dict) -> dict:
     return {k: after[k] - before.get(k, 0) for k in after}
 
 
-def _layout(model) -> dict:
+def _layout(model, kept: bool) -> dict:
     groups = list(model.flat_groups())
     root, last_block = model.units[-1], model.units[-2]  # the GPT's forward ends with its last block
-    kept = model._keep_for_backward
     return {
         "root_padded": sum(g.padded_numel for g in root.groups if g.sharded) if kept else 0,
         "last_unit_padded": sum(g.padded_numel for g in last_block.groups if g.sharded) if kept else 0,
