@@ -9,7 +9,6 @@ sharded for free.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -33,7 +32,7 @@ class DistributedOptimizer:
         self.model = model
         self._check_params_come_from_model()
         self.overflow = False
-        self.last_grad_norm: float | None = None
+        self._last_grad_norm: torch.Tensor | None = None
         self.loss_scaler = None
         if rt.params.fp16:
             self.loss_scaler = loss_scaler or DynamicLossScaler()
@@ -88,27 +87,41 @@ class DistributedOptimizer:
 
     def grad_norm(self) -> float:
         """Global L2 norm of the gradient: shards summed over the shard group, replicated ones once."""
+        return float(self._grad_norm_tensor())
+
+    @property
+    def last_grad_norm(self) -> float | None:
+        """The norm the last clipped step saw (read lazily: reading it waits for the device)."""
+        return None if self._last_grad_norm is None else float(self._last_grad_norm)
+
+    def _grad_norm_tensor(self) -> torch.Tensor:
+        # torch.sum's cascade summation, not torch.linalg.vector_norm: on CPU the latter keeps one
+        # fp32 accumulator per lane and drifts by 10-300 ulps on tensors of 10^5-10^6 elements
+        # (pytorch/pytorch#169237).
         rt = runtime_state.get()
         device = rt.device
-        sharded = torch.zeros(1, dtype=torch.float32, device=device)
-        replicated = torch.zeros(1, dtype=torch.float32, device=device)
+        sharded = torch.zeros((), dtype=torch.float32, device=device)
+        replicated = torch.zeros((), dtype=torch.float32, device=device)
         for group in self.model.flat_groups():
             if group.trainable and group.grad_acc is not None:
                 target = sharded if group.sharded else replicated
                 target += group.grad_acc.pow(2).sum()
         if rt.topology.sdp_degree > 1:
             rt.all_reduce_shard_group(sharded, "all_reduce.grad_norm")
-        return math.sqrt(float(sharded + replicated))
+        return (sharded + replicated).sqrt()
 
-    def clip_master_grads(self, max_norm: float) -> float:
-        """Scale gradients so their global norm is at most ``max_norm``; returns the norm before."""
-        norm = self.grad_norm()
-        self.last_grad_norm = norm
-        coef = max_norm / (norm + 1e-6)
-        if coef < 1.0:
-            for group in self.model.flat_groups():
-                if group.trainable and group.grad_acc is not None:
-                    group.grad_acc.mul_(coef)
+    def clip_master_grads(self, max_norm: float) -> torch.Tensor:
+        """Scale gradients so their global norm is at most ``max_norm``; returns the norm before.
+
+        The coefficient is ``clip_grad_norm_``'s, in fp32 on the device and clamped at 1, so
+        the step never waits for the device to learn whether to clip.
+        """
+        norm = self._grad_norm_tensor()
+        self._last_grad_norm = norm
+        coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+        for group in self.model.flat_groups():
+            if group.trainable and group.grad_acc is not None:
+                group.grad_acc.mul_(coef)
         return norm
 
     def _unscale_and_check_overflow(self, groups) -> bool:

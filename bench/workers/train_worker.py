@@ -13,13 +13,15 @@ measured in a launch of one system alone.
 
 Systems, all training the same GPT on the same data from the same initial weights,
 AdamW and global-norm clipping at 1.0 everywhere (smsdp's default
-``sdp_gradient_clipping``):
+``sdp_gradient_clipping``; ``--clip 0`` turns it off in every system):
 
 - ``smsdp``     ``smp.DistributedModel(gpt, backward_passes_per_step=accum)`` (as the bundled
                 training script) / ``smp.DistributedOptimizer`` (MiCS, d x r)
 - ``fsdp2``     ``fully_shard`` per Block + root on a 2-D mesh (replicate r x shard d) = HSDP
 - ``fsdp1``     ``FullyShardedDataParallel(HYBRID_SHARD)`` on the same 2-D mesh, one unit per Block
 - ``ddp``       ``DistributedDataParallel`` (gradient_as_bucket_view=True)
+- ``ddp_accnorm`` / ``ddp_f64sum``  loss references only: DDP with an accurately summed clip
+                norm / with its gradient all-reduce summed in float64 (see their classes)
 - ``nocomm``    the same per-rank forward/backward/AdamW with no collectives at all
 
 bf16: smsdp ``"bf16": True``; FSDP2 ``MixedPrecisionPolicy(param_dtype=bf16,
@@ -61,7 +63,6 @@ from entrypoints.gpt import GPT, Block, GPTConfig  # noqa: E402
 
 MODEL = GPTConfig(vocab_size=1024, block_size=128, n_layer=4, n_head=4, d_model=256)
 SEED = 1234
-CLIP = 1.0
 
 
 def rank_and_world() -> tuple[int, int]:
@@ -160,7 +161,7 @@ class Smsdp(System):
             "ddp": True,
             "sharded_data_parallel_degree": args.sdp,
             "sdp_param_persistence_threshold": args.threshold,
-            "sdp_gradient_clipping": CLIP,
+            "sdp_gradient_clipping": args.clip,
             "bf16": args.precision == "bf16",
             **json.loads(args.smsdp_config),
         })
@@ -246,6 +247,7 @@ class _TorchSystem(System):
 
     def __init__(self, args):
         self.precision = args.precision
+        self.clip = args.clip
         self._last_state = None
 
     def _forward(self, x, y):
@@ -255,7 +257,7 @@ class _TorchSystem(System):
         return self.model(x, y).loss
 
     def _clip(self):
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), CLIP)
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
 
     def step(self, batches) -> float:
         total = 0.0
@@ -268,7 +270,8 @@ class _TorchSystem(System):
                     loss.backward()
             total += loss.item()
         with self.phase("optimizer"):
-            self._clip()
+            if self.clip > 0:
+                self._clip()
             self.opt.step()
         if self.measure:
             self._last_state = self._measure_state()
@@ -338,7 +341,7 @@ class Fsdp1(_TorchSystem):
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=args.lr)
 
     def _clip(self):
-        self.model.clip_grad_norm_(CLIP)
+        self.model.clip_grad_norm_(self.clip)
 
     def _no_sync(self, skip: bool):
         return self.model.no_sync() if skip else contextlib.nullcontext()
@@ -359,6 +362,52 @@ class Ddp(_TorchSystem):
 
     def _no_sync(self, skip: bool):
         return self.model.no_sync() if skip else contextlib.nullcontext()
+
+
+class DdpAccurateNorm(Ddp):
+    """DDP whose clipping sums the squares with ``torch.sum`` (cascade), as smsdp does.
+
+    ``clip_grad_norm_`` takes its norms from ``torch.linalg.vector_norm``, which on CPU
+    drifts by 10-300 ulps on this GPT's tensors (pytorch/pytorch#169237): every clipped step
+    of plain DDP is then scaled by a factor off by up to ~3e-5. This reference is DDP with
+    only that one computation made accurate; the same formula, clamp and multiply follow.
+    """
+
+    name = "ddp_accnorm"
+
+    def _clip(self):
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        total = torch.zeros((), dtype=torch.float32)
+        for g in grads:
+            total += g.pow(2).sum()
+        coef = torch.clamp(self.clip / (total.sqrt() + 1e-6), max=1.0)
+        torch._foreach_mul_(grads, coef)
+
+
+class DdpWideSum(Ddp):
+    """DDP whose gradient all-reduce sums in float64: a second, equally valid reduction order.
+
+    How far it drifts from plain DDP is the reference's own rounding noise: two correct
+    data-parallel runs that differ only in the order of the gradient sum.
+    """
+
+    name = "ddp_f64sum"
+
+    def __init__(self, args, world):
+        super().__init__(args, world)
+        self.model.register_comm_hook(dist.group.WORLD, _f64_allreduce_hook)
+
+
+def _f64_allreduce_hook(group, bucket):
+    grads = bucket.buffer()
+    wide = grads.to(torch.float64).div_(dist.get_world_size(group))
+    work = dist.all_reduce(wide, group=group, async_op=True)
+
+    def narrow(fut):
+        grads.copy_(wide)
+        return grads
+
+    return work.get_future().then(narrow)
 
 
 class NoComm(_TorchSystem):
@@ -389,7 +438,8 @@ def make_system(name: str, args, world: int) -> System:
     if name == "smsdp" or name.startswith("smsdp_"):
         system = Smsdp(args, name.partition("_")[2])
     else:
-        system = {"fsdp2": Fsdp2, "fsdp1": Fsdp1, "ddp": Ddp, "nocomm": NoComm}[name](args, world)
+        system = {"fsdp2": Fsdp2, "fsdp1": Fsdp1, "ddp": Ddp, "ddp_accnorm": DdpAccurateNorm,
+                  "ddp_f64sum": DdpWideSum, "nocomm": NoComm}[name](args, world)
     system.label = name
     return system
 
@@ -408,6 +458,7 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--clip", type=float, default=1.0, help="global-norm clipping in every system; 0: none")
     p.add_argument("--smsdp-config", default="{}", help="extra SMP parameters for smsdp, as JSON")
     p.add_argument("--profile", default="none", choices=["none", "cprofile", "torch", "timers"])
     p.add_argument("--out", required=True)

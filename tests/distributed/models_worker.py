@@ -167,6 +167,34 @@ def _train_data_parallel(model, case: Case, rank: int, n: int, smsdp_optimizer: 
     return losses
 
 
+def clip_norm_of_large_tensors() -> dict:
+    """smsdp's clip norm on 2^20-element tensors (sharded over d=2, replicas r=2) against the
+    float64 norm of the single-process gradient of the same global batch."""
+    n, rank = dist.get_world_size(), dist.get_rank()
+
+    def build_wide() -> torch.nn.Module:
+        torch.manual_seed(5)
+        return torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.Tanh(), torch.nn.Linear(1024, 1024))
+
+    gen = torch.Generator().manual_seed(6)
+    x, y = torch.randn(8 * n, 1024, generator=gen), torch.randn(8 * n, 1024, generator=gen)
+    reference = build_wide()
+    torch.nn.functional.mse_loss(reference(x), y).backward()
+    grads = [p.grad for p in reference.parameters()]
+    exact = sum(g.double().pow(2).sum() for g in grads).sqrt().item()
+    vector_norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])).item()
+
+    runtime_state.reset_for_tests()
+    # A threshold of 1e9 would clip nothing; lr 0 leaves the weights: only the norm is observed.
+    smp.init({"sharded_data_parallel_degree": 2, "sdp_param_persistence_threshold": 0, "sdp_gradient_clipping": 1e9})
+    model = smp.DistributedModel(build_wide())
+    opt = smp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0), model=model)
+    loss = torch.nn.functional.mse_loss(model(x.chunk(n)[rank]), y.chunk(n)[rank])
+    model.backward(loss)
+    opt.step()
+    return {"smsdp": opt.last_grad_norm, "float64": exact, "torch_vector_norm": vector_norm}
+
+
 def delayed_initialization(model: str, sdp: int) -> dict:
     """Built on meta and materialized unit by unit vs an eager build with the same seed."""
     runtime_state.reset_for_tests()
@@ -190,4 +218,5 @@ if __name__ == "__main__":
     cases = {name: (lambda name=name: run_case(name)) for name in CASES}
     cases.update({name: (lambda args=args: delayed_initialization(*args)) for name, args in DELAYED.items()})
     cases["bf16_against_fsdp2"] = bf16_against_fsdp2
+    cases["clip_norm_of_large_tensors"] = clip_norm_of_large_tensors
     worker_main(cases, setup=init_gloo_from_env)
