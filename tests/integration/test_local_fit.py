@@ -198,6 +198,10 @@ def test_ctrl_c_in_fit_stops_the_local_job(tmp_path, user_scripts):
     import sys
 
     code = (
+        # A shell that starts the test run in the background (`cmd &`) leaves SIGINT ignored in
+        # every child, where Python then installs no KeyboardInterrupt: the client does what a
+        # terminal's Python does.
+        "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         "from estimator import Estimator\n"
         f"est = Estimator('allreduce.py', source_dir={str(user_scripts)!r}, output_path={str(tmp_path)!r},"
         " hyperparameters={'sleep': 120})\n"
