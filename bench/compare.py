@@ -12,7 +12,8 @@ gloo, one thread per rank, ``OMP_NUM_THREADS=1``):
    their steps (round robin, order rotated every step, a barrier before each
    system's step). This machine is shared with other work; interleaving gives
    every system the same machine state, where separate launches minutes apart
-   would not;
+   would not. The fp32 launch also trains a loss reference, DDP with an accurately
+   summed clip norm, which appears in the loss table only;
 2. memory: per precision and system a short launch of that system alone
    (peak RSS is per process), two launches at a time;
 3. scaling: smsdp alone at d = 1, 2, 4 with accumulation 1 and 4 (separate
