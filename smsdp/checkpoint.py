@@ -30,12 +30,10 @@ atomic renames, the newest pointer, pruning).
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 import random
 import shutil
-import signal
 import sys
 import uuid
 from pathlib import Path
@@ -61,9 +59,6 @@ STATE_FILE = "smsdp_state.pt"
 USER_CONTENT_FILE = "user_content.pt"
 RNG_FILE = "rng_rank{rank}.pt"
 STATE_FORMAT_VERSION = 1
-#: Fault injection for tests: the world rank named here SIGKILLs itself after writing its
-#: data files of a partial checkpoint and before the marker exists.
-CRASH_ENV = "SMSDP_TEST_CRASH_IN_SAVE"
 _LIST_LIMIT = 8
 
 
@@ -245,20 +240,10 @@ def _the_model(model: Any) -> Any:
 
 
 def _find_optimizer(model: Any) -> Any:
-    from smsdp.distributed_optimizer import DistributedOptimizer
-
-    for opt in reversed(getattr(runtime_state.get(), "optimizers", [])):
+    """The newest DistributedOptimizer of ``model`` (each registers itself with the runtime state)."""
+    for opt in reversed(runtime_state.get().optimizers):
         if opt.model is model:
             return opt
-    # Fallback for a runtime without the registry: whoever holds the model as ``.model``.
-    for ref in gc.get_referrers(model):
-        if isinstance(ref, DistributedOptimizer):
-            owners = [ref]
-        else:  # the model sits in the optimizer's instance __dict__
-            owners = gc.get_referrers(ref) if isinstance(ref, dict) else []
-        for owner in owners:
-            if isinstance(owner, DistributedOptimizer) and owner.model is model:
-                return owner
     return None
 
 
@@ -267,14 +252,8 @@ def _find_optimizer(model: Any) -> Any:
 # =========================================================================== #
 def _local_range(group: Any, info: Any) -> tuple[int, int, int]:
     """(start, stop) of this rank's chunk in the parameter's flat coordinates, and its offset in master."""
-    if not group.sharded:
-        return 0, info.numel, info.offset
-    start = group.shard.rank * group.shard_numel
-    lo = max(start, info.offset)
-    hi = min(start + group.shard_numel, info.offset + info.numel)
-    if hi <= lo:
-        return 0, 0, 0
-    return lo - info.offset, hi - info.offset, lo - start
+    part = group.layout.part(info.offset, info.numel)
+    return part.start, part.stop, part.local
 
 
 def _param_layout(model: Any) -> dict[str, dict]:
@@ -288,11 +267,6 @@ def _param_layout(model: Any) -> dict[str, dict]:
                 "trainable": group.trainable,
             }
     return layout
-
-
-def _persistent_buffers(model: Any) -> dict[str, torch.Tensor]:
-    keys = set(getattr(model, "_state_dict_keys", ()))
-    return {name: buf for name, buf in model.module.named_buffers() if name in keys}
 
 
 def _optim_params(model: Any) -> list[tuple[str, torch.nn.Parameter, int, int, Any, int]]:
@@ -349,9 +323,6 @@ def _save_partial(root: Path, tag: str, model: Any, optimizer: Any, user_content
             if user_content is not None:
                 _torch_save_durable(user_content, staging / USER_CONTENT_FILE)
         files.fsync_dir(staging)
-        if os.environ.get(CRASH_ENV) == str(rank):
-            logger.warning("%s=%s: rank %d kills itself before the marker of %r", CRASH_ENV, rank, rank, tag)
-            os.kill(os.getpid(), signal.SIGKILL)
 
     _run(f"writing checkpoint {tag!r}", write_small_files)
 
@@ -367,7 +338,7 @@ def _save_partial(root: Path, tag: str, model: Any, optimizer: Any, user_content
         if rank != 0:
             return
         marker = files.make_marker(
-            tag, PARTIAL, digests, job_token=token, world_size=world, sdp_degree=rt.topology.sdp_degree,
+            tag, PARTIAL, digests, job_token=token, world_size=world, sdp_degree=rt.topology.shard_degree,
             replication_degree=rt.topology.replication_degree, torch_version=torch.__version__,
         )
         files.write_marker(staging / files.MARKER_NAME, marker)  # from here on the checkpoint counts
@@ -400,7 +371,7 @@ def _save_chunks(model: Any, optimizer: Any, rt: Any) -> tuple[dict[str, Chunk],
             if hi > lo:
                 chunks[f"model/{info.names[0]}"] = Chunk(group.master[m : m + hi - lo], lo, info.numel)
     if writes_replicated:
-        for name, buf in _persistent_buffers(model).items():
+        for name, buf in model.persistent_buffers().items():
             chunks[f"buffer/{name}"] = Chunk(buf.detach().reshape(-1), 0, buf.numel())
     optim_info: dict[str, dict] = {}
     if optimizer is not None:
@@ -426,10 +397,10 @@ def _small_state(model: Any, optimizer: Any, per_rank_optim: list[dict] | None, 
     state = {
         "format_version": STATE_FORMAT_VERSION,
         "world_size": _world(),
-        "sdp_degree": rt.topology.sdp_degree,
+        "sdp_degree": rt.topology.shard_degree,
         "replication_degree": rt.topology.replication_degree,
         "params": _param_layout(model),
-        "buffers": {n: {"shape": list(b.shape), "dtype": b.dtype} for n, b in _persistent_buffers(model).items()},
+        "buffers": {n: {"shape": list(b.shape), "dtype": b.dtype} for n, b in model.persistent_buffers().items()},
         "optimizer": None,
         "loss_scaler": None,
     }
@@ -487,7 +458,7 @@ def _save_full(root: Path, tag: str, model: Any, user_content: Any) -> None:
         files.fsync_dir(root)
         rt = runtime_state.get()
         files.write_marker(marker_path, files.make_marker(
-            tag, FULL, digests, job_token=token, world_size=_world(), sdp_degree=rt.topology.sdp_degree,
+            tag, FULL, digests, job_token=token, world_size=_world(), sdp_degree=rt.topology.shard_degree,
             replication_degree=rt.topology.replication_degree, torch_version=torch.__version__,
         ))
         files.write_pointer(root, FULL, tag)
@@ -589,7 +560,7 @@ def _check_fit(saved: dict, model: Any, optimizer: Any, saved_optim: dict | None
     theirs = saved["params"]
     shapes = [f"{n} {tuple(theirs[n]['shape'])} in the checkpoint vs {tuple(ours[n]['shape'])} in the model"
               for n in ours if n in theirs and list(theirs[n]["shape"]) != list(ours[n]["shape"])]
-    our_buffers = {n: list(b.shape) for n, b in _persistent_buffers(model).items()}
+    our_buffers = {n: list(b.shape) for n, b in model.persistent_buffers().items()}
     shapes += [f"buffer {n} {tuple(saved['buffers'][n]['shape'])} in the checkpoint vs {tuple(s)} in the model"
                for n, s in our_buffers.items() if n in saved["buffers"] and list(saved["buffers"][n]["shape"]) != s]
     if shapes:
@@ -633,7 +604,7 @@ def _load_chunks(model: Any, optimizer: Any, saved: dict, load_state: bool) -> t
             buf = torch.empty(hi - lo, dtype=torch.float32)
             chunks[f"model/{name}"] = Chunk(buf, lo, info.numel)
             pending["model"].append((group, m, buf))
-    for name, target in _persistent_buffers(model).items():
+    for name, target in model.persistent_buffers().items():
         if name in saved["buffers"]:
             buf = torch.empty(target.numel(), dtype=saved["buffers"][name]["dtype"])
             chunks[f"buffer/{name}"] = Chunk(buf, 0, target.numel())

@@ -124,7 +124,7 @@ class Plan:
             "cluster": {
                 "instance_type": self.runtime.instance_type, "instance_count": self.runtime.instance_count,
                 "processes_per_host": self.runtime.processes_per_host, "world_size": self.world_size,
-                "sharded_degree": self.sharded_degree, "replicas": self.runtime.replication_degree,
+                "sharded_degree": self.sharded_degree, "replicas": self.runtime.topology.replication_degree,
             },
             "batch_size": self.batch_size, "grad_accum": self.grad_accum, "optimizer": self.optimizer,
             "precision": _precision(self.runtime.parameters),
@@ -373,7 +373,7 @@ def _with(runtime: RuntimeConfig, **params: Any) -> RuntimeConfig:
 
 
 def _degrees(runtime: RuntimeConfig) -> list[int]:
-    rdp = runtime.data_parallel_degree
+    rdp = runtime.topology.dp_size
     return [k for k in range(1, rdp + 1) if rdp % k == 0]
 
 
@@ -418,7 +418,7 @@ def _recommend(base: Plan) -> Recommendation:
 def _rescue_notes(base: Plan) -> list[str]:
     """What would make it fit, when no sharded degree does at this cluster size."""
     runtime, p = base.runtime, base.runtime.parameters
-    full = _with(runtime, sharded_data_parallel_degree=runtime.data_parallel_degree)
+    full = _with(runtime, sharded_data_parallel_degree=runtime.topology.dp_size)
     notes = [f"no sharded degree fits on {runtime.world_size} {base.device_word}s even at batch 1"]
     switches = []
     if not p.activation_checkpointing and base.model.shape is not None:
@@ -432,7 +432,7 @@ def _rescue_notes(base: Plan) -> list[str]:
         combined.update(switch)
         if _fits(base, _with(full, **combined), 1):
             names = ", ".join(f"{k}=True" for k in combined)
-            notes.append(f"with {names} it fits at sharded_data_parallel_degree={runtime.data_parallel_degree}")
+            notes.append(f"with {names} it fits at sharded_data_parallel_degree={runtime.topology.dp_size}")
             break
     fixed = _unit_bound_bytes(base, _with(full, **combined))
     if fixed > base.budget_bytes:

@@ -66,7 +66,7 @@ def render_plan(plan: "Plan") -> str:
     lines = [
         f"smsdp plan: {plan.model.describe()}",
         f"  cluster   {rt.instance_count} x {hw.name}, {rt.processes_per_host} ranks/host = {rt.world_size} ranks; "
-        f"sharded degree {p.sharded_data_parallel_degree} x {rt.replication_degree} replicas",
+        f"sharded degree {p.sharded_data_parallel_degree} x {rt.topology.replication_degree} replicas",
         f"  training  batch {plan.batch_size}" + (f" x seq {seq}" if seq else "")
         + f" per {word} per micro-step, {plan.grad_accum} micro-step{'s' if plan.grad_accum > 1 else ''} per step; "
         + ", ".join(switches),
