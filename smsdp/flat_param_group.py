@@ -68,7 +68,7 @@ class ParamInfo:
         return math.prod(self.shape)
 
 
-GatherFn = Callable[[torch.Tensor, torch.Tensor, bool], object]  # (output, input, async_op) -> handle
+GatherFn = Callable[[torch.Tensor, torch.Tensor, bool], object]  # (output, fp32 shard, async_op) -> handle
 
 
 @dataclass
@@ -82,7 +82,6 @@ class FlatParamGroup:
     compute_dtype: torch.dtype
     device: torch.device
     master: torch.Tensor = field(default=None)  # fp32: the local shard, or the whole buffer when replicated
-    _gather_input: torch.Tensor | None = None  # the cast shard an in-flight all-gather reads
     unsharded: torch.Tensor = field(default=None)  # all-gather output; storage freed when resharded
     flat_param: nn.Parameter = field(default=None)  # the autograd leaf the views are split from
     grad_acc: torch.Tensor | None = None  # fp32 gradient of ``master``; owned here (see the gradients section)
@@ -193,10 +192,9 @@ class FlatParamGroup:
             return
         self.unsharded.untyped_storage().resize_(self.padded_numel * self.unsharded.element_size())
         if self.sharded:
-            # Under bf16/fp16 the shard is cast for each gather (as FSDP2 does) rather than
-            # kept as a second copy: 2 bytes per sharded parameter less, one small cast more.
-            self._gather_input = self.master.to(self.compute_dtype)
-            self._gather_handle = gather(self.unsharded, self._gather_input, async_op)
+            # Under bf16/fp16 the gather casts the shard each time (as FSDP2 does) rather than
+            # keeping a second copy: 2 bytes per sharded parameter less, one small cast more.
+            self._gather_handle = gather(self.unsharded, self.master, async_op)
             self.state = ParamState.GATHERING
         else:
             self.unsharded.copy_(self.master)  # replicated, lower precision: a cast, no traffic
@@ -207,7 +205,6 @@ class FlatParamGroup:
             if self._gather_handle is not None:
                 self._gather_handle.wait()
             self._gather_handle = None
-            self._gather_input = None
             self.state = ParamState.UNSHARDED
 
     def expose_views(self) -> None:

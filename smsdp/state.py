@@ -29,7 +29,8 @@ import torch.distributed as dist
 
 from smsdp.activation_offload import ActivationOffloader
 from smsdp.cluster import ClusterInfo
-from smsdp.collectives import AllGatherStrategy, Handle, all_gather_flat, all_reduce, reduce_scatter_flat
+from smsdp.all_gather_strategy import AllGatherStrategy
+from smsdp.collectives import Handle, all_gather_flat, all_reduce, reduce_scatter_flat
 from smsdp.comm_accounting import CommStats
 from smsdp.config import ConfigError, RuntimeConfig, SMPParameters
 from smsdp.process_groups import ProcessGroups, build_process_groups

@@ -13,10 +13,9 @@ import logging
 import torch
 import torch.distributed as dist
 
+from smsdp.all_gather_strategy import AllGatherSettings, AllGatherStrategy
 from smsdp.collectives import (
     _all_gather_single,
-    AllGatherSettings,
-    AllGatherStrategy,
     all_gather_flat,
     all_reduce,
     broadcast,

@@ -76,7 +76,7 @@ def test_version_shim_avoids_deprecated_names():
 
 
 def test_all_gather_settings_validate_alignment():
-    from smsdp.collectives import AllGatherSettings
+    from smsdp.all_gather_strategy import AllGatherSettings
 
     with pytest.raises(ValueError, match="SMDDP_AG_SCRATCH_BUFFER_SIZE_BYTES=1000"):
         AllGatherSettings(scratch_bytes=1000)

@@ -1,4 +1,4 @@
-"""Topology: group rules of DESIGN.md section 3 and the hierarchical layout."""
+"""Topology: the group rules in smsdp/topology.py's docstring and the hierarchical layout."""
 
 from __future__ import annotations
 
