@@ -283,7 +283,8 @@ class AllGatherStrategy:
             "hierarchical all-gather not used for a %d-byte gather: its staging (%d bytes of stage-1 output "
             "in %s=%d, %d bytes of re-layout staging in %s=%d, with the gathers in flight) does not fit; "
             "falling back to the backend's flat all-gather. Raise the variables to at least %d and %d "
-            "(room for this gather and one prefetched). (Logged once.)", staged_bytes, stage1_bytes, SCRATCH_ENV, self.settings.scratch_bytes,
+            "(room for this gather and one prefetched). (Logged once.)",
+            staged_bytes, stage1_bytes, SCRATCH_ENV, self.settings.scratch_bytes,
             staged_bytes, SORT_ENV, self.settings.sort_bytes,
             _round_up(2 * stage1_bytes, BUFFER_ALIGNMENT), _round_up(2 * staged_bytes, BUFFER_ALIGNMENT),
         )

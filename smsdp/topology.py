@@ -168,8 +168,8 @@ class Topology:
         w, p, t, d = self.world_size, self.processes_per_host, self.tp_degree, self.shard_degree
         problems = []
         if w % p:
-            problems.append(TopologyProblem("processes_per_host", p, f"processes_per_host {p} does not divide world {w}",
-                                            _divisors(w)))
+            problems.append(TopologyProblem(
+                "processes_per_host", p, f"processes_per_host {p} does not divide world {w}", _divisors(w)))
         if w % t:
             problems.append(TopologyProblem("tp_degree", t, f"tp {t} does not divide world {w}", _divisors(w)))
         elif (w // t) % d:
