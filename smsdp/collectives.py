@@ -237,7 +237,7 @@ def broadcast(
 # Hierarchical all-gather
 # --------------------------------------------------------------------------- #
 # [Note: hierarchical all-gather order]
-# For a sharding group of n = H hosts x L members per host (layout in
+# For a shard group of n = H hosts x L members per host (layout in
 # smsdp.topology.HierarchicalLayout), with shard s:
 #   1. inter-host: all-gather among the H members sharing this rank's local
 #      position (stage1 group, host order) -> H*s, recorded as
@@ -260,7 +260,7 @@ def hierarchical_all_gather(
     staging: tuple[torch.Tensor, torch.Tensor | None] | None = None,
     on_done: Callable[[], None] | None = None,
 ) -> Handle:
-    """All-gather over a sharding group spanning hosts; same bits as ``all_gather_flat``.
+    """All-gather over a shard group spanning hosts; same bits as ``all_gather_flat``.
 
     ``staging``: the stage-1 output (``H * len(input)`` elements) and the re-layout
     staging (``len(output)``; None when the order is the identity) to use instead of

@@ -70,7 +70,7 @@ class RuntimeState:
     @property
     def dp_size(self) -> int:
         """Ranks a gradient is averaged over: every rank holding a data-parallel replica."""
-        return self.topology.rdp_size
+        return self.topology.dp_size
 
     # ---- collectives bound to this rank's groups, counted in ``stats`` ------------------
 
@@ -85,7 +85,7 @@ class RuntimeState:
         return all_reduce(tensor, self.groups.replica_group, self.stats, "all_reduce.replica", async_op=async_op)
 
     def all_reduce_dp(self, tensor: torch.Tensor, async_op: bool) -> Handle:
-        return all_reduce(tensor, self.groups.rdp_group, self.stats, "all_reduce.dp", async_op=async_op)
+        return all_reduce(tensor, self.groups.dp_group, self.stats, "all_reduce.dp", async_op=async_op)
 
     def all_reduce_shard_group(self, tensor: torch.Tensor, key: str) -> None:
         all_reduce(tensor, self.groups.shard_group, self.stats, key).wait()

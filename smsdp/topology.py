@@ -11,8 +11,8 @@ Rules, with world ``W``, tensor-parallel degree ``t``, shard degree ``d``
 - TP groups: consecutive blocks of ``t`` ranks.
 - RDP group of TP rank ``i``: ranks ``i, i+t, i+2t, ...`` (``rdp = W / t`` ranks).
   This is the data-parallel group ("dp" everywhere inside smsdp; ``dp_groups``).
-- Sharding groups: consecutive blocks of ``d`` inside each RDP group.
-- Replication groups: the ranks at the same position in the sharding groups
+- Shard groups: consecutive blocks of ``d`` inside each RDP group.
+- Replication groups: the ranks at the same position in the shard groups
   of one RDP group (``r = rdp / d`` ranks).
 - Hosts are host-major: rank ``r`` lives on host ``r // processes_per_host``.
 """
@@ -70,7 +70,7 @@ class RankCoords:
 
 @dataclass(frozen=True)
 class HierarchicalLayout:
-    """How a sharding group that spans hosts is all-gathered in two stages.
+    """How a shard group that spans hosts is all-gathered in two stages.
 
     [Note: hierarchical all-gather order]
     Let the group have ``n = H * L`` members, ``L`` on each of ``H`` hosts,
@@ -191,16 +191,18 @@ class Topology:
 
     # ------------------------------------------------------------------ sizes
     @property
-    def rdp_size(self) -> int:
+    def dp_size(self) -> int:
+        """Ranks of one data-parallel group (SMP's reduced data-parallel size, ``rdp``): world / tp."""
         return self.world_size // self.tp_degree
 
     @property
-    def dp_size(self) -> int:
-        return self.rdp_size
+    def rdp_size(self) -> int:
+        """SMP's name for ``dp_size`` (``smp.rdp_size()``)."""
+        return self.dp_size
 
     @property
     def replication_degree(self) -> int:
-        return self.rdp_size // self.shard_degree
+        return self.dp_size // self.shard_degree
 
     @property
     def num_hosts(self) -> int:
@@ -248,7 +250,7 @@ class Topology:
         return self._shard_groups
 
     def replica_groups(self) -> tuple[Group, ...]:
-        """Same position in the sharding groups of one RDP group (RDP group major)."""
+        """Same position in the shard groups of one RDP group (RDP group major)."""
         return self._replica_groups
 
     def host_groups(self) -> tuple[Group, ...]:
@@ -296,7 +298,7 @@ class Topology:
         counts = {h: len(m) for h, m in by_host.items()}
         if len(set(counts.values())) != 1:
             raise TopologyError(
-                f"sharding group {group} cannot be all-gathered hierarchically: its hosts hold "
+                f"shard group {group} cannot be all-gathered hierarchically: its hosts hold "
                 f"unequal numbers of its members {counts} ({self.describe()})"
             )
         hosts = tuple(sorted(by_host))

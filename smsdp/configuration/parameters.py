@@ -86,7 +86,7 @@ class SMPParameters(ConfigModel):
     sdp_max_live_parameters: WholeNumber = Field(int(1e9), gt=0)
     """Most unsharded parameter elements alive at once; bounds all-gather prefetch."""
     sdp_hierarchical_allgather: StrictBool = True
-    """All-gather across hosts first, then inside each host, when a sharding group spans hosts."""
+    """All-gather across hosts first, then inside each host, when a shard group spans hosts."""
     sdp_gradient_clipping: Number = Field(1.0, ge=0)
     """Clip the global gradient L2 norm to this in DistributedOptimizer.step(); 0 disables clipping."""
 
