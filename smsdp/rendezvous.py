@@ -88,10 +88,11 @@ def _check_running_backend(requested: str) -> None:
     import torch.distributed as dist
 
     running = dist.get_backend()
-    if requested != "auto" and running != requested:
+    if requested != "auto" and running != choose_backend(requested):
         raise RuntimeError(
-            f"ddp_dist_backend={requested!r}, but torch.distributed was already initialized with {running!r} "
-            f"before smsdp joined; set ddp_dist_backend='auto' (or {running!r}), or let smsdp initialize it"
+            f"ddp_dist_backend={requested!r} asks for {choose_backend(requested)!r}, but torch.distributed was "
+            f"already initialized with {running!r} before smsdp joined; set ddp_dist_backend='auto' "
+            f"(or {running!r}), or let smsdp initialize it"
         )
 
 
