@@ -104,7 +104,7 @@ class LocalBackend(Backend[LocalRequest]):
             why = f"; {', '.join(empty)} exists but holds no job.json (its creation was interrupted)" if empty else ""
             raise problem("job_name", f"is not a local job: looked in {', '.join(map(str, places))}{why}", job_name)
         root = found[0]
-        own = read_json(description_file)["Smsdp"]
+        own = read_json(JobDir(root).description_file)["Smsdp"]
         kwargs = {
             "entry_point": own["EntryPoint"],
             "source_dir": str(JobDir(root).code),  # the code that ran, even if the original moved
