@@ -98,7 +98,7 @@ def test_a_job_on_a_full_disk_still_stops(small_disk, tmp_path, how):
     est = hazard(small_disk, mode="flood", mbytes=8, mark=str(mark), sleep=600)
     if how == "max_run":
         est = Estimator(**{**_kwargs(est), "max_run": 10})
-    est.fit(job_name=how, wait=False)
+    est.fit(job_name=how.replace("_", "-"), wait=False)
     job = est.latest_job
     wait_for(mark.exists, what="the flood to end")
     asked = time.time()
@@ -229,7 +229,9 @@ def test_secret_hyperparameters_reach_the_script_and_nothing_else(tmp_path):
     assert job.name == request.job_name  # the dry run named the job fit() then ran
     log = job.logs()
     assert "secrets arrived intact: True" in log  # the real values reached the script
+    contract = job.job_dir / "input" / "config" / "hyperparameters.json"  # the script's input, as on SageMaker
+    assert json.loads(json.loads(contract.read_text())["hf_token"]) == TOKEN
     for path in job.job_dir.rglob("*"):
-        if path.is_file() and not path.is_symlink():
+        if path.is_file() and not path.is_symlink() and path != contract:
             data = path.read_bytes()
             assert TOKEN.encode() not in data and b"backslash-secret" not in data, path
