@@ -25,10 +25,10 @@ class LogFollower:
             self._file = open(self.path, encoding="utf-8", errors="replace")
         chunk = self._file.read()
         if not chunk:
-            if self._replaced():
+            if self._replaced():  # the old file is drained: its unterminated last line, then the new file
+                tail, self._partial = self._partial, ""
                 self.close()
-                self._partial = ""
-                return self.read_new()
+                return ([tail] if tail else []) + self.read_new()
             return []
         text = self._partial + chunk
         lines = text.split("\n")
