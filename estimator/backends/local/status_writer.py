@@ -54,6 +54,10 @@ class StatusWriter:
                 self.reserve.unlink(missing_ok=True)
         return False
 
+    def release(self) -> None:
+        """The job has ended: the reserve is no longer needed."""
+        self.reserve.unlink(missing_ok=True)
+
 
 def _make_reserve(path: Path) -> None:
     try:

@@ -102,6 +102,7 @@ class Supervisor:
                 self.status.write(JobStatus.IN_PROGRESS, SecondaryStatus.RESTARTING, attempts=record)
         timer.cancel()
         self._finish(exit_code)
+        self.status.release()
         return 0
 
     def _run_attempt(self) -> int:
@@ -232,7 +233,9 @@ def main(argv: list[str] | None = None) -> int:
             record = read_status(job.status_file) if job.status_file.exists() else StatusRecord.starting()
         except (OSError, ValueError):
             record = StatusRecord.starting()
-        StatusWriter(job, record=record).write(JobStatus.FAILED, SecondaryStatus.FAILED, failure_reason=reason)
+        writer = StatusWriter(job, record=record)
+        writer.write(JobStatus.FAILED, SecondaryStatus.FAILED, failure_reason=reason)
+        writer.release()
         return 1
 
 
