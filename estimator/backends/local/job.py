@@ -65,7 +65,10 @@ class LocalJob(Job):
             failure_reason=f"the job's supervisor process died before the job ended; {fate}; "
                            f"see {self.paths.supervisor_log}",
         )
-        write_status(self.paths.status_file, record)
+        try:
+            write_status(self.paths.status_file, record)
+        except OSError:
+            pass  # a full or read-only disk: the answer stands, it is only not kept
         return record
 
     def processes(self) -> JobProcesses:
