@@ -187,15 +187,17 @@ class Estimator:
 
     # ---------------------------------------------------------------- running
 
-    def job_spec(self, inputs: Any = None, job_name: str | None = None, attempt: int = 0) -> JobSpec:
-        """The backend-neutral description of one run of this estimator."""
+    def job_spec(self, inputs: Any = None, job_name: str | None = None, name_try: int = 0) -> JobSpec:
+        """The backend-neutral description of one run of this estimator.
+
+        ``name_try``: the how-manieth generated name this is (after clashes; see ``naming``)."""
         channels = check_inputs(inputs)
         if job_name is not None:
             name = check_job_name(job_name)
-        elif self._next_job_name is not None and attempt == 0:
+        elif self._next_job_name is not None and name_try == 0:
             name = self._next_job_name
         else:
-            name = unique_job_name(self._base_job_name, attempt=attempt)
+            name = unique_job_name(self._base_job_name, name_try=name_try)
         return JobSpec(
             job_name=name,
             code=self._code,
@@ -271,11 +273,11 @@ class Estimator:
 
     def _launch(self, backend: Backend, inputs: Any, job_name: str | None) -> Job:
         """Launch under the given name, or under a generated one that nobody holds (retried on a clash)."""
-        for attempt in range(MAX_NAME_TRIES):
+        for name_try in range(MAX_NAME_TRIES):
             try:
-                job = backend.launch(backend.dry_run(self.job_spec(inputs, job_name, attempt)))
+                job = backend.launch(backend.dry_run(self.job_spec(inputs, job_name, name_try)))
             except JobNameTakenError:
-                if job_name is not None or attempt == MAX_NAME_TRIES - 1:
+                if job_name is not None or name_try == MAX_NAME_TRIES - 1:
                     raise
                 continue
             self._next_job_name = None
@@ -304,10 +306,12 @@ class Estimator:
     def attach(cls, job_name: str, output_path: str | None = None, sagemaker_session: Any = None) -> "Estimator":
         """The Estimator of an existing job, with ``latest_job`` set to it.
 
-        Local jobs are found under ``output_path`` (default ``./smsdp-jobs``);
-        a name that is no local job there (or an ``s3://`` output_path, or a
+        A local ``output_path`` is the only place looked in. Without one, local jobs are
+        looked for in ``./smsdp-jobs`` and every output path a local job was started in
+        before; a name that is no local job there (or an ``s3://`` output_path, or a
         ``sagemaker_session``) is looked up on SageMaker, as SageMaker's own
-        ``Estimator.attach(training_job_name, sagemaker_session)`` does.
+        ``Estimator.attach(training_job_name, sagemaker_session)`` does. A name found
+        nowhere raises ``LookupError`` naming every place looked in.
         """
         if _is_remote_job(output_path, sagemaker_session):
             attached = backend_named("sagemaker").attach(job_name, output_path, sagemaker_session=sagemaker_session)

@@ -27,14 +27,14 @@ class JobNameTakenError(ConfigError):
     """``job_name`` names an existing job (or one being created). A generated name is retried."""
 
 
-def unique_job_name(base: str, now: datetime.datetime | None = None, attempt: int = 0) -> str:
-    """``base`` plus a millisecond timestamp (and ``-<attempt>`` after a clash), cut to 63 characters.
+def unique_job_name(base: str, now: datetime.datetime | None = None, name_try: int = 0) -> str:
+    """``base`` plus a millisecond timestamp (and ``-<name_try>`` after a clash), cut to 63 characters.
 
     Two jobs started in the same millisecond get the same stamp: the backend claims a
-    name atomically, and the caller asks again with the next ``attempt``.
+    name atomically (``mkdir``), and the caller asks again with the next ``name_try``.
     """
     now = now or datetime.datetime.now()
     stamp = now.strftime("%Y-%m-%d-%H-%M-%S-") + f"{now.microsecond // 1000:03d}"
-    suffix = f"-{attempt}" if attempt else ""
+    suffix = f"-{name_try}" if name_try else ""
     base = base[: MAX_JOB_NAME - _TIMESTAMP_CHARS - 1 - len(suffix)].rstrip("-")
     return f"{base}-{stamp}{suffix}"

@@ -160,7 +160,7 @@ def scan_source_dir(root: Path, exclude: Iterable[Path | None] = ()) -> SourceTr
 
 
 def _classify(root: Path, path: Path, excluded: set[Path], rules: IgnoreRules, relative: str) -> tuple[str, str]:
-    """("skip"|"dir"|"file"|"link"|"problem", size, link target or what is wrong)."""
+    """(kind, detail): "skip", "dir", "file" (detail: its size), "link" (its target), "problem" (what is wrong)."""
     try:
         info = path.lstat()
     except OSError as exc:
