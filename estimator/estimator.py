@@ -105,7 +105,8 @@ class Estimator:
             lambda: check_max_retry_attempts(max_retry_attempts),
         )
         if code.source_dir is not None:  # every problem of the tree now, not at the copy
-            scan_source_dir(code.source_dir, exclude=[Path(output), _local_dir(checkpoint_uri)])
+            scan_source_dir(code.source_dir, exclude=[Path(output), _local_dir(checkpoint_uri)],
+                            entry_point=code.entry_point)
         if timeout_s is not None:
             runtime = runtime.model_copy(update={"collective_timeout_s": timeout_s})
         base = check_job_name(base_job_name, "base_job_name") if base_job_name else base_name_for(code.entry_point)

@@ -126,8 +126,9 @@ def _glob_regex(pattern: str) -> str:
     return "".join(out)
 
 
-def scan_source_dir(root: Path, exclude: Iterable[Path | None] = ()) -> SourceTree:
-    """The entries of ``root`` a job ships; ``ConfigError`` naming every problem entry."""
+def scan_source_dir(root: Path, exclude: Iterable[Path | None] = (), entry_point: str | None = None) -> SourceTree:
+    """The entries of ``root`` a job ships; ``ConfigError`` naming every problem entry
+    (and the entry point, if the rules above would leave it behind)."""
     root = root.resolve()
     excluded = {Path(p).resolve() for p in exclude if p is not None}
     rules, entries, problems = IgnoreRules.of(root), [], []
@@ -154,6 +155,9 @@ def scan_source_dir(root: Path, exclude: Iterable[Path | None] = ()) -> SourceTr
                 entries.append(Entry(relative, "link", link_target=detail))
     entries.sort(key=lambda e: e.relative.split("/"))  # parents before their contents
     problems += _size_problems(root, entries)
+    if entry_point is not None and not any(e.relative == entry_point for e in entries):
+        problems.append(ConfigProblem(("source_dir",), f"{root}: the entry point {entry_point!r} would not be "
+                                      f"shipped: {IGNORE_FILE} or the rules for skipped directories leave it out"))
     if problems:
         raise ConfigError.from_problems(problems)
     return SourceTree(root, tuple(entries))

@@ -36,3 +36,15 @@ def test_a_link_loop_is_one_entry_and_an_ignored_tree_is_never_entered(tmp_path)
     copy = tmp_path / "copy"
     scan_source_dir(src).copy_to(copy)
     assert (copy / "a" / "b" / "top").resolve() == copy.resolve() and not Path(copy / "skip").exists()
+
+
+def test_an_ignored_entry_point_is_named_when_the_estimator_is_built(tmp_path):
+    from estimator import Estimator
+    from smsdp.config import ConfigError
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "train.py").write_text("print('hi')\n")
+    (src / ".smsdpignore").write_text("*.py\n")
+    with pytest.raises(ConfigError, match=r"source_dir: .*the entry point 'train.py' would not be shipped"):
+        Estimator("train.py", source_dir=str(src), output_path=str(tmp_path / "jobs"))
