@@ -5,12 +5,14 @@ blocks its collectives, and then the whole job hangs. So a failing write (a
 full disk, a read-only remount, a removed directory) is recorded, not raised:
 the pump goes on reading, keeps the last lines in memory (they still make a
 failure reason), counts what it could not write, and tries the file again
-every ``RETRY_S`` seconds in case space came back.
+every ``RETRY_S`` seconds once the file system has ``MIN_FREE_BYTES`` free
+again (so that it never eats the little room the status file needs).
 """
 
 from __future__ import annotations
 
 import collections
+import os
 import threading
 import time
 from pathlib import Path
@@ -18,6 +20,7 @@ from typing import IO, Callable, Iterable
 
 RETRY_S = 2.0
 KEPT_LINES = 200
+MIN_FREE_BYTES = 4 * 2**20
 
 
 def clean_line(text: str) -> str:
@@ -61,7 +64,7 @@ class LogPump:
             self._close()
 
     def _write(self, lines: list[str]) -> None:
-        if self._log is None and time.monotonic() >= self._next_try:
+        if self._log is None and time.monotonic() >= self._next_try and self._room_again():
             try:
                 self._log = open(self.log_file, "a", encoding="utf-8")
             except OSError as exc:
@@ -75,6 +78,16 @@ class LogPump:
         except OSError as exc:
             self.lost_lines += len(lines)
             self._failed(exc)
+
+    def _room_again(self) -> bool:
+        if self.write_error is None:
+            return True
+        self._next_try = time.monotonic() + RETRY_S
+        try:
+            found = os.statvfs(self.log_file.parent)
+        except OSError:
+            return False
+        return found.f_bavail * found.f_frsize >= MIN_FREE_BYTES
 
     def _failed(self, exc: OSError) -> None:
         self.write_error = f"writing {self.log_file} failed: {exc.strerror or exc} ({type(exc).__name__})"
