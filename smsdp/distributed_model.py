@@ -38,6 +38,7 @@ from smsdp.activation_checkpointing import set_activation_checkpointing
 from smsdp.collectives import broadcast
 from smsdp.flat_param_group import FlatParamGroup, ShardSpec
 from smsdp.delayed_materialize import materialize_units
+from smsdp.model_surface import PARTIAL_KEY, SMPModelMethods
 from smsdp.units import BackwardState, GroupPolicy, Unit, build_units, find_unit_modules
 
 logger = logging.getLogger("smsdp")
@@ -52,7 +53,7 @@ class _PendingReduce:
     start: int  # where ``shard`` lands in the group's gradient shard
 
 
-class DistributedModel(nn.Module):
+class DistributedModel(SMPModelMethods, nn.Module):
     """Wraps ``module`` so that its parameters, gradients and optimizer state are sharded.
 
     ``module.parameters()`` of the wrapped module become placeholders; build the
@@ -74,8 +75,11 @@ class DistributedModel(nn.Module):
         broadcast_init: bool = True,
         backward_passes_per_step: int | None = None,
         keep_gathered_for_backward: bool = True,
+        average_grads_across_microbatches: bool = True,
+        **smp_v1_kwargs: Any,  # SMP v1's tracing/DDP keywords: accepted, their no-effect logged
     ):
         super().__init__()
+        self.check_smp_v1_kwargs(smp_v1_kwargs)
         rt = runtime_state.get()
         params = rt.params
         if params.tensor_parallel_degree > 1:
@@ -121,6 +125,7 @@ class DistributedModel(nn.Module):
         # is launched as soon as its reduce-scatter is done, overlapping the rest of that
         # backward, and step() only waits. Undeclared, the sync happens in step().
         self._backward_passes_per_step = backward_passes_per_step
+        self._average_microbatches = average_grads_across_microbatches
         self._boundary_backward = False
         self._sync_handles: dict[int, Any] = {}  # id(group) -> in-flight replica/dp all-reduce
         # Gradients are a mean over the data-parallel ranks, as one process on the global
@@ -196,11 +201,12 @@ class DistributedModel(nn.Module):
 
     def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
         """``loss.backward()``, times the fp16 loss scale and 1/microbatches inside ``@smp.step``."""
-        scale = runtime_state.get().backward_scale
+        scale = runtime_state.get().backward_scale if self._average_microbatches else 1.0
         scaler = getattr(self, "_loss_scaler", None)
         if scaler is not None:
             scale *= scaler.scale
-        (loss * scale if scale != 1.0 else loss).backward(*args, **kwargs)
+        with self.backward_through_model():  # [Note: fp16 needs model.backward] in model_surface
+            (loss * scale if scale != 1.0 else loss).backward(*args, **kwargs)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for handle in self._sync_handles.values():
@@ -299,6 +305,7 @@ class DistributedModel(nn.Module):
             self._prefetch_after(None, forward=False)
 
     def _begin_backward(self) -> None:
+        self.check_loss_scale_applied()  # before anything changes: it may raise
         self._in_backward = True
         offloader = runtime_state.get().activation_offloader
         if offloader is not None:
@@ -427,7 +434,9 @@ class DistributedModel(nn.Module):
         return OrderedDict((key, values[key]) for key in self._state_dict_keys if key in values)
 
     def load_state_dict(self, state_dict: dict[str, torch.Tensor], strict: bool = True):  # type: ignore[override]
-        """Load a full state dict (as ``state_dict()`` returns) into the local shards."""
+        """Load a full state dict (as ``state_dict()`` returns), or a ``local_state_dict()``, into the shards."""
+        if state_dict.get(PARTIAL_KEY):
+            return self.load_local_state_dict(state_dict)
         self.reshard_all()
         expected = set(self._state_dict_keys)
         missing = sorted(expected - set(state_dict))
