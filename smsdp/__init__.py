@@ -27,13 +27,14 @@ _API = (
 _EXPORTS.update({name: "smsdp.api" for name in _API})
 _GROUPS = (
     "CommGroup RankType WORLD DP_GROUP RDP_GROUP MP_GROUP TP_GROUP PP_GROUP barrier dp_barrier mp_barrier "
+    "rdp_barrier tp_barrier pp_barrier "
     "mp_rank mp_size get_mp_process_group get_pp_process_group get_world_group get_dp_group get_rdp_group "
     "get_tp_group get_pp_group get_mp_group is_tracing"
 ).split()
 _EXPORTS.update({name: "smsdp.groups" for name in _GROUPS})
 _EXPORTS.update({name: "smsdp.comm_objects" for name in ("broadcast", "send", "recv_from", "allgather")})
 _EXPORTS.update({"save": "smsdp.partial_io", "load": "smsdp.partial_io"})
-_SUBMODULES = {"amp", "nn", "state"}  # smp.amp.GradScaler, smp.nn.FusedLayerNorm, smp.state.cfg
+_SUBMODULES = {"amp", "nn", "optimizers", "state"}  # smp.amp.GradScaler, smp.nn.FusedLayerNorm, smp.state.cfg
 
 __all__ = sorted(set(_EXPORTS) | _SUBMODULES)
 __version__ = "0.1.0"

@@ -108,6 +108,18 @@ def mp_barrier() -> None:
     barrier(MP_GROUP)
 
 
+def rdp_barrier() -> None:
+    barrier(RDP_GROUP)
+
+
+def tp_barrier() -> None:
+    barrier(TP_GROUP)
+
+
+def pp_barrier() -> None:
+    barrier(PP_GROUP)
+
+
 def mp_rank() -> int:
     return runtime_state.get().coords.tp_rank
 

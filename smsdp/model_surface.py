@@ -101,6 +101,34 @@ class SMPModelMethods:
             param.data = full[name].clone()
         return plain
 
+    # Tensor-parallel questions: smsdp distributes no module over tensor-parallel ranks.
+    def distributed_modules(self) -> Iterator[nn.Module]:
+        return iter(())
+
+    def is_distributed_parameter(self, param: torch.Tensor) -> bool:
+        return False
+
+    def is_distributed_buffer(self, buffer: torch.Tensor) -> bool:
+        return False
+
+    def is_scaled_batch_parameter(self, param: torch.Tensor) -> bool:
+        return False
+
+    def is_scaled_batch_buffer(self, buffer: torch.Tensor) -> bool:
+        return False
+
+    def default_reducer_named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
+        return self.named_parameters()
+
+    def scaled_batch_reducer_named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
+        return iter(())
+
+    def register_comm_hook(self, *args: Any, **kwargs: Any) -> None:
+        raise NotImplementedError(
+            "DistributedModel.register_comm_hook is not supported by smsdp: gradients are reduce-scattered in "
+            "the sharding group and all-reduced across replicas by smsdp itself; remove the hook"
+        )
+
     @contextlib.contextmanager
     def join(self, *args: Any, **kwargs: Any):
         """Accepted for SMP scripts; smsdp needs every rank to run the same number of steps."""

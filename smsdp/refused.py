@@ -18,8 +18,6 @@ REFUSED = {
     "set_tensor_parallelism": "tensor-parallel layers are not implemented; remove smp.set_tensor_parallelism()",
     "tp_register": "tensor-parallel layers are not implemented; remove smp.tp_register()",
     "tp_register_with_module": "tensor-parallel layers are not implemented; remove smp.tp_register_with_module()",
-    "register_checkpoint_hook": "smsdp has no checkpoint hooks; save extra state in user_content of smp.save_checkpoint",
-    "shutdown": "smsdp needs no shutdown call; the job ends when the script returns",
 }
 
 
