@@ -75,20 +75,41 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.model.zero_grad()
         self.optimizer.zero_grad(set_to_none=True)
+        self._grads_ready = False
+
+    def _make_grads_ready(self) -> bool:
+        """Synchronize (2-hop), unscale and check overflow once per step; returns the overflow.
+
+        Called by ``step()``, or earlier by ``clip_master_grads()`` (SMP scripts and the Hugging
+        Face Trainer clip before ``step()``): the norm must be that of the synchronized,
+        unscaled gradient.
+        """
+        if self.__dict__.get("_grads_ready"):
+            return self.overflow
+        self.model.finish_pending_reduces()
+        self.model.synchronize_gradients()
+        self.overflow = False
+        if self.loss_scaler is not None:
+            self.overflow = self._unscale_and_check_overflow([g for g in self.model.flat_groups() if g.trainable])
+        self._grads_ready = True
+        return self.overflow
 
     def step(self, closure: Any = None) -> None:
         fault_injection.at("optimizer_step")
+        try:
+            self._step(closure)
+        finally:
+            self._grads_ready = False  # the next step synchronizes its own gradients
+
+    def _step(self, closure: Any) -> None:
         rt = runtime_state.get()
-        self.model.finish_pending_reduces()
-        self.model.synchronize_gradients()
+        self._make_grads_ready()
         groups = [g for g in self.model.flat_groups() if g.trainable]
-        if self.loss_scaler is not None:
-            self.overflow = self._unscale_and_check_overflow(groups)
-            if self.overflow:
-                self.loss_scaler.update(overflow=True)
-                for group in groups:
-                    group.zero_grad()
-                return
+        if self.overflow:
+            self.loss_scaler.update(overflow=True)
+            for group in groups:
+                group.zero_grad()
+            return
         max_norm = rt.params.sdp_gradient_clipping
         if max_norm and max_norm > 0 and rt.topology.sdp_degree > 1:  # SMP clips only when sharding
             self.clip_master_grads(max_norm)
@@ -129,6 +150,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         The coefficient is ``clip_grad_norm_``'s, in fp32 on the device and clamped at 1, so
         the step never waits for the device to learn whether to clip.
         """
+        self._make_grads_ready()
         norm = self._grad_norm_tensor()
         self._last_grad_norm = norm
         coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)

@@ -142,7 +142,24 @@ def no_clipping_without_sharding() -> dict:
     return {"expected": expected, "got": model.state_dict()}
 
 
-CASES = {"groups": groups, "objects": objects, "optimizer_surface": optimizer_surface, "step_options": step_options,
+def clip_before_step() -> dict:
+    """The Hugging Face Trainer's SMP path: ``_grad_norm = optimizer.clip_master_grads(max)`` before step()."""
+    _start(sharded_data_parallel_degree=2, sdp_gradient_clipping=0)
+    x = torch.randn(8, 4, generator=torch.Generator().manual_seed(4))
+    reference = _tiny()
+    reference(x).pow(2).mean().backward()
+    ref_norm = torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.01).item()
+    expected = {k: p.detach() - p.grad for k, p in reference.named_parameters()}
+    model = smp.DistributedModel(_tiny())
+    opt = smp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0))
+    model.backward(model(x.chunk(smp.size())[smp.rank()]).pow(2).mean())
+    norm = opt.clip_master_grads(0.01).item()
+    opt.step()
+    return {"norm": norm, "ref_norm": ref_norm, "last": opt.last_grad_norm, "expected": expected,
+            "got": model.state_dict()}
+
+
+CASES = {"clip_before_step": clip_before_step, "groups": groups, "objects": objects, "optimizer_surface": optimizer_surface, "step_options": step_options,
          "fp16_footguns": fp16_footguns, "no_clipping_without_sharding": no_clipping_without_sharding}
 
 if __name__ == "__main__":

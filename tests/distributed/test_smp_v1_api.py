@@ -11,7 +11,7 @@ from tests.mpi_harness import requires_mpi, run_cases
 
 pytestmark = [pytest.mark.distributed, requires_mpi]
 
-CASES = ["groups", "objects", "optimizer_surface", "step_options", "fp16_footguns", "no_clipping_without_sharding"]
+CASES = ["clip_before_step", "groups", "objects", "optimizer_surface", "step_options", "fp16_footguns", "no_clipping_without_sharding"]
 
 
 @pytest.fixture(scope="module")
@@ -68,5 +68,12 @@ def test_fp16_plain_backward_is_refused_and_grad_scaler_drives_the_loss_scale(re
 
 def test_sdp_gradient_clipping_is_off_without_sharding(results):
     for got in results["no_clipping_without_sharding"]:
+        for name, expected in got["expected"].items():
+            torch.testing.assert_close(got["got"][name], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_clip_master_grads_before_step_sees_the_synchronized_gradient(results):
+    for got in results["clip_before_step"]:
+        assert got["norm"] == pytest.approx(got["ref_norm"], rel=1e-5) and got["last"] == got["norm"]
         for name, expected in got["expected"].items():
             torch.testing.assert_close(got["got"][name], expected, rtol=1e-5, atol=1e-6)
