@@ -147,12 +147,20 @@ class SMPModelMethods:
             self.__dict__["_backward_through_model"] = False
 
     def check_loss_scale_applied(self) -> None:
-        """Under fp16 the loss scale is applied by ``model.backward``; a plain ``loss.backward()``
-        would leave every gradient loss-scale times too small, silently."""
-        if getattr(self, "_loss_scaler", None) is not None and not self.__dict__.get("_backward_through_model"):
+        """A plain ``loss.backward()`` misses what ``model.backward`` multiplies in: under fp16
+        every gradient would come out loss-scale times too small, and inside ``@smp.step`` with
+        several microbatches their gradients would add up instead of averaging. Silently."""
+        if self.__dict__.get("_backward_through_model"):
+            return
+        if getattr(self, "_loss_scaler", None) is not None:
             raise RuntimeError(
                 "fp16 training: call model.backward(loss) instead of loss.backward(); model.backward applies "
                 "the loss scale that DistributedOptimizer.step() divides out"
+            )
+        if runtime_state.get().backward_scale != 1.0:
+            raise RuntimeError(
+                f"inside @smp.step with microbatches={runtime_state.get().params.microbatches}: call "
+                "model.backward(loss) instead of loss.backward(); model.backward averages the microbatches' gradients"
             )
 
     def register_post_partition_hook(self, hook: Callable[..., Any]) -> RemovableHandle:

@@ -102,7 +102,17 @@ def step_options() -> dict:
     x = torch.full((4, 4), float(smp.rank()))
     outs, sums = probe(model, {"x": x, "pair": ("a", torch.zeros(4, 3))}, torch.zeros(2, 6), torch.zeros(5))
     model.zero_grad()
-    return {"seen": seen, "requires_grad": outs.outputs[0].requires_grad, "concat": tuple(outs.concat().shape),
+
+    @smp.step
+    def plain_backward(model, x):
+        model(x).sum().backward()
+
+    try:
+        plain_backward(model, x)
+        plain_error = None
+    except RuntimeError as e:
+        plain_error = str(e)
+    return {"plain_error": plain_error,"seen": seen, "requires_grad": outs.outputs[0].requires_grad, "concat": tuple(outs.concat().shape),
             "stack": tuple(outs.stack().shape), "local_mean": sums.reduce_mean().item(),
             "local_sum": sums.reduce_sum().item(), "each": [s.item() for s in sums.outputs]}
 

@@ -55,6 +55,7 @@ def test_step_splits_as_told_and_reduces_locally(results):
         assert got["concat"] == (4, 2) and got["stack"] == (2, 2, 2)
         each = got["each"]
         assert got["local_sum"] == pytest.approx(sum(each)) and got["local_mean"] == pytest.approx(sum(each) / 2)
+        assert "inside @smp.step with microbatches=2: call model.backward(loss)" in got["plain_error"]
     means = [got["local_mean"] for got in results["step_options"]]
     assert len(set(means)) > 1  # each rank's own microbatches: no collective
 
