@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from smsdp import fault_injection
+from smsdp import api, fault_injection
 from smsdp import state as runtime_state
 from smsdp.loss_scaler import DynamicLossScaler
 from smsdp.optimizer_surface import local_state_dict, remap_to_shards
@@ -111,7 +111,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 group.zero_grad()
             return
         max_norm = rt.params.sdp_gradient_clipping
-        if max_norm and max_norm > 0 and rt.topology.sdp_degree > 1:  # SMP clips only when sharding
+        if max_norm and max_norm > 0 and api.sdp_size() > 1:  # SMP clips only when sharding
             self.clip_master_grads(max_norm)
         for group in groups:
             group.attach_grads()

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from smsdp import api
 from smsdp import state as runtime_state
 from smsdp.smp_model_args import check_no_effect_kwargs
 
@@ -60,18 +61,16 @@ class SMPModelMethods:
 
     def local_state_dict(self, *args: Any, **kwargs: Any) -> dict:
         """This rank's fp32 shards and the buffers, marked partial as SMP marks it."""
-        rt = runtime_state.get()
         return {
             PARTIAL_KEY: True,
-            "shard": (rt.coords.sdp_rank, rt.topology.sdp_degree),
+            "shard": (api.sdp_rank(), api.sdp_size()),
             "groups": [(g.unit_name, g.numel, g.master.detach().cpu().clone()) for g in self.flat_groups()],
             "buffers": {name: b.detach().cpu().clone() for name, b in self.module.named_buffers()},
         }
 
     def load_local_state_dict(self, state: dict) -> None:
         """Load what ``local_state_dict`` returned on a rank with the same shard coordinates."""
-        rt = runtime_state.get()
-        here = (rt.coords.sdp_rank, rt.topology.sdp_degree)
+        here = (api.sdp_rank(), api.sdp_size())
         if tuple(state["shard"]) != here:
             raise RuntimeError(
                 f"load_state_dict: this partial state dict holds shard {state['shard'][0]} of "

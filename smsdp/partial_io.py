@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from smsdp import api
 from smsdp import state as runtime_state
 from smsdp.checkpoint_files import atomic_write_bytes
 
@@ -28,7 +29,7 @@ def partial_file(f: str | os.PathLike, three_part: bool | None = None) -> str:
     """This rank's partial file for ``f``; ``three_part=None``: three parts when shards differ by rdp rank."""
     rt = runtime_state.get()
     if three_part is None:
-        three_part = rt.topology.sdp_degree > 1
+        three_part = api.sdp_size() > 1
     name = f"{os.fspath(f)}_0_{rt.coords.tp_rank}"
     return f"{name}_{rt.coords.rdp_rank}" if three_part else name
 
