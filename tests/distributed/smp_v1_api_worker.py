@@ -169,7 +169,50 @@ def clip_before_step() -> dict:
             "got": model.state_dict()}
 
 
-CASES = {"clip_before_step": clip_before_step, "groups": groups, "objects": objects, "optimizer_surface": optimizer_surface, "step_options": step_options,
+def sum_microbatches() -> dict:
+    """average_grads_across_microbatches=False: the microbatches' gradients add up (2x the mean's)."""
+    _start(sharded_data_parallel_degree=2, microbatches=2)
+    x = torch.randn(4, 4, generator=torch.Generator().manual_seed(smp.rank()))
+    deltas = {}
+    for average in (True, False):
+        model = smp.DistributedModel(_tiny(), average_grads_across_microbatches=average)
+        opt = smp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model=model)
+        before = model.state_dict()
+
+        @smp.step
+        def train(model, x):
+            model.backward(model(x).pow(2).mean())
+
+        train(model, x)
+        opt.step()
+        deltas[average] = {k: v - before[k] for k, v in model.state_dict().items()}
+    return {"mean": deltas[True], "sum": deltas[False]}
+
+
+def model_methods() -> dict:
+    _start(sharded_data_parallel_degree=2)
+    module = _tiny()
+    model = smp.DistributedModel(module, trace_device="gpu", trace_execution_times=True, bucket_cap_mb=25,
+                                 broadcast_buffers=True)
+    opt = smp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    calls = []
+    model.register_post_partition_hook(lambda m, o: calls.append((m is model, o is opt)))
+    x = torch.randn(2, 4)
+    for _ in range(2):
+        model.backward(model(x).sum())
+        opt.step()
+        opt.zero_grad()
+    with model.join():
+        plain = model.cpu()
+    full = model.state_dict()
+    return {"calls": calls, "same_module": model.get_module() is module, "partitioned": model.partitioned,
+            "plain_matches": all(torch.equal(p, full[n]) for n, p in plain.named_parameters()),
+            "plain_is_plain": type(plain) is type(module) and not isinstance(plain, smp.DistributedModel),
+            "plain_output": plain(torch.ones(1, 4)), "model_output": model(torch.ones(1, 4)).detach(),
+            "local_names": [n for n, _ in model.local_named_parameters()]}
+
+
+CASES = {"sum_microbatches": sum_microbatches, "model_methods": model_methods, "clip_before_step": clip_before_step, "groups": groups, "objects": objects, "optimizer_surface": optimizer_surface, "step_options": step_options,
          "fp16_footguns": fp16_footguns, "no_clipping_without_sharding": no_clipping_without_sharding}
 
 if __name__ == "__main__":

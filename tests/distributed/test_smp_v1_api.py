@@ -11,7 +11,7 @@ from tests.mpi_harness import requires_mpi, run_cases
 
 pytestmark = [pytest.mark.distributed, requires_mpi]
 
-CASES = ["clip_before_step", "groups", "objects", "optimizer_surface", "step_options", "fp16_footguns", "no_clipping_without_sharding"]
+CASES = ["sum_microbatches", "model_methods", "clip_before_step", "groups", "objects", "optimizer_surface", "step_options", "fp16_footguns", "no_clipping_without_sharding"]
 
 
 @pytest.fixture(scope="module")
@@ -78,3 +78,18 @@ def test_clip_master_grads_before_step_sees_the_synchronized_gradient(results):
         assert got["norm"] == pytest.approx(got["ref_norm"], rel=1e-5) and got["last"] == got["norm"]
         for name, expected in got["expected"].items():
             torch.testing.assert_close(got["got"][name], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_average_grads_across_microbatches_false_sums_them(results):
+    for got in results["sum_microbatches"]:
+        for name, mean_delta in got["mean"].items():
+            torch.testing.assert_close(got["sum"][name], 2 * mean_delta, rtol=1e-5, atol=1e-7)
+            assert mean_delta.abs().sum() > 0
+
+
+def test_model_methods(results):
+    for got in results["model_methods"]:
+        assert got["calls"] == [(True, True)]  # once, at the first forward, with the optimizer
+        assert got["same_module"] and got["partitioned"] and got["plain_is_plain"] and got["plain_matches"]
+        torch.testing.assert_close(got["plain_output"], got["model_output"])
+        assert got["local_names"] == ["0.weight", "0.bias", "2.weight", "2.bias"]
