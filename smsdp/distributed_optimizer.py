@@ -18,7 +18,7 @@ import torch.distributed as dist
 from smsdp import api, fault_injection
 from smsdp import state as runtime_state
 from smsdp.loss_scaler import DynamicLossScaler
-from smsdp.optimizer_surface import local_state_dict, remap_to_shards
+from smsdp.optimizer_surface import check_same_shard, local_state_dict, remap_to_shards
 from smsdp.smp_loss_scalers import scaler_for
 
 
@@ -173,13 +173,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return bool(bad.item() > 0)
 
     def state_dict(self) -> dict:
-        state = {"optimizer": self.optimizer.state_dict()}
-        if self.loss_scaler is not None:
-            state["loss_scaler"] = self.loss_scaler.state_dict()
-        return state
+        """This rank's state, as ``local_state_dict()`` (a full optimizer state: ``smp.save_checkpoint``)."""
+        return local_state_dict(self)
 
     def load_state_dict(self, state: dict) -> None:
         """What ``state_dict()`` or ``local_state_dict()`` returned on a rank with the same shards."""
+        check_same_shard(state)
         self.optimizer.load_state_dict(state["optimizer"])
         if self.loss_scaler is not None and "loss_scaler" in state:
             self.loss_scaler.load_state_dict(state["loss_scaler"])

@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from smsdp import api
+
 PARTIAL_KEY = "_smp_is_partial"
 
 
@@ -64,7 +66,19 @@ def remap_to_shards(optimizer: torch.optim.Optimizer, model: Any) -> None:
 
 def local_state_dict(optimizer: Any) -> dict:
     """This rank's optimizer state (for its shards) and the loss scaler, marked partial as SMP marks it."""
-    state = {PARTIAL_KEY: True, "optimizer": optimizer.optimizer.state_dict()}
+    state = {PARTIAL_KEY: True, "shard": (api.sdp_rank(), api.sdp_size()), "optimizer": optimizer.optimizer.state_dict()}
     if optimizer.loss_scaler is not None:
         state["loss_scaler"] = optimizer.loss_scaler.state_dict()
     return state
+
+
+def check_same_shard(state: dict) -> None:
+    """Another rank's optimizer state has the same shapes and other values: refuse it."""
+    here = (api.sdp_rank(), api.sdp_size())
+    if "shard" in state and tuple(state["shard"]) != here:
+        raise RuntimeError(
+            f"DistributedOptimizer.load_state_dict: this state belongs to shard {state['shard'][0]} of "
+            f"{state['shard'][1]}, this rank holds shard {here[0]} of {here[1]}; save it per rank "
+            "(smp.save(optimizer.local_state_dict(), f, partial=True)) or use smp.save_checkpoint / "
+            "smp.resume_from_checkpoint, which reshard the optimizer state"
+        )

@@ -83,7 +83,13 @@ def optimizer_surface() -> dict:
         smp.DistributedOptimizer(torch.optim.SGD([nn.Parameter(torch.zeros(2))], lr=0.1))
     except ValueError as e:
         foreign = str(e)
-    return {"finals": finals, "lrs": lrs, "is_optimizer": isinstance(opt, torch.optim.Optimizer),
+    other = {**opt.state_dict(), "shard": ((smp.sdp_rank() + 1) % 2, 2)}  # the other shard's state
+    try:
+        opt.load_state_dict(other)
+        other_shard = None
+    except RuntimeError as e:
+        other_shard = str(e)
+    return {"other_shard": other_shard, "finals": finals, "lrs": lrs, "is_optimizer": isinstance(opt, torch.optim.Optimizer),
             "foreign": foreign, "local_keys": sorted(opt.local_state_dict())}
 
 

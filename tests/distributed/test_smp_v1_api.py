@@ -45,7 +45,8 @@ def test_optimizer_from_module_get_module_or_parameters_steps_the_same(results):
             assert torch.equal(got["finals"]["module_before"][name], value), name
             assert torch.equal(got["finals"]["get_module"][name], value), name
         assert "belong to no smp.DistributedModel" in got["foreign"]
-        assert got["local_keys"] == ["_smp_is_partial", "optimizer"]
+        assert got["local_keys"] == ["_smp_is_partial", "optimizer", "shard"]
+        assert "this rank holds shard" in got["other_shard"]
 
 
 def test_step_splits_as_told_and_reduces_locally(results):
