@@ -36,7 +36,8 @@ class GradScaler:
             optimizer = optimizer or (rt.optimizers[-1] if rt.optimizers else None)
             if optimizer is None:
                 raise RuntimeError("smp.amp.GradScaler: create the smp.DistributedOptimizer before the first scale()")
-            optimizer.loss_scaler = optimizer.model._loss_scaler = self._settings
+            optimizer.loss_scaler = self._settings
+            optimizer.model.use_loss_scaler(self._settings)
             self._bound = optimizer
         return self._bound
 

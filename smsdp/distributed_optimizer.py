@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from smsdp import api, fault_injection
+from smsdp import fault_injection
 from smsdp import state as runtime_state
 from smsdp.loss_scaler import DynamicLossScaler
 from smsdp.optimizer_surface import check_same_shard, local_state_dict, remap_to_shards
@@ -51,13 +51,19 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._optimizer_step_pre_hooks: dict = OrderedDict()
         self._optimizer_step_post_hooks: dict = OrderedDict()
         self.overflow = False
+        self._grads_ready = False
         self._last_grad_norm: torch.Tensor | None = None
+        self._max_norm = rt.params.sdp_gradient_clipping
+        self._device = rt.device
+        self._shard_degree = rt.topology.shard_degree
+        self._all_reduce_shard_group = rt.all_reduce_shard_group
+        self._all_reduce_world = rt.all_reduce_world
         explicit = static_loss_scale is not _UNSET or dynamic_loss_scale or bool(dynamic_loss_args or more_dynamic_loss_args)
         self.loss_scaler = loss_scaler if loss_scaler is not None and rt.params.fp16 else scaler_for(
             rt.params.fp16, None if static_loss_scale is _UNSET else static_loss_scale, dynamic_loss_scale,
             {**(dynamic_loss_args or {}), **more_dynamic_loss_args}, explicit)
         if self.loss_scaler is not None:
-            model._loss_scaler = self.loss_scaler
+            model.use_loss_scaler(self.loss_scaler)
         rt.optimizers.append(self)  # lets smp.resume_from_checkpoint find it, as SMP's does
 
     # param_groups and state are the wrapped optimizer's: one truth, whoever writes it.
@@ -84,7 +90,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         Face Trainer clip before ``step()``): the norm must be that of the synchronized,
         unscaled gradient.
         """
-        if self.__dict__.get("_grads_ready"):
+        if self._grads_ready:
             return self.overflow
         self.model.finish_pending_reduces()
         self.model.synchronize_gradients()
@@ -102,7 +108,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._grads_ready = False  # the next step synchronizes its own gradients
 
     def _step(self, closure: Any) -> None:
-        rt = runtime_state.get()
         self._make_grads_ready()
         groups = [g for g in self.model.flat_groups() if g.trainable]
         if self.overflow:
@@ -110,9 +115,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             for group in groups:
                 group.zero_grad()
             return
-        max_norm = rt.params.sdp_gradient_clipping
-        if max_norm and max_norm > 0 and api.sdp_size() > 1:  # SMP clips only when sharding
-            self.clip_master_grads(max_norm)
+        if self._max_norm and self._max_norm > 0 and self._shard_degree > 1:  # SMP clips only when sharding
+            self.clip_master_grads(self._max_norm)
         for group in groups:
             group.attach_grads()
         self.optimizer.step(closure) if closure is not None else self.optimizer.step()
@@ -132,16 +136,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # torch.sum's cascade summation, not torch.linalg.vector_norm: on CPU the latter keeps one
         # fp32 accumulator per lane and drifts by 10-300 ulps on tensors of 10^5-10^6 elements
         # (pytorch/pytorch#169237).
-        rt = runtime_state.get()
-        device = rt.device
-        sharded = torch.zeros((), dtype=torch.float32, device=device)
-        replicated = torch.zeros((), dtype=torch.float32, device=device)
+        sharded = torch.zeros((), dtype=torch.float32, device=self._device)
+        replicated = torch.zeros((), dtype=torch.float32, device=self._device)
         for group in self.model.flat_groups():
-            if group.trainable and group.grad_acc is not None:
+            squares = group.grad_square_sum() if group.trainable else None
+            if squares is not None:
                 target = sharded if group.sharded else replicated
-                target += group.grad_acc.pow(2).sum()
-        if rt.topology.sdp_degree > 1:
-            rt.all_reduce_shard_group(sharded, "all_reduce.grad_norm")
+                target += squares
+        if self._shard_degree > 1:
+            self._all_reduce_shard_group(sharded, "all_reduce.grad_norm")
         return (sharded + replicated).sqrt()
 
     def clip_master_grads(self, max_norm: float) -> torch.Tensor:
@@ -155,21 +158,20 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._last_grad_norm = norm
         coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
         for group in self.model.flat_groups():
-            if group.trainable and group.grad_acc is not None:
-                group.grad_acc.mul_(coef)
+            if group.trainable:
+                group.scale_grad_(coef)
         return norm
 
     def _unscale_and_check_overflow(self, groups) -> bool:
-        rt = runtime_state.get()
         inv_scale = 1.0 / self.loss_scaler.scale
-        bad = torch.zeros(1, dtype=torch.float32, device=rt.device)
+        bad = torch.zeros(1, dtype=torch.float32, device=self._device)
         for group in groups:
+            group.scale_grad_(inv_scale)
             if group.grad_acc is not None:
-                group.grad_acc.mul_(inv_scale)
                 bad += (~torch.isfinite(group.grad_acc)).any().float()
         # Every rank must take the same decision, or the ranks that step and the
         # ranks that skip drift apart for good.
-        rt.all_reduce_world(bad, "all_reduce.overflow", op=dist.ReduceOp.MAX)
+        self._all_reduce_world(bad, "all_reduce.overflow", op=dist.ReduceOp.MAX)
         return bool(bad.item() > 0)
 
     def state_dict(self) -> dict:
