@@ -45,7 +45,8 @@ def _start(parameters: dict) -> None:
 def neox_batch(step: int, micro: int, n: int) -> torch.Tensor:
     """The global batch of one micro-step (every rank draws it and takes its rows)."""
     gen = torch.Generator().manual_seed(1000 + 10 * step + micro)
-    return torch.randint(0, NEOX_CONFIG["vocab_size"], (MICRO_BATCH * n, SEQ), generator=gen)
+    starts = torch.randint(0, NEOX_CONFIG["vocab_size"], (MICRO_BATCH * n, 1), generator=gen)
+    return (starts + torch.arange(SEQ)) % NEOX_CONFIG["vocab_size"]  # counting: learnable in a few steps
 
 
 def neox_param_groups(named) -> list[dict]:
