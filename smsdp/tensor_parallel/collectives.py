@@ -1,0 +1,146 @@
+"""Megatron-style autograd collectives inside one tensor-parallel group.
+
+Each function is an identity in one direction and a collective in the other,
+so that a column-parallel linear followed by a row-parallel linear costs one
+all-reduce forward and one backward (Shoeybi et al., 2019, section 3):
+
+=====================  ==========================  ==========================
+function               forward                     backward
+=====================  ==========================  ==========================
+``copy_to_tp``         identity                    all-reduce (sum)
+``reduce_from_tp``     all-reduce (sum)            identity
+``gather_from_tp``     all-gather the last dim     keep this rank's slice
+``scatter_to_tp``      keep this rank's slice      all-gather the last dim
+=====================  ==========================  ==========================
+
+[Note: why copy_to_tp all-reduces in backward]
+Every TP rank holds the whole activation that enters a column-parallel
+linear, but each rank's slice of the weight only contributes its part of the
+gradient with respect to that activation; the sum over the group is the full
+gradient. After it, the gradient of every replicated tensor (the residual
+stream, layer norms, position embeddings, row-parallel biases) is the same on
+every TP rank, which is what lets those parameters stay replicated without a
+gradient all-reduce of their own.
+
+A group of one makes every function an identity (no collective runs), so the
+layers also work, unchanged, without tensor parallelism.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class TPGroup:
+    """The tensor-parallel group a layer runs in: its process group, this rank's index, its size."""
+
+    pg: dist.ProcessGroup | None
+    rank: int
+    size: int
+
+    @classmethod
+    def single(cls) -> "TPGroup":
+        """No tensor parallelism: every collective is an identity."""
+        return cls(None, 0, 1)
+
+    @classmethod
+    def of(cls, group) -> "TPGroup":
+        """From a ``TPGroup``, a ``smsdp.process_groups.RankGroup``, a torch group or None (the world)."""
+        if isinstance(group, TPGroup):
+            return group
+        if group is not None and hasattr(group, "ranks") and hasattr(group, "pg"):
+            if len(group.ranks) == 1:
+                return cls.single()
+            return cls(group.pg, group.rank_of(dist.get_rank()), len(group.ranks))
+        if not dist.is_initialized():
+            if group is None:
+                return cls.single()
+            raise RuntimeError("a tensor-parallel process group needs torch.distributed initialised")
+        return cls(group, dist.get_rank(group), dist.get_world_size(group))
+
+
+def _all_reduce(x: torch.Tensor, tp: TPGroup) -> torch.Tensor:
+    if tp.size == 1:
+        return x
+    x = x.contiguous().clone()
+    dist.all_reduce(x, group=tp.pg)
+    return x
+
+
+def _all_gather_last(x: torch.Tensor, tp: TPGroup) -> torch.Tensor:
+    if tp.size == 1:
+        return x
+    parts = [torch.empty_like(x) for _ in range(tp.size)]
+    dist.all_gather(parts, x.contiguous(), group=tp.pg)
+    return torch.cat(parts, dim=-1)
+
+
+def _local_last(x: torch.Tensor, tp: TPGroup) -> torch.Tensor:
+    if tp.size == 1:
+        return x
+    if x.shape[-1] % tp.size:
+        raise ValueError(f"last dimension {x.shape[-1]} is not divisible by the tensor-parallel degree {tp.size}")
+    return x.chunk(tp.size, dim=-1)[tp.rank].contiguous()
+
+
+class _CopyToTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, tp):
+        ctx.tp = tp
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _all_reduce(grad, ctx.tp), None
+
+
+class _ReduceFromTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, tp):
+        return _all_reduce(x, tp)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+class _GatherFromTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, tp):
+        ctx.tp = tp
+        return _all_gather_last(x, tp)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _local_last(grad, ctx.tp), None
+
+
+class _ScatterToTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, tp):
+        ctx.tp = tp
+        return _local_last(x, tp)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _all_gather_last(grad, ctx.tp), None
+
+
+def copy_to_tp(x: torch.Tensor, tp: TPGroup) -> torch.Tensor:
+    return x if tp.size == 1 else _CopyToTP.apply(x, tp)
+
+
+def reduce_from_tp(x: torch.Tensor, tp: TPGroup) -> torch.Tensor:
+    return x if tp.size == 1 else _ReduceFromTP.apply(x, tp)
+
+
+def gather_from_tp(x: torch.Tensor, tp: TPGroup) -> torch.Tensor:
+    return x if tp.size == 1 else _GatherFromTP.apply(x, tp)
+
+
+def scatter_to_tp(x: torch.Tensor, tp: TPGroup) -> torch.Tensor:
+    return x if tp.size == 1 else _ScatterToTP.apply(x, tp)
