@@ -112,9 +112,9 @@ class DistributedTransformerLMHead(nn.Module):
         super().__init__()
         self.tp = tp
         self.config = gpt.config
+        tied = gpt.lm_head.weight is gpt.transformer.wte.weight
         self.transformer = gpt.transformer
         self.transformer.wte = VocabParallelEmbedding(gpt.transformer.wte, tp)
-        tied = gpt.lm_head.weight is gpt.transformer.wte.weight
         self.lm_head = ColumnParallelLinear(gpt.lm_head, tp, VOCAB_PARTITION)
         if tied:
             self.lm_head.weight = self.transformer.wte.weight
