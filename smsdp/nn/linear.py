@@ -36,10 +36,33 @@ def _out_dim(transposed: bool) -> int:
     return 1 if transposed else 0
 
 
-class _ParallelLinear(nn.Module):
-    def __init__(self, plain: nn.Module, tp: TPGroup, weight_partition: Partition, bias_partition: Partition | None):
+class DistributedLinear(nn.Module):
+    """SMP's ``smp.nn.DistributedLinear``: a linear whose weight is split over a TP group.
+
+    ``DistributedLinear(in_features, out_features, bias=True, tp_group=None, parallel="column")``
+    draws a fresh ``nn.Linear`` (torch's init; every TP rank must use the same seed, as in
+    SMP) and keeps this rank's piece: ``"column"`` splits the output features, ``"row"``
+    the input features. ``tp_group=None`` is the job's ``tp_group`` after ``smp.init()``.
+    ``ColumnParallelLinear`` and ``RowParallelLinear`` build the same from an existing layer.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, *, tp_group=None,
+                 parallel: str = "column"):
         super().__init__()
+        if parallel not in ("column", "row"):
+            raise ValueError(f"parallel={parallel!r}: use 'column' (split outputs) or 'row' (split inputs)")
+        plain = nn.Linear(in_features, out_features, bias=bias)
+        tp = _job_tp_group() if tp_group is None else TPGroup.of(tp_group)
+        if parallel == "column":
+            self._build(plain, tp, Even(0), Even(0), parallel)
+        else:
+            self._build(plain, tp, Even(1), None, parallel)
+
+    def _build(self, plain: nn.Module, tp: TPGroup, weight_partition: Partition,
+               bias_partition: Partition | None, parallel: str, gather_output: bool = False) -> None:
         self.tp = tp
+        self.parallel = parallel
+        self.gather_output = gather_output
         self.transposed = is_conv1d(plain)
         self.weight = split_parameter(plain.weight, weight_partition, tp)
         bias = getattr(plain, "bias", None)
@@ -56,36 +79,36 @@ class _ParallelLinear(nn.Module):
         y = x @ self.weight
         return y if bias is None else y + bias
 
-    def extra_repr(self) -> str:
-        shape = tuple(self.weight.shape)
-        return f"piece={shape}, tp_rank={self.tp.rank}/{self.tp.size}, conv1d_layout={self.transposed}"
-
-
-class ColumnParallelLinear(_ParallelLinear):
-    """This rank's output features. ``partition`` cuts the output dimension (default ``Even``;
-    ``Sections`` for a fused ``[q; k; v]``). ``gather_output`` all-gathers the full output."""
-
-    def __init__(self, plain: nn.Module, tp: TPGroup, partition: Partition | None = None, gather_output: bool = False):
-        dim = _out_dim(is_conv1d(plain))
-        weight_part = _with_dim(partition or Even(dim), dim)
-        super().__init__(plain, tp, weight_part, _with_dim(weight_part, 0))
-        self.gather_output = gather_output
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self._matmul(copy_to_tp(x, self.tp), self.bias)
-        return gather_from_tp(y, self.tp) if self.gather_output else y
-
-
-class RowParallelLinear(_ParallelLinear):
-    """This rank's input features; the partial products are summed over the TP group."""
-
-    def __init__(self, plain: nn.Module, tp: TPGroup, partition: Partition | None = None):
-        dim = 1 - _out_dim(is_conv1d(plain))
-        super().__init__(plain, tp, _with_dim(partition or Even(dim), dim), None)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.parallel == "column":
+            y = self._matmul(copy_to_tp(x, self.tp), self.bias)
+            return gather_from_tp(y, self.tp) if self.gather_output else y
         y = reduce_from_tp(self._matmul(x, None), self.tp)
         return y if self.bias is None else y + self.bias
+
+    def extra_repr(self) -> str:
+        shape = tuple(self.weight.shape)
+        return f"{self.parallel}, piece={shape}, tp_rank={self.tp.rank}/{self.tp.size}, conv1d_layout={self.transposed}"
+
+
+class ColumnParallelLinear(DistributedLinear):
+    """This rank's output features of ``plain``. ``partition`` cuts the output dimension (default
+    ``Even``; ``Sections`` for a fused ``[q; k; v]``). ``gather_output`` all-gathers the full output."""
+
+    def __init__(self, plain: nn.Module, tp: TPGroup, partition: Partition | None = None, gather_output: bool = False):
+        nn.Module.__init__(self)
+        dim = _out_dim(is_conv1d(plain))
+        weight_part = _with_dim(partition or Even(dim), dim)
+        self._build(plain, tp, weight_part, _with_dim(weight_part, 0), "column", gather_output)
+
+
+class RowParallelLinear(DistributedLinear):
+    """This rank's input features of ``plain``; the partial products are summed over the TP group."""
+
+    def __init__(self, plain: nn.Module, tp: TPGroup, partition: Partition | None = None):
+        nn.Module.__init__(self)
+        dim = 1 - _out_dim(is_conv1d(plain))
+        self._build(plain, tp, _with_dim(partition or Even(dim), dim), None, "row")
 
 
 def _with_dim(partition: Partition, dim: int) -> Partition:
@@ -96,15 +119,10 @@ def _with_dim(partition: Partition, dim: int) -> Partition:
     return type(partition)(dim=dim, **fields)
 
 
-def DistributedLinear(in_features: int, out_features: int, bias: bool = True, *, tp_group,
-                      parallel: str = "column") -> _ParallelLinear:
-    """SMP's ``smp.nn.DistributedLinear``: a fresh ``nn.Linear`` (torch's init) split over ``tp_group``.
+def _job_tp_group() -> TPGroup:
+    from smsdp import state as runtime_state
 
-    ``parallel="column"`` splits the output features, ``"row"`` the input features.
-    Every TP rank must draw the same plain weights (same seed), as SMP requires.
-    """
-    if parallel not in ("column", "row"):
-        raise ValueError(f"parallel={parallel!r}: use 'column' (split outputs) or 'row' (split inputs)")
-    plain = nn.Linear(in_features, out_features, bias=bias)
-    tp = TPGroup.of(tp_group)
-    return ColumnParallelLinear(plain, tp) if parallel == "column" else RowParallelLinear(plain, tp)
+    if not runtime_state.is_initialized():
+        raise RuntimeError("DistributedLinear(tp_group=None) uses the job's tp_group: call smp.init() first, "
+                           "or pass tp_group=")
+    return TPGroup.of(runtime_state.get().groups.tp_group)

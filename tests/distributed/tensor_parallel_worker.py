@@ -8,14 +8,17 @@ dict; the reference is the plain model trained in this same process.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import torch
 import torch.distributed as dist
 
 from smsdp.tensor_parallel import TPGroup, merged_state_dict, set_tensor_parallelism, tensor_parallelism
-from smsdp.tensor_parallel import to_tensor_parallel
+from smsdp.tensor_parallel import copy_to_tp, gather_from_tp, reduce_from_tp, scatter_to_tp, to_tensor_parallel
 from smsdp.tensor_parallel.clip import clip_grad_norm_
 from tests.models import TINY_MODELS, lm_batch
-from tests.mpi_harness import init_gloo_from_env, worker_main
+from tests.mpi_harness import OUT_ENV, init_gloo_from_env, worker_main
 from tests.tp_models import TP_MODELS
 
 STEPS = 4
@@ -46,7 +49,16 @@ def _train(model, case, tp) -> dict:
     return {"losses": losses, "norms": norms}
 
 
-def run(name: str, in_context: bool) -> dict:
+def _from_pretrained(case) -> torch.nn.Module:
+    """The plain model as ``from_pretrained`` gives it: rank 0 saves, every rank loads."""
+    directory = Path(os.environ[OUT_ENV]) / "pretrained"
+    if dist.get_rank() == 0:
+        case.build(seed=7).save_pretrained(directory)
+    dist.barrier()
+    return type(case.build()).from_pretrained(directory)
+
+
+def run(name: str, in_context: bool, pretrained: bool = False) -> dict:
     case = MODELS[name]
     reference = case.build(seed=7)
     ref = _train(reference, case, None)
@@ -57,18 +69,49 @@ def run(name: str, in_context: bool) -> dict:
         with tensor_parallelism():
             plain = case.build(seed=7)
     else:
-        plain = case.build(seed=7)
+        plain = _from_pretrained(case) if pretrained else case.build(seed=7)
         set_tensor_parallelism(plain, True)
     model = to_tensor_parallel(plain, tp)
     ours = _train(model, case, tp)
     ours["params"] = merged_state_dict(model)
     ours["piece_shapes"] = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    if pretrained:  # the merged state dict is a plain checkpoint: a fresh plain model loads it strictly
+        fresh = case.build(seed=99)
+        fresh.load_state_dict(ours["params"], strict=True)
+        x, y = lm_batch(BATCH, seq_len=case.seq_len, vocab_size=case.vocab_size, seed=5)
+        ours["reloaded_loss"], ref["reloaded_loss"] = case.loss(fresh, x, y).item(), case.loss(reference, x, y).item()
     return {"tp": ours, "reference": ref}
 
 
-CASES = {"gpt": ("gpt", True), "gpt_untied": ("gpt_untied", False), "hf_gpt2": ("hf_gpt2", False),
+def regions() -> dict:
+    """The four autograd collectives, forward and backward, on t=2 ranks."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    tp = TPGroup.of(dist.group.WORLD)
+    full = torch.arange(8.0).reshape(2, 4) + 1
+    weight = torch.full((2, 4), float(rank + 1))
+    out = {}
+    x = full.clone().requires_grad_()
+    (copy_to_tp(x, tp) * weight).sum().backward()
+    out["copy"] = (x.grad.clone(), None)
+    x = full.clone().requires_grad_()
+    y = reduce_from_tp(x * (rank + 1), tp)
+    (y * weight).sum().backward()
+    out["reduce"] = (x.grad.clone(), y.detach())
+    x = full.chunk(size, dim=-1)[rank].clone().requires_grad_()
+    y = gather_from_tp(x, tp)
+    (y * weight).sum().backward()
+    out["gather"] = (x.grad.clone(), y.detach())
+    x = full.clone().requires_grad_()
+    y = scatter_to_tp(x, tp)
+    (y * (rank + 1)).sum().backward()
+    out["scatter"] = (x.grad.clone(), y.detach())
+    return out
+
+
+CASES = {"gpt": ("gpt", True), "gpt_untied": ("gpt_untied", False), "hf_gpt2": ("hf_gpt2", False, True),
          "hf_llama": ("hf_llama", True), "hf_neox": ("hf_neox", False)}
 
 
 if __name__ == "__main__":
-    worker_main({name: (lambda args=args: run(*args)) for name, args in CASES.items()}, setup=init_gloo_from_env)
+    cases = {name: (lambda args=args: run(*args)) for name, args in CASES.items()}
+    worker_main({**cases, "regions": regions}, setup=init_gloo_from_env)

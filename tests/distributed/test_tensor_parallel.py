@@ -14,7 +14,7 @@ CASES = ["gpt", "gpt_untied", "hf_gpt2", "hf_llama", "hf_neox"]
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    return run_cases("tests/distributed/tensor_parallel_worker.py", CASES, nprocs=2, timeout=300,
+    return run_cases("tests/distributed/tensor_parallel_worker.py", [*CASES, "regions"], nprocs=2, timeout=300,
                      out_dir=tmp_path_factory.mktemp("tp"))
 
 
@@ -39,3 +39,23 @@ def test_each_rank_holds_half_of_the_split_weights(results, case):
         assert halved, f"{case}: nothing was split"
         for name in halved:
             assert sum(shapes[name]) < sum(full[name].shape), name
+
+
+def test_hf_gpt2_from_pretrained_splits_and_merges_back_to_a_loadable_plain_checkpoint(results):
+    for result in results["hf_gpt2"]:
+        assert result["tp"]["reloaded_loss"] == pytest.approx(result["reference"]["reloaded_loss"], rel=1e-5)
+
+
+def test_autograd_regions_forward_and_backward(results):
+    full = torch.arange(8.0).reshape(2, 4) + 1
+    weights = [torch.full((2, 4), 1.0), torch.full((2, 4), 2.0)]
+    for rank, out in enumerate(results["regions"]):
+        grad, _ = out["copy"]  # backward all-reduces: the sum of both ranks' weights
+        assert torch.equal(grad, weights[0] + weights[1])
+        grad, y = out["reduce"]  # forward all-reduces, backward is the identity
+        assert torch.equal(y, full * 3) and torch.equal(grad, weights[rank] * (rank + 1))
+        grad, y = out["gather"]  # forward all-gathers the last dim, backward keeps this rank's part
+        assert torch.equal(y, full) and torch.equal(grad, weights[rank].chunk(2, dim=-1)[rank])
+        grad, y = out["scatter"]  # forward keeps this rank's part, backward all-gathers
+        assert torch.equal(y, full.chunk(2, dim=-1)[rank])
+        assert torch.equal(grad, torch.cat([torch.full((2, 2), 1.0), torch.full((2, 2), 2.0)], dim=-1))
