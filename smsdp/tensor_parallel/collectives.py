@@ -87,47 +87,27 @@ def _local_last(x: torch.Tensor, tp: TPGroup) -> torch.Tensor:
     return x.chunk(tp.size, dim=-1)[tp.rank].contiguous()
 
 
-class _CopyToTP(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, tp):
+def _region(name: str, forward, backward) -> type:
+    """An autograd Function that runs ``forward(x, tp)`` and, backward, ``backward(grad, tp)``."""
+
+    def fwd(ctx, x, tp):
         ctx.tp = tp
-        return x.view_as(x)
+        return forward(x, tp)
 
-    @staticmethod
-    def backward(ctx, grad):
-        return _all_reduce(grad, ctx.tp), None
+    def bwd(ctx, grad):
+        return backward(grad, ctx.tp), None
 
-
-class _ReduceFromTP(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, tp):
-        return _all_reduce(x, tp)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad, None
+    return type(name, (torch.autograd.Function,), {"forward": staticmethod(fwd), "backward": staticmethod(bwd)})
 
 
-class _GatherFromTP(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, tp):
-        ctx.tp = tp
-        return _all_gather_last(x, tp)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _local_last(grad, ctx.tp), None
+def _identity(x: torch.Tensor, _tp: TPGroup) -> torch.Tensor:
+    return x.view_as(x)  # a view, so autograd records this Function
 
 
-class _ScatterToTP(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, tp):
-        ctx.tp = tp
-        return _local_last(x, tp)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _all_gather_last(grad, ctx.tp), None
+_CopyToTP = _region("_CopyToTP", _identity, _all_reduce)
+_ReduceFromTP = _region("_ReduceFromTP", _all_reduce, _identity)
+_GatherFromTP = _region("_GatherFromTP", _all_gather_last, _local_last)
+_ScatterToTP = _region("_ScatterToTP", _local_last, _all_gather_last)
 
 
 def copy_to_tp(x: torch.Tensor, tp: TPGroup) -> torch.Tensor:
