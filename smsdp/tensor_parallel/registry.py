@@ -34,6 +34,7 @@ __all__ = ["tp_register", "tp_register_with_module", "set_tensor_parallelism", "
            "to_tensor_parallel", "registered_version", "TensorParallelError"]
 
 _MARK = "_smsdp_tensor_parallel"
+_CONVERTED = "_smsdp_tp_converted"  # in-place conversions keep their class: never convert twice
 _BY_CONTEXT = "context"
 
 
@@ -127,13 +128,13 @@ def _marked(module: nn.Module) -> bool:
 
 def _convert_one(module: nn.Module, tp: TPGroup) -> nn.Module:
     version = registered_version(type(module))
-    if version is None or not _marked(module):
+    if version is None or not _marked(module) or getattr(module, _CONVERTED, False):
         return module
     make = version.from_module if hasattr(version, "from_module") else version
     converted = make(module, tp)
     if not isinstance(converted, nn.Module):
         raise TensorParallelError(f"{version!r} returned {type(converted).__name__}, not an nn.Module")
-    setattr(converted, _MARK, True)
+    setattr(converted, _CONVERTED, True)
     return converted
 
 

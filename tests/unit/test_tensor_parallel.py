@@ -99,6 +99,9 @@ def test_converted_model_on_one_rank_is_the_plain_model(name):
     plain, tp_model = case.build(seed=3), case.build(seed=3)
     set_tensor_parallelism(tp_model, True)
     tp_model = to_tensor_parallel(tp_model, TPGroup.single(), require=False)
+    modules = [id(m) for m in tp_model.modules()]
+    assert to_tensor_parallel(tp_model, TPGroup.single(), require=False) is tp_model  # converting twice: no-op
+    assert [id(m) for m in tp_model.modules()] == modules
     x, y = lm_batch(2, seq_len=case.seq_len, vocab_size=case.vocab_size, seed=4)
     # the vocab-parallel cross-entropy sums in its own order: equal to rounding, not bit for bit
     torch.testing.assert_close(case.loss(tp_model, x, y), case.loss(plain, x, y), rtol=1e-6, atol=0)
