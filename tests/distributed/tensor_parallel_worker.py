@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from smsdp.tensor_parallel import TPGroup, merged_state_dict, set_tensor_parallelism, tensor_parallelism
+from smsdp.tensor_parallel import TPGroup, merged_state_dict, set_tensor_parallelism, split_state_dict, tensor_parallelism
 from smsdp.tensor_parallel import copy_to_tp, gather_from_tp, reduce_from_tp, scatter_to_tp, to_tensor_parallel
 from smsdp.tensor_parallel.clip import clip_grad_norm_
 from tests.models import TINY_MODELS, lm_batch
@@ -49,6 +49,11 @@ def _train(model, case, tp) -> dict:
     return {"losses": losses, "norms": norms}
 
 
+def _marked(model):
+    set_tensor_parallelism(model, True)
+    return model
+
+
 def _from_pretrained(case) -> torch.nn.Module:
     """The plain model as ``from_pretrained`` gives it: rank 0 saves, every rank loads."""
     directory = Path(os.environ[OUT_ENV]) / "pretrained"
@@ -75,6 +80,11 @@ def run(name: str, in_context: bool, pretrained: bool = False) -> dict:
     ours = _train(model, case, tp)
     ours["params"] = merged_state_dict(model)
     ours["piece_shapes"] = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    # a plain checkpoint loads into another TP model (here the same degree, another seed) by cutting it
+    other = to_tensor_parallel(_marked(case.build(seed=123)), tp)
+    other.load_state_dict(split_state_dict(other, ours["params"]), strict=True)
+    x, y = lm_batch(BATCH, seq_len=case.seq_len, vocab_size=case.vocab_size, seed=6)
+    ours["loss_after"], ours["loss_after_reload"] = case.loss(model, x, y).item(), case.loss(other, x, y).item()
     if pretrained:  # the merged state dict is a plain checkpoint: a fresh plain model loads it strictly
         fresh = case.build(seed=99)
         fresh.load_state_dict(ours["params"], strict=True)

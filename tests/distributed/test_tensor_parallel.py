@@ -41,6 +41,12 @@ def test_each_rank_holds_half_of_the_split_weights(results, case):
             assert sum(shapes[name]) < sum(full[name].shape), name
 
 
+@pytest.mark.parametrize("case", CASES)
+def test_merged_state_dict_cut_again_loads_into_a_fresh_tensor_parallel_model(results, case):
+    for result in results[case]:
+        assert result["tp"]["loss_after_reload"] == result["tp"]["loss_after"]
+
+
 def test_hf_gpt2_from_pretrained_splits_and_merges_back_to_a_loadable_plain_checkpoint(results):
     for result in results["hf_gpt2"]:
         assert result["tp"]["reloaded_loss"] == pytest.approx(result["reference"]["reloaded_loss"], rel=1e-5)
