@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from smsdp.comm_accounting import CollectiveKind
 from smsdp.tensor_parallel.collectives import TPGroup
 
 __all__ = ["vocab_parallel_cross_entropy"]
@@ -20,6 +21,7 @@ __all__ = ["vocab_parallel_cross_entropy"]
 
 def _all_reduce(x: torch.Tensor, tp: TPGroup, op=dist.ReduceOp.SUM) -> torch.Tensor:
     if tp.size > 1:
+        tp.record(CollectiveKind.ALL_REDUCE, x)
         dist.all_reduce(x, op=op, group=tp.pg)
     return x
 

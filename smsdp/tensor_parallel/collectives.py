@@ -28,10 +28,15 @@ layers also work, unchanged, without tensor parallelism.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.distributed as dist
+
+from smsdp.comm_accounting import CollectiveKind, CommStats
+
+#: Stats label of the activation collectives of tensor parallelism (``all_reduce.tp``, ``all_gather.tp``).
+TP_LABEL = "tp"
 
 
 @dataclass(frozen=True)
@@ -41,6 +46,17 @@ class TPGroup:
     pg: dist.ProcessGroup | None
     rank: int
     size: int
+    stats: CommStats | None = field(default=None, compare=False, repr=False)  # counts the activation traffic
+
+    def counting(self, stats: CommStats | None) -> "TPGroup":
+        """The same group, recording what its autograd collectives send into ``stats``."""
+        return replace(self, stats=stats)
+
+    def record(self, kind: CollectiveKind, tensor: torch.Tensor, copies: int = 1) -> None:
+        """Count one collective over ``copies`` times ``tensor`` (an all-gather's N is its output)."""
+        if self.stats is not None:
+            nbytes = tensor.numel() * tensor.element_size() * copies
+            self.stats.record_collective(kind, nbytes, self.size, TP_LABEL)
 
     @classmethod
     def single(cls) -> "TPGroup":
@@ -67,6 +83,7 @@ def _all_reduce(x: torch.Tensor, tp: TPGroup) -> torch.Tensor:
     if tp.size == 1:
         return x
     x = x.contiguous().clone()
+    tp.record(CollectiveKind.ALL_REDUCE, x)
     dist.all_reduce(x, group=tp.pg)
     return x
 
@@ -75,6 +92,7 @@ def _all_gather_last(x: torch.Tensor, tp: TPGroup) -> torch.Tensor:
     if tp.size == 1:
         return x
     parts = [torch.empty_like(x) for _ in range(tp.size)]
+    tp.record(CollectiveKind.ALL_GATHER, x, copies=tp.size)
     dist.all_gather(parts, x.contiguous(), group=tp.pg)
     return torch.cat(parts, dim=-1)
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from smsdp.comm_accounting import CommStats
 from smsdp.tensor_parallel import TPGroup, merged_state_dict, set_tensor_parallelism, split_state_dict, tensor_parallelism
 from smsdp.tensor_parallel import copy_to_tp, gather_from_tp, reduce_from_tp, scatter_to_tp, to_tensor_parallel
 from smsdp.tensor_parallel.clip import clip_grad_norm_
@@ -69,7 +70,8 @@ def run(name: str, in_context: bool, pretrained: bool = False) -> dict:
     ref = _train(reference, case, None)
     ref["params"] = {k: v.detach().clone() for k, v in reference.state_dict().items()}
 
-    tp = TPGroup.of(dist.group.WORLD)
+    stats = CommStats()
+    tp = TPGroup.of(dist.group.WORLD).counting(stats)
     if in_context:  # as smp.model_creation(tensor_parallelism=True) marks it
         with tensor_parallelism():
             plain = case.build(seed=7)
@@ -78,6 +80,7 @@ def run(name: str, in_context: bool, pretrained: bool = False) -> dict:
         set_tensor_parallelism(plain, True)
     model = to_tensor_parallel(plain, tp)
     ours = _train(model, case, tp)
+    ours["tp_bytes"] = {key: stats.bytes_sent(key) for key in stats.snapshot()}
     ours["params"] = merged_state_dict(model)
     ours["piece_shapes"] = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     # a plain checkpoint loads into another TP model (here the same degree, another seed) by cutting it

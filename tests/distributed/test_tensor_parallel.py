@@ -47,6 +47,22 @@ def test_merged_state_dict_cut_again_loads_into_a_fresh_tensor_parallel_model(re
         assert result["tp"]["loss_after_reload"] == result["tp"]["loss_after"]
 
 
+# hidden size, blocks, column-parallel inputs per block (Llama: q, k, v, gate, up)
+SHAPES = {"gpt": (30, 2, 2), "gpt_untied": (30, 2, 2), "hf_gpt2": (30, 2, 2), "hf_llama": (32, 2, 5), "hf_neox": (32, 2, 2)}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_tensor_parallel_bytes_equal_the_formula(results, case):
+    from smsdp.tensor_parallel.comm_formula import tp_bytes_per_micro_step
+    from tests.distributed.tensor_parallel_worker import BATCH, STEPS
+    from tests.models import SEQ_LEN
+
+    hidden, layers, columns = SHAPES[case]
+    expected = STEPS * tp_bytes_per_micro_step(BATCH * SEQ_LEN, hidden, layers, 2, columns)
+    for result in results[case]:
+        assert result["tp"]["tp_bytes"] == {"all_reduce.tp": expected}
+
+
 def test_hf_gpt2_from_pretrained_splits_and_merges_back_to_a_loadable_plain_checkpoint(results):
     for result in results["hf_gpt2"]:
         assert result["tp"]["reloaded_loss"] == pytest.approx(result["reference"]["reloaded_loss"], rel=1e-5)
