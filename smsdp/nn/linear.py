@@ -59,10 +59,12 @@ class DistributedLinear(nn.Module):
             self._build(plain, tp, Even(1), None, parallel)
 
     def _build(self, plain: nn.Module, tp: TPGroup, weight_partition: Partition,
-               bias_partition: Partition | None, parallel: str, gather_output: bool = False) -> None:
+               bias_partition: Partition | None, parallel: str, gather_output: bool = False,
+               input_copied: bool = False) -> None:
         self.tp = tp
         self.parallel = parallel
         self.gather_output = gather_output
+        self.input_copied = input_copied
         self.transposed = is_conv1d(plain)
         self.weight = split_parameter(plain.weight, weight_partition, tp)
         bias = getattr(plain, "bias", None)
@@ -81,7 +83,7 @@ class DistributedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.parallel == "column":
-            y = self._matmul(copy_to_tp(x, self.tp), self.bias)
+            y = self._matmul(x if self.input_copied else copy_to_tp(x, self.tp), self.bias)
             return gather_from_tp(y, self.tp) if self.gather_output else y
         y = reduce_from_tp(self._matmul(x, None), self.tp)
         return y if self.bias is None else y + self.bias
@@ -93,13 +95,16 @@ class DistributedLinear(nn.Module):
 
 class ColumnParallelLinear(DistributedLinear):
     """This rank's output features of ``plain``. ``partition`` cuts the output dimension (default
-    ``Even``; ``Sections`` for a fused ``[q; k; v]``). ``gather_output`` all-gathers the full output."""
+    ``Even``; ``Sections`` for a fused ``[q; k; v]``). ``gather_output`` all-gathers the full output.
+    ``input_copied``: the caller has already passed the input through ``copy_to_tp`` (several
+    projections of one input then all-reduce its gradient once, not once each)."""
 
-    def __init__(self, plain: nn.Module, tp: TPGroup, partition: Partition | None = None, gather_output: bool = False):
+    def __init__(self, plain: nn.Module, tp: TPGroup, partition: Partition | None = None, gather_output: bool = False,
+                 input_copied: bool = False):
         nn.Module.__init__(self)
         dim = _out_dim(is_conv1d(plain))
         weight_part = _with_dim(partition or Even(dim), dim)
-        self._build(plain, tp, weight_part, _with_dim(weight_part, 0), "column", gather_output)
+        self._build(plain, tp, weight_part, _with_dim(weight_part, 0), "column", gather_output, input_copied)
 
 
 class RowParallelLinear(DistributedLinear):

@@ -1,9 +1,9 @@
 """Bytes one rank sends in ``tp_group`` per micro-step for a decoder LM in Megatron layout.
 
 Per micro-step of ``N`` tokens (batch x sequence) with hidden size ``h``,
-``L`` blocks and ``c`` column-parallel inputs per block (2 for a fused QKV and
-one MLP input; Llama's separate ``q/k/v/gate/up`` projections make 5, each
-all-reducing its input's gradient), the activation all-reduces are:
+``L`` blocks and ``c`` column-parallel inputs per block (2: the attention's
+input and the MLP's; Llama's separate ``q/k/v`` and ``gate/up`` projections
+share one ``copy_to_tp`` per module), the activation all-reduces are:
 
 - forward: the vocab-parallel embedding (``N h``), two row-parallel outputs
   per block (``2 L N h``), and three per-token scalars in the vocab-parallel

@@ -12,6 +12,9 @@ column-/row-parallel ones makes each rank run its own heads. Per model:
 - Llama (``LlamaDecoderLayer``): separate ``q/k/v_proj``; with grouped-query
   attention the key/value heads are cut too, so both head counts must divide.
   The MLP's ``gate_proj``/``up_proj`` are column-parallel, ``down_proj`` row.
+  A forward pre-hook on ``self_attn`` and on ``mlp`` passes their input through
+  ``copy_to_tp`` once, so the input gradient is all-reduced once per module
+  (as for a fused projection), not once per projection.
 
 Rotary embeddings need nothing: the model computes cos/sin once, per position,
 and every rank applies them to its own whole heads.
@@ -34,7 +37,7 @@ from smsdp.nn.cross_entropy import vocab_parallel_cross_entropy
 from smsdp.nn.embedding import VOCAB_PARTITION, VocabParallelEmbedding
 from smsdp.nn.linear import ColumnParallelLinear, RowParallelLinear
 from smsdp.nn.transformer import heads_per_rank
-from smsdp.tensor_parallel.collectives import TPGroup
+from smsdp.tensor_parallel.collectives import TPGroup, copy_to_tp
 from smsdp.tensor_parallel.partition import Sections
 
 __all__ = ["convert_gpt2_block", "convert_gpt_neox_layer", "convert_llama_layer", "convert_causal_lm"]
@@ -47,8 +50,21 @@ def _swap(parent: nn.Module, path: str, make: Callable[[nn.Module], nn.Module]) 
     setattr(parent, name, make(getattr(parent, name)))
 
 
-def _column(tp: TPGroup, partition=None) -> Callable[[nn.Module], nn.Module]:
-    return lambda plain: ColumnParallelLinear(plain, tp, partition)
+def _column(tp: TPGroup, partition=None, input_copied: bool = False) -> Callable[[nn.Module], nn.Module]:
+    return lambda plain: ColumnParallelLinear(plain, tp, partition, input_copied=input_copied)
+
+
+def _copy_input_once(module: nn.Module, tp: TPGroup) -> None:
+    """``copy_to_tp`` on the module's ``hidden_states`` (keyword or first argument) before it runs."""
+
+    def hook(_module, args, kwargs):
+        if "hidden_states" in kwargs:
+            kwargs = {**kwargs, "hidden_states": copy_to_tp(kwargs["hidden_states"], tp)}
+        else:
+            args = (copy_to_tp(args[0], tp), *args[1:])
+        return args, kwargs
+
+    module.register_forward_pre_hook(hook, with_kwargs=True)
 
 
 def _row(tp: TPGroup) -> Callable[[nn.Module], nn.Module]:
@@ -86,9 +102,11 @@ def convert_llama_layer(layer: nn.Module, tp_group) -> nn.Module:
     heads_per_rank(config.num_attention_heads, tp, "num_attention_heads")
     heads_per_rank(config.num_key_value_heads, tp, "num_key_value_heads")
     for path in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj"):
-        _swap(layer, path, _column(tp))
+        _swap(layer, path, _column(tp, input_copied=True))
     for path in ("self_attn.o_proj", "mlp.down_proj"):
         _swap(layer, path, _row(tp))
+    _copy_input_once(layer.self_attn, tp)
+    _copy_input_once(layer.mlp, tp)
     return layer
 
 
