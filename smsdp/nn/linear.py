@@ -16,6 +16,8 @@ layer's state dict exactly.
 
 from __future__ import annotations
 
+import enum
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -24,7 +26,14 @@ from smsdp.tensor_parallel.collectives import TPGroup, copy_to_tp, gather_from_t
 from smsdp.tensor_parallel.partition import Even, Partition
 from smsdp.tensor_parallel.split_params import split_parameter
 
-__all__ = ["ColumnParallelLinear", "RowParallelLinear", "DistributedLinear", "is_conv1d"]
+__all__ = ["ColumnParallelLinear", "RowParallelLinear", "DistributedLinear", "Parallel", "is_conv1d"]
+
+
+class Parallel(enum.Enum):
+    """Which side of the weight a rank holds a slice of."""
+
+    COLUMN = "column"  # output features; the input arrives whole
+    ROW = "row"  # input features; the partial outputs are summed over the TP group
 
 
 def is_conv1d(module: nn.Module) -> bool:
@@ -47,19 +56,21 @@ class DistributedLinear(nn.Module):
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, tp_group=None,
-                 parallel: str = "column"):
+                 parallel: Parallel | str = Parallel.COLUMN):
         super().__init__()
-        if parallel not in ("column", "row"):
-            raise ValueError(f"parallel={parallel!r}: use 'column' (split outputs) or 'row' (split inputs)")
+        try:
+            parallel = Parallel(parallel)
+        except ValueError:
+            raise ValueError(f"parallel={parallel!r}: use 'column' (split outputs) or 'row' (split inputs)") from None
         plain = nn.Linear(in_features, out_features, bias=bias)
         tp = _job_tp_group() if tp_group is None else TPGroup.of(tp_group)
-        if parallel == "column":
+        if parallel is Parallel.COLUMN:
             self._build(plain, tp, Even(0), Even(0), parallel)
         else:
             self._build(plain, tp, Even(1), None, parallel)
 
     def _build(self, plain: nn.Module, tp: TPGroup, weight_partition: Partition,
-               bias_partition: Partition | None, parallel: str, gather_output: bool = False,
+               bias_partition: Partition | None, parallel: Parallel, gather_output: bool = False,
                input_copied: bool = False) -> None:
         self.tp = tp
         self.parallel = parallel
@@ -82,7 +93,7 @@ class DistributedLinear(nn.Module):
         return y if bias is None else y + bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.parallel == "column":
+        if self.parallel is Parallel.COLUMN:
             y = self._matmul(x if self.input_copied else copy_to_tp(x, self.tp), self.bias)
             return gather_from_tp(y, self.tp) if self.gather_output else y
         y = reduce_from_tp(self._matmul(x, None), self.tp)
@@ -90,7 +101,7 @@ class DistributedLinear(nn.Module):
 
     def extra_repr(self) -> str:
         shape = tuple(self.weight.shape)
-        return f"{self.parallel}, piece={shape}, tp_rank={self.tp.rank}/{self.tp.size}, conv1d_layout={self.transposed}"
+        return f"{self.parallel.value}, piece={shape}, tp_rank={self.tp.rank}/{self.tp.size}, conv1d_layout={self.transposed}"
 
 
 class ColumnParallelLinear(DistributedLinear):
@@ -104,7 +115,7 @@ class ColumnParallelLinear(DistributedLinear):
         nn.Module.__init__(self)
         dim = _out_dim(is_conv1d(plain))
         weight_part = _with_dim(partition or Even(dim), dim)
-        self._build(plain, tp, weight_part, _with_dim(weight_part, 0), "column", gather_output, input_copied)
+        self._build(plain, tp, weight_part, _with_dim(weight_part, 0), Parallel.COLUMN, gather_output, input_copied)
 
 
 class RowParallelLinear(DistributedLinear):
@@ -113,7 +124,7 @@ class RowParallelLinear(DistributedLinear):
     def __init__(self, plain: nn.Module, tp: TPGroup, partition: Partition | None = None):
         nn.Module.__init__(self)
         dim = 1 - _out_dim(is_conv1d(plain))
-        self._build(plain, tp, _with_dim(partition or Even(dim), dim), None, "row")
+        self._build(plain, tp, _with_dim(partition or Even(dim), dim), None, Parallel.ROW)
 
 
 def _with_dim(partition: Partition, dim: int) -> Partition:

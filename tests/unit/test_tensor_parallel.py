@@ -211,3 +211,20 @@ def test_docs_example_2_batch_arithmetic():
     assert batch_arithmetic(32, 4, 4, 2, prescaled_batch=False).global_batch == 64
     with pytest.raises(ValueError, match="must divide world_size 32"):
         batch_arithmetic(32, 4, 3)
+
+
+def test_distributed_linear_on_one_rank_is_the_plain_linear():
+    from smsdp.nn.linear import ColumnParallelLinear, DistributedLinear, RowParallelLinear
+
+    torch.manual_seed(0)
+    plain = nn.Linear(6, 4)
+    torch.manual_seed(0)
+    column = DistributedLinear(6, 4, tp_group=TPGroup.single())
+    torch.manual_seed(0)
+    row = DistributedLinear(6, 4, tp_group=TPGroup.single(), parallel="row")
+    x = torch.randn(3, 6)
+    assert torch.equal(column(x), plain(x)) and torch.equal(row(x), plain(x))
+    assert isinstance(ColumnParallelLinear(plain, TPGroup.single()), DistributedLinear)
+    assert isinstance(RowParallelLinear(plain, TPGroup.single()), DistributedLinear)
+    with pytest.raises(ValueError, match="parallel='diagonal': use 'column'"):
+        DistributedLinear(6, 4, tp_group=TPGroup.single(), parallel="diagonal")
