@@ -146,6 +146,7 @@ def to_tensor_parallel(model: nn.Module, tp_group, require: bool = True) -> nn.M
     has more than one rank is an error naming what would work.
     """
     tp = TPGroup.of(tp_group)
+    _check_dropout_rng(model, tp)
     converted = _convert_tree(model, tp)
     if require and tp.size > 1 and not _has_split_parameter(converted):
         raise TensorParallelError(
@@ -169,3 +170,27 @@ def _has_split_parameter(model: nn.Module) -> bool:
     from smsdp.tensor_parallel.split_params import split_of
 
     return any(split_of(p) is not None for p in model.parameters())
+
+
+def _check_dropout_rng(model: nn.Module, tp: TPGroup) -> None:
+    """Dropout on replicated activations needs one mask on every TP rank: the same CPU RNG state.
+
+    (Megatron's per-region RNG tracker is not built; with equal states every TP
+    rank draws the same masks.) Collective over the TP group when the model has dropout.
+    """
+    import torch
+    import torch.distributed as dist
+
+    if tp.size == 1 or not any(isinstance(m, nn.Dropout) and m.p > 0 for m in model.modules()):
+        return
+    state = torch.get_rng_state()
+    digest = torch.tensor([int(state.double().mul(torch.arange(1, state.numel() + 1)).sum().item()) % (2**52)],
+                          dtype=torch.float64)
+    states = [torch.empty_like(digest) for _ in range(tp.size)]
+    dist.all_gather(states, digest, group=tp.pg)
+    if any(not torch.equal(s, digest) for s in states):
+        raise TensorParallelError(
+            "the model has dropout, but the ranks of a tensor-parallel group have different torch RNG states, so "
+            "their dropout masks on replicated activations would differ: seed every rank of the group alike "
+            "(torch.manual_seed(seed) with the same seed) before building the model, or set dropout to 0"
+        )

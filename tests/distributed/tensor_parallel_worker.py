@@ -121,10 +121,30 @@ def regions() -> dict:
     return out
 
 
+def dropout_rng_check() -> dict:
+    """A model with dropout converts only when the TP ranks share torch's RNG state."""
+    from smsdp.tensor_parallel import TensorParallelError
+    from tests.models import tiny_gpt
+
+    tp = TPGroup.of(dist.group.WORLD)
+    out = {}
+    for label, seed in (("rank_seeded", 100 + dist.get_rank()), ("same_seed", 100)):
+        model = tiny_gpt(seed=seed)
+        model.transformer.drop.p = 0.1
+        set_tensor_parallelism(model, True)
+        torch.manual_seed(seed)
+        try:
+            to_tensor_parallel(model, tp)
+            out[label] = "converted"
+        except TensorParallelError as error:
+            out[label] = str(error)
+    return out
+
+
 CASES = {"gpt": ("gpt", True), "gpt_untied": ("gpt_untied", False), "hf_gpt2": ("hf_gpt2", False, True),
          "hf_llama": ("hf_llama", True), "hf_neox": ("hf_neox", False)}
 
 
 if __name__ == "__main__":
     cases = {name: (lambda args=args: run(*args)) for name, args in CASES.items()}
-    worker_main({**cases, "regions": regions}, setup=init_gloo_from_env)
+    worker_main({**cases, "regions": regions, "dropout_rng_check": dropout_rng_check}, setup=init_gloo_from_env)
