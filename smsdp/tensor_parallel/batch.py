@@ -26,7 +26,7 @@ __all__ = ["BatchArithmetic", "batch_arithmetic"]
 class BatchArithmetic:
     world_size: int
     tp_degree: int
-    sdp_degree: int
+    shard_degree: int
     batch_size: int  # sequences each rank's loader yields (per TP group when prescaled)
     prescaled_batch: bool
     seq_len: int | None = None
@@ -38,7 +38,7 @@ class BatchArithmetic:
 
     @property
     def replication_degree(self) -> int:
-        return self.tp_groups // self.sdp_degree
+        return self.tp_groups // self.shard_degree
 
     @property
     def readers(self) -> int:
@@ -55,7 +55,7 @@ class BatchArithmetic:
 
     def lines(self) -> list[str]:
         """What the runtime prints at start, one fact per line."""
-        w, t, d = self.world_size, self.tp_degree, self.sdp_degree
+        w, t, d = self.world_size, self.tp_degree, self.shard_degree
         per = "tensor parallelism group (prescaled_batch)" if self.prescaled_batch else "rank"
         out = [
             f"({w} GPUs) / ({t} tensor parallel degree) = ({self.tp_groups} tensor parallelism groups)",
@@ -70,16 +70,16 @@ class BatchArithmetic:
         return out
 
 
-def batch_arithmetic(world_size: int, tp_degree: int = 1, sdp_degree: int = 1, batch_size: int = 1,
+def batch_arithmetic(world_size: int, tp_degree: int = 1, shard_degree: int = 1, batch_size: int = 1,
                      seq_len: int | None = None, prescaled_batch: bool | None = None) -> BatchArithmetic:
     """The arithmetic for a job; ``prescaled_batch`` defaults to on when ``tp_degree > 1``."""
-    for name, value in (("world_size", world_size), ("tp_degree", tp_degree), ("sdp_degree", sdp_degree),
+    for name, value in (("world_size", world_size), ("tp_degree", tp_degree), ("shard_degree", shard_degree),
                         ("batch_size", batch_size)):
         if not isinstance(value, int) or value < 1:
             raise TopologyError(f"batch_arithmetic: {name}={value!r} must be a positive integer")
-    if world_size % tp_degree or (world_size // tp_degree) % sdp_degree:
+    if world_size % tp_degree or (world_size // tp_degree) % shard_degree:
         raise TopologyError(
-            f"batch_arithmetic: tp_degree {tp_degree} x sdp_degree {sdp_degree} must divide world_size {world_size}"
+            f"batch_arithmetic: tp_degree {tp_degree} x shard_degree {shard_degree} must divide world_size {world_size}"
         )
     prescaled = tp_degree > 1 if prescaled_batch is None else bool(prescaled_batch)
-    return BatchArithmetic(world_size, tp_degree, sdp_degree, batch_size, prescaled, seq_len)
+    return BatchArithmetic(world_size, tp_degree, shard_degree, batch_size, prescaled, seq_len)

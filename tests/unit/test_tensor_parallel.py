@@ -189,7 +189,7 @@ def test_builtin_versions_are_found_by_class_name():
 # ----------------------------------------------------------------- the docs' layout and arithmetic
 def test_docs_32_rank_layout_tp_groups_replicate_in_pairs():
     """Figure 1/2 of the docs: TPG0..TPG7; replication pairs {TPG0, TPG4}, {TPG1, TPG5}, ..."""
-    topo = Topology(world_size=32, processes_per_host=8, tp_degree=4, sdp_degree=4)
+    topo = Topology(world_size=32, processes_per_host=8, tp_degree=4, shard_degree=4)
     assert topo.tp_groups() == tuple(tuple(range(s, s + 4)) for s in range(0, 32, 4))
     assert [g for g in topo.shard_groups() if g[0] in (0, 16)] == [(0, 4, 8, 12), (16, 20, 24, 28)]
     for rank in range(16):
@@ -197,16 +197,16 @@ def test_docs_32_rank_layout_tp_groups_replicate_in_pairs():
 
 
 def test_docs_example_1_batch_arithmetic():
-    sdp_only = batch_arithmetic(world_size=1536, tp_degree=1, sdp_degree=32, batch_size=1, seq_len=4096)
+    sdp_only = batch_arithmetic(world_size=1536, tp_degree=1, shard_degree=32, batch_size=1, seq_len=4096)
     assert (sdp_only.global_batch, sdp_only.tokens_per_global_batch) == (1536, 6_291_456)
-    with_tp = batch_arithmetic(world_size=1536, tp_degree=8, sdp_degree=32, batch_size=4, seq_len=4096)
+    with_tp = batch_arithmetic(world_size=1536, tp_degree=8, shard_degree=32, batch_size=4, seq_len=4096)
     assert (with_tp.tp_groups, with_tp.global_batch, with_tp.tokens_per_global_batch) == (192, 768, 3_145_728)
     assert with_tp.prescaled_batch and with_tp.replication_degree == 6
     assert "(768 batches) * (4096 tokens per batch) = (3,145,728 tokens)" in with_tp.lines()
 
 
 def test_docs_example_2_batch_arithmetic():
-    ex2 = batch_arithmetic(world_size=32, tp_degree=4, sdp_degree=4, batch_size=2)
+    ex2 = batch_arithmetic(world_size=32, tp_degree=4, shard_degree=4, batch_size=2)
     assert (ex2.tp_groups, ex2.replication_degree, ex2.global_batch) == (8, 2, 16)
     assert batch_arithmetic(32, 4, 4, 2, prescaled_batch=False).global_batch == 64
     with pytest.raises(ValueError, match="must divide world_size 32"):
