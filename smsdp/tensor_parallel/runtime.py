@@ -21,7 +21,7 @@ from smsdp.tensor_parallel.collectives import TPGroup
 from smsdp.tensor_parallel.registry import to_tensor_parallel
 from smsdp.tensor_parallel.split_params import TPSplit, gather_full, split_of
 
-__all__ = ["convert_for_job", "split_names", "merge_tp_pieces"]
+__all__ = ["convert_for_job", "split_names", "merge_tp_pieces", "cut_tp_pieces", "is_tp_split"]
 
 
 def convert_for_job(module: nn.Module, tp_group, stats=None) -> nn.Module:
@@ -47,3 +47,18 @@ def merge_tp_pieces(state: Mapping[str, torch.Tensor], splits: Mapping[str, TPSp
             done[key] = gather_full(value, split)
         merged[name] = done[key]
     return merged
+
+
+def cut_tp_pieces(state: Mapping[str, torch.Tensor], splits: Mapping[str, TPSplit]) -> dict[str, torch.Tensor]:
+    """``state`` (plain tensors) with each split entry cut to this TP rank's piece (no communication)."""
+    out = dict(state)
+    for name, split in splits.items():
+        if name in out:
+            out[name] = split.partition.piece(out[name], split.tp.rank, split.tp.size)
+    return out
+
+
+def is_tp_split(param: torch.Tensor) -> bool:
+    """A piece of a parameter cut over more than one TP rank (its norm adds up over ``tp_group``)."""
+    split = split_of(param)
+    return split is not None and split.tp.size > 1

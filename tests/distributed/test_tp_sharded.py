@@ -1,0 +1,30 @@
+"""Tensor parallelism inside the sharded step: 4 ranks (t=2, d=2, r=1) under mpirun against one process."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.mpi_harness import requires_mpi, run_cases
+
+pytestmark = [pytest.mark.distributed, requires_mpi]
+
+CASES = ["gpt", "hf_gpt2", "hf_llama"]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    return run_cases("tests/distributed/tp_sharded_worker.py", CASES, nprocs=4, timeout=400,
+                     out_dir=tmp_path_factory.mktemp("tp_sharded"))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_tp_and_sharding_match_single_process(results, case):
+    for rank, result in enumerate(results[case]):
+        ours, ref = result["sharded"], result["reference"]
+        torch.testing.assert_close(torch.tensor(ours["losses"]), torch.tensor(ref["losses"]), rtol=1e-5, atol=1e-6)
+        assert list(ours["params"]) == list(ref["params"])
+        for name, expected in ref["params"].items():
+            assert ours["params"][name].shape == expected.shape, name
+            torch.testing.assert_close(ours["params"][name], expected, rtol=1e-5, atol=1e-6,
+                                       msg=lambda m: f"{case} rank {rank} {name}: {m}")
