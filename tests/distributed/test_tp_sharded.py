@@ -1,4 +1,5 @@
-"""Tensor parallelism inside the sharded step: 4 ranks (t=2, d=2, r=1) under mpirun against one process."""
+"""Tensor parallelism inside the sharded step under mpirun against one process: 4 ranks (t=2, d=2,
+r=1) for the bundled GPT and Hugging Face Llama, 8 ranks (t=2, d=2, r=2) for the bundled GPT."""
 
 from __future__ import annotations
 
@@ -18,9 +19,25 @@ def results(tmp_path_factory):
                      out_dir=tmp_path_factory.mktemp("tp_sharded"))
 
 
+@pytest.fixture(scope="module")
+def replicated(tmp_path_factory):
+    return run_cases("tests/distributed/tp_sharded_worker.py", ["gpt"], nprocs=8, timeout=400,
+                     out_dir=tmp_path_factory.mktemp("tp_sharded_r2"))
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_tp_and_sharding_match_single_process(results, case):
-    for rank, result in enumerate(results[case]):
+    _assert_matches(results[case], case)
+
+
+def test_tp_sharding_and_replication_match_single_process(replicated):
+    _assert_matches(replicated["gpt"], "gpt (8 ranks)")
+    for result in replicated["gpt"]:
+        assert result["sharded"]["comm"]["all_reduce.replica"] > 0  # r = 2: the replica all-reduce ran
+
+
+def _assert_matches(per_rank: list, case: str) -> None:
+    for rank, result in enumerate(per_rank):
         ours, ref = result["sharded"], result["reference"]
         torch.testing.assert_close(torch.tensor(ours["losses"]), torch.tensor(ref["losses"]), rtol=1e-5, atol=1e-6)
         assert list(ours["params"]) == list(ref["params"])
