@@ -4,8 +4,8 @@ r=1) for the bundled GPT and Hugging Face Llama, 8 ranks (t=2, d=2, r=2) for the
 from __future__ import annotations
 
 import pytest
-import torch
 
+from tests.distributed.test_tensor_parallel import assert_same_training
 from tests.mpi_harness import requires_mpi, run_cases
 
 pytestmark = [pytest.mark.distributed, requires_mpi]
@@ -38,13 +38,7 @@ def test_tp_sharding_and_replication_match_single_process(replicated):
 
 def _assert_matches(per_rank: list, case: str) -> None:
     for rank, result in enumerate(per_rank):
-        ours, ref = result["sharded"], result["reference"]
-        torch.testing.assert_close(torch.tensor(ours["losses"]), torch.tensor(ref["losses"]), rtol=1e-5, atol=1e-6)
-        assert list(ours["params"]) == list(ref["params"])
-        for name, expected in ref["params"].items():
-            assert ours["params"][name].shape == expected.shape, name
-            torch.testing.assert_close(ours["params"][name], expected, rtol=1e-5, atol=1e-6,
-                                       msg=lambda m: f"{case} rank {rank} {name}: {m}")
+        assert_same_training(result["sharded"], result["reference"], f"{case} rank {rank}")
 
 
 @pytest.mark.parametrize("case", CASES)
