@@ -190,6 +190,11 @@ class DistributedModel(nn.Module):
         return self._state
 
     @property
+    def tensor_parallel_splits(self) -> dict:
+        """State-dict names of this TP rank's pieces and how they were cut (empty without TP)."""
+        return dict(self._tp_splits)
+
+    @property
     def state_dict_keys(self) -> tuple[str, ...]:
         """The wrapped module's ``state_dict()`` keys, in its order."""
         return self._state_dict_keys

@@ -4,6 +4,7 @@ r=1) for the bundled GPT and Hugging Face Llama, 8 ranks (t=2, d=2, r=2) for the
 from __future__ import annotations
 
 import pytest
+import torch
 
 from tests.distributed.test_tensor_parallel import assert_same_training
 from tests.mpi_harness import requires_mpi, run_cases
@@ -48,3 +49,15 @@ def test_each_collective_ran_in_its_group(results, case):
         for key in ("all_reduce.tp", "all_gather", "reduce_scatter", "all_reduce.grad_norm", "all_reduce.grad_norm_tp"):
             assert comm.get(key, 0) > 0, (key, comm)
         assert "all_reduce.replica" not in comm or comm["all_reduce.replica"] == 0  # r = 1: no replicas
+
+
+def test_full_checkpoint_is_the_plain_model_and_partial_is_refused(results):
+    per_rank = results["gpt"]
+    for result in per_rank:
+        trained, checkpoint = result["sharded"]["params"], result["sharded"]["checkpoint"]
+        assert "use partial=False" in checkpoint["refusal"]
+        assert list(checkpoint["resumed"]) == list(trained)
+        assert all(torch.equal(checkpoint["resumed"][k], v) for k, v in trained.items())
+    saved = per_rank[0]["sharded"]["checkpoint"]["saved"]
+    assert {k: tuple(v.shape) for k, v in saved.items()} == {k: tuple(v.shape) for k, v in per_rank[0]["reference"]["params"].items()}
+    assert all(torch.equal(saved[k], v) for k, v in per_rank[0]["sharded"]["params"].items())

@@ -8,6 +8,9 @@ trains the plain model on the whole global batch with AdamW and clipping at
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import torch
 import torch.distributed as dist
 
@@ -16,7 +19,7 @@ from smsdp import state as runtime_state
 from smsdp.tensor_parallel import set_tensor_parallelism
 from tests.distributed.tensor_parallel_worker import ADAM_EPS, MODELS
 from tests.models import lm_batch
-from tests.mpi_harness import init_gloo_from_env, worker_main
+from tests.mpi_harness import OUT_ENV, init_gloo_from_env, worker_main
 
 STEPS = 3
 BATCH = 2  # sequences per TP group
@@ -65,7 +68,26 @@ def sharded(name: str) -> dict:
         value = loss.detach().clone()
         dist.all_reduce(value, group=smp.get_rdp_process_group())
         losses.append(value.item() / rdp)
-    return {"losses": losses, "params": model.state_dict(), "comm": smp.comm_stats()}
+    out = {"losses": losses, "params": model.state_dict(), "comm": smp.comm_stats()}
+    if name == "gpt":
+        out["checkpoint"] = _full_checkpoint_round_trip(model, case)
+    return out
+
+
+def _full_checkpoint_round_trip(model, case) -> dict:
+    """A full checkpoint at t=2 is the plain model and resumes into a fresh TP model; partial is refused."""
+    directory = Path(os.environ[OUT_ENV]) / "checkpoints"
+    try:
+        smp.save_checkpoint(directory, tag="partial", model=model)
+        refusal = None
+    except smp.CheckpointError as error:
+        refusal = str(error)
+    smp.save_checkpoint(directory, tag="full", partial=False, model=model)
+    with smp.model_creation(tensor_parallelism=True):
+        fresh = smp.DistributedModel(case.build(seed=99))
+    smp.resume_from_checkpoint(directory, tag="full", partial=False, model=fresh, load_optimizer=False)
+    saved = torch.load(directory / "full", weights_only=True) if dist.get_rank() == 0 else None
+    return {"refusal": refusal, "resumed": fresh.state_dict(), "saved": saved}
 
 
 def run(name: str) -> dict:
