@@ -6,7 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.distributed.test_tensor_parallel import assert_same_training
+from smsdp.tensor_parallel.comm_formula import tp_bytes_per_micro_step
+from tests.distributed.test_tensor_parallel import SHAPES, assert_same_training
+from tests.distributed.tp_sharded_worker import BATCH, STEPS
+from tests.models import SEQ_LEN
 from tests.mpi_harness import requires_mpi, run_cases
 
 pytestmark = [pytest.mark.distributed, requires_mpi]
@@ -49,6 +52,9 @@ def test_each_collective_ran_in_its_group(results, case):
         for key in ("all_reduce.tp", "all_gather", "reduce_scatter", "all_reduce.grad_norm", "all_reduce.grad_norm_tp"):
             assert comm.get(key, 0) > 0, (key, comm)
         assert "all_reduce.replica" not in comm or comm["all_reduce.replica"] == 0  # r = 1: no replicas
+        # the activation all-reduces are those of TP alone, per micro-step of this TP group's batch
+        hidden, layers, columns = SHAPES[case]
+        assert comm["all_reduce.tp"] == STEPS * tp_bytes_per_micro_step(BATCH * SEQ_LEN, hidden, layers, 2, columns)
 
 
 def test_full_checkpoint_is_the_plain_model_and_partial_is_refused(results):
