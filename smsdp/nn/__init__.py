@@ -1,18 +1,45 @@
-"""``smp.nn``: the tensor-parallel layers (Megatron layout), each in its own file.
+"""``smp.nn``: the module names SMP v1 scripts import.
 
-``DistributedEmbedding`` is the vocab-parallel embedding that ``distribute_embedding``
-builds. See docs/tensor_parallelism.md.
+``FusedLayerNorm`` is a ``torch.nn.LayerNorm`` (SMP's replaces apex's fused
+kernel; the computation is LayerNorm's). ``DistributedLinear`` is smsdp's
+tensor-parallel linear (``smsdp/nn/linear.py``, SMP's signature), and the
+tensor-parallel layers smsdp builds from plain modules live in their own files
+(``linear``, ``embedding``, ``cross_entropy``, ``transformer``; see
+docs/tensor_parallelism.md). SMP's other tensor-parallel names, built from
+configuration arguments in SMP, are classes nothing is an instance of (scripts
+use them in ``isinstance`` checks), and building one says what to use.
 """
+
+from torch import nn
 
 from smsdp.nn.cross_entropy import vocab_parallel_cross_entropy
 from smsdp.nn.embedding import VocabParallelEmbedding, distribute_embedding
 from smsdp.nn.linear import ColumnParallelLinear, DistributedLinear, RowParallelLinear
-from smsdp.nn.transformer import DistributedTransformerLayer, DistributedTransformerLMHead
 
-DistributedEmbedding = VocabParallelEmbedding
 
+class FusedLayerNorm(nn.LayerNorm):
+    """SMP's ``FusedLayerNorm`` (apex's signature): a ``torch.nn.LayerNorm``."""
+
+
+class _TensorParallelOnly(nn.Module):
+    def __init__(self, *args, **kwargs):
+        raise NotImplementedError(
+            f"smp.nn.{type(self).__name__} is a tensor-parallel layer, and smsdp has none yet; "
+            "use tensor_parallel_degree=1 with the plain torch or Hugging Face modules"
+        )
+
+
+def _placeholder(name: str) -> type:
+    return type(name, (_TensorParallelOnly,), {"__module__": __name__})
+
+
+_TP_NAMES = (
+    "DistributedEmbedding", "DistributedLayerNorm", "DistributedTransformer",
+    "DistributedTransformerLayer", "DistributedAttentionLayer", "DistributedTransformerOutputLayer",
+    "DistributedTransformerLMHead", "DistributedTransformerLMHeadModel", "FlashAttentionLayer",
+)
+globals().update({name: _placeholder(name) for name in _TP_NAMES})
 __all__ = [
-    "ColumnParallelLinear", "DistributedEmbedding", "DistributedLinear", "DistributedTransformerLMHead",
-    "DistributedTransformerLayer", "RowParallelLinear", "VocabParallelEmbedding", "distribute_embedding",
-    "vocab_parallel_cross_entropy",
+    "FusedLayerNorm", "DistributedLinear", *_TP_NAMES, "ColumnParallelLinear", "RowParallelLinear",
+    "VocabParallelEmbedding", "distribute_embedding", "vocab_parallel_cross_entropy",
 ]
