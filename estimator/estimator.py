@@ -1,4 +1,4 @@
-"""``Estimator``: describe a training job once, run it locally or (later) on SageMaker.
+"""``Estimator``: describe a training job once, run it locally, on SageMaker, or on Slurm.
 
 Mirrors the SageMaker Python SDK v2 PyTorch estimator's argument names, so a
 notebook written for SageMaker needs only its import changed. Construction
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import json
 import shlex
 from pathlib import Path
 from typing import Any, Mapping
@@ -19,7 +20,8 @@ from typing import Any, Mapping
 from smsdp.config import Distribution, RuntimeConfig, resolve_job_config
 from smsdp.instance_types import LOCAL
 
-from estimator.backends import Backend, backend_for, backend_named
+from estimator.backends import SLURM, Backend, backend_for, backend_named
+from estimator.backends.slurm.options import check_slurm_options
 from estimator.job import Job, JobFailedError
 from estimator.naming import base_name_for, unique_job_name
 from estimator.spec import CheckpointSpec, Hyperparameter, JobSpec
@@ -46,7 +48,7 @@ REMOTE_ONLY_OPTIONS = frozenset({
 _OWN_ARGUMENTS = (
     "entry_point", "source_dir", "instance_type", "instance_count", "distribution", "hyperparameters",
     "environment", "output_path", "base_job_name", "role", "checkpoint_s3_uri", "checkpoint_local_path",
-    "max_run", "collective_timeout",
+    "max_run", "collective_timeout", "slurm_options",
 )
 
 
@@ -77,29 +79,38 @@ class Estimator:
         checkpoint_local_path: str | None = None,
         max_run: int = DEFAULT_MAX_RUN,
         collective_timeout: float | None = None,
+        slurm_options: Mapping[str, Any] | None = None,
         **remote_options: Any,
     ):
         """``collective_timeout``: seconds a collective may wait for a peer rank before the job
         fails (``RuntimeConfig.collective_timeout_s``; default 600): a hung or dead rank ends
-        the job within about that long instead of holding it until ``max_run``."""
+        the job within about that long instead of holding it until ``max_run``.
+
+        ``instance_type="slurm"`` submits the job to Slurm (``sbatch``), ``instance_count``
+        nodes x ``processes_per_host`` ranks; ``slurm_options`` are its sbatch options
+        (``{"partition": "gpu", "time": "2:00:00", "gres": "gpu:8"}``; README, "Slurm")."""
         _reject_unknown_options(remote_options)
         config_env = environment if isinstance(environment, Mapping) else None
-        code, runtime, hps, env, output, checkpoint_uri, checkpoint_path, max_run_s, timeout_s = collect(
+        # A Slurm job's files and rules are a local job's: a shared directory, no ml.* capacity table.
+        files_type = LOCAL if instance_type == SLURM else instance_type
+        code, runtime, hps, env, output, checkpoint_uri, checkpoint_path, max_run_s, timeout_s, slurm = collect(
             lambda: check_code(entry_point, source_dir),
-            lambda: resolve_job_config(distribution, instance_type=instance_type,
+            lambda: resolve_job_config(distribution, instance_type=files_type,
                                        instance_count=instance_count, environment=config_env),
             lambda: check_hyperparameters(hyperparameters),
             lambda: check_environment(environment),
-            lambda: check_output_path(output_path, instance_type),
-            lambda: check_checkpoint_uri(checkpoint_s3_uri, instance_type),
+            lambda: check_output_path(output_path, files_type),
+            lambda: check_checkpoint_uri(checkpoint_s3_uri, files_type),
             lambda: check_checkpoint_local_path(checkpoint_local_path),
             lambda: check_max_run(max_run),
             lambda: check_collective_timeout(collective_timeout),
+            lambda: check_slurm_options(slurm_options, instance_type),
         )
         if timeout_s is not None:
             runtime = runtime.model_copy(update={"collective_timeout_s": timeout_s})
         base = check_job_name(base_job_name, "base_job_name") if base_job_name else base_name_for(code.entry_point)
         self._code = code
+        self._instance_type = instance_type
         self._runtime: RuntimeConfig = runtime
         self._hyperparameters = hps
         self._environment = env
@@ -108,7 +119,8 @@ class Estimator:
         self._distribution = _plain_distribution(distribution)
         self._checkpoints = CheckpointSpec(checkpoint_uri, checkpoint_path)
         self._max_run_s = max_run_s
-        self._backend_options = {**remote_options, **({"role": role} if role else {})}
+        self._backend_options = {**remote_options, **({"role": role} if role else {}),
+                                 **({"slurm_options": slurm} if slurm else {})}
         self.latest_job: Job | None = None
 
     # ---------------------------------------------------------------- what it is
@@ -124,7 +136,7 @@ class Estimator:
 
     @property
     def instance_type(self) -> str:
-        return self._runtime.instance_type
+        return self._instance_type
 
     @property
     def instance_count(self) -> int:
@@ -272,6 +284,8 @@ class Estimator:
         """
         if _is_remote_job(job_name, output_path, sagemaker_session):
             attached = backend_named("sagemaker").attach(job_name, output_path, sagemaker_session=sagemaker_session)
+        elif _is_slurm_job(job_name, output_path):
+            attached = backend_named(SLURM).attach(job_name, output_path)
         else:
             attached = backend_named("local").attach(job_name, output_path)
         estimator = cls(**attached.estimator_kwargs)
@@ -285,6 +299,14 @@ def _is_remote_job(job_name: str, output_path: str | None, sagemaker_session: An
     if output_path is not None:
         return False  # a local directory was named: look only there
     return not (Path(check_output_path(None, LOCAL)) / job_name).exists()
+
+
+def _is_slurm_job(job_name: str, output_path: str | None) -> bool:
+    description = Path(check_output_path(output_path, LOCAL)) / job_name / "job.json"
+    try:
+        return json.loads(description.read_text())["ResourceConfig"]["InstanceType"] == SLURM
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
 
 
 def _reject_unknown_options(options: Mapping[str, Any]) -> None:
