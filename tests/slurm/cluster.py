@@ -108,9 +108,7 @@ class SlurmTestCluster:
             self.daemons.append(self._in_namespace(
                 None, CONTROLLER, ["slurmctld", "-D", "-i", "-f", str(self.conf)], self.root / "slurmctld.out"))
             for node in self.nodes:
-                node.process = self._in_namespace(
-                    node.netns, node.name, ["slurmd", "-D", "-N", node.name, "-f", str(self.conf)],
-                    self.root / f"slurmd-{node.name}.out")
+                self.start_slurmd(node.name)
             self._wait_idle()
         except BaseException:
             self.stop()
@@ -219,20 +217,14 @@ class SlurmTestCluster:
             os.killpg(node.process.pid, signal.SIGKILL)
             node.process.wait(timeout=10)
 
+    def start_slurmd(self, node_name: str) -> None:
+        node = self.node(node_name)
+        node.process = self._in_namespace(
+            node.netns, node.name, ["slurmd", "-D", "-N", node.name, "-f", str(self.conf)],
+            self.root / f"slurmd-{node.name}.out")
+
     def node(self, name: str) -> Node:
         return next(node for node in self.nodes if node.name == name)
-
-    def node_of_pid(self, pid: int) -> str | None:
-        """The node whose network namespace ``pid`` lives in (None: not in a node)."""
-        try:
-            own = os.readlink(f"/proc/{pid}/ns/net")
-        except OSError:
-            return None
-        for node in self.nodes:
-            if own == os.readlink(f"/run/netns/{node.netns}") if os.path.islink(f"/run/netns/{node.netns}") \
-                    else own == f"net:[{os.stat(f'/run/netns/{node.netns}').st_ino}]":
-                return node.name
-        return None
 
     # ---------------------------------------------------------------- stop
 
