@@ -151,7 +151,7 @@ def test_slurmd_stopped_fails_the_job_with_the_node(slurm_cluster, shared_dir):
         _end_within(est, began, "node2's slurmd stopped")
         described = est.latest_job.describe()
         assert described["TrainingJobStatus"] == "Failed"
-        assert "because a node failed" in described["FailureReason"], described["FailureReason"]
+        assert "because node node2 failed" in described["FailureReason"], described["FailureReason"]
         assert no_job_processes_left("gpt-node", timeout=60) == []
     finally:
         slurm_cluster.start_slurmd("node2")

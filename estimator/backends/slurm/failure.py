@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from estimator.backends.local.failure import failure_reason as local_failure_reason
 from estimator.backends.local.job_dir import JobDir
-from estimator.backends.slurm.scheduler import SlurmJobState
+from estimator.backends.slurm.scheduler import SlurmJobState, run
 from estimator.backends.slurm.srun import ranks_that_died
+
+__all__ = ["NODE_LOST", "lost_a_node", "node_failure_reason", "slurm_failure_reason"]
 
 #: Words in a Slurm job's state or reason that mean it lost a node.
 NODE_LOST = ("NODE_FAIL", "NodeDown", "NodeFail", "Node failure", "NodeNotResponding")
@@ -22,9 +24,19 @@ def lost_a_node(state: SlurmJobState | None) -> bool:
     return state is not None and any(mark in f"{state.state} {state.reason}" for mark in NODE_LOST)
 
 
-def node_failure_reason(state: SlurmJobState) -> str:
-    return (f"Slurm ended job {state.job_id} because a node failed (state {state.state}, reason "
-            f"{state.reason or 'none given'}, nodes {state.nodes or '?'}): its slurmd stopped answering")
+def node_failure_reason(state: SlurmJobState, job_nodes: list[str]) -> str:
+    """Names the job's nodes Slurm now holds down (``job_nodes``: the nodes the job ran on)."""
+    down = set(down_nodes())
+    lost = [node for node in job_nodes if node in down] or ["?"]
+    return (f"Slurm ended job {state.job_id} because node {', '.join(lost)} failed (job state {state.state}, "
+            f"reason {state.reason or 'none given'}): its slurmd stopped answering; the newest checkpoint is "
+            "kept in the job's checkpoints/")
+
+
+def down_nodes() -> list[str]:
+    """Nodes Slurm considers down, failed or not responding."""
+    out = run(["sinfo", "-h", "-N", "-t", "down,fail,no_respond,drain", "-o", "%N"], check=False)
+    return out.split()
 
 
 def slurm_failure_reason(job: JobDir, exit_code: int | None) -> str:

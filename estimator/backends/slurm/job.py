@@ -16,7 +16,7 @@ from pathlib import Path
 from estimator.backends.local.job import POLL_S, LocalJob
 from estimator.backends.local.status import SecondaryStatus, StatusRecord, read_status, write_status
 from estimator.backends.slurm import scheduler
-from estimator.backends.slurm.job_files import JOB_ID_FILE, STOP_FILE
+from estimator.backends.slurm.job_files import JOB_ID_FILE, STOP_FILE, job_nodes
 from estimator.backends.slurm.failure import lost_a_node, node_failure_reason
 from estimator.job import JobStatus
 
@@ -99,7 +99,7 @@ class SlurmJob(LocalJob):
 def _ended_by_slurm(record: StatusRecord, state: scheduler.SlurmJobState, root: Path) -> StatusRecord:
     """The end state of a job whose batch script Slurm ended before it recorded one."""
     if lost_a_node(state):
-        return record.moved_to(JobStatus.FAILED, SecondaryStatus.FAILED, failure_reason=node_failure_reason(state))
+        return record.moved_to(JobStatus.FAILED, SecondaryStatus.FAILED, failure_reason=node_failure_reason(state, job_nodes(root)))
     if state.state == "CANCELLED" and (root / STOP_FILE).exists():
         return record.moved_to(JobStatus.STOPPED, SecondaryStatus.STOPPED)
     if state.state == "TIMEOUT":

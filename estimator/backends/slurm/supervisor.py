@@ -32,7 +32,7 @@ from estimator.backends.local.process_session import signal_session
 from estimator.backends.local.status import SecondaryStatus
 from estimator.backends.local.supervisor import Supervisor, main as supervisor_main
 from estimator.backends.slurm import scheduler
-from estimator.backends.slurm.job_files import NODES_FILE, STOP_FILE
+from estimator.backends.slurm.job_files import NODES_FILE, STOP_FILE, job_nodes
 from estimator.backends.slurm.failure import lost_a_node, node_failure_reason, slurm_failure_reason
 from estimator.backends.slurm.srun import SrunTagger
 from estimator.job import JobStatus
@@ -113,7 +113,7 @@ class SlurmSupervisor(Supervisor):
         state = scheduler.job_state(self.job_id) if self.job_id else None
         if not lost_a_node(state):
             return None
-        return node_failure_reason(state)
+        return node_failure_reason(state, job_nodes(self.job.root))
 
 
 def _free_port() -> int:
