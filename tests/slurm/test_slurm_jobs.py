@@ -24,6 +24,7 @@ import pytest
 import torch
 
 from estimator import Estimator, JobFailedError, JobStatus
+from smsdp.config import ConfigError
 from tests.mpi_harness import requires_mpi
 from tests.slurm.conftest import no_job_processes_left, rank_pid
 
@@ -41,11 +42,12 @@ DISTRIBUTION = {
 STEP_RE = re.compile(r"^\[algo-1 rank0\] \[smsdp\] step (\d+)/\d+ loss=(\S+)", re.M)
 
 
-def _gpt(instance_type: str, output_path: Path, **hyperparameters) -> Estimator:
+def _gpt(instance_type: str, output_path: Path, retries: int | None = None, **hyperparameters) -> Estimator:
     return Estimator(
         "train_gpt.py", source_dir=str(REPO / "entrypoints"), instance_type=instance_type, instance_count=2,
         distribution=DISTRIBUTION, hyperparameters={**GPT, **hyperparameters}, output_path=str(output_path),
         **({"slurm_options": {"partition": "smsdp"}} if instance_type == "slurm" else {}),
+        **({"max_retry_attempts": retries} if retries is not None else {}),
     )
 
 
@@ -65,10 +67,10 @@ def _summary(job_dir: Path) -> dict:
     return json.loads((job_dir / "output" / "data" / "summary.json").read_text())
 
 
-def _wait_for_step(job_dir: Path, timeout: float = 120.0) -> None:
+def _wait_for_step(job_dir: Path, step: int = 1, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if (job_dir / "logs" / "job.log").is_file() and _losses(job_dir):
+        if (job_dir / "logs" / "job.log").is_file() and any(n >= step for n, _ in _losses(job_dir)):
             return
         time.sleep(0.2)
     raise AssertionError(f"no training step logged in {job_dir}/logs/job.log")
@@ -83,6 +85,9 @@ def test_two_node_gpt_matches_the_local_job(slurm_cluster, shared_dir, tmp_path)
     # Same summary shape as a local job, and the job Completed.
     assert "[smsdp] training job gpt-2x2: Completed" in shown
     assert f"model        {slurm_dir / 'output' / 'model.tar.gz'}" in shown
+    attached = Estimator.attach("gpt-2x2", output_path=str(shared_dir))
+    assert attached.instance_type == "slurm" and attached.latest_job.status() is JobStatus.COMPLETED
+    assert attached.latest_job.describe()["SlurmJob"]["JobId"] == (slurm_dir / "slurm-job-id").read_text().strip()
     # Real host boundaries: ranks 0,1 on node1 and 2,3 on node2, each its own hostname.
     log = (slurm_dir / "logs" / "job.log").read_text()
     for rank, host, node in [(0, "algo-1", "node1"), (1, "algo-1", "node1"), (2, "algo-2", "node2"),
@@ -143,6 +148,24 @@ def test_rank_killed_on_one_node_fails_with_that_rank(slurm_cluster, shared_dir)
     assert no_job_processes_left("gpt-kill") == []
 
 
+def test_a_retry_restarts_the_ranks_from_the_newest_checkpoint(slurm_cluster, shared_dir):
+    est = _gpt("slurm", shared_dir, retries=1, max_steps=24, checkpoint_interval=4)
+    est.fit(job_name="gpt-retry", wait=False, check_memory=False)
+    job_dir = shared_dir / "gpt-retry"
+    _wait_for_step(job_dir, step=6)
+    began = time.monotonic()
+    os.kill(rank_pid("gpt-retry", 1), signal.SIGKILL)
+    assert _end_within(est, began, "rank 1 SIGKILLed, max_retry_attempts=1") > 0
+    assert est.latest_job.status() is JobStatus.COMPLETED
+    log = (job_dir / "logs" / "job.log").read_text()
+    assert "[smsdp] attempt 1 failed (rank 1 on Slurm node node1: Killed" in log
+    resumed = re.search(r"resumed from the checkpoint of step (\d+)", log)
+    assert resumed and int(resumed[1]) >= 4 and int(resumed[1]) % 4 == 0
+    assert (job_dir / "output" / "attempt-1").is_dir() and not (job_dir / "output" / "failure").exists()
+    assert _summary(job_dir)["steps"] == 24 - int(resumed[1])  # the second attempt ran the rest
+    assert no_job_processes_left("gpt-retry") == []
+
+
 def test_slurmd_stopped_fails_the_job_with_the_node(slurm_cluster, shared_dir):
     est, job_dir = _start_long_job(shared_dir, "gpt-node")
     began = time.monotonic()
@@ -155,3 +178,35 @@ def test_slurmd_stopped_fails_the_job_with_the_node(slurm_cluster, shared_dir):
         assert no_job_processes_left("gpt-node", timeout=60) == []
     finally:
         slurm_cluster.start_slurmd("node2")
+
+
+# ---------------------------------------------------------------- before submitting
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"instance_count": 3}, ["instance_count 3 exceeds the 2 node(s) of partition 'smsdp'", "at most 2"]),
+    ({"processes_per_host": 3}, ["processes_per_host 3 exceeds the", "CPUs of each node"]),
+    ({"slurm_options": {"partition": "nosuch"}}, ["Slurm has no partition 'nosuch'"]),
+    ({"slurm_options": {"partition": "smsdp", "gres": "gpu:1"}}, ["asks 1 GPU(s) per node", "have 0"]),
+])
+def test_preflight_says_what_the_partition_cannot_hold(slurm_cluster, shared_dir, change, words):
+    count, per_host = change.get("instance_count", 2), change.get("processes_per_host", 2)
+    est = Estimator(
+        "train_gpt.py", source_dir=str(REPO / "entrypoints"), instance_type="slurm", instance_count=count,
+        distribution={"mpi": {"enabled": True, "processes_per_host": per_host}}, output_path=str(shared_dir),
+        slurm_options=change.get("slurm_options", {"partition": "smsdp"}),
+    )
+    with pytest.raises(ConfigError) as err:
+        est.fit(job_name="preflight", wait=False, check_memory=False)
+    for word in words:
+        assert word in str(err.value)
+    assert not (shared_dir / "preflight").exists()  # nothing submitted, nothing written
+
+
+def test_preflight_needs_the_output_path_and_sbatch(slurm_cluster, tmp_path, monkeypatch):
+    missing = tmp_path / "not-there"
+    with pytest.raises(ConfigError, match=r"output_path.*does not exist.*every node sees"):
+        _gpt("slurm", missing, max_steps=1).fit(job_name="nowhere", wait=False, check_memory=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(ConfigError, match=r"`sbatch` is not on PATH"):
+        _gpt("slurm", tmp_path, max_steps=1).fit(job_name="no-sbatch", wait=False, check_memory=False)

@@ -28,7 +28,7 @@ from estimator.backends.local.status import StatusRecord, utcnow, write_status
 from estimator.backends.slurm import scheduler
 from estimator.backends.slurm.job import SlurmJob
 from estimator.backends.slurm.job_files import BATCH_SCRIPT, JOB_ID_FILE, SLURM_OUTPUT
-from estimator.backends.slurm.options import SLURM, gpus_per_node, sbatch_lines
+from estimator.backends.slurm.options import SLURM, check_retry_attempts, gpus_per_node, sbatch_lines
 from estimator.backends.slurm.request import SlurmRequest
 from estimator.backends.slurm.srun import srun_argv
 from estimator.spec import JobSpec
@@ -57,7 +57,8 @@ class SlurmBackend(Backend[SlurmRequest]):
         runtime = spec.runtime
         srun = srun_argv(runtime.instance_count, runtime.processes_per_host,
                          [spec.code.entry_point, *hyperparameter_args(dict(spec.hyperparameters))])
-        description = _slurm_description(_description(spec, srun), options)
+        retries = check_retry_attempts(spec.backend_options.get("max_retry_attempts"))
+        description = _slurm_description(_description(spec, srun), options, retries)
         return SlurmRequest(
             job_name=spec.job_name, batch_script=batch_script(spec, root, options),
             sbatch_argv=("sbatch", "--parsable", str(root / BATCH_SCRIPT)), srun_argv=tuple(srun), env=env,
@@ -105,6 +106,8 @@ class SlurmBackend(Backend[SlurmRequest]):
             "checkpoint_local_path": own.get("CheckpointLocalPath"), "max_run": own["MaxRun"],
             "collective_timeout": own.get("CollectiveTimeout"), "slurm_options": own.get("SlurmOptions") or None,
         }
+        if own.get("MaxRetryAttempts"):
+            kwargs["max_retry_attempts"] = own["MaxRetryAttempts"]
         return AttachedJob(SlurmJob(root), kwargs)
 
 
@@ -129,8 +132,11 @@ def batch_script(spec: JobSpec, root: Path, options: dict[str, str | bool]) -> s
     ])
 
 
-def _slurm_description(description: dict[str, Any], options: dict[str, str | bool]) -> dict[str, Any]:
+def _slurm_description(description: dict[str, Any], options: dict[str, str | bool], retries: int) -> dict[str, Any]:
     description["ResourceConfig"]["InstanceType"] = SLURM
+    description["Smsdp"]["MaxRetryAttempts"] = retries
+    if retries:
+        description["RetryStrategy"] = {"MaximumRetryAttempts": retries}
     description["AlgorithmSpecification"]["TrainingImage"] = SLURM
     description["Smsdp"]["SlurmOptions"] = options
     description["Smsdp"]["Backend"] = SLURM

@@ -126,3 +126,16 @@ def gpus_per_node(options: Mapping[str, str | bool]) -> int | None:
             if parts[0] == "gpu":
                 return int(parts[-1]) if parts[-1].isdigit() and len(parts) > 1 else 1
     return None
+
+
+MAX_RETRY_ATTEMPTS = 30  # SageMaker's limit for RetryStrategy.MaximumRetryAttempts
+
+
+def check_retry_attempts(value: Any) -> int:
+    """``max_retry_attempts``: how many times a failed Slurm job restarts its ranks (0: never)."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_RETRY_ATTEMPTS:
+        raise problem("max_retry_attempts", f"must be a whole number from 0 to {MAX_RETRY_ATTEMPTS} (SageMaker's "
+                      "range), e.g. 2", value)
+    return value

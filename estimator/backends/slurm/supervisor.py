@@ -15,7 +15,11 @@ differences:
   (a file system every node sees); SIGTERM from Slurm itself (``scancel``, the
   time limit) stops the job the same way,
 - when the job ends because Slurm lost a node, or a rank died outside Python,
-  the failure reason says which node or rank (``slurm_failure_reason``).
+  the failure reason says which node or rank (``slurm_failure_reason``),
+- ``max_retry_attempts``: when the ranks fail (not stopped, no node lost), it
+  moves the failure files to ``output/attempt-<n>/`` and runs ``srun`` again in
+  the same allocation; the script resumes from its newest complete checkpoint
+  in ``SM_CHECKPOINT_DIR`` (``train_gpt.py`` does).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import sys
 import threading
 
 from estimator.backends.local.container_env import visible_gpu_count
-from estimator.backends.local.job_dir import JobDir
+from estimator.backends.local.job_dir import JobDir, read_json
 from estimator.backends.local.process_session import signal_session
 from estimator.backends.local.status import SecondaryStatus
 from estimator.backends.local.supervisor import Supervisor, main as supervisor_main
@@ -45,6 +49,9 @@ class SlurmSupervisor(Supervisor):
         super().__init__(job)
         self.tagger = SrunTagger(self.tagger.hosts, self.tagger.processes_per_host)
         self.job_id = os.environ.get("SLURM_JOB_ID", "")
+        self.retries_left = int(read_json(job.description_file)["Smsdp"].get("MaxRetryAttempts") or 0)
+        self.attempt = 1
+        self._retrying = False
 
     def run(self) -> int:
         os.environ["MASTER_PORT"] = str(_free_port())
@@ -54,7 +61,12 @@ class SlurmSupervisor(Supervisor):
         self._record_nodes()
         watcher = threading.Thread(target=self._watch_for_stop, daemon=True)
         watcher.start()
-        return super().run()
+        while True:
+            self._retrying = False
+            super().run()
+            if not self._retrying:
+                return 0
+            os.environ["MASTER_PORT"] = str(_free_port())
 
     def _record_nodes(self) -> None:
         """Which Slurm node each SageMaker-style host name is, for the log and describe()."""
@@ -102,11 +114,31 @@ class SlurmSupervisor(Supervisor):
         if lost_node is None and (exit_code == 0 or self.stop_reason is not None):
             super()._finish(exit_code)
             return
+        if lost_node is None and self.retries_left > 0:
+            self._retry(slurm_failure_reason(self.job, exit_code))
+            return
         with self._lock:
             self._finished = True
         self._scrub_failure_files()
         reason = lost_node or slurm_failure_reason(self.job, exit_code)
         self._write(JobStatus.FAILED, SecondaryStatus.FAILED, exit_code=exit_code, failure_reason=self.scrub(reason))
+
+    def _retry(self, reason: str) -> None:
+        """Keep this attempt's failure files aside, say why it failed, and let ``run`` start srun again."""
+        self._scrub_failure_files()
+        kept = self.job.output / f"attempt-{self.attempt}"
+        kept.mkdir(exist_ok=True)
+        for path in [self.job.output / "failure", *self.job.failure_files()]:
+            if path.exists():
+                path.replace(kept / path.name)
+        last_line = (self.scrub(reason).strip().splitlines() or ["?"])[-1]
+        with open(self.job.log_file, "a", encoding="utf-8") as log:
+            log.write(f"[smsdp] attempt {self.attempt} failed ({last_line}); restarting the ranks from the newest "
+                      f"checkpoint, {self.retries_left - 1} retr{'y' if self.retries_left == 2 else 'ies'} left "
+                      f"after this one; this attempt's failure files are in {kept}\n")
+        self.retries_left -= 1
+        self.attempt += 1
+        self._retrying = True
 
     def _lost_node(self) -> str | None:
         """The reason, if Slurm says the job ended because a node failed."""
