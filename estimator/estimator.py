@@ -21,7 +21,7 @@ from smsdp.config import Distribution, RuntimeConfig, resolve_job_config
 from smsdp.instance_types import LOCAL
 
 from estimator.backends import SLURM, Backend, backend_for, backend_named
-from estimator.backends.slurm.options import check_slurm_options
+from estimator.backends.slurm.options import check_retry_attempts, check_slurm_options, check_slurm_output_path
 from estimator.job import Job, JobFailedError
 from estimator.naming import base_name_for, unique_job_name
 from estimator.spec import CheckpointSpec, Hyperparameter, JobSpec
@@ -92,19 +92,21 @@ class Estimator:
         _reject_unknown_options(remote_options)
         config_env = environment if isinstance(environment, Mapping) else None
         # A Slurm job's files and rules are a local job's: a shared directory, no ml.* capacity table.
-        files_type = LOCAL if instance_type == SLURM else instance_type
-        code, runtime, hps, env, output, checkpoint_uri, checkpoint_path, max_run_s, timeout_s, slurm = collect(
+        files_type = LOCAL if instance_type == SLURM else instance_type  # RuntimeConfig and checkpoint rules
+        slurm_job = instance_type == SLURM
+        code, runtime, hps, env, output, checkpoint_uri, checkpoint_path, max_run_s, timeout_s, slurm, _ = collect(
             lambda: check_code(entry_point, source_dir),
             lambda: resolve_job_config(distribution, instance_type=files_type,
                                        instance_count=instance_count, environment=config_env),
             lambda: check_hyperparameters(hyperparameters),
             lambda: check_environment(environment),
-            lambda: check_output_path(output_path, files_type),
+            lambda: check_slurm_output_path(output_path) if slurm_job else check_output_path(output_path, files_type),
             lambda: check_checkpoint_uri(checkpoint_s3_uri, files_type),
             lambda: check_checkpoint_local_path(checkpoint_local_path),
             lambda: check_max_run(max_run),
             lambda: check_collective_timeout(collective_timeout),
             lambda: check_slurm_options(slurm_options, instance_type),
+            lambda: check_retry_attempts(remote_options.get("max_retry_attempts")) if slurm_job else None,
         )
         if timeout_s is not None:
             runtime = runtime.model_copy(update={"collective_timeout_s": timeout_s})

@@ -64,6 +64,15 @@ def test_slurm_options_need_the_slurm_instance_type(tmp_path):
         _estimator(tmp_path, instance_type="local", slurm_options={"partition": "gpu"})
 
 
+def test_slurm_only_arguments_are_checked_when_the_estimator_is_built(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        _estimator(tmp_path, max_retry_attempts=-1, slurm_options={"nodes": 3})
+    assert "max_retry_attempts=-1 must be a whole number from 0 to 30" in str(err.value)
+    assert "slurm_options.nodes" in str(err.value)  # every problem at once
+    with pytest.raises(ConfigError, match=r"output_path='s3://b/x' is in S3.*every node sees"):
+        Estimator("train_gpt.py", source_dir=str(REPO / "entrypoints"), instance_type="slurm", output_path="s3://b/x")
+
+
 # ---------------------------------------------------------------- dry run
 
 

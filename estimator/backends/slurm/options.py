@@ -14,8 +14,10 @@ import difflib
 import re
 from typing import Any, Mapping
 
+from smsdp.instance_types import LOCAL
+
 from estimator.backends import SLURM
-from estimator.validation import problem
+from estimator.validation import check_output_path, problem
 
 FIELD = "slurm_options"
 
@@ -139,3 +141,11 @@ def check_retry_attempts(value: Any) -> int:
         raise problem("max_retry_attempts", f"must be a whole number from 0 to {MAX_RETRY_ATTEMPTS} (SageMaker's "
                       "range), e.g. 2", value)
     return value
+
+
+def check_slurm_output_path(output_path: Any) -> str:
+    """A directory (default ``./smsdp-jobs``) on a file system every node sees; never S3."""
+    if isinstance(output_path, str) and output_path.startswith("s3://"):
+        raise problem("output_path", "is in S3, and a Slurm job writes its job directory to a file system every "
+                      "node sees; use a shared directory such as '/shared/smsdp-jobs'", output_path)
+    return check_output_path(output_path, LOCAL)
