@@ -210,3 +210,15 @@ def test_preflight_needs_the_output_path_and_sbatch(slurm_cluster, tmp_path, mon
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(ConfigError, match=r"`sbatch` is not on PATH"):
         _gpt("slurm", tmp_path, max_steps=1).fit(job_name="no-sbatch", wait=False, check_memory=False)
+
+
+def test_stop_of_a_pending_job_cancels_it(slurm_cluster, shared_dir):
+    est = Estimator("train_gpt.py", source_dir=str(REPO / "entrypoints"), instance_type="slurm", instance_count=1,
+                    output_path=str(shared_dir), slurm_options={"partition": "smsdp", "hold": True})
+    est.fit(job_name="held", wait=False, check_memory=False)
+    job = est.latest_job
+    assert job.status() is JobStatus.IN_PROGRESS and job.slurm_state(fresh=True).state == "PENDING"
+    job.stop()
+    assert job.wait(logs=False, timeout=30) is JobStatus.STOPPED
+    assert job.slurm_state(fresh=True).state == "CANCELLED"
+    assert not (shared_dir / "held" / "logs" / "job.log").exists()  # no rank ever ran

@@ -20,7 +20,7 @@ from smsdp.cluster import SIMULATED_HOSTS_ENV
 
 from estimator.backends.base import AttachedJob, Backend
 from estimator.backends.local.backend import (
-    _checkpoint_source, _config_files, _description, _local_channels, _source_root,
+    LocalBackend, _checkpoint_source, _config_files, _description, _local_channels, _source_root,
 )
 from estimator.backends.local.container_env import container_env, hyperparameter_args, process_env
 from estimator.backends.local.job_dir import JobDir, JobDirPlan, read_json, write_json_atomically, write_text_atomically
@@ -93,19 +93,12 @@ class SlurmBackend(Backend[SlurmRequest]):
         return SlurmJob(job.root)
 
     def attach(self, job_name: str, output_path: str | None = None) -> AttachedJob:
-        root = Path(output_path or "smsdp-jobs").expanduser().resolve() / job_name
-        description_file = JobDir(root).description_file
-        if not description_file.is_file():
-            raise problem("job_name", f"is not a Slurm job: no {description_file}", job_name)
-        own = read_json(description_file)["Smsdp"]
-        kwargs: dict[str, Any] = {
-            "entry_point": own["EntryPoint"], "source_dir": str(JobDir(root).code), "instance_type": SLURM,
-            "instance_count": own["InstanceCount"], "distribution": own["Distribution"],
-            "hyperparameters": own["HyperParameters"], "environment": own["Environment"],
-            "output_path": str(root.parent), "checkpoint_s3_uri": own.get("CheckpointS3Uri"),
-            "checkpoint_local_path": own.get("CheckpointLocalPath"), "max_run": own["MaxRun"],
-            "collective_timeout": own.get("CollectiveTimeout"), "slurm_options": own.get("SlurmOptions") or None,
-        }
+        """A local job's attach (the same job directory), with the Slurm job's handle and options."""
+        local = LocalBackend().attach(job_name, output_path)
+        root = local.job.job_dir
+        own = read_json(JobDir(root).description_file)["Smsdp"]
+        kwargs: dict[str, Any] = {**local.estimator_kwargs, "instance_type": SLURM,
+                                  "slurm_options": own.get("SlurmOptions") or None}
         if own.get("MaxRetryAttempts"):
             kwargs["max_retry_attempts"] = own["MaxRetryAttempts"]
         return AttachedJob(SlurmJob(root), kwargs)
