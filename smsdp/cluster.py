@@ -7,10 +7,10 @@ docs/architecture.md, "Environment contract"):
   or torchrun (``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` / ``LOCAL_WORLD_SIZE``);
 - the SageMaker container contract (``SM_HOSTS``, ``SM_CURRENT_HOST``);
 - ``SMSDP_CONFIG`` (processes per host) and ``SMSDP_SIMULATED_HOSTS``;
-- Slurm (``SLURM_PROCID`` / ``SLURM_NTASKS`` / ``SLURM_LOCALID`` /
-  ``SLURM_NODEID``) when ranks are started by ``srun``: ``slurm_rank_env``
-  turns them into the torchrun variables, and ``SLURM_NODEID`` is the real
-  host boundary.
+- Slurm, when ranks are started by ``srun``: the launcher first turns
+  ``SLURM_PROCID`` / ``SLURM_NTASKS`` / ``SLURM_LOCALID`` into the torchrun
+  variables (``slurm_rank_env``), and ``SLURM_NODEID`` is the real host
+  boundary. A batch script's own ``SLURM_*`` (no ``SLURM_STEP_ID``) name no rank.
 
 Ranks are laid out host-major: world rank ``r`` lives on host
 ``r // processes_per_host``. With ``SMSDP_SIMULATED_HOSTS=1`` every rank runs on
@@ -71,8 +71,8 @@ class ClusterInfo:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "ClusterInfo":
         env = os.environ if environ is None else environ
-        rank = _first_int(env, ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "RANK", "SLURM_PROCID"), 0)
-        world_size = _first_int(env, ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "WORLD_SIZE", "SLURM_NTASKS"), 1)
+        rank = _first_int(env, ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "RANK"), 0)
+        world_size = _first_int(env, ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "WORLD_SIZE"), 1)
         if not 0 <= rank < world_size:
             raise ClusterError(f"rank {rank} is outside a world of {world_size}")
         simulated = env.get(SIMULATED_HOSTS_ENV, "") == "1"
@@ -84,8 +84,7 @@ class ClusterInfo:
                 f"{len(hosts)} host(s) {list(hosts)} x {per_host} processes per host "
                 f"!= world size {world_size}"
             )
-        physical_local_rank = _first_int(
-            env, ("OMPI_COMM_WORLD_LOCAL_RANK", "LOCAL_RANK", "SLURM_LOCALID"), rank % per_host)
+        physical_local_rank = _first_int(env, ("OMPI_COMM_WORLD_LOCAL_RANK", "LOCAL_RANK"), rank % per_host)
         host_index = _host_index(env, rank, per_host, hosts, simulated)
         local_rank = rank % per_host if simulated else physical_local_rank
         return cls(

@@ -174,3 +174,10 @@ def test_ranks_not_laid_out_host_major_are_refused():
     env = {**_task_env(1, 1, 0), "RANK": "1", "WORLD_SIZE": "4"}  # rank 1 on the second node: cyclic layout
     with pytest.raises(ClusterError, match="host-major.*--distribution=block"):
         ClusterInfo.from_env(env)
+
+
+def test_a_batch_scripts_own_slurm_variables_name_no_rank():
+    """`python train.py` run straight from a batch script (no srun) is a world of one, as before."""
+    batch = {"SLURM_PROCID": "0", "SLURM_NODEID": "0", "SLURM_LOCALID": "0", "SLURM_NTASKS": "4"}
+    cluster = ClusterInfo.from_env(batch)
+    assert (cluster.rank, cluster.world_size, cluster.num_hosts) == (0, 1, 1)

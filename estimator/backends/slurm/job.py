@@ -42,7 +42,11 @@ class SlurmJob(LocalJob):
         if job_id is None:
             return None
         if fresh or time.monotonic() - self._state_at > STATE_CACHE_S:
-            self._state, self._state_at = scheduler.job_state(job_id), time.monotonic()
+            try:
+                self._state = scheduler.job_state(job_id)
+            except scheduler.SlurmCommandError:  # no Slurm client here (or no answer): the directory's word
+                self._state = None
+            self._state_at = time.monotonic()
         return self._state
 
     # ---------------------------------------------------------------- state
