@@ -244,9 +244,11 @@ class Estimator:
         Before anything starts, when the model is known (given to ``plan()``, or the bundled
         ``train_gpt.py``), the planner checks the job fits in memory and raises
         ``DoesNotFitError`` (a ``ConfigError``) with the numbers and a recommendation if it
-        does not; ``check_memory=False`` launches anyway.
+        does not; ``check_memory=False`` launches anyway. Slurm jobs skip this check: their
+        nodes' memory is not known here.
         """
-        if check_memory:
+        # A Slurm job's nodes are unknown to the client (the planner would size this machine's RAM).
+        if check_memory and self.instance_type != SLURM:
             from smsdp.planner.jobs import PlanRequest, check_job
 
             asked = getattr(self, "_plan_request", None) or PlanRequest()
