@@ -39,6 +39,10 @@ PARTITION = "smsdp"
 START_TIMEOUT_S = 60.0
 
 
+class NamespacesUnavailable(RuntimeError):
+    """This machine does not let us make a bridge, veth pairs or network namespaces."""
+
+
 def missing_reason() -> str | None:
     """Why a test cluster cannot start here, or None."""
     if os.geteuid() != 0:
@@ -117,6 +121,12 @@ class SlurmTestCluster:
         return self
 
     def _network(self) -> None:
+        try:
+            self._make_network()
+        except subprocess.CalledProcessError as exc:
+            raise NamespacesUnavailable(f"`{' '.join(exc.cmd)}` failed: {(exc.stderr or '').strip()}") from None
+
+    def _make_network(self) -> None:
         _run("ip", "link", "add", self.bridge, "type", "bridge")
         _run("ip", "addr", "add", f"{self.controller_address}/24", "dev", self.bridge)
         _run("ip", "link", "set", self.bridge, "up")

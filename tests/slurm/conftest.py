@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.slurm.cluster import SlurmTestCluster, missing_reason
+from tests.slurm.cluster import NamespacesUnavailable, SlurmTestCluster, missing_reason
 
 
 @pytest.fixture(scope="session")
@@ -16,7 +16,10 @@ def slurm_cluster():
     reason = missing_reason()
     if reason:
         pytest.skip(reason)
-    cluster = SlurmTestCluster().start()
+    try:
+        cluster = SlurmTestCluster().start()
+    except NamespacesUnavailable as exc:  # e.g. a container without CAP_NET_ADMIN
+        pytest.skip(f"the two-node Slurm test cluster needs network namespaces and a bridge: {exc}")
     saved = {name: os.environ.get(name) for name in cluster.env}
     os.environ.update(cluster.env)  # sbatch, squeue and scancel in this process find the cluster
     print(f"\n[slurm test cluster] up in {cluster.started_s:.1f} s: {[n.address for n in cluster.nodes]}")
