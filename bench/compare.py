@@ -313,7 +313,7 @@ def loss_agreement(rows: list[dict], references: tuple[str, ...] = ("ddp", "ddp_
 
 
 def formula_bytes(r: dict, world: int = NPROCS) -> dict[str, float]:
-    """DESIGN.md section 4's per-rank, per-step volume for an smsdp run (ring accounting), with
+    """docs/runtime.md's per-rank, per-step volume for an smsdp run (ring accounting), with
     the root and the last unit gathered once per micro-step (kept from forward into backward)."""
     layout = r["layout"]
     d, m = layout["sdp"], r["accum"]

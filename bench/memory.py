@@ -52,7 +52,7 @@ def construct(delayed: bool) -> dict:
         module = GPT(config)
     model = smp.DistributedModel(module)
     params = sum(g.numel for g in model.flat_groups())
-    unit = max(u.padded_numel for u in model.units[:-1])
+    unit = max(u.unsharded_numel for u in model.units[:-1])
     return {"rss_growth": _peak_rss() - before, "params": params, "unit_elements": unit,
             "shard_bytes": model.model_state_bytes()["params"]}
 

@@ -13,11 +13,10 @@ from __future__ import annotations
 import copy
 import difflib
 import json
-import shlex
 from pathlib import Path
 from typing import Any, Mapping
 
-from smsdp.config import Distribution, RuntimeConfig, resolve_job_config
+from smsdp.config import Distribution, RuntimeConfig, resolve_job
 from smsdp.instance_types import LOCAL
 
 from estimator.backends import SLURM, Backend, backend_for, backend_named
@@ -94,10 +93,10 @@ class Estimator:
         # A Slurm job's files and rules are a local job's: a shared directory, no ml.* capacity table.
         files_type = LOCAL if instance_type == SLURM else instance_type  # RuntimeConfig and checkpoint rules
         slurm_job = instance_type == SLURM
-        code, runtime, hps, env, output, checkpoint_uri, checkpoint_path, max_run_s, timeout_s, slurm, _ = collect(
+        code, job, hps, env, output, checkpoint_uri, checkpoint_path, max_run_s, timeout_s, slurm, _ = collect(
             lambda: check_code(entry_point, source_dir),
-            lambda: resolve_job_config(distribution, instance_type=files_type,
-                                       instance_count=instance_count, environment=config_env),
+            lambda: resolve_job(distribution, instance_type=files_type,
+                                instance_count=instance_count, environment=config_env),
             lambda: check_hyperparameters(hyperparameters),
             lambda: check_environment(environment),
             lambda: check_slurm_output_path(output_path) if slurm_job else check_output_path(output_path, files_type),
@@ -108,6 +107,7 @@ class Estimator:
             lambda: check_slurm_options(slurm_options, instance_type),
             lambda: check_retry_attempts(remote_options.get("max_retry_attempts")) if slurm_job else None,
         )
+        runtime = job.runtime
         if timeout_s is not None:
             runtime = runtime.model_copy(update={"collective_timeout_s": timeout_s})
         base = check_job_name(base_job_name, "base_job_name") if base_job_name else base_name_for(code.entry_point)
@@ -119,6 +119,7 @@ class Estimator:
         self._output_path = output
         self._base_job_name = base
         self._distribution = _plain_distribution(distribution)
+        self._mpi_arguments = job.mpi_arguments  # mpi.custom_mpi_options, split once by resolve_job
         self._checkpoints = CheckpointSpec(checkpoint_uri, checkpoint_path)
         self._max_run_s = max_run_s
         self._backend_options = {**remote_options, **({"role": role} if role else {}),
@@ -201,7 +202,7 @@ class Estimator:
             environment=self._environment,
             channels=channels,
             distribution=self._distribution,
-            custom_mpi_options=tuple(shlex.split(Distribution.model_validate(self._distribution).custom_mpi_options)),
+            custom_mpi_options=self._mpi_arguments,
             checkpoints=self._checkpoints,
             max_run_s=self._max_run_s,
             backend_options=self._backend_options,

@@ -97,5 +97,14 @@ class JobSpec:
         return self.runtime.instance_type
 
     @property
+    def custom_mpi_options_text(self) -> str:
+        """``mpi.custom_mpi_options`` as the user wrote it (``custom_mpi_options`` holds it split).
+
+        The distribution was validated when the Estimator resolved the job, so it is read
+        here, not parsed again."""
+        mpi = self.distribution.get("mpi") or {}
+        return mpi.get("custom_mpi_options", "") if isinstance(mpi, Mapping) else ""
+
+    @property
     def world_size(self) -> int:
         return self.runtime.world_size

@@ -64,11 +64,11 @@ def tp_size() -> int:
 
 
 def sdp_rank() -> int:
-    return _coords().sdp_rank
+    return _coords().shard_rank
 
 
 def sdp_size() -> int:
-    return runtime_state.get().topology.sdp_degree
+    return runtime_state.get().topology.shard_degree
 
 
 def pp_rank() -> int:

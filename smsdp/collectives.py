@@ -10,10 +10,10 @@ and groups of one return an already-completed handle.
   thin wrappers over torch.distributed.
 - ``hierarchical_all_gather``: two stages (inter-host, then intra-host) and
   a local re-layout, bit-identical to the flat all-gather.
-- ``AllGatherStrategy``: per process, picks flat / hierarchical / buffered
-  (SMDDP-style scratch and sort buffers) for the parameter all-gathers.
+- the parameter all-gather's choice of path and its staging buffers:
+  ``smsdp.all_gather_strategy``.
 
-dtype findings (torch 2.13 gloo, measured): float32, float64, float16 and
+gloo dtypes (torch 2.13): float32, float64, float16 and
 bfloat16 all work natively for all-gather, reduce-scatter, all-reduce and
 broadcast, as do int8/uint8/int32/int64/bool; int16 does NOT ("Invalid scalar
 type"), so bit-preserving views must use uint8, not int16. Gloo has had
@@ -24,9 +24,7 @@ views (bit-exact; an all-gather only moves bits). NCCL handles all of these.
 
 from __future__ import annotations
 
-import enum
 import logging
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable, Union
 
@@ -34,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from smsdp.comm_accounting import INTER_HOST, INTRA_HOST, CollectiveKind, CommStats, ring_bytes
-from smsdp.process_groups import HierarchicalGroups, ProcessGroups, RankGroup
+from smsdp.process_groups import HierarchicalGroups, RankGroup
 
 logger = logging.getLogger("smsdp")
 
@@ -239,7 +237,7 @@ def broadcast(
 # Hierarchical all-gather
 # --------------------------------------------------------------------------- #
 # [Note: hierarchical all-gather order]
-# For a sharding group of n = H hosts x L members per host (layout in
+# For a shard group of n = H hosts x L members per host (layout in
 # smsdp.topology.HierarchicalLayout), with shard s:
 #   1. inter-host: all-gather among the H members sharing this rank's local
 #      position (stage1 group, host order) -> H*s, recorded as
@@ -259,22 +257,34 @@ def hierarchical_all_gather(
     layout_groups: HierarchicalGroups,
     stats: CommStats | None,
     async_op: bool = False,
+    staging: tuple[torch.Tensor, torch.Tensor | None] | None = None,
+    on_done: Callable[[], None] | None = None,
 ) -> Handle:
-    """All-gather over a sharding group spanning hosts; same bits as ``all_gather_flat``."""
+    """All-gather over a shard group spanning hosts; same bits as ``all_gather_flat``.
+
+    ``staging``: the stage-1 output (``H * len(input)`` elements) and the re-layout
+    staging (``len(output)``; None when the order is the identity) to use instead of
+    allocating them; ``on_done`` runs once they are no longer needed.
+    """
     layout = layout_groups.layout
     n = len(layout.group)
     out, inp = _flat(output, "output"), _flat(input, "input")
     _check_scatter_sizes(out, inp, n, "hierarchical_all_gather")
-    stage1_out = inp.new_empty(layout.num_hosts * inp.numel())
+    if staging is None:
+        staging = (inp.new_empty(layout.num_hosts * inp.numel()),
+                   None if layout.is_identity_order else inp.new_empty(out.numel()))
+    stage1_out, staged = staging
     stage1 = all_gather_flat(stage1_out, inp, layout_groups.stage1, stats, async_op=True,
                              label=INTER_HOST)
 
     def stages_2_and_3() -> None:
         stage1.wait()
-        stage2_out = out if layout.is_identity_order else inp.new_empty(out.numel())
+        stage2_out = out if layout.is_identity_order else staged
         all_gather_flat(stage2_out, stage1_out, layout_groups.stage2, stats, label=INTRA_HOST)
         if stage2_out is not out:
             _relayout(out, stage2_out, layout.gather_order)
+        if on_done is not None:
+            on_done()
 
     return _finish(None, async_op, then=stages_2_and_3)
 
@@ -289,169 +299,3 @@ def _relayout(out: torch.Tensor, staged: torch.Tensor, order: tuple[int, ...]) -
 @lru_cache(maxsize=64)
 def _index_tensor(order: tuple[int, ...], device: torch.device) -> torch.Tensor:
     return torch.tensor(order, dtype=torch.long, device=device)
-
-
-# --------------------------------------------------------------------------- #
-# Parameter all-gather strategy (SMDDP-style buffers)
-# --------------------------------------------------------------------------- #
-SCRATCH_ENV = "SMDDP_AG_SCRATCH_BUFFER_SIZE_BYTES"
-SORT_ENV = "SMDDP_AG_SORT_BUFFER_SIZE_BYTES"
-DEFAULT_SCRATCH_BYTES = 16 * 1024 * 1024
-DEFAULT_SORT_BYTES = 128 * 1024 * 1024
-BUFFER_ALIGNMENT = 8192
-
-
-class AllGatherPath(enum.Enum):
-    FLAT = "flat"                  # the backend's own all-gather, straight into the output
-    HIERARCHICAL = "hierarchical"  # inter-host then intra-host stages + re-layout
-    BUFFERED = "buffered"          # SMDDP-style: through the scratch and sort buffers
-
-
-class FallbackReason(enum.Enum):
-    BACKEND_NOT_AUTO = "backend_not_auto"
-    SCRATCH_TOO_SMALL = "scratch_too_small"
-    SORT_TOO_SMALL = "sort_too_small"
-
-
-@dataclass(frozen=True)
-class BufferShortfall:
-    """One reason the buffered path cannot take an input."""
-
-    reason: FallbackReason
-    message: str
-
-
-def _round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
-
-
-@dataclass(frozen=True)
-class AllGatherSettings:
-    """The job settings the all-gather strategy depends on (validated once)."""
-
-    scratch_bytes: int = DEFAULT_SCRATCH_BYTES
-    sort_bytes: int = DEFAULT_SORT_BYTES
-    ddp_dist_backend: str = "auto"
-    hierarchical: bool = True  # SMP's sdp_hierarchical_allgather default
-
-    def __post_init__(self) -> None:
-        for name, value in ((SCRATCH_ENV, self.scratch_bytes), (SORT_ENV, self.sort_bytes)):
-            if value <= 0 or value % BUFFER_ALIGNMENT:
-                raise ValueError(f"{name}={value} must be a positive multiple of {BUFFER_ALIGNMENT}")
-
-    @classmethod
-    def from_config(cls, config) -> "AllGatherSettings":
-        """From a ``smsdp.config.RuntimeConfig`` (its ``smddp`` and ``parameters`` sections)."""
-        return cls(
-            scratch_bytes=config.smddp.scratch_buffer_size_bytes,
-            sort_bytes=config.smddp.sort_buffer_size_bytes,
-            ddp_dist_backend=config.parameters.ddp_dist_backend,
-            hierarchical=config.parameters.sdp_hierarchical_allgather,
-        )
-
-
-class AllGatherStrategy:
-    """Chooses and runs the parameter all-gather of the sharding group, per input.
-
-    Built once per process from the job settings (an ``AllGatherSettings`` or a
-    ``RuntimeConfig``), this rank's ``ProcessGroups`` and the ``CommStats``
-    to count into. Decision, per call (``choose``):
-
-    1. sharding group of one -> FLAT (a local copy);
-    2. ``hierarchical`` (``sdp_hierarchical_allgather``) and the group spans
-       hosts -> HIERARCHICAL;
-    3. ``ddp_dist_backend == "auto"`` and the buffers are large enough
-       (scratch >= input bytes and sort >= input bytes * d / 8, and at least
-       one element per rank) -> BUFFERED;
-    4. otherwise FLAT, logging once per reason (logger "smsdp") which buffer
-       was too small, by how much, and which environment variable to raise.
-
-    What BUFFERED does: SMDDP's custom all-gather kernels are not available
-    here, so on every backend it issues the flat all-gather straight into the
-    output, asynchronously, and allocates no buffers: it must never be slower
-    than FLAT. (An earlier version staged gloo gathers through the scratch and
-    sort buffers to exercise them; that cost two copies of every gathered unit,
-    about 5% of a CPU step, and bought nothing.) What the buffer sizes decide is
-    recorded in ``path_counts``, and a fallback is logged once per reason with
-    the variable to raise, as SMDDP does. Every path gives the flat all-gather's
-    bits and records the flat ring byte count under "all_gather" (the
-    hierarchical path under its two stage labels).
-    """
-
-    def __init__(self, settings, groups: ProcessGroups, stats: CommStats | None = None) -> None:
-        if not isinstance(settings, AllGatherSettings):
-            settings = AllGatherSettings.from_config(settings)
-        self.settings = settings
-        self.groups = groups
-        self.stats = stats
-        self._logged: set[FallbackReason] = set()
-        self.path_counts: dict[AllGatherPath, int] = {path: 0 for path in AllGatherPath}
-
-    # ------------------------------------------------------------ decision
-    @property
-    def degree(self) -> int:
-        return self.groups.shard_group.size
-
-    def shortfalls(self, input_nbytes: int, element_size: int = 1) -> list[BufferShortfall]:
-        """Why the buffered path cannot take an input of ``input_nbytes`` (empty: it can)."""
-        settings, d = self.settings, self.degree
-        if settings.ddp_dist_backend != "auto":
-            return [BufferShortfall(
-                FallbackReason.BACKEND_NOT_AUTO,
-                f"ddp_dist_backend={settings.ddp_dist_backend!r} selects the backend's own "
-                f"all-gather (set ddp_dist_backend='auto' for the SMDDP-style path)",
-            )]
-        problems = []
-        if settings.scratch_bytes < input_nbytes:
-            problems.append(self._shortfall(FallbackReason.SCRATCH_TOO_SMALL, SCRATCH_ENV,
-                                            settings.scratch_bytes, input_nbytes, "the input"))
-        # input x d / 8 (rounded up), and room for one element per rank per round
-        sort_need = max(-(-input_nbytes * d // 8), d * element_size)
-        if settings.sort_bytes < sort_need:
-            problems.append(self._shortfall(FallbackReason.SORT_TOO_SMALL, SORT_ENV,
-                                            settings.sort_bytes, sort_need, f"input x d / 8 (d={d})"))
-        return problems
-
-    @staticmethod
-    def _shortfall(reason, env, have, need, what) -> BufferShortfall:
-        return BufferShortfall(
-            reason,
-            f"{env}={have} is {need - have} bytes smaller than {what} = {need} bytes; "
-            f"raise {env} to at least {_round_up(need, BUFFER_ALIGNMENT)}",
-        )
-
-    def choose(self, input: torch.Tensor) -> AllGatherPath:
-        """The path for ``input`` (logs a fallback once per reason)."""
-        if self.degree == 1:
-            return AllGatherPath.FLAT
-        if self.settings.hierarchical and self.groups.hierarchical is not None:
-            return AllGatherPath.HIERARCHICAL
-        problems = self.shortfalls(input.numel() * input.element_size(), input.element_size())
-        if not problems:
-            return AllGatherPath.BUFFERED
-        self._log_fallback_once(problems, input)
-        return AllGatherPath.FLAT
-
-    def _log_fallback_once(self, problems: list[BufferShortfall], input: torch.Tensor) -> None:
-        new = [p for p in problems if p.reason not in self._logged]
-        if not new:
-            return
-        self._logged.update(p.reason for p in new)
-        nbytes = input.numel() * input.element_size()
-        logger.warning(
-            "SMDDP-style all-gather not used for a %d-byte shard over %d ranks, falling back to "
-            "the backend's own all-gather: %s. (Logged once per reason.)",
-            nbytes, self.degree, "; ".join(p.message for p in new),
-        )
-
-    # ----------------------------------------------------------------- run
-    def all_gather(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = False) -> Handle:
-        """All-gather ``input`` over the sharding group into ``output`` by the chosen path."""
-        stats = self.stats
-        path = self.choose(input)
-        self.path_counts[path] += 1
-        if path is AllGatherPath.HIERARCHICAL:
-            return hierarchical_all_gather(output, input, self.groups.hierarchical, stats, async_op)
-        return all_gather_flat(output, input, self.groups.shard_group, stats, async_op)
-
-    __call__ = all_gather

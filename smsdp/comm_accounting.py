@@ -6,7 +6,7 @@ and the two all-reduces of a MiCS step (``all_reduce.replica`` across the
 replication group, ``all_reduce.dp`` for persistent parameters). Totals by
 kind sum all labels of a kind.
 
-Ring accounting (DESIGN.md section 4), per rank, for a group of ``n``:
+Ring accounting (docs/runtime.md, "Communication per optimizer step"), per rank, for a group of ``n``:
 
 =================  =====================  ===========================
 collective         N is the size of       bytes sent

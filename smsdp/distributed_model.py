@@ -1,11 +1,15 @@
 """``smp.DistributedModel``: MiCS sharding of a module, unit by unit.
 
+This file registers the hooks, keeps the recorded execution order and the
+prefetch budget, and holds the model's training state; what happens to a unit's
+parameters and gradients in each hook is the unit's job (``smsdp.unit``).
+
 [Note: the schedule of one micro-step]
-forward:  root pre-forward gathers the root unit (it stays gathered for the
-          whole forward, because the root's forward encloses every block);
-          each unit's pre-forward waits for its gather (issued earlier as a
-          prefetch when possible), exposes the parameter views and prefetches
-          the next unit(s) in the recorded forward order within
+forward:  the root unit is gathered first (it stays gathered for the whole
+          forward, because the root's forward encloses every block); each
+          unit's pre-forward waits for its gather (issued earlier as a prefetch
+          when possible), exposes the parameter views and prefetches the next
+          unit(s) in the recorded forward order within
           ``sdp_max_live_parameters``; its post-forward frees it and hooks its
           outputs so backward can find it.
 backward: a hook on a unit's outputs fires when their gradient is ready, that
@@ -23,9 +27,9 @@ step:     ``DistributedOptimizer.step`` all-reduces the accumulated shards
 
 from __future__ import annotations
 
+import enum
 import logging
 from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
@@ -36,20 +40,26 @@ from smsdp import fault_injection
 from smsdp import state as runtime_state
 from smsdp.activation_checkpointing import set_activation_checkpointing
 from smsdp.collectives import broadcast
-from smsdp.flat_param_group import FlatParamGroup, ShardSpec
 from smsdp.delayed_materialize import materialize_units
-from smsdp.units import BackwardState, GroupPolicy, Unit, build_units, find_unit_modules
+from smsdp.flat_param_group import FlatParamGroup
+from smsdp.model_state import full_state_dict, load_full_state_dict, model_state_bytes
+from smsdp.unit import Unit, UnitComm
+from smsdp.units import GroupPolicy, build_units, find_unit_modules
 
 logger = logging.getLogger("smsdp")
 
 
-@dataclass
-class _PendingReduce:
-    group: FlatParamGroup
-    handle: Any
-    shard: torch.Tensor
-    keepalive: torch.Tensor  # the reduce-scatter input must outlive the async collective
-    start: int  # where ``shard`` lands in the group's gradient shard
+class TrainingState(enum.Enum):
+    """Where the model is in its cycle of forwards, backwards and steps."""
+
+    LEARNING_ORDER = "learning_order"  # no forward with grad has finished: the unit order is unknown
+    IDLE = "idle"  # the order is known; no backward is running
+    BACKWARD = "backward"  # a backward that does not end the gradient accumulation
+    BOUNDARY_BACKWARD = "boundary_backward"  # the backward that ends it: the second hop starts inside
+    SYNCING = "syncing"  # after a boundary backward: replica all-reduces in flight until step()
+
+
+_IN_BACKWARD = (TrainingState.BACKWARD, TrainingState.BOUNDARY_BACKWARD)
 
 
 class DistributedModel(nn.Module):
@@ -83,50 +93,60 @@ class DistributedModel(nn.Module):
                 f"tensor_parallel_degree={params.tensor_parallel_degree}: smsdp builds the tensor-parallel "
                 "groups but has no tensor-parallel layers yet; use tensor_parallel_degree=1"
             )
-        delayed = any(p.is_meta for p in module.parameters())
-        self.module = module if delayed else module.to(rt.device)
-        if broadcast_init and rt.cluster.world_size > 1 and not delayed:
-            _broadcast_from_rank0(self.module, rt)
-        classes = (transformer_layer_cls,) if isinstance(transformer_layer_cls, type) else transformer_layer_cls
-        self._state_dict_keys = list(self.module.state_dict().keys())
-        unit_modules = find_unit_modules(self.module, classes)
-        policy = GroupPolicy(
-            persistence_threshold=params.sdp_param_persistence_threshold,
-            shard=ShardSpec(rt.coords.sdp_rank, rt.topology.sdp_degree),
-            compute_dtype=rt.compute_dtype,
-            device=rt.device,
-        )
-        if delayed:
-            self._units = materialize_units(self.module, unit_modules, policy)
-            self.module.to(rt.device)  # buffers
-        else:
-            self._units = build_units(self.module, unit_modules, policy)
-        if params.activation_checkpointing:
-            for unit in self._units[:-1]:
-                set_activation_checkpointing(unit.module)
+        self._rt = rt  # read for backward_scale only, which @smp.step changes (see smsdp.state)
+        self._compute_dtype = rt.compute_dtype
+        self._offloader = rt.activation_offloader
+        self._gather_fp32 = rt.gather_shards_fp32
+        self._units = self._wrap(module, rt, transformer_layer_cls, broadcast_init)
         self._root = self._units[-1]
         self._unit_of_module = {id(u.module): u for u in self._units if not u.is_root}
         self._prefetch_units = prefetch_units
         self._keep_for_backward = keep_gathered_for_backward  # [Note: kept for backward]
         self._max_live = params.sdp_max_live_parameters
-        self._bucket = max(1, params.sdp_reduce_bucket_size)
         self._forward_order: list[Unit] = []
-        self._order_known = False
-        self._in_backward = False
-        self._pending: list[_PendingReduce] = []
-        self._micro_steps = 0
-        self._warned_nothing_offloaded = False
+        self._state = TrainingState.LEARNING_ORDER
         # [Note: early replica sync] With backward_passes_per_step declared, the backward
         # that ends the accumulation is known when it starts: each unit's replica all-reduce
         # is launched as soon as its reduce-scatter is done, overlapping the rest of that
         # backward, and step() only waits. Undeclared, the sync happens in step().
         self._backward_passes_per_step = backward_passes_per_step
-        self._boundary_backward = False
-        self._sync_handles: dict[int, Any] = {}  # id(group) -> in-flight replica/dp all-reduce
-        # Gradients are a mean over the data-parallel ranks, as one process on the global
-        # batch would see; applied to the 1/d-sized shard as it is accumulated, not to the
-        # whole flat gradient before the reduce-scatter.
-        self._mean_scale = 1.0 / rt.dp_size
+        self._backwards_since_step = 0  # position in the accumulation, for the boundary
+        self._loss_scaler = None  # given by a DistributedOptimizer under fp16
+        self._warned_nothing_offloaded = False
+        self._register_hooks()
+        rt.models.append(self)
+        logger.info("DistributedModel: %s", self.describe())
+
+    def _wrap(self, module: nn.Module, rt, layer_cls, broadcast_init: bool) -> list[Unit]:
+        """Move, broadcast and cut ``module`` into units bound to this rank's collectives."""
+        delayed = any(p.is_meta for p in module.parameters())
+        self.module = module if delayed else module.to(rt.device)
+        if broadcast_init and rt.cluster.world_size > 1 and not delayed:
+            _broadcast_from_rank0(self.module, rt)
+        classes = (layer_cls,) if isinstance(layer_cls, type) else layer_cls
+        self._state_dict_keys = tuple(self.module.state_dict().keys())
+        unit_modules = find_unit_modules(self.module, classes)
+        policy = GroupPolicy(
+            persistence_threshold=rt.params.sdp_param_persistence_threshold,
+            shard_degree=rt.topology.shard_degree,
+            shard_rank=rt.coords.shard_rank,
+            compute_dtype=rt.compute_dtype,
+            device=rt.device,
+        )
+        if delayed:
+            units = materialize_units(self.module, unit_modules, policy)
+            self.module.to(rt.device)  # buffers
+        else:
+            units = build_units(self.module, unit_modules, policy)
+        if rt.params.activation_checkpointing:
+            for unit in units[:-1]:
+                set_activation_checkpointing(unit.module)
+        comm = _unit_comm(rt)
+        for unit in units:
+            unit.comm = comm
+        return units
+
+    def _register_hooks(self) -> None:
         for unit in self._units:
             if not unit.is_root:
                 unit.module.register_forward_pre_hook(self._pre_forward_hook)
@@ -134,8 +154,6 @@ class DistributedModel(nn.Module):
             for group in unit.groups:
                 if group.trainable:
                     group.flat_param.register_post_accumulate_grad_hook(self._make_post_backward(unit, group))
-        rt.models.append(self)
-        logger.info("DistributedModel: %s", self.describe())
 
     # ---- what the user sees --------------------------------------------------------------
 
@@ -152,41 +170,58 @@ class DistributedModel(nn.Module):
     def units(self) -> list[Unit]:
         return list(self._units)
 
+    @property
+    def training_state(self) -> TrainingState:
+        return self._state
+
+    @property
+    def state_dict_keys(self) -> tuple[str, ...]:
+        """The wrapped module's ``state_dict()`` keys, in its order."""
+        return self._state_dict_keys
+
+    def persistent_buffers(self) -> dict[str, torch.Tensor]:
+        """The wrapped module's buffers that belong in a state dict (non-persistent ones excluded)."""
+        keys = set(self._state_dict_keys)
+        return {name: buf for name, buf in self.module.named_buffers() if name in keys}
+
+    def use_loss_scaler(self, scaler) -> None:
+        """Multiply the loss by ``scaler.scale`` in ``backward`` (the fp16 DistributedOptimizer's)."""
+        self._loss_scaler = scaler
+
     def describe(self) -> str:
         sharded = sum(g.padded_numel for g in self.flat_groups() if g.sharded)
         replicated = sum(g.numel for g in self.flat_groups() if not g.sharded)
         return (
             f"{len(self._units) - 1} units + root, {sharded:,} sharded elements (padded), "
-            f"{replicated:,} replicated elements, compute dtype {str(runtime_state.get().compute_dtype)[6:]}"
+            f"{replicated:,} replicated elements, compute dtype {str(self._compute_dtype)[6:]}"
         )
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         fault_injection.at("forward")
-        rt = runtime_state.get()
-        if self._in_backward:
+        if self._state in _IN_BACKWARD:
             raise RuntimeError("forward called while a backward of this model is still running")
-        if rt.compute_dtype != torch.float32:
-            args, kwargs = _cast_floats((args, kwargs), rt.compute_dtype)
-        recording = not self._order_known and torch.is_grad_enabled()
+        if self._compute_dtype != torch.float32:
+            args, kwargs = _cast_floats((args, kwargs), self._compute_dtype)
+        grad = torch.is_grad_enabled()
+        recording = grad and self._state is TrainingState.LEARNING_ORDER
         if recording:
             self._forward_order = []
-        if rt.activation_offloader is not None and torch.is_grad_enabled():
-            rt.activation_offloader.begin_forward()
+        if self._offloader is not None and grad:
+            self._offloader.begin_forward()
         self.reshard_all()  # what an earlier forward kept for a backward that never came
-        self._gather(self._root, async_op=False)
-        self._root.expose_views()
+        self._root.pre_forward()
         self._prefetch_after(None, forward=True)
         try:
             output = self.module(*args, **kwargs)
         except BaseException:
             self.reshard_all()
             raise
-        if torch.is_grad_enabled():
+        if grad:
             self._hook_outputs(self._root, output)
             if recording:
-                self._order_known = True
-        if not (torch.is_grad_enabled() and self._keep_for_backward):
-            self._root.reshard()
+                self._state = TrainingState.IDLE
+        if not (grad and self._keep_for_backward):
+            self._root.post_forward()
         return output
 
     def reshard_all(self) -> None:
@@ -196,41 +231,37 @@ class DistributedModel(nn.Module):
 
     def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
         """``loss.backward()``, times the fp16 loss scale and 1/microbatches inside ``@smp.step``."""
-        scale = runtime_state.get().backward_scale
-        scaler = getattr(self, "_loss_scaler", None)
-        if scaler is not None:
-            scale *= scaler.scale
+        scale = self._rt.backward_scale
+        if self._loss_scaler is not None:
+            scale *= self._loss_scaler.scale
         (loss * scale if scale != 1.0 else loss).backward(*args, **kwargs)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        for handle in self._sync_handles.values():
-            if handle is not None:
-                handle.wait()  # never free a buffer a collective still writes
-        self._sync_handles.clear()
-        for group in self.flat_groups():
-            group.zero_grad()
+        for unit in self._units:
+            unit.zero_grad()
+        if self._state is TrainingState.SYNCING:
+            self._state = TrainingState.IDLE
 
     # ---- forward hooks ---------------------------------------------------------------------
 
     def _pre_forward_hook(self, module: nn.Module, args: Any) -> None:
         unit = self._unit_of_module[id(module)]
-        self._gather(unit, async_op=False)
-        unit.expose_views()
-        if self._in_backward:
+        unit.pre_forward()
+        if self._state in _IN_BACKWARD:
             return  # recomputation under activation checkpointing: the backward owns the schedule
-        if not self._order_known and torch.is_grad_enabled():
+        if self._state is TrainingState.LEARNING_ORDER and torch.is_grad_enabled():
             self._forward_order.append(unit)
         self._prefetch_after(unit, forward=True)
 
     def _post_forward_hook(self, module: nn.Module, args: Any, output: Any) -> Any:
         unit = self._unit_of_module[id(module)]
-        if self._in_backward:
+        if self._state in _IN_BACKWARD:
             return output
         if torch.is_grad_enabled():
             self._hook_outputs(unit, output)
             if self._backward_starts_with(unit):
                 return output
-        unit.reshard()
+        unit.post_forward()
         return output
 
     def _backward_starts_with(self, unit: Unit) -> bool:
@@ -242,31 +273,27 @@ class DistributedModel(nn.Module):
         follow (it stays gathered through the whole backward anyway, for the embedding);
         the last unit when the live budget (``sdp_max_live_parameters``) allows, which is
         when the backward would have prefetched it at once. All-gathers per micro-step:
-        ``(d-1)/d * (2 Psi - Psi_root - Psi_last)`` rather than DESIGN section 4's
-        ``2 (d-1)/d Psi``. The forward's order is known from the second forward on.
-        ``keep_gathered_for_backward=False`` frees both at the end of the forward and
-        gathers them again (DESIGN section 4's count exactly).
+        ``(d-1)/d * (2 Psi - Psi_root - Psi_last)`` rather than ``2 (d-1)/d Psi`` (see
+        docs/runtime.md, "Communication per optimizer step"). The forward's order is known
+        from the second forward on. ``keep_gathered_for_backward=False`` frees both at the
+        end of the forward and gathers them again (``2 (d-1)/d Psi`` exactly).
         """
-        return (self._keep_for_backward and self._order_known and self._prefetch_units > 0
-                and unit is self._forward_order[-1] and self._live_numel() <= self._max_live)
+        return (self._keep_for_backward and self._state is not TrainingState.LEARNING_ORDER
+                and self._prefetch_units > 0 and unit is self._forward_order[-1]
+                and self._live_numel() <= self._max_live)
 
     def _hook_outputs(self, unit: Unit, output: Any) -> None:
         for tensor in _tensors_requiring_grad(output):
             tensor.register_hook(lambda grad, unit=unit: self._pre_backward(unit))
 
-    # ---- gathering and prefetching -----------------------------------------------------------
-
-    def _gather(self, unit: Unit, async_op: bool) -> None:
-        unit.unshard(runtime_state.get().gather_shards, async_op)
-        if not async_op:
-            unit.wait_unshard()
+    # ---- prefetching -------------------------------------------------------------------------
 
     def _live_numel(self) -> int:
-        return sum(u.gathered_numel for u in self._units)
+        return sum(u.live_numel for u in self._units)
 
     def _prefetch_after(self, unit: Unit | None, forward: bool) -> None:
         """Issue async gathers for the next units in execution order, within the live budget."""
-        if not self._order_known or self._prefetch_units <= 0:
+        if self._state is TrainingState.LEARNING_ORDER or self._prefetch_units <= 0:
             return
         order = self._forward_order if forward else self._forward_order[::-1]
         start = 0 if unit is None else order.index(unit) + 1 if unit in order else len(order)
@@ -274,137 +301,77 @@ class DistributedModel(nn.Module):
         for candidate in order[start : start + self._prefetch_units]:
             if candidate.is_unsharded:
                 continue
-            if live + candidate.padded_numel > self._max_live:
+            if live + candidate.unsharded_numel > self._max_live:
                 break
-            self._gather(candidate, async_op=True)
-            live += candidate.padded_numel
+            candidate.unshard(async_op=True)
+            live += candidate.unsharded_numel
 
     # ---- backward ----------------------------------------------------------------------------
 
     def _pre_backward(self, unit: Unit) -> None:
         fault_injection.at("backward")
-        if not self._in_backward:
+        if self._state not in _IN_BACKWARD:
             self._begin_backward()
-        if unit.backward_state is BackwardState.GATHERED:
+        if not unit.pre_backward():
             return
-        unit.backward_state = BackwardState.GATHERED
-        self._gather(unit, async_op=False)
-        # Recomputation under activation checkpointing reads the parameters by name; the
-        # views must carry autograd history, as in forward, or the rerun saves other tensors.
-        with torch.enable_grad():
-            unit.expose_views()
         if not unit.is_root:
             self._prefetch_after(unit, forward=False)
         elif self._forward_order:
             self._prefetch_after(None, forward=False)
 
     def _begin_backward(self) -> None:
-        self._in_backward = True
-        offloader = runtime_state.get().activation_offloader
-        if offloader is not None:
-            offloader.prefetch()  # the last checkpointed units' inputs, while the head's backward runs
-            if offloader.stats.groups == 0 and not self._warned_nothing_offloaded:
-                self._warned_nothing_offloaded = True
-                logger.warning("offload_activations=True offloads the inputs of checkpointed modules, and no "
-                               "module is checkpointed: set activation_checkpointing=True, or call "
-                               "smp.set_activation_checkpointing(module) on the modules to offload")
-        torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
         bpps = self._backward_passes_per_step
-        if self._sync_handles:
+        if self._state is TrainingState.SYNCING:
             raise RuntimeError(
                 f"backward_passes_per_step={bpps}: a backward ran after the {bpps}-th one without "
                 f"optimizer.step(); call step() every {bpps} backward passes, or leave "
                 "backward_passes_per_step unset to synchronize in step()"
             )
-        self._boundary_backward = bpps is not None and (self._micro_steps + 1) % bpps == 0
+        boundary = bpps is not None and (self._backwards_since_step + 1) % bpps == 0
+        self._state = TrainingState.BOUNDARY_BACKWARD if boundary else TrainingState.BACKWARD
+        if self._offloader is not None:
+            self._offloader.prefetch()  # the last checkpointed units' inputs, while the head's backward runs
+            if self._offloader.stats.groups == 0 and not self._warned_nothing_offloaded:
+                self._warned_nothing_offloaded = True
+                logger.warning("offload_activations=True offloads the inputs of checkpointed modules, and no "
+                               "module is checkpointed: set activation_checkpointing=True, or call "
+                               "smp.set_activation_checkpointing(module) on the modules to offload")
+        torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
 
     def _make_post_backward(self, unit: Unit, group: FlatParamGroup):
         def post_backward(flat_param: torch.Tensor) -> None:
-            grad = group.take_flat_grad()
             # Earlier units' reduce-scatters have had a unit's backward to finish: collecting
             # them now keeps about one unit's fp32 gradient in flight, not the whole model's.
-            self._complete_reduces(keep=group)
-            if grad is not None:
-                self._reduce_grad(group, grad)
-            group.reshard()
+            sync = self._state is TrainingState.BOUNDARY_BACKWARD
+            for other in self._units:
+                other.complete_reduces(keep=group, sync=sync)
+            unit.post_backward(group)
 
         return post_backward
 
-    def _reduce_grad(self, group: FlatParamGroup, grad: torch.Tensor) -> None:
-        """Micro-step reduction: reduce-scatter in the shard group, or keep locally when replicated."""
-        rt = runtime_state.get()
-        grad = grad.float() if grad.dtype != torch.float32 else grad
-        if not group.sharded:
-            group.accumulate(grad, scale=self._mean_scale)
-            return
-        d = group.shard.world
-        columns = max(1, self._bucket // d)
-        rows = grad.view(d, group.shard_numel)
-        for start in range(0, group.shard_numel, columns):
-            stop = min(start + columns, group.shard_numel)
-            bucket = rows if (start, stop) == (0, group.shard_numel) else rows[:, start:stop].contiguous()
-            out = torch.empty(stop - start, dtype=torch.float32, device=grad.device)
-            handle = rt.reduce_scatter_shards(out, bucket.view(-1), async_op=True)
-            self._pending.append(_PendingReduce(group, handle, out, bucket, start))
-
     def _end_of_backward(self) -> None:
-        self._complete_reduces()
-        if self._boundary_backward:
-            for group in self.flat_groups():
-                self._launch_sync(group)
+        boundary = self._state is TrainingState.BOUNDARY_BACKWARD
         for unit in self._units:
-            unit.reshard()
-            unit.backward_state = BackwardState.IDLE
-        self._in_backward = False
-        self._micro_steps += 1
-
-    def finish_pending_reduces(self) -> None:
-        self._complete_reduces()
-
-    def _complete_reduces(self, keep: FlatParamGroup | None = None) -> None:
-        """Wait for the reduce-scatters of every group but ``keep`` and add them into the shards."""
-        done = [p for p in self._pending if p.group is not keep]
-        self._pending = [p for p in self._pending if p.group is keep]
-        for pending in done:
-            pending.handle.wait()
-            group = pending.group
-            if pending.shard.numel() == group.shard_numel:
-                group.accumulate(pending.shard, scale=self._mean_scale)
-            else:
-                if group.grad_acc is None:
-                    group.grad_acc = torch.zeros_like(group.master)
-                end = pending.start + pending.shard.numel()
-                group.grad_acc[pending.start : end].add_(pending.shard, alpha=self._mean_scale)
-        if self._boundary_backward:
-            for group in {id(p.group): p.group for p in done}.values():
-                self._launch_sync(group)
+            unit.finalize_backward(sync=boundary)
+        self._state = TrainingState.SYNCING if boundary else TrainingState.IDLE
+        self._backwards_since_step += 1
 
     # ---- the step boundary (called by DistributedOptimizer) ------------------------------------
 
-    def _launch_sync(self, group: FlatParamGroup) -> None:
-        """Start the second hop for ``group`` (once per step): replicas, or the dp group if replicated."""
-        if not group.trainable or id(group) in self._sync_handles:
-            return
-        rt = runtime_state.get()
-        if group.grad_acc is None:
-            group.grad_acc = torch.zeros_like(group.master)
-        if group.sharded and rt.topology.replication_degree > 1:
-            self._sync_handles[id(group)] = rt.all_reduce_replicas(group.grad_acc, async_op=True)
-        elif not group.sharded and rt.dp_size > 1:
-            self._sync_handles[id(group)] = rt.all_reduce_dp(group.grad_acc, async_op=True)
-        else:
-            self._sync_handles[id(group)] = None
+    def finish_pending_reduces(self) -> None:
+        for unit in self._units:
+            unit.complete_reduces()
 
     def synchronize_gradients(self) -> None:
         """Second hop: replica all-reduce of grad shards, dp all-reduce of replicated grads."""
         self.reshard_all()  # the step changes the masters: no gathered copy may outlive it
-        for group in self.flat_groups():
-            self._launch_sync(group)  # no-op for groups launched during the boundary backward
-        for handle in self._sync_handles.values():
-            if handle is not None:
-                handle.wait()
-        self._sync_handles.clear()
-        self._micro_steps = 0
+        for unit in self._units:
+            unit.start_sync()  # no-op for groups started during the boundary backward
+        for unit in self._units:
+            unit.wait_sync()
+        self._backwards_since_step = 0
+        if self._state is TrainingState.SYNCING:
+            self._state = TrainingState.IDLE
 
     # ---- whole-model state ---------------------------------------------------------------------
 
@@ -414,56 +381,31 @@ class DistributedModel(nn.Module):
         Parameters come back in fp32 (the master copy), on the CPU, so that plain
         PyTorch can load them into the unwrapped model.
         """
-        rt = runtime_state.get()
-        values: dict[str, torch.Tensor] = {}
-        for group in self.flat_groups():
-            flat = group.full_master(rt.gather_shards_fp32)
-            for info in group.infos:
-                tensor = flat[info.offset : info.offset + info.numel].view(info.shape).detach().cpu().clone()
-                for name in info.names:
-                    values[name] = tensor
-        for name, buffer in self.module.named_buffers():
-            values[name] = buffer.detach().cpu().clone()
-        return OrderedDict((key, values[key]) for key in self._state_dict_keys if key in values)
+        return full_state_dict(self.flat_groups(), self.module, self._state_dict_keys, self._gather_fp32)
 
     def load_state_dict(self, state_dict: dict[str, torch.Tensor], strict: bool = True):  # type: ignore[override]
         """Load a full state dict (as ``state_dict()`` returns) into the local shards."""
         self.reshard_all()
-        expected = set(self._state_dict_keys)
-        missing = sorted(expected - set(state_dict))
-        unexpected = sorted(set(state_dict) - expected)
-        if strict and (missing or unexpected):
-            raise RuntimeError(f"load_state_dict: missing keys {missing}, unexpected keys {unexpected}")
-        for group in self.flat_groups():
-            flat = torch.zeros(group.numel, dtype=torch.float32, device=group.device)
-            for info in group.infos:
-                key = next((n for n in info.names if n in state_dict), None)
-                if key is None:
-                    continue
-                value = state_dict[key]
-                if tuple(value.shape) != tuple(info.shape):
-                    raise RuntimeError(
-                        f"load_state_dict: {key} has shape {tuple(value.shape)} in the checkpoint "
-                        f"but {tuple(info.shape)} in the model"
-                    )
-                flat[info.offset : info.offset + info.numel].copy_(value.reshape(-1))
-            group.load_full(flat)
-        buffers = dict(self.module.named_buffers())
-        for name, value in state_dict.items():
-            if name in buffers:
-                buffers[name].copy_(value)
+        load_full_state_dict(self.flat_groups(), self.module, self._state_dict_keys, state_dict, strict)
         return None
 
     def model_state_bytes(self) -> dict[str, int]:
         """Bytes this rank holds for parameters and gradients (optimizer state: see the optimizer)."""
-        params = grads = 0
-        for group in self.flat_groups():
-            params += group.master.numel() * group.master.element_size()
-            if not group.sharded and group.unsharded is not group.master:
-                params += group.unsharded.untyped_storage().nbytes()
-            if group.grad_acc is not None:
-                grads += group.grad_acc.numel() * group.grad_acc.element_size()
-        return {"params": params, "grads": grads}
+        return model_state_bytes(self.flat_groups())
+
+
+def _unit_comm(rt) -> UnitComm:
+    """The collectives every unit of this model uses, bound to this rank's groups now."""
+    return UnitComm(
+        gather=rt.all_gather,
+        reduce_scatter=rt.reduce_scatter_shards,
+        all_reduce_replicas=rt.all_reduce_replicas,
+        all_reduce_dp=rt.all_reduce_dp,
+        replica_degree=rt.topology.replication_degree,
+        dp_size=rt.dp_size,
+        bucket_numel=max(1, rt.params.sdp_reduce_bucket_size),
+        mean_scale=1.0 / rt.dp_size,
+    )
 
 
 def _broadcast_from_rank0(module: nn.Module, rt) -> None:

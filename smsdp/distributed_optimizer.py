@@ -33,10 +33,15 @@ class DistributedOptimizer:
         self._check_params_come_from_model()
         self.overflow = False
         self._last_grad_norm: torch.Tensor | None = None
+        self._max_norm = rt.params.sdp_gradient_clipping
+        self._device = rt.device
+        self._shard_degree = rt.topology.shard_degree
+        self._all_reduce_shard_group = rt.all_reduce_shard_group
+        self._all_reduce_world = rt.all_reduce_world
         self.loss_scaler = None
         if rt.params.fp16:
             self.loss_scaler = loss_scaler or DynamicLossScaler()
-            model._loss_scaler = self.loss_scaler
+            model.use_loss_scaler(self.loss_scaler)
         rt.optimizers.append(self)  # lets smp.resume_from_checkpoint find it, as SMP's does
 
     def _check_params_come_from_model(self) -> None:
@@ -65,7 +70,6 @@ class DistributedOptimizer:
 
     def step(self, closure: Any = None) -> None:
         fault_injection.at("optimizer_step")
-        rt = runtime_state.get()
         self.model.finish_pending_reduces()
         self.model.synchronize_gradients()
         groups = [g for g in self.model.flat_groups() if g.trainable]
@@ -76,9 +80,8 @@ class DistributedOptimizer:
                 for group in groups:
                     group.zero_grad()
                 return
-        max_norm = rt.params.sdp_gradient_clipping
-        if max_norm and max_norm > 0:
-            self.clip_master_grads(max_norm)
+        if self._max_norm and self._max_norm > 0:
+            self.clip_master_grads(self._max_norm)
         for group in groups:
             group.attach_grads()
         self.optimizer.step(closure) if closure is not None else self.optimizer.step()
@@ -98,16 +101,15 @@ class DistributedOptimizer:
         # torch.sum's cascade summation, not torch.linalg.vector_norm: on CPU the latter keeps one
         # fp32 accumulator per lane and drifts by 10-300 ulps on tensors of 10^5-10^6 elements
         # (pytorch/pytorch#169237).
-        rt = runtime_state.get()
-        device = rt.device
-        sharded = torch.zeros((), dtype=torch.float32, device=device)
-        replicated = torch.zeros((), dtype=torch.float32, device=device)
+        sharded = torch.zeros((), dtype=torch.float32, device=self._device)
+        replicated = torch.zeros((), dtype=torch.float32, device=self._device)
         for group in self.model.flat_groups():
-            if group.trainable and group.grad_acc is not None:
+            squares = group.grad_square_sum() if group.trainable else None
+            if squares is not None:
                 target = sharded if group.sharded else replicated
-                target += group.grad_acc.pow(2).sum()
-        if rt.topology.sdp_degree > 1:
-            rt.all_reduce_shard_group(sharded, "all_reduce.grad_norm")
+                target += squares
+        if self._shard_degree > 1:
+            self._all_reduce_shard_group(sharded, "all_reduce.grad_norm")
         return (sharded + replicated).sqrt()
 
     def clip_master_grads(self, max_norm: float) -> torch.Tensor:
@@ -120,21 +122,20 @@ class DistributedOptimizer:
         self._last_grad_norm = norm
         coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
         for group in self.model.flat_groups():
-            if group.trainable and group.grad_acc is not None:
-                group.grad_acc.mul_(coef)
+            if group.trainable:
+                group.scale_grad_(coef)
         return norm
 
     def _unscale_and_check_overflow(self, groups) -> bool:
-        rt = runtime_state.get()
         inv_scale = 1.0 / self.loss_scaler.scale
-        bad = torch.zeros(1, dtype=torch.float32, device=rt.device)
+        bad = torch.zeros(1, dtype=torch.float32, device=self._device)
         for group in groups:
+            group.scale_grad_(inv_scale)
             if group.grad_acc is not None:
-                group.grad_acc.mul_(inv_scale)
                 bad += (~torch.isfinite(group.grad_acc)).any().float()
         # Every rank must take the same decision, or the ranks that step and the
         # ranks that skip drift apart for good.
-        rt.all_reduce_world(bad, "all_reduce.overflow", op=dist.ReduceOp.MAX)
+        self._all_reduce_world(bad, "all_reduce.overflow", op=dist.ReduceOp.MAX)
         return bool(bad.item() > 0)
 
     def state_dict(self) -> dict:

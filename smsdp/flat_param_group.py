@@ -43,6 +43,8 @@ from typing import Callable
 import torch
 from torch import nn
 
+from smsdp.shard_layout import ShardLayout
+
 
 class ParamState(enum.Enum):
     SHARDED = "sharded"  # only this rank's shard exists
@@ -66,15 +68,7 @@ class ParamInfo:
         return math.prod(self.shape)
 
 
-@dataclass
-class ShardSpec:
-    """How a group is split: ``world`` ranks each keep ``1/world``; world 1 means replicated."""
-
-    rank: int
-    world: int
-
-
-GatherFn = Callable[[torch.Tensor, torch.Tensor, bool], object]  # (output, input, async_op) -> handle
+GatherFn = Callable[[torch.Tensor, torch.Tensor, bool], object]  # (output, fp32 shard, async_op) -> handle
 
 
 @dataclass
@@ -83,24 +77,35 @@ class FlatParamGroup:
 
     unit_name: str
     infos: list[ParamInfo]
-    sharded: bool
     trainable: bool
-    shard: ShardSpec
+    layout: ShardLayout  # this rank's range of the flat buffer; degree 1 when replicated
     compute_dtype: torch.dtype
     device: torch.device
-    numel: int = 0
-    padded_numel: int = 0
-    shard_numel: int = 0
     master: torch.Tensor = field(default=None)  # fp32: the local shard, or the whole buffer when replicated
-    _gather_input: torch.Tensor | None = None  # the cast shard an in-flight all-gather reads
     unsharded: torch.Tensor = field(default=None)  # all-gather output; storage freed when resharded
     flat_param: nn.Parameter = field(default=None)  # the autograd leaf the views are split from
-    grad_acc: torch.Tensor | None = None  # fp32 gradient of ``master``, accumulated over micro-steps
+    grad_acc: torch.Tensor | None = None  # fp32 gradient of ``master``; owned here (see the gradients section)
     optim_params: list[tuple[str, nn.Parameter]] = field(default_factory=list)
     state: ParamState = ParamState.SHARDED
     _gather_handle: object = None
     _split_sizes: list[int] = field(default_factory=list)
     _optim_slices: list[tuple[int, int]] = field(default_factory=list)  # (offset in master, length)
+
+    @property
+    def sharded(self) -> bool:
+        return self.layout.sharded
+
+    @property
+    def numel(self) -> int:
+        return self.layout.numel
+
+    @property
+    def padded_numel(self) -> int:
+        return self.layout.padded_numel
+
+    @property
+    def shard_numel(self) -> int:
+        return self.layout.shard_numel
 
     # ---- construction ------------------------------------------------------------------
 
@@ -110,44 +115,35 @@ class FlatParamGroup:
         unit_name: str,
         infos: list[ParamInfo],
         *,
-        sharded: bool,
         trainable: bool,
-        shard: ShardSpec,
+        shard_degree: int,
+        shard_rank: int,
         compute_dtype: torch.dtype,
         device: torch.device,
     ) -> "FlatParamGroup":
-        group = cls(unit_name, infos, sharded, trainable, shard if sharded else ShardSpec(0, 1), compute_dtype, device)
-        group._lay_out()
+        """``shard_degree`` 1 makes a replicated group (every rank keeps the whole buffer)."""
+        offset = 0
+        for info in infos:
+            info.offset = offset
+            offset += info.numel
+        layout = ShardLayout.of(offset, shard_degree, shard_rank)
+        group = cls(unit_name, infos, trainable, layout, compute_dtype, device)
+        group._split_sizes = [info.numel for info in infos] + ([layout.padding] if layout.padding else [])
         group._take_master_from_originals()
         group._make_optim_params()
         group._make_buffers()
         group._turn_originals_into_placeholders()
         return group
 
-    def _lay_out(self) -> None:
-        offset = 0
-        for info in self.infos:
-            info.offset = offset
-            offset += info.numel
-        self.numel = offset
-        world = self.shard.world
-        self.padded_numel = math.ceil(self.numel / world) * world if self.numel else 0
-        self.shard_numel = self.padded_numel // world
-        self._split_sizes = [info.numel for info in self.infos]
-        if self.padded_numel > self.numel:
-            self._split_sizes.append(self.padded_numel - self.numel)
-
     def _take_master_from_originals(self) -> None:
         """Copy this rank's slice of the (already identical on every rank) parameters into fp32."""
-        start = self.shard.rank * self.shard_numel
-        stop = start + self.shard_numel
-        self.master = torch.zeros(self.shard_numel, dtype=torch.float32, device=self.device)
+        self.master = torch.zeros(self.layout.shard_numel, dtype=torch.float32, device=self.device)
         for info in self.infos:
-            lo, hi = max(start, info.offset), min(stop, info.offset + info.numel)
-            if lo < hi:
+            part = self.layout.part(info.offset, info.numel)
+            if part.numel:
                 source = info.initial if info.initial is not None else info.original
                 flat = source.detach().reshape(-1)
-                self.master[lo - start : hi - start].copy_(flat[lo - info.offset : hi - info.offset])
+                self.master[part.local : part.local + part.numel].copy_(flat[part.start : part.stop])
 
     def _make_optim_params(self) -> None:
         """One optimizer-facing parameter per original: a view of this rank's part of ``master``.
@@ -159,14 +155,10 @@ class FlatParamGroup:
         """
         if not self.trainable:
             return
-        start = self.shard.rank * self.shard_numel
-        stop = start + self.shard_numel
         for info in self.infos:
-            lo, hi = max(start, info.offset), min(stop, info.offset + info.numel)
-            n = max(0, hi - lo)
-            local = lo - start if n else 0
-            self._optim_slices.append((local, n))
-            self.optim_params.append((info.names[0], nn.Parameter(self.master[local : local + n])))
+            part = self.layout.part(info.offset, info.numel)
+            self._optim_slices.append((part.local, part.numel))
+            self.optim_params.append((info.names[0], nn.Parameter(self.master[part.local : part.local + part.numel])))
 
     def _make_buffers(self) -> None:
         needs_cast = self.compute_dtype != torch.float32
@@ -200,10 +192,9 @@ class FlatParamGroup:
             return
         self.unsharded.untyped_storage().resize_(self.padded_numel * self.unsharded.element_size())
         if self.sharded:
-            # Under bf16/fp16 the shard is cast for each gather (as FSDP2 does) rather than
-            # kept as a second copy: 2 bytes per sharded parameter less, one small cast more.
-            self._gather_input = self.master.to(self.compute_dtype)
-            self._gather_handle = gather(self.unsharded, self._gather_input, async_op)
+            # Under bf16/fp16 the gather casts the shard each time (as FSDP2 does) rather than
+            # keeping a second copy: 2 bytes per sharded parameter less, one small cast more.
+            self._gather_handle = gather(self.unsharded, self.master, async_op)
             self.state = ParamState.GATHERING
         else:
             self.unsharded.copy_(self.master)  # replicated, lower precision: a cast, no traffic
@@ -214,7 +205,6 @@ class FlatParamGroup:
             if self._gather_handle is not None:
                 self._gather_handle.wait()
             self._gather_handle = None
-            self._gather_input = None
             self.state = ParamState.UNSHARDED
 
     def expose_views(self) -> None:
@@ -241,6 +231,12 @@ class FlatParamGroup:
         self.state = ParamState.SHARDED
 
     # ---- gradients ---------------------------------------------------------------------
+    # [Note: one owner of the gradient shard]
+    # ``grad_acc`` is the fp32 gradient of ``master`` summed over the micro-steps of one
+    # optimizer step. Only the methods below write it: whole reduced shards are taken over
+    # (the first) or added, bucket pieces are added at their offset, the step scales it in
+    # place, and ``_grad_or_zeros`` is the one place a zero gradient is made (a rank whose
+    # group got no gradient this step still joins the replica all-reduce and steps).
 
     def take_flat_grad(self) -> torch.Tensor | None:
         grad = self.flat_param.grad
@@ -256,14 +252,38 @@ class FlatParamGroup:
         else:
             self.grad_acc.add_(grad_shard, alpha=scale)
 
+    def accumulate_part(self, piece: torch.Tensor, start: int, scale: float) -> None:
+        """Add ``scale * piece`` into ``[start, start + len(piece))`` of the gradient (a reduce bucket)."""
+        if piece.numel() == self.layout.shard_numel:
+            self.accumulate(piece, scale)
+        else:
+            self._grad_or_zeros()[start : start + piece.numel()].add_(piece, alpha=scale)
+
+    def _grad_or_zeros(self) -> torch.Tensor:
+        if self.grad_acc is None:
+            self.grad_acc = torch.zeros_like(self.master)
+        return self.grad_acc
+
+    def grad_for_sync(self) -> torch.Tensor:
+        """The gradient the replica (or data-parallel) all-reduce sums in place."""
+        return self._grad_or_zeros()
+
+    def scale_grad_(self, factor: float | torch.Tensor) -> None:
+        """Multiply the gradient in place (fp16 unscaling, clipping); nothing if there is none."""
+        if self.grad_acc is not None:
+            self.grad_acc.mul_(factor)
+
+    def grad_square_sum(self) -> torch.Tensor | None:
+        """Sum of squares of this rank's gradient (``torch.sum``'s cascade summation), or None."""
+        return None if self.grad_acc is None else self.grad_acc.pow(2).sum()
+
     def attach_grads(self) -> None:
         """Point each optimizer parameter's ``.grad`` at its slice of the accumulated gradient."""
         if not self.trainable:
             return
-        if self.grad_acc is None:
-            self.grad_acc = torch.zeros_like(self.master)
+        grad = self._grad_or_zeros()
         for (_, param), (lo, n) in zip(self.optim_params, self._optim_slices):
-            param.grad = self.grad_acc[lo : lo + n]
+            param.grad = grad[lo : lo + n]
 
     def zero_grad(self) -> None:
         self.grad_acc = None
@@ -283,8 +303,7 @@ class FlatParamGroup:
 
     def load_full(self, flat: torch.Tensor) -> None:
         """Take this rank's shard out of an unpadded fp32 flat buffer."""
-        start = self.shard.rank * self.shard_numel
-        stop = min(start + self.shard_numel, self.numel)
+        start, stop = self.layout.start, self.layout.real_stop
         self.master.zero_()
         if stop > start:
             self.master[: stop - start].copy_(flat[start:stop])

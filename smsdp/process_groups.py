@@ -6,7 +6,7 @@ for every group, in the same order, even by ranks that are not members.
 ``build_process_groups`` therefore walks all groups of the topology in one
 fixed order on every rank and keeps the handles of the groups this rank is
 in. Groups with identical members are created once and shared (e.g. a
-sharding group that is also a host), and a group equal to the world reuses
+shard group that is also a host), and a group equal to the world reuses
 the default group instead of creating a duplicate communicator.
 """
 
@@ -39,14 +39,14 @@ class RankGroup:
 
 @dataclass(frozen=True)
 class HierarchicalGroups:
-    """This rank's two stage groups for a sharding group that spans hosts.
+    """This rank's two stage groups for a shard group that spans hosts.
 
     See ``smsdp.topology.HierarchicalLayout`` for the order of the stages.
     """
 
     layout: HierarchicalLayout
     stage1: RankGroup  # inter-host: same local position, one member per host
-    stage2: RankGroup  # intra-host: the sharding group's members on this host
+    stage2: RankGroup  # intra-host: the shard group's members on this host
 
     @property
     def gather_order(self) -> tuple[int, ...]:

@@ -2,7 +2,7 @@
 
 How ranks find each other, in order of preference:
 
-1. ``torch.distributed`` is already initialized: nothing to do.
+1. ``torch.distributed`` is already initialized: it is kept (see ``init_distributed``).
 2. Under ``mpirun`` (``OMPI_COMM_WORLD_SIZE`` set): rank 0 opens a ``TCPStore``
    on a free port (port 0, so there is no pick-then-bind race) on 127.0.0.1
    when every rank is on its machine, else on its host name; mpi4py broadcasts
@@ -11,9 +11,8 @@ How ranks find each other, in order of preference:
 4. Neither: a world of one process (an in-memory store), so a training script
    also runs as plain ``python train.py``.
 
-The backend is NCCL when CUDA is available and the job config says
-``ddp_dist_backend`` "auto" or "nccl", gloo otherwise. mpi4py is imported only
-on the MPI path: importing it initializes MPI.
+The backend is chosen in ``choose_backend`` only. mpi4py is imported only on
+the MPI path: importing it initializes MPI.
 """
 
 from __future__ import annotations
@@ -30,17 +29,26 @@ LOOPBACK = "127.0.0.1"
 def init_distributed(backend: str | None = None, timeout_s: float | None = None) -> ClusterInfo:
     """Initialize the default process group once and return this rank's ``ClusterInfo``.
 
-    ``backend`` overrides the choice from the job config; ``timeout_s`` overrides
-    its ``collective_timeout_s`` (how long a collective may wait for a peer
-    before failing, instead of hanging forever).
+    ``backend``: ``ddp_dist_backend`` ("auto", "nccl" or "gloo"); None takes the job
+    config's. ``timeout_s``: ``collective_timeout_s`` (how long a collective may wait
+    for a peer before failing, instead of hanging forever); None takes the job config's.
+
+    This is the one place the world is joined, whoever calls it first (the launcher
+    with the job config, or ``smp.init``). When the world already exists (the launcher
+    joined it, or the script or a test harness built its own), it is kept: an explicit
+    backend that differs from the world's is an error, "auto" accepts the world's, and
+    the world keeps the timeout it was made with (``smp.init`` gives its subgroups the
+    config's timeout).
     """
     import torch.distributed as dist
 
     cluster = ClusterInfo.from_env()
-    if dist.is_initialized():
-        return cluster
     config = _job_config()
-    backend = backend or choose_backend(config)
+    requested = backend or _requested_backend(config)
+    if dist.is_initialized():
+        _check_running_backend(requested)
+        return cluster
+    backend = choose_backend(requested)
     timeout = _timeout(timeout_s, config)
     if backend == "nccl":
         _set_cuda_device(cluster)
@@ -57,16 +65,35 @@ def init_distributed(backend: str | None = None, timeout_s: float | None = None)
     return cluster
 
 
-def choose_backend(config=None) -> str:
-    """NCCL when every rank on this machine gets its own GPU, unless the config says gloo."""
+def choose_backend(requested: str = "auto") -> str:
+    """The backend for ``ddp_dist_backend`` = ``requested``: the one place this is decided.
+
+    "gloo", or no CUDA: gloo. "auto"/"nccl" with CUDA: NCCL when every rank on this
+    machine gets its own GPU (NCCL refuses two ranks on one GPU, e.g. 4 simulated-host
+    ranks on a 1-GPU box), else gloo.
+    """
     import torch
 
-    requested = getattr(getattr(config, "parameters", None), "ddp_dist_backend", "auto")
     if requested == "gloo" or not torch.cuda.is_available():
         return "gloo"
-    # NCCL refuses two ranks on one GPU (e.g. 4 simulated-host ranks on a 1-GPU box).
     ranks_here = int(os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", "1")))
     return "nccl" if torch.cuda.device_count() >= ranks_here else "gloo"
+
+
+def _requested_backend(config) -> str:
+    return getattr(getattr(config, "parameters", None), "ddp_dist_backend", "auto")
+
+
+def _check_running_backend(requested: str) -> None:
+    import torch.distributed as dist
+
+    running = dist.get_backend()
+    if requested != "auto" and running != choose_backend(requested):
+        raise RuntimeError(
+            f"ddp_dist_backend={requested!r} asks for {choose_backend(requested)!r}, but torch.distributed was "
+            f"already initialized with {running!r} before smsdp joined; set ddp_dist_backend='auto' "
+            f"(or {running!r}), or let smsdp initialize it"
+        )
 
 
 def _job_config():

@@ -1,8 +1,20 @@
 """The one runtime state behind ``smp.init()`` and the rank/size/group functions.
 
-Everything a training process needs to know about its place in the job is
-computed once here, validated, and then only read: the config, the topology,
-this rank's coordinates, its process groups, its device and the byte counter.
+``init`` computes what a training process needs to know about its place in the
+job once, and validates it: the config, the topology, this rank's coordinates,
+its process groups, its device, the all-gather strategy. Those are not changed
+afterwards. What does change:
+
+* ``stats`` counts the bytes every collective sends (``smp.reset_comm_stats``
+  clears it);
+* ``models`` and ``optimizers`` grow as the script wraps them (checkpointing
+  finds the newest there when none is passed);
+* ``backward_scale`` is ``1/microbatches`` while an ``@smp.step`` function runs and
+  1 otherwise (``DistributedModel.backward`` reads it at each call).
+
+``DistributedModel`` and ``DistributedOptimizer`` take what they need from the
+state when they are built (the collectives bound to this rank's groups, the
+degrees, the dtype, the device), so no hook looks anything up here.
 """
 
 from __future__ import annotations
@@ -17,7 +29,8 @@ import torch.distributed as dist
 
 from smsdp.activation_offload import ActivationOffloader
 from smsdp.cluster import ClusterInfo
-from smsdp.collectives import AllGatherStrategy, Handle, all_reduce, reduce_scatter_flat
+from smsdp.all_gather_strategy import AllGatherStrategy
+from smsdp.collectives import Handle, all_gather_flat, all_reduce, reduce_scatter_flat
 from smsdp.comm_accounting import CommStats
 from smsdp.config import ConfigError, RuntimeConfig, SMPParameters
 from smsdp.process_groups import ProcessGroups, build_process_groups
@@ -39,7 +52,7 @@ class RuntimeState:
     all_gather: AllGatherStrategy
     models: list[Any] = field(default_factory=list)  # DistributedModels, newest last
     optimizers: list[Any] = field(default_factory=list)  # DistributedOptimizers, newest last
-    backward_scale: float = 1.0  # 1/microbatches inside @smp.step, applied by model.backward
+    backward_scale: float = 1.0  # 1/microbatches inside @smp.step (changes), applied by model.backward
     activation_offloader: ActivationOffloader | None = None  # with offload_activations
 
     @property
@@ -57,18 +70,13 @@ class RuntimeState:
     @property
     def dp_size(self) -> int:
         """Ranks a gradient is averaged over: every rank holding a data-parallel replica."""
-        return self.topology.rdp_size
+        return self.topology.dp_size
 
     # ---- collectives bound to this rank's groups, counted in ``stats`` ------------------
 
-    def gather_shards(self, output: torch.Tensor, shard: torch.Tensor, async_op: bool) -> Handle:
-        return self.all_gather(output, shard, async_op=async_op)
-
     def gather_shards_fp32(self, output: torch.Tensor, shard: torch.Tensor) -> None:
         """Whole-parameter gathers for state dicts: flat, uncounted as training traffic."""
-        from smsdp.collectives import all_gather_flat
-
-        all_gather_flat(output, shard, self.groups.shard_group, CommStats()).wait()
+        all_gather_flat(output, shard, self.groups.shard_group, None).wait()
 
     def reduce_scatter_shards(self, output: torch.Tensor, full: torch.Tensor, async_op: bool) -> Handle:
         return reduce_scatter_flat(output, full, self.groups.shard_group, self.stats, async_op=async_op)
@@ -77,7 +85,7 @@ class RuntimeState:
         return all_reduce(tensor, self.groups.replica_group, self.stats, "all_reduce.replica", async_op=async_op)
 
     def all_reduce_dp(self, tensor: torch.Tensor, async_op: bool) -> Handle:
-        return all_reduce(tensor, self.groups.rdp_group, self.stats, "all_reduce.dp", async_op=async_op)
+        return all_reduce(tensor, self.groups.dp_group, self.stats, "all_reduce.dp", async_op=async_op)
 
     def all_reduce_shard_group(self, tensor: torch.Tensor, key: str) -> None:
         all_reduce(tensor, self.groups.shard_group, self.stats, key).wait()
@@ -108,16 +116,11 @@ def init(config: RuntimeConfig | SMPParameters | Mapping[str, Any] | None = None
     # Checked before the rendezvous: a config that does not fit the world that started
     # fails on every rank at once, with no collective to hang in.
     resolved = _resolve_config(config, job_config, ClusterInfo.from_env())
-    timeout = datetime.timedelta(seconds=float(resolved.collective_timeout_s))
-    cluster = init_distributed(backend=_backend_for(config, job_config), timeout_s=timeout.total_seconds())
-    topology = Topology(
-        world_size=cluster.world_size,
-        processes_per_host=resolved.processes_per_host,
-        tp_degree=resolved.parameters.tensor_parallel_degree,
-        sdp_degree=resolved.parameters.sharded_data_parallel_degree,
-    )
+    cluster = init_distributed(backend=resolved.parameters.ddp_dist_backend, timeout_s=resolved.collective_timeout_s)
+    topology = resolved.topology  # the same Topology the client validated, from the same config
     _check_hosts_are_host_major(cluster, topology)
     # Subgroups get the same timeout: new_group's default is 30 minutes, whatever the world's is.
+    timeout = datetime.timedelta(seconds=float(resolved.collective_timeout_s))
     groups = build_process_groups(topology, cluster.rank, timeout=timeout)
     device = _device_for(cluster)
     stats = CommStats()
@@ -125,15 +128,8 @@ def init(config: RuntimeConfig | SMPParameters | Mapping[str, Any] | None = None
     _STATE = RuntimeState(resolved, cluster, topology, topology.coords(cluster.rank), groups, device, stats, strategy)
     if resolved.parameters.offload_activations:
         _STATE.activation_offloader = ActivationOffloader(device, resolved.parameters.activation_loading_horizon)
-    logger.info("smsdp initialized: %s", topology)
+    logger.info("smsdp initialized: %s", topology.describe())
     return _STATE
-
-
-def _backend_for(config: Any, job_config: RuntimeConfig | None) -> str | None:
-    params = _params_of(config) or (job_config.parameters if job_config else None)
-    if params is None or params.ddp_dist_backend == "auto":
-        return None  # rendezvous picks nccl on GPUs, gloo on CPU
-    return params.ddp_dist_backend
 
 
 def _params_of(config: Any) -> SMPParameters | None:
@@ -152,6 +148,10 @@ def _resolve_config(config: Any, job_config: RuntimeConfig | None, cluster: Clus
         resolved = config
     elif config is not None:
         resolved = RuntimeConfig.for_world(cluster.world_size, cluster.processes_per_host, _params_of(config))
+        if job_config is not None:  # smp.init({...}) inside a job keeps the job's timeout and buffers
+            resolved = RuntimeConfig.model_validate(
+                {**dict(resolved), "collective_timeout_s": job_config.collective_timeout_s, "smddp": job_config.smddp}
+            )
     elif job_config is not None:
         resolved = job_config
     else:

@@ -1,17 +1,18 @@
 """Rank topology: tensor-parallel, reduced-data-parallel, sharding and replication groups.
 
-Pure Python (no torch.distributed), so the layout can be validated, printed
-and unit-tested without processes. ``smsdp.process_groups`` turns it into
-torch process groups.
+Pure Python (no torch), so the client builds the same ``Topology`` from the job
+config and validates it before anything starts (``smsdp.config``), each rank
+builds it again from the config it receives, and ``smsdp.process_groups`` turns
+it into torch process groups. It is the only object that knows the dimensions.
 
-Rules (DESIGN.md section 3), with world ``W``, tensor-parallel degree ``t``,
-sharded degree ``d``:
+Rules, with world ``W``, tensor-parallel degree ``t``, shard degree ``d``
+(SMP's ``sharded_data_parallel_degree``):
 
 - TP groups: consecutive blocks of ``t`` ranks.
 - RDP group of TP rank ``i``: ranks ``i, i+t, i+2t, ...`` (``rdp = W / t`` ranks).
-  This is also the data-parallel group (``dp_groups``).
-- Sharding groups: consecutive blocks of ``d`` inside each RDP group.
-- Replication groups: the ranks at the same position in the sharding groups
+  This is the data-parallel group ("dp" everywhere inside smsdp; ``dp_groups``).
+- Shard groups: consecutive blocks of ``d`` inside each RDP group.
+- Replication groups: the ranks at the same position in the shard groups
   of one RDP group (``r = rdp / d`` ranks).
 - Hosts are host-major: rank ``r`` lives on host ``r // processes_per_host``.
 """
@@ -24,8 +25,22 @@ from functools import cached_property
 Group = tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class TopologyProblem:
+    """One factor that does not fit: its name, value, and the values that would."""
+
+    factor: str  # "world_size", "processes_per_host", "tp_degree" or "shard_degree"
+    value: object
+    message: str  # in the topology's own words, e.g. "tp 3 does not divide world 8"
+    fits: tuple[int, ...] = ()  # values of ``factor`` that would work with the others, if any
+
+
 class TopologyError(ValueError):
-    """An impossible combination of world size, hosts and parallel degrees."""
+    """An impossible combination of world size, hosts and parallel degrees; ``problems`` says which."""
+
+    def __init__(self, message: str, problems: tuple[TopologyProblem, ...] = ()) -> None:
+        super().__init__(message)
+        self.problems = problems
 
 
 @dataclass(frozen=True)
@@ -35,7 +50,7 @@ class RankCoords:
     rank: int
     tp_rank: int
     rdp_rank: int
-    sdp_rank: int
+    shard_rank: int
     replica_rank: int
     host: int
     local_rank: int
@@ -55,7 +70,7 @@ class RankCoords:
 
 @dataclass(frozen=True)
 class HierarchicalLayout:
-    """How a sharding group that spans hosts is all-gathered in two stages.
+    """How a shard group that spans hosts is all-gathered in two stages.
 
     [Note: hierarchical all-gather order]
     Let the group have ``n = H * L`` members, ``L`` on each of ``H`` hosts,
@@ -113,6 +128,10 @@ def _quotient(a: object, b: object) -> str:
     return "?"
 
 
+def _divisors(n: int) -> tuple[int, ...]:
+    return tuple(k for k in range(1, n + 1) if n % k == 0)
+
+
 def _group_containing(groups: tuple[Group, ...], rank: int) -> Group:
     for group in groups:
         if rank in group:
@@ -124,42 +143,46 @@ def _group_containing(groups: tuple[Group, ...], rank: int) -> Group:
 class Topology:
     """World size, host layout and parallel degrees, validated once.
 
-    >>> Topology(world_size=32, processes_per_host=8, tp_degree=4, sdp_degree=4).shard_groups()[:2]
+    >>> Topology(world_size=32, processes_per_host=8, tp_degree=4, shard_degree=4).shard_groups()[:2]
     ((0, 4, 8, 12), (16, 20, 24, 28))
     """
 
     world_size: int
     processes_per_host: int
     tp_degree: int = 1
-    sdp_degree: int = 1
+    shard_degree: int = 1
 
     def __post_init__(self) -> None:
         problems = self._problems()
         if problems:
-            raise TopologyError(f"invalid topology: {self.describe()}: " + "; ".join(problems))
+            raise TopologyError(
+                f"invalid topology: {self.describe()}: " + "; ".join(p.message for p in problems), problems
+            )
 
-    def _problems(self) -> list[str]:
-        names = ("world_size", "processes_per_host", "tp_degree", "sdp_degree")
-        bad = [f"{n}={getattr(self, n)!r} must be a positive integer"
-               for n in names if not _positive(getattr(self, n))]
+    def _problems(self) -> tuple[TopologyProblem, ...]:
+        names = ("world_size", "processes_per_host", "tp_degree", "shard_degree")
+        bad = tuple(TopologyProblem(n, getattr(self, n), f"{n}={getattr(self, n)!r} must be a positive integer")
+                    for n in names if not _positive(getattr(self, n)))
         if bad:
             return bad
-        w, p, t, d = self.world_size, self.processes_per_host, self.tp_degree, self.sdp_degree
+        w, p, t, d = self.world_size, self.processes_per_host, self.tp_degree, self.shard_degree
         problems = []
         if w % p:
-            problems.append(f"processes_per_host {p} does not divide world {w}")
+            problems.append(TopologyProblem(
+                "processes_per_host", p, f"processes_per_host {p} does not divide world {w}", _divisors(w)))
         if w % t:
-            problems.append(f"tp {t} does not divide world {w}")
+            problems.append(TopologyProblem("tp_degree", t, f"tp {t} does not divide world {w}", _divisors(w)))
         elif (w // t) % d:
-            problems.append(
-                f"tp {t} x sdp {d} does not divide world {w} "
-                f"(sdp must divide rdp = world / tp = {w // t})"
-            )
-        return problems
+            problems.append(TopologyProblem(
+                "shard_degree", d,
+                f"tp {t} x sdp {d} does not divide world {w} (sdp must divide rdp = world / tp = {w // t})",
+                _divisors(w // t),
+            ))
+        return tuple(problems)
 
     def describe(self) -> str:
         """Every factor on one line, e.g. for errors and start-up logs."""
-        w, p, t, d = self.world_size, self.processes_per_host, self.tp_degree, self.sdp_degree
+        w, p, t, d = self.world_size, self.processes_per_host, self.tp_degree, self.shard_degree
         return (
             f"world {w} = hosts {_quotient(w, p)} x processes_per_host {p}; "
             f"tp {t} x sdp {d} x replicas {_quotient(w, t * d if _positive(t, d) else 0)} "
@@ -168,16 +191,18 @@ class Topology:
 
     # ------------------------------------------------------------------ sizes
     @property
-    def rdp_size(self) -> int:
+    def dp_size(self) -> int:
+        """Ranks of one data-parallel group (SMP's reduced data-parallel size, ``rdp``): world / tp."""
         return self.world_size // self.tp_degree
 
     @property
-    def dp_size(self) -> int:
-        return self.rdp_size
+    def rdp_size(self) -> int:
+        """SMP's name for ``dp_size`` (``smp.rdp_size()``)."""
+        return self.dp_size
 
     @property
     def replication_degree(self) -> int:
-        return self.rdp_size // self.sdp_degree
+        return self.dp_size // self.shard_degree
 
     @property
     def num_hosts(self) -> int:
@@ -195,12 +220,12 @@ class Topology:
 
     @cached_property
     def _shard_groups(self) -> tuple[Group, ...]:
-        d = self.sdp_degree
+        d = self.shard_degree
         return tuple(g[s:s + d] for g in self._rdp_groups for s in range(0, len(g), d))
 
     @cached_property
     def _replica_groups(self) -> tuple[Group, ...]:
-        d = self.sdp_degree
+        d = self.shard_degree
         return tuple(g[pos::d] for g in self._rdp_groups for pos in range(d))
 
     @cached_property
@@ -221,11 +246,11 @@ class Topology:
         return self._rdp_groups
 
     def shard_groups(self) -> tuple[Group, ...]:
-        """Consecutive blocks of ``sdp_degree`` inside each RDP group (RDP group major)."""
+        """Consecutive blocks of ``shard_degree`` inside each RDP group (RDP group major)."""
         return self._shard_groups
 
     def replica_groups(self) -> tuple[Group, ...]:
-        """Same position in the sharding groups of one RDP group (RDP group major)."""
+        """Same position in the shard groups of one RDP group (RDP group major)."""
         return self._replica_groups
 
     def host_groups(self) -> tuple[Group, ...]:
@@ -240,14 +265,14 @@ class Topology:
         """This rank's position in every grouping."""
         if not 0 <= rank < self.world_size:
             raise ValueError(f"rank {rank} outside world of size {self.world_size}")
-        t, d = self.tp_degree, self.sdp_degree
+        t, d = self.tp_degree, self.shard_degree
         rdp_rank = rank // t
         tp_rank = rank % t
         return RankCoords(
             rank=rank,
             tp_rank=tp_rank,
             rdp_rank=rdp_rank,
-            sdp_rank=rdp_rank % d,
+            shard_rank=rdp_rank % d,
             replica_rank=rdp_rank // d,
             host=self.host_of(rank),
             local_rank=rank % self.processes_per_host,
@@ -273,7 +298,7 @@ class Topology:
         counts = {h: len(m) for h, m in by_host.items()}
         if len(set(counts.values())) != 1:
             raise TopologyError(
-                f"sharding group {group} cannot be all-gathered hierarchically: its hosts hold "
+                f"shard group {group} cannot be all-gathered hierarchically: its hosts hold "
                 f"unequal numbers of its members {counts} ({self.describe()})"
             )
         hosts = tuple(sorted(by_host))

@@ -1,4 +1,4 @@
-"""Cutting a module into units and its parameters into flat groups.
+"""Cutting a module into units and its parameters into flat groups (the lifecycle: ``smsdp.unit``).
 
 A unit is what is gathered and freed as one: by default each instance of a
 repeated block class (found as the children of an ``nn.ModuleList`` that are
@@ -7,57 +7,15 @@ all of one class), plus the root unit for every parameter outside them.
 
 from __future__ import annotations
 
-import enum
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable
 
 import torch
 from torch import nn
 
-from smsdp.flat_param_group import FlatParamGroup, ParamInfo, ParamState, ShardSpec
-
-
-class BackwardState(enum.Enum):
-    IDLE = "idle"  # no backward has reached this unit yet
-    GATHERED = "gathered"  # pre-backward ran: parameters gathered for this backward
-
-
-@dataclass
-class Unit:
-    name: str
-    module: nn.Module
-    groups: list[FlatParamGroup] = field(default_factory=list)
-    backward_state: BackwardState = BackwardState.IDLE
-    is_root: bool = False
-
-    @property
-    def gathered_numel(self) -> int:
-        return sum(g.gathered_numel for g in self.groups if g.state is not ParamState.SHARDED)
-
-    @property
-    def padded_numel(self) -> int:
-        return sum(g.gathered_numel for g in self.groups)
-
-    def unshard(self, gather, async_op: bool) -> None:
-        for group in self.groups:
-            group.unshard(gather, async_op)
-
-    def wait_unshard(self) -> None:
-        for group in self.groups:
-            group.wait_unshard()
-
-    def expose_views(self) -> None:
-        for group in self.groups:
-            group.expose_views()
-
-    def reshard(self) -> None:
-        for group in self.groups:
-            group.reshard()
-
-    @property
-    def is_unsharded(self) -> bool:
-        return any(g.state is not ParamState.SHARDED for g in self.groups)
+from smsdp.flat_param_group import FlatParamGroup, ParamInfo
+from smsdp.unit import Unit
 
 
 def find_unit_modules(root: nn.Module, layer_classes: Iterable[type] | None) -> list[tuple[str, nn.Module]]:
@@ -94,7 +52,8 @@ class GroupPolicy:
     """What decides a parameter's group and layout."""
 
     persistence_threshold: int
-    shard: ShardSpec
+    shard_degree: int
+    shard_rank: int
     compute_dtype: torch.dtype
     device: torch.device
 
@@ -150,7 +109,7 @@ def _owner_of_each_module(root: nn.Module, unit_modules: list[tuple[str, nn.Modu
 def make_groups(unit_name: str, infos: list[ParamInfo], policy: GroupPolicy) -> list[FlatParamGroup]:
     buckets: dict[tuple[bool, bool], list[ParamInfo]] = defaultdict(list)
     for info in infos:
-        sharded = info.numel >= policy.persistence_threshold and policy.shard.world > 1
+        sharded = info.numel >= policy.persistence_threshold and policy.shard_degree > 1
         buckets[(sharded, info.original.requires_grad)].append(info)
     groups = []
     for (sharded, trainable), members in sorted(buckets.items(), reverse=True):
@@ -158,9 +117,9 @@ def make_groups(unit_name: str, infos: list[ParamInfo], policy: GroupPolicy) -> 
             FlatParamGroup.build(
                 unit_name,
                 members,
-                sharded=sharded,
                 trainable=trainable,
-                shard=policy.shard,
+                shard_degree=policy.shard_degree if sharded else 1,
+                shard_rank=policy.shard_rank if sharded else 0,
                 compute_dtype=policy.compute_dtype,
                 device=policy.device,
             )

@@ -9,13 +9,13 @@ forward/backward compute inside autograd.
 
 Categories:
 
-- ``all-gather (forward)`` / ``all-gather (backward)``: ``DistributedModel._gather``,
+- ``all-gather (forward)`` / ``all-gather (backward)``: ``Unit.unshard``,
   i.e. issuing a gather and, for a synchronous one or a prefetched one that is
   needed now, waiting for it;
 - ``reduce-scatter issue``: ``_reduce_grad`` (grad cast/divide, bucket copy, issuing);
-- ``reduce-scatter wait + accumulate``: ``_complete_reduces`` (earlier units' reduce-scatters,
+- ``reduce-scatter wait + accumulate``: ``Unit.complete_reduces`` (earlier units' reduce-scatters,
   collected at each post-backward and at the end of backward);
-- ``replica/dp all-reduce issue``: ``_launch_sync`` (the second hop, started during the
+- ``replica/dp all-reduce issue``: ``Unit._start_group_sync`` (the second hop, started during the
   step-ending backward when ``backward_passes_per_step`` is declared, else in ``step()``);
 - ``replica/dp all-reduce wait at step``: the rest of ``synchronize_gradients`` (exposed waiting);
 - ``grad norm + clip``: ``DistributedOptimizer.clip_master_grads``;
@@ -91,18 +91,19 @@ def install() -> Timers:
             t.wrapped.append(f"{cls.__name__}.{attr}")
 
     dm, do = DistributedModel, DistributedOptimizer
-    wrap(dm, "_gather", lambda a: "all-gather (backward)" if a[0]._in_backward else "all-gather (forward)")
+    from smsdp.unit import BackwardState, Unit
+
+    wrap(Unit, "unshard",
+         lambda a: "all-gather (backward)" if a[0].backward_state is BackwardState.GATHERED else "all-gather (forward)")
     for hook in ("_pre_forward_hook", "_post_forward_hook", "_pre_backward", "_begin_backward", "_hook_outputs",
                  "_end_of_backward", "_prefetch_after"):
         wrap(dm, hook, HOOKS)
     if hasattr(dm, "_make_post_backward"):
         make = dm._make_post_backward
         dm._make_post_backward = lambda self, unit, group: t.wrap(make(self, unit, group), HOOKS)
-    wrap(dm, "_reduce_grad", "reduce-scatter issue")
-    wrap(dm, "_complete_reduces", "reduce-scatter wait + accumulate")
-    if not hasattr(dm, "_complete_reduces"):
-        wrap(dm, "finish_pending_reduces", "reduce-scatter wait + accumulate")
-    wrap(dm, "_launch_sync", "replica/dp all-reduce issue")
+    wrap(Unit, "_reduce_grad", "reduce-scatter issue")
+    wrap(Unit, "complete_reduces", "reduce-scatter wait + accumulate")
+    wrap(Unit, "_start_group_sync", "replica/dp all-reduce issue")
     wrap(dm, "synchronize_gradients", "replica/dp all-reduce wait at step")
     wrap(dm, "refresh_compute_copies", "refresh compute copy")
     wrap(do, "clip_master_grads", "grad norm + clip")

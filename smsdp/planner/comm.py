@@ -1,6 +1,6 @@
 """Communication per optimizer step, split by link, and the step-time model.
 
-Bytes follow DESIGN.md section 4 (ring accounting, per rank, ``Psi`` sharded
+Bytes follow docs/runtime.md, "Communication per optimizer step" (ring accounting, per rank, ``Psi`` sharded
 padded elements, ``m`` micro-steps), exactly what ``smp.comm_stats()`` counts:
 
 - all-gathers ``2m (d-1)/d Psi c`` inside the sharding group (forward and backward);
@@ -110,7 +110,7 @@ def comm_per_step(
     reduce_bytes: int = 4,
     kept_elems: int = 0,
 ) -> CommBreakdown:
-    """The DESIGN.md section 4 volumes, split by link (see module docstring).
+    """The per-step volumes of docs/runtime.md, split by link (see module docstring).
 
     ``kept_elems``: sharded elements gathered once per micro-step rather than twice
     (the root and the forward's last unit stay gathered into the backward).

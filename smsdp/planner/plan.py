@@ -124,7 +124,7 @@ class Plan:
             "cluster": {
                 "instance_type": self.runtime.instance_type, "instance_count": self.runtime.instance_count,
                 "processes_per_host": self.runtime.processes_per_host, "world_size": self.world_size,
-                "sharded_degree": self.sharded_degree, "replicas": self.runtime.replication_degree,
+                "sharded_degree": self.sharded_degree, "replicas": self.runtime.topology.replication_degree,
             },
             "batch_size": self.batch_size, "grad_accum": self.grad_accum, "optimizer": self.optimizer,
             "precision": _precision(self.runtime.parameters),
@@ -248,6 +248,45 @@ def _precision(p: SMPParameters) -> str:
     return "bf16" if p.bf16 else "fp16" if p.fp16 else "fp32"
 
 
+def _activations(model: ModelSpec, p: SMPParameters, batch: int, c: int, warnings: list[str]):
+    """The activation estimate (None without a transformer shape), with its warnings."""
+    detail = None
+    checkpointing = p.activation_checkpointing
+    if model.shape is not None:
+        offload = p.offload_activations and checkpointing
+        detail = mem.activation_bytes(model.shape, batch, c, checkpointing=checkpointing, offload=offload,
+                                      loading_horizon=p.activation_loading_horizon)
+    else:
+        warnings.append("activations not estimated: the model has no transformer shape "
+                        "(give layers/hidden/heads/vocab/seq, or ModelSpec.with_shape)")
+    if p.offload_activations and not checkpointing:
+        warnings.append("offload_activations has no effect without activation checkpointing (as in SMP)")
+    return detail
+
+
+def _step_time(model: ModelSpec, p: SMPParameters, hardware, comm, batch: int, accum: int, world: int,
+               assumptions: Assumptions, warnings: list[str]):
+    """The step-time model on GPUs with a tensor-core peak for the compute dtype; None otherwise."""
+    peak = hardware.peak_flops.get(p.compute_dtype_name, 0.0)
+    if not hardware.is_gpu:
+        return None
+    if peak <= 0:
+        warnings.append(f"{hardware.name} has no {p.compute_dtype_name} tensor-core peak: no step time")
+        return None
+    flops, recompute = _flops_per_token(model, p.activation_checkpointing)
+    tokens = batch * (model.shape.seq_len if model.shape else 1)
+    time = comm_model.step_time(
+        comm, flops_per_token=flops, recompute_flops_per_token=recompute,
+        tokens_per_rank_per_micro_step=tokens, micro_steps=accum, world=world, peak_flops=peak,
+        achieved_fraction=assumptions.achieved_fraction_of_peak, intra_bps=hardware.intra_bytes_per_s,
+        inter_bps=hardware.inter_bytes_per_s, overlap=assumptions.overlap_in_group_comm,
+        early_boundary_sync=assumptions.early_replica_sync,
+    )
+    if model.shape is None:
+        warnings.append("step time per token of an unknown sequence length: tokens = batch x 1")
+    return time
+
+
 def _evaluate(
     model: ModelSpec, runtime: RuntimeConfig, batch: int, accum: int, optimizer: str, assumptions: Assumptions
 ) -> Plan:
@@ -260,20 +299,8 @@ def _evaluate(
     state = mem.model_state(groups, c, mem.OPTIMIZER_BYTES_PER_ELEMENT[optimizer])
     warnings: list[str] = list(model.notes)
 
-    # Activations
-    act_detail = None
-    activations = None
-    checkpointing = p.activation_checkpointing
-    if model.shape is not None:
-        offload = p.offload_activations and checkpointing
-        act_detail = mem.activation_bytes(model.shape, batch, c, checkpointing=checkpointing, offload=offload,
-                                          loading_horizon=p.activation_loading_horizon)
-        activations = act_detail.total
-    else:
-        warnings.append("activations not estimated: the model has no transformer shape "
-                        "(give layers/hidden/heads/vocab/seq, or ModelSpec.with_shape)")
-    if p.offload_activations and not checkpointing:
-        warnings.append("offload_activations has no effect without activation checkpointing (as in SMP)")
+    act_detail = _activations(model, p, batch, c, warnings)
+    activations = None if act_detail is None else act_detail.total
 
     # Communication (also tells whether the all-gather is hierarchical)
     sharded = sum(g.padded for g in groups if g.sharded)
@@ -301,23 +328,7 @@ def _evaluate(
         construction=_construction_bytes(model, state, sizes, p.delayed_parameter_initialization, hardware.is_gpu),
     )
 
-    # Step time
-    time = None
-    peak = hardware.peak_flops.get(p.compute_dtype_name, 0.0)
-    if hardware.is_gpu and peak > 0:
-        flops, recompute = _flops_per_token(model, checkpointing)
-        tokens = batch * (model.shape.seq_len if model.shape else 1)
-        time = comm_model.step_time(
-            comm, flops_per_token=flops, recompute_flops_per_token=recompute,
-            tokens_per_rank_per_micro_step=tokens, micro_steps=accum, world=world, peak_flops=peak,
-            achieved_fraction=assumptions.achieved_fraction_of_peak, intra_bps=hardware.intra_bytes_per_s,
-            inter_bps=hardware.inter_bytes_per_s, overlap=assumptions.overlap_in_group_comm,
-            early_boundary_sync=assumptions.early_replica_sync,
-        )
-        if model.shape is None:
-            warnings.append("step time per token of an unknown sequence length: tokens = batch x 1")
-    elif hardware.is_gpu:
-        warnings.append(f"{hardware.name} has no {p.compute_dtype_name} tensor-core peak: no step time")
+    time = _step_time(model, p, hardware, comm, batch, accum, world, assumptions, warnings)
 
     return Plan(
         model=model, runtime=runtime, batch_size=batch, grad_accum=accum, optimizer=optimizer,
@@ -373,7 +384,7 @@ def _with(runtime: RuntimeConfig, **params: Any) -> RuntimeConfig:
 
 
 def _degrees(runtime: RuntimeConfig) -> list[int]:
-    rdp = runtime.data_parallel_degree
+    rdp = runtime.topology.dp_size
     return [k for k in range(1, rdp + 1) if rdp % k == 0]
 
 
@@ -418,7 +429,7 @@ def _recommend(base: Plan) -> Recommendation:
 def _rescue_notes(base: Plan) -> list[str]:
     """What would make it fit, when no sharded degree does at this cluster size."""
     runtime, p = base.runtime, base.runtime.parameters
-    full = _with(runtime, sharded_data_parallel_degree=runtime.data_parallel_degree)
+    full = _with(runtime, sharded_data_parallel_degree=runtime.topology.dp_size)
     notes = [f"no sharded degree fits on {runtime.world_size} {base.device_word}s even at batch 1"]
     switches = []
     if not p.activation_checkpointing and base.model.shape is not None:
@@ -432,7 +443,7 @@ def _rescue_notes(base: Plan) -> list[str]:
         combined.update(switch)
         if _fits(base, _with(full, **combined), 1):
             names = ", ".join(f"{k}=True" for k in combined)
-            notes.append(f"with {names} it fits at sharded_data_parallel_degree={runtime.data_parallel_degree}")
+            notes.append(f"with {names} it fits at sharded_data_parallel_degree={runtime.topology.dp_size}")
             break
     fixed = _unit_bound_bytes(base, _with(full, **combined))
     if fixed > base.budget_bytes:

@@ -49,11 +49,9 @@ def _is_text(rows: list[list[str]], column: int) -> bool:
                for r in rows[1:])
 
 
-def render_plan(plan: "Plan") -> str:
-    rt, p, m = plan.runtime, plan.runtime.parameters, plan.memory
-    hw = plan.hardware
+def _header_lines(plan: "Plan") -> list[str]:
+    rt, p, hw = plan.runtime, plan.runtime.parameters, plan.hardware
     precision = "bf16" if p.bf16 else "fp16" if p.fp16 else "fp32"
-    c = 2 if precision != "fp32" else 4
     switches = [precision, f"{plan.optimizer}"]
     if p.activation_checkpointing:
         switches.append("activation checkpointing")
@@ -66,13 +64,21 @@ def render_plan(plan: "Plan") -> str:
     lines = [
         f"smsdp plan: {plan.model.describe()}",
         f"  cluster   {rt.instance_count} x {hw.name}, {rt.processes_per_host} ranks/host = {rt.world_size} ranks; "
-        f"sharded degree {p.sharded_data_parallel_degree} x {rt.replication_degree} replicas",
+        f"sharded degree {p.sharded_data_parallel_degree} x {rt.topology.replication_degree} replicas",
         f"  training  batch {plan.batch_size}" + (f" x seq {seq}" if seq else "")
         + f" per {word} per micro-step, {plan.grad_accum} micro-step{'s' if plan.grad_accum > 1 else ''} per step; "
         + ", ".join(switches),
         "",
         f"memory per {word}",
     ]
+    return lines
+
+
+def _memory_lines(plan: "Plan") -> list[str]:
+    p, m, hw = plan.runtime.parameters, plan.memory, plan.hardware
+    precision = "bf16" if p.bf16 else "fp16" if p.fp16 else "fp32"
+    c = 2 if precision != "fp32" else 4
+    lines: list[str] = []
     master = "fp32 master" + (f", cast to {precision} per gather" if c != 4 else "")
     live = f"sdp_max_live_parameters={p.sdp_max_live_parameters:.3g}"
     in_flight_note = (f"root + running unit + next (prefetched within {live})" if plan.prefetches_next_unit
@@ -108,6 +114,12 @@ def render_plan(plan: "Plan") -> str:
                else f"DOES NOT FIT: {size(-plan.headroom_bytes)} {unit_name} over")
     lines += [f"  -> {verdict}", ""]
 
+    return lines
+
+
+def _comm_lines(plan: "Plan") -> list[str]:
+    word = plan.device_word
+    lines: list[str] = []
     cm = plan.comm
     lines.append(f"communication per step per {word} (sharding group spans {cm.shard_group_hosts} host(s)"
                  + (", hierarchical all-gather" if cm.hierarchical else "") + ")")
@@ -123,26 +135,38 @@ def render_plan(plan: "Plan") -> str:
     ]
     lines.append(table(comm_rows, ["", "intra-host", "inter-host"]))
     lines.append("")
-    if plan.time is not None:
-        t = plan.time
-        a = plan.assumptions
-        lines.append(
-            f"step time (compute at {a.achieved_fraction_of_peak:.0%} of {t.peak_flops / 1e12:.0f} TFLOP/s; "
-            f"links at {a.link_efficiency:.0%}: {hw.intra_bytes_per_s / 1e9:.0f} GB/s intra, "
-            f"{hw.inter_bytes_per_s / 1e9:.2f} GB/s inter per GPU)")
-        time_rows = [
-            ["compute", human_seconds(t.compute_s), "incl. recomputation" if p.activation_checkpointing else ""],
-            ["in-group all-gather + reduce-scatter", human_seconds(t.in_group_comm_s),
-             "overlapped with compute" if a.overlap_in_group_comm else "not overlapped"],
-            ["step-boundary all-reduces", human_seconds(t.boundary_comm_s),
-             f"{human_seconds(t.exposed_boundary_s)} exposed"
-             + (" (started in the last backward)" if a.early_replica_sync else " (after backward)")],
-            ["step", human_seconds(t.step_s), ""],
-            ["tokens/s (job)", f"{t.tokens_per_s:,.0f}", ""],
-            ["model TFLOP/s per GPU", f"{t.model_tflops_per_gpu:.1f}", f"6N + attention; MFU {t.mfu:.0%}"],
-        ]
-        lines.append(table(time_rows))
-        lines.append("")
+    return lines
+
+
+def _time_lines(plan: "Plan") -> list[str]:
+    if plan.time is None:
+        return []
+    p, hw = plan.runtime.parameters, plan.hardware
+    lines: list[str] = []
+    t = plan.time
+    a = plan.assumptions
+    lines.append(
+        f"step time (compute at {a.achieved_fraction_of_peak:.0%} of {t.peak_flops / 1e12:.0f} TFLOP/s; "
+        f"links at {a.link_efficiency:.0%}: {hw.intra_bytes_per_s / 1e9:.0f} GB/s intra, "
+        f"{hw.inter_bytes_per_s / 1e9:.2f} GB/s inter per GPU)")
+    time_rows = [
+        ["compute", human_seconds(t.compute_s), "incl. recomputation" if p.activation_checkpointing else ""],
+        ["in-group all-gather + reduce-scatter", human_seconds(t.in_group_comm_s),
+         "overlapped with compute" if a.overlap_in_group_comm else "not overlapped"],
+        ["step-boundary all-reduces", human_seconds(t.boundary_comm_s),
+         f"{human_seconds(t.exposed_boundary_s)} exposed"
+         + (" (started in the last backward)" if a.early_replica_sync else " (after backward)")],
+        ["step", human_seconds(t.step_s), ""],
+        ["tokens/s (job)", f"{t.tokens_per_s:,.0f}", ""],
+        ["model TFLOP/s per GPU", f"{t.model_tflops_per_gpu:.1f}", f"6N + attention; MFU {t.mfu:.0%}"],
+    ]
+    lines.append(table(time_rows))
+    lines.append("")
+    return lines
+
+
+def render_plan(plan: "Plan") -> str:
+    lines = _header_lines(plan) + _memory_lines(plan) + _comm_lines(plan) + _time_lines(plan)
     lines.append("recommendation")
     lines.append("  " + plan.recommendation.summary())
     if plan.warnings:

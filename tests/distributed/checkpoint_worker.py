@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 import smsdp as smp
 from entrypoints.gpt import GPT, GPTConfig
+from smsdp import fault_injection
 from smsdp import state as runtime_state
 from tests.mpi_harness import init_gloo_from_env, worker_main
 
@@ -112,11 +113,12 @@ def prune() -> dict:
 def crash() -> dict:
     """Save step5, train to step 7, then rank 1 dies while step7 is being written. Ends the launch."""
     model, opt = build(sdp=2)
+    # The checkpoint written after HALF + 2 optimizer steps: its shards are on disk, its marker not yet.
+    fault_injection.configure(f"rank=1,step={HALF + 2},phase=checkpoint,kind=sigkill")
     train(model, opt, range(HALF))
     smp.save_checkpoint(root() / "killed", tag=f"step{HALF}", model=model, optimizer=opt,
                         user_content={"step": HALF})
     train(model, opt, range(HALF, HALF + 2))
-    os.environ["SMSDP_TEST_CRASH_IN_SAVE"] = "1"
     smp.save_checkpoint(root() / "killed", tag=f"step{HALF + 2}", model=model, optimizer=opt,
                         user_content={"step": HALF + 2})
     raise AssertionError("rank 1 should have killed the job during the save")

@@ -13,10 +13,9 @@ import logging
 import torch
 import torch.distributed as dist
 
+from smsdp.all_gather_strategy import AllGatherSettings, AllGatherStrategy
 from smsdp.collectives import (
     _all_gather_single,
-    AllGatherSettings,
-    AllGatherStrategy,
     all_gather_flat,
     all_reduce,
     broadcast,
@@ -255,6 +254,54 @@ def case_gloo_dtypes():
     return out
 
 
+def _staged_gathers(settings: AllGatherSettings, numel: int, calls: int, dtype=torch.float32, async_op=False):
+    """``calls`` gathers of an fp32 shard into ``dtype`` (the model's call), with their log and buffers."""
+    capture = _Capture()
+    logger = logging.getLogger("smsdp")
+    logger.addHandler(capture)
+    try:
+        strategy = _strategy(settings)
+        group = strategy.groups.shard_group.ranks
+        mine = random_bits(dist.get_rank(), numel, torch.float32, salt=3)
+        expected = torch.cat([random_bits(r, numel, torch.float32, salt=3) for r in group]).to(dtype)
+        outputs = [torch.zeros(len(group) * numel, dtype=dtype) for _ in range(calls)]
+        handles = [strategy.all_gather(out, mine, async_op=async_op) for out in outputs]  # all in flight
+        for handle in handles:
+            handle.wait()
+    finally:
+        logger.removeHandler(capture)
+    return {"same": [same_bits(out, expected) for out in outputs], "messages": capture.messages,
+            "paths": {p.value: c for p, c in strategy.path_counts.items()},
+            "scratch": strategy.scratch.allocated, "sort": strategy.sort.allocated,
+            "stats": strategy.stats.snapshot()}
+
+
+def case_staging():
+    """The SMDDP buffers hold the hierarchical gather's staging (and the buffered path's cast shard)."""
+    return {
+        # one gather at a time, three times: the staging is allocated once and reused
+        "reused": {**_staged_gathers(AllGatherSettings(), 1000, 1),
+                   "again": _staged_gathers_three_times(AllGatherSettings(), 1000)},
+        # two in flight at once need two sets of staging
+        "in_flight": _staged_gathers(AllGatherSettings(), 1000, 2, async_op=True),
+        # 1000 fp32: stage 1 needs 2 x 4000 B (fits 8192), the re-layout 4 x 4000 B (does not): flat
+        "too_small": _staged_gathers(AllGatherSettings(8192, 8192), 1000, 2),
+        # hierarchical off: the buffered path casts the fp32 shard into scratch, bf16
+        "buffered_cast": _staged_gathers(AllGatherSettings(hierarchical=False), 1000, 2, dtype=torch.bfloat16),
+    }
+
+
+def _staged_gathers_three_times(settings: AllGatherSettings, numel: int) -> dict:
+    strategy = _strategy(settings)
+    group = strategy.groups.shard_group.ranks
+    mine = random_bits(dist.get_rank(), numel, torch.float32, salt=3)
+    allocated = []
+    for _ in range(3):
+        strategy.all_gather(torch.zeros(len(group) * numel), mine).wait()
+        allocated.append((strategy.scratch.allocated, strategy.sort.allocated))
+    return {"allocated": allocated, "paths": {p.value: c for p, c in strategy.path_counts.items()}}
+
+
 CASES = {
     "groups": case_groups,
     "hierarchical": case_hierarchical,
@@ -262,6 +309,7 @@ CASES = {
     "fallback": case_fallback,
     "reduce": case_reduce,
     "gloo_dtypes": case_gloo_dtypes,
+    "staging": case_staging,
 }
 
 if __name__ == "__main__":

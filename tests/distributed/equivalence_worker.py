@@ -62,7 +62,7 @@ CASES = {
     "untied": Case(sdp=4, tie=False),
     "early_sync": Case(sdp=2, threshold=100, declare_accumulation=True),
     "early_sync_accum2": Case(sdp=2, accum=2, threshold=100, declare_accumulation=True),
-    # every unit resharded after its forward: DESIGN.md section 4's all-gather count exactly
+    # every unit resharded after its forward: the all-gather count 2m (d-1)/d Psi exactly (docs/runtime.md)
     "design_count": Case(sdp=2, threshold=100, keep_gathered=False),
     "design_count_accum2": Case(sdp=2, accum=2, keep_gathered=False),
 }

@@ -18,7 +18,7 @@ from tests.mpi_harness import requires_mpi, run_cases
 
 WORKER = "tests/distributed/collectives_worker.py"
 NPROCS = 4
-CASES = ["groups", "hierarchical", "buffered", "fallback", "reduce", "gloo_dtypes"]
+CASES = ["groups", "hierarchical", "buffered", "fallback", "reduce", "gloo_dtypes", "staging"]
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
@@ -76,7 +76,7 @@ def test_version_shim_avoids_deprecated_names():
 
 
 def test_all_gather_settings_validate_alignment():
-    from smsdp.collectives import AllGatherSettings
+    from smsdp.all_gather_strategy import AllGatherSettings
 
     with pytest.raises(ValueError, match="SMDDP_AG_SCRATCH_BUFFER_SIZE_BYTES=1000"):
         AllGatherSettings(scratch_bytes=1000)
@@ -221,3 +221,28 @@ def test_gloo_dtype_support_as_documented(results):
     for rank, out in every_rank(results, "gloo_dtypes"):
         assert out["bf16"] == "native" and out["fp16"] == "native"
         assert out["wrapper_int16"], rank
+
+
+@pytest.mark.distributed
+@requires_mpi
+def test_smddp_buffers_hold_the_hierarchical_staging(results):
+    """2 hosts x 2 ranks, shard 1000 fp32: stage 1 stages 2 x 4000 B in scratch, the re-layout 4 x 4000 B in sort."""
+    stage1, relayout = 2 * 1000 * 4, 4 * 1000 * 4
+    for rank, out in every_rank(results, "staging"):
+        reused = out["reused"]
+        assert reused["same"] == [True] and reused["messages"] == []
+        assert (reused["scratch"], reused["sort"]) == (stage1, relayout)
+        assert reused["again"]["allocated"] == [(stage1, relayout)] * 3, "allocated once, then reused"
+        assert reused["again"]["paths"]["hierarchical"] == 3
+        in_flight = out["in_flight"]
+        assert in_flight["same"] == [True, True]
+        assert (in_flight["scratch"], in_flight["sort"]) == (2 * stage1, 2 * relayout)
+        too_small = out["too_small"]
+        assert too_small["same"] == [True, True]
+        assert too_small["paths"] == {"flat": 2, "hierarchical": 0, "buffered": 0}
+        assert too_small["stats"] == {"all_gather": {"bytes_sent": 2 * 3 * 1000 * 4, "calls": 2}}
+        assert len(too_small["messages"]) == 1 and "SMDDP_AG_SORT_BUFFER_SIZE_BYTES=8192" in too_small["messages"][0]
+        assert too_small["sort"] == 0, "the re-layout staging that did not fit is never allocated"
+        cast = out["buffered_cast"]
+        assert cast["same"] == [True, True] and cast["paths"]["buffered"] == 2
+        assert (cast["scratch"], cast["sort"]) == (1000 * 2, 0), "one bf16 shard staged in scratch, reused"

@@ -63,6 +63,18 @@ def test_import_config_does_not_import_torch():
     assert result.returncode == 0, result.stderr
 
 
+def test_import_estimator_does_not_import_torch():
+    """The client side (the Estimator, its CLI, its backends' dry runs) never needs torch."""
+    code = (
+        "import sys, estimator, estimator.cli, estimator.estimator, estimator.spec, estimator.backends.local, "
+        "estimator.backends.sagemaker, smsdp.config, smsdp.topology, smsdp.shard_layout; "
+        "from estimator import Estimator; "
+        "assert 'torch' not in sys.modules, 'torch imported: ' + repr(sorted(m for m in sys.modules if 'torch' in m))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+
+
 # --------------------------------------------------------------------- SageMaker docs
 
 
@@ -75,7 +87,7 @@ def test_docs_example_sharded_data_parallelism_p3():
     assert config.processes_per_host == 8
     assert config.parameters.sharded_data_parallel_degree == 2
     assert config.parameters.ddp is True
-    assert config.replication_degree == 4
+    assert config.topology.replication_degree == 4
     assert config.parameters == SMPParameters(ddp=True, sharded_data_parallel_degree=2)
 
 
@@ -89,7 +101,7 @@ def test_docs_example_smddp_collectives_p4d():
     assert config.parameters.pipeline_parallel_degree == 1
     assert config.parameters.bf16 and config.parameters.compute_dtype_name == "bfloat16"
     assert config.parameters.ddp_dist_backend == "auto"
-    assert config.replication_degree == 1
+    assert config.topology.replication_degree == 1
 
 
 def test_docs_mixed_precision_snippets():
@@ -474,7 +486,7 @@ def test_rule_a_sharded_degree_divides_data_parallel_degree():
 def test_rule_a_counts_hosts_and_tensor_parallelism():
     params = {"sharded_data_parallel_degree": 4, "tensor_parallel_degree": 4, "prescaled_batch": True}
     config = resolve_job_config(dist(params), instance_type="ml.p4d.24xlarge", instance_count=4)
-    assert (config.world_size, config.data_parallel_degree, config.replication_degree) == (32, 8, 2)
+    assert (config.world_size, config.topology.dp_size, config.topology.replication_degree) == (32, 8, 2)
     params["sharded_data_parallel_degree"] = 16
     message = error_of(resolve_job_config, dist(params), instance_type="ml.p4d.24xlarge", instance_count=4)
     assert "sharded_data_parallel_degree=16 does not divide the data-parallel degree 8; use 1, 2, 4 or 8" in message
@@ -707,7 +719,7 @@ def test_runtime_config_properties_and_bounds():
     config = RuntimeConfig(
         parameters=SMPParameters(sharded_data_parallel_degree=2), instance_count=2, processes_per_host=4
     )
-    assert (config.world_size, config.data_parallel_degree, config.replication_degree) == (8, 8, 4)
+    assert (config.world_size, config.topology.dp_size, config.topology.replication_degree) == (8, 8, 4)
     assert config.collective_timeout_s == 600.0 and config.instance_type == "local"
     assert "collective_timeout_s=0 is invalid" in error_of(RuntimeConfig, collective_timeout_s=0)
     assert "processes_per_host=16 exceeds the 8 GPUs" in error_of(

@@ -1,4 +1,4 @@
-"""Topology: group rules of DESIGN.md section 3 and the hierarchical layout."""
+"""Topology: the group rules in smsdp/topology.py's docstring and the hierarchical layout."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from smsdp.topology import Topology, TopologyError
 # --------------------------------------------------------------------------- #
 @pytest.fixture
 def docs_example() -> Topology:
-    return Topology(world_size=32, processes_per_host=8, tp_degree=4, sdp_degree=4)
+    return Topology(world_size=32, processes_per_host=8, tp_degree=4, shard_degree=4)
 
 
 def test_docs_example_sizes(docs_example):
@@ -41,7 +41,7 @@ def test_docs_example_shard_groups_replicate_each_other(docs_example):
 def test_docs_example_rdp_and_coords(docs_example):
     assert docs_example.rdp_groups()[0] == (0, 4, 8, 12, 16, 20, 24, 28)
     c = docs_example.coords(21)
-    assert (c.tp_rank, c.rdp_rank, c.sdp_rank, c.replica_rank) == (1, 5, 1, 1)
+    assert (c.tp_rank, c.rdp_rank, c.shard_rank, c.replica_rank) == (1, 5, 1, 1)
     assert (c.host, c.local_rank) == (2, 5)
     assert c.tp_group == (20, 21, 22, 23)
     assert c.rdp_group == (1, 5, 9, 13, 17, 21, 25, 29)
@@ -54,7 +54,7 @@ def test_docs_example_rdp_and_coords(docs_example):
 # t = 1
 # --------------------------------------------------------------------------- #
 def test_t1_shard_group_inside_host_has_no_hierarchy():
-    topo = Topology(world_size=16, processes_per_host=8, tp_degree=1, sdp_degree=8)
+    topo = Topology(world_size=16, processes_per_host=8, tp_degree=1, shard_degree=8)
     assert topo.shard_groups() == (tuple(range(8)), tuple(range(8, 16)))
     assert topo.replica_groups()[0] == (0, 8)
     for group in topo.shard_groups():
@@ -62,11 +62,11 @@ def test_t1_shard_group_inside_host_has_no_hierarchy():
 
 
 def test_t1_full_sharding_one_replica():
-    topo = Topology(world_size=4, processes_per_host=4, tp_degree=1, sdp_degree=4)
+    topo = Topology(world_size=4, processes_per_host=4, tp_degree=1, shard_degree=4)
     assert topo.replication_degree == 1
     assert topo.replica_groups() == ((0,), (1,), (2,), (3,))
     assert topo.tp_groups() == ((0,), (1,), (2,), (3,))
-    assert topo.coords(2).replica_rank == 0 and topo.coords(2).sdp_rank == 2
+    assert topo.coords(2).replica_rank == 0 and topo.coords(2).shard_rank == 2
 
 
 def test_t1_d1_pure_ddp():
@@ -80,7 +80,7 @@ def test_t1_d1_pure_ddp():
 # Sharding groups spanning hosts
 # --------------------------------------------------------------------------- #
 def test_hierarchical_layout_two_hosts_of_two():
-    topo = Topology(world_size=4, processes_per_host=2, tp_degree=1, sdp_degree=4)
+    topo = Topology(world_size=4, processes_per_host=2, tp_degree=1, shard_degree=4)
     layout = topo.hierarchical_layout((0, 1, 2, 3))
     assert layout is not None
     assert layout.stage1_groups == ((0, 2), (1, 3))  # same local position, one per host
@@ -92,7 +92,7 @@ def test_hierarchical_layout_two_hosts_of_two():
 
 
 def test_hierarchical_layout_with_tp_strides():
-    topo = Topology(world_size=16, processes_per_host=4, tp_degree=2, sdp_degree=4)
+    topo = Topology(world_size=16, processes_per_host=4, tp_degree=2, shard_degree=4)
     group = topo.coords(0).shard_group
     assert group == (0, 2, 4, 6)
     layout = topo.hierarchical_layout(group)
@@ -101,7 +101,7 @@ def test_hierarchical_layout_with_tp_strides():
 
 
 def test_hierarchical_layout_one_member_per_host_is_identity():
-    topo = Topology(world_size=8, processes_per_host=2, tp_degree=2, sdp_degree=4)
+    topo = Topology(world_size=8, processes_per_host=2, tp_degree=2, shard_degree=4)
     layout = topo.hierarchical_layout((0, 2, 4, 6))
     assert layout.stage1_groups == ((0, 2, 4, 6),)
     assert layout.stage2_groups == ((0,), (2,), (4,), (6,))
@@ -190,7 +190,7 @@ def test_partitions_cover_each_rank_once(topo):
     w = topo.world_size
     _assert_partition(topo.tp_groups(), w, topo.tp_degree)
     _assert_partition(topo.rdp_groups(), w, topo.rdp_size)
-    _assert_partition(topo.shard_groups(), w, topo.sdp_degree)
+    _assert_partition(topo.shard_groups(), w, topo.shard_degree)
     _assert_partition(topo.replica_groups(), w, topo.replication_degree)
     _assert_partition(topo.host_groups(), w, topo.processes_per_host)
     assert topo.dp_groups() == topo.rdp_groups()
@@ -199,7 +199,7 @@ def test_partitions_cover_each_rank_once(topo):
 @given(valid_topologies)
 @settings(max_examples=150, deadline=None)
 def test_sizes_multiply_out(topo):
-    assert topo.tp_degree * topo.sdp_degree * topo.replication_degree == topo.world_size
+    assert topo.tp_degree * topo.shard_degree * topo.replication_degree == topo.world_size
     assert topo.num_hosts * topo.processes_per_host == topo.world_size
     assert topo.rdp_size * topo.tp_degree == topo.world_size
 
@@ -211,7 +211,7 @@ def test_coords_agree_with_groups(topo):
         c = topo.coords(rank)
         assert c.tp_group[c.tp_rank] == rank
         assert c.rdp_group[c.rdp_rank] == rank
-        assert c.shard_group[c.sdp_rank] == rank
+        assert c.shard_group[c.shard_rank] == rank
         assert c.replica_group[c.replica_rank] == rank
         assert c.tp_group in topo.tp_groups() and c.shard_group in topo.shard_groups()
         assert c.replica_group in topo.replica_groups() and c.rdp_group in topo.rdp_groups()

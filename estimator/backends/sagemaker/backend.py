@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from smsdp.config import ConfigError, Distribution
+from smsdp.config import ConfigError
 
 from estimator.backends.base import AttachedJob, Backend
 from estimator.backends.sagemaker.attach import attach_job
@@ -75,4 +75,4 @@ class SageMakerBackend(Backend[SageMakerRequest]):
 
 
 def _user_mpi_options(spec: JobSpec) -> str:
-    return Distribution.model_validate(dict(spec.distribution)).custom_mpi_options
+    return spec.custom_mpi_options_text

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from smsdp.config import ConfigError, ConfigProblem, Distribution
+from smsdp.config import ConfigError, ConfigProblem
 from smsdp.instance_types import lookup
 
 from estimator.spec import S3_SCHEME, JobSpec
@@ -322,7 +322,7 @@ def _checkpoint_problem(spec: JobSpec) -> ConfigProblem | None:
 
 def _mpi_options_problem(spec: JobSpec) -> ConfigProblem | None:
     """The SageMaker toolkit splits custom_mpi_options on whitespace: shell quoting does not survive."""
-    options = Distribution.model_validate(dict(spec.distribution)).custom_mpi_options
+    options = spec.custom_mpi_options_text
     if shlex.split(options) != options.split():
         rule = ("uses shell quoting, which the SageMaker training toolkit does not understand (it splits "
                 "on whitespace); pass values through environment= and export them with '-x NAME'")

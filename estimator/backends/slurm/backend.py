@@ -49,7 +49,7 @@ class SlurmBackend(Backend[SlurmRequest]):
         if spec.custom_mpi_options:
             raise problem(("distribution", "mpi", "custom_mpi_options"),
                           "are mpirun options, and Slurm jobs start their ranks with srun; "
-                          "pass sbatch options in slurm_options instead", " ".join(spec.custom_mpi_options))
+                          "pass sbatch options in slurm_options instead", spec.custom_mpi_options_text)
         job = JobDir(root)
         env = {**process_env(spec, _source_root()), **spec.environment, **container_env(spec, job)}
         env = {name: value for name, value in env.items() if name not in _PER_NODE}

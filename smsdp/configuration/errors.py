@@ -1,0 +1,108 @@
+"""What a configuration problem looks like: ``ConfigProblem`` and ``ConfigError``.
+
+Every failure of the configuration is a ``ConfigError`` whose message has one
+line per problem, each naming the dotted field path as the user wrote it, the bad
+value, the rule, and a value that would work::
+
+    smdistributed.modelparallel.parameters.sharded_data_parallel_degree=3 does
+    not divide the data-parallel degree 8; use 1, 2, 4 or 8 (...)
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+class _NoValue:
+    """Marks a problem about a key or a section rather than about one value."""
+
+    def __repr__(self) -> str:
+        return "<no value>"
+
+
+NO_VALUE: Any = _NoValue()
+
+
+@dataclass(frozen=True)
+class ConfigProblem:
+    """One thing wrong with a configuration.
+
+    ``path`` is the dotted location as the user wrote it (tuple of keys),
+    ``rule`` reads as the rest of a sentence after ``path=value`` and ends with
+    what to write instead.
+    """
+
+    path: tuple[str | int, ...]
+    rule: str
+    value: Any = NO_VALUE
+
+    def prefixed(self, prefix: Iterable[str | int]) -> ConfigProblem:
+        return ConfigProblem(tuple(prefix) + self.path, self.rule, self.value)
+
+    @property
+    def dotted_path(self) -> str:
+        return ".".join(str(part) for part in self.path)
+
+    def render(self) -> str:
+        path = self.dotted_path
+        if self.value is NO_VALUE:
+            return f"{path}: {self.rule}" if path else self.rule
+        return f"{path}={_short_repr(self.value)} {self.rule}"
+
+
+def _short_repr(value: Any, limit: int = 120) -> str:
+    try:
+        text = repr(value)
+    except ValueError:  # an int of more than 4,300 digits (sys.get_int_max_str_digits)
+        text = f"<{type(value).__name__} too large to print>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class ConfigError(ValueError):
+    """An invalid smsdp configuration; ``str()`` lists every problem, one per line.
+
+    ``problems`` keeps them structured so callers (and tests) can inspect the
+    field paths without parsing text.
+    """
+
+    def __init__(self, message: str, problems: Iterable[ConfigProblem] = ()):
+        super().__init__(message)
+        self.problems: tuple[ConfigProblem, ...] = tuple(problems)
+
+    @classmethod
+    def from_problems(cls, problems: Iterable[ConfigProblem]) -> ConfigError:
+        problems = tuple(problems)
+        lines = [p.render() for p in problems]
+        if len(lines) == 1:
+            return cls(lines[0], problems)
+        header = f"{len(lines)} problems in the smsdp configuration:"
+        return cls("\n".join([header, *(f"  - {line}" for line in lines)]), problems)
+
+    def prefixed(self, prefix: Iterable[str | int]) -> ConfigError:
+        """The same problems, located under ``prefix`` (e.g. the env variable name)."""
+        prefix = tuple(prefix)
+        if not self.problems:
+            return ConfigError(f"{'.'.join(map(str, prefix))}: {self}")
+        return ConfigError.from_problems(p.prefixed(prefix) for p in self.problems)
+
+
+def problems_of(exc: ConfigError) -> list[ConfigProblem]:
+    return list(exc.problems) or [ConfigProblem((), str(exc))]
+
+
+
+def or_list(values: Iterable[Any]) -> str:
+    """``[1, 2, 4]`` -> ``"1, 2 or 4"``, for messages."""
+    items = [str(v) for v in values]
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " or " + items[-1]
+
+
+
+def did_you_mean(key: str, candidates: Iterable[str]) -> str:
+    close = difflib.get_close_matches(str(key), list(candidates), n=1, cutoff=0.6)
+    if close:
+        return f"did you mean {close[0]!r}?"
+    return "valid keys are " + ", ".join(repr(c) for c in sorted(candidates))
+

@@ -1,0 +1,76 @@
+"""Where this rank's shard lies in one flat buffer: the one place that does the arithmetic.
+
+A flat buffer of ``numel`` elements is padded to a multiple of the shard degree
+``d`` and cut into ``d`` equal shards; shard ``k`` (held by shard rank ``k``)
+covers ``[k * shard_numel, (k + 1) * shard_numel)`` of the padded buffer. A
+replicated buffer is the degree-1 case: one shard, no padding, the whole buffer.
+
+The parameter group (its master shard and gradient), the optimizer-facing
+parameters (views of the master shard) and the checkpoints (which write and read
+each rank's chunk of each parameter) all ask this value; none of them repeats it.
+Pure Python: the planner and tests can use it without torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ParamPart:
+    """This rank's part of one parameter that starts at ``offset`` of the flat buffer.
+
+    ``start``/``stop``: the part in the parameter's own flat coordinates;
+    ``local``: where it begins in this rank's shard. Empty when ``start == stop``.
+    """
+
+    start: int
+    stop: int
+    local: int
+
+    @property
+    def numel(self) -> int:
+        return self.stop - self.start
+
+
+EMPTY_PART = ParamPart(0, 0, 0)
+
+
+@dataclass(frozen=True)
+class ShardLayout:
+    numel: int  # real elements of the flat buffer
+    shard_degree: int  # ranks it is split over (1: replicated)
+    shard_rank: int  # which shard this rank holds
+    padded_numel: int
+    shard_numel: int
+    start: int  # this rank's shard in the padded buffer: [start, stop)
+    stop: int
+
+    @classmethod
+    def of(cls, numel: int, shard_degree: int, shard_rank: int) -> "ShardLayout":
+        if shard_degree < 1 or not 0 <= shard_rank < shard_degree:
+            raise ValueError(f"shard_rank {shard_rank} outside shard_degree {shard_degree}")
+        padded = -(-numel // shard_degree) * shard_degree if numel else 0
+        shard = padded // shard_degree
+        start = shard_rank * shard
+        return cls(numel, shard_degree, shard_rank, padded, shard, start, start + shard)
+
+    @property
+    def sharded(self) -> bool:
+        return self.shard_degree > 1
+
+    @property
+    def padding(self) -> int:
+        return self.padded_numel - self.numel
+
+    @property
+    def real_stop(self) -> int:
+        """End of this rank's shard clipped to the real elements (padding excluded)."""
+        return max(self.start, min(self.stop, self.numel))
+
+    def part(self, offset: int, numel: int) -> ParamPart:
+        """This rank's part of the parameter occupying ``[offset, offset + numel)``."""
+        lo, hi = max(self.start, offset), min(self.stop, offset + numel)
+        if hi <= lo:
+            return EMPTY_PART
+        return ParamPart(lo - offset, hi - offset, lo - self.start)
