@@ -158,7 +158,9 @@ def test_a_retry_restarts_the_ranks_from_the_newest_checkpoint(slurm_cluster, sh
     assert _end_within(est, began, "rank 1 SIGKILLed, max_retry_attempts=1") > 0
     assert est.latest_job.status() is JobStatus.COMPLETED
     log = (job_dir / "logs" / "job.log").read_text()
-    assert "[smsdp] attempt 1 failed (rank 1 on Slurm node node1: Killed" in log
+    attempts = json.loads((job_dir / "status.json").read_text())["attempts"]
+    assert "FailureReason: rank 1 on Slurm node node1: Killed" in attempts[0]["StatusMessage"]
+    assert (job_dir / "logs" / "job.attempt-1.log").is_file()
     resumed = re.search(r"resumed from the checkpoint of step (\d+)", log)
     assert resumed and int(resumed[1]) >= 4 and int(resumed[1]) % 4 == 0
     assert (job_dir / "output" / "attempt-1").is_dir() and not (job_dir / "output" / "failure").exists()

@@ -20,15 +20,16 @@ from smsdp.cluster import SIMULATED_HOSTS_ENV
 
 from estimator.backends.base import AttachedJob, Backend
 from estimator.backends.local.backend import (
-    LocalBackend, _checkpoint_source, _config_files, _description, _local_channels, _source_root,
+    LocalBackend, _checkpoint_source, _config_files, _description, _local_channels, _name_taken, _source_root,
 )
 from estimator.backends.local.container_env import container_env, hyperparameter_args, process_env
-from estimator.backends.local.job_dir import JobDir, JobDirPlan, read_json, write_json_atomically, write_text_atomically
-from estimator.backends.local.status import StatusRecord, utcnow, write_status
+from estimator.backends.local.job_dir import JobDir, JobDirPlan, JobNameTaken, read_json, write_text_atomically
+from estimator.backends.local.known_paths import remember_output_path
+from estimator.backends.local.status import StatusRecord, utcnow
 from estimator.backends.slurm import scheduler
 from estimator.backends.slurm.job import SlurmJob
 from estimator.backends.slurm.job_files import BATCH_SCRIPT, JOB_ID_FILE, SLURM_OUTPUT
-from estimator.backends.slurm.options import SLURM, check_retry_attempts, gpus_per_node, sbatch_lines
+from estimator.backends.slurm.options import SLURM, gpus_per_node, sbatch_lines
 from estimator.backends.slurm.request import SlurmRequest
 from estimator.backends.slurm.srun import srun_argv
 from estimator.spec import JobSpec
@@ -45,7 +46,7 @@ class SlurmBackend(Backend[SlurmRequest]):
     def dry_run(self, spec: JobSpec) -> SlurmRequest:
         root = Path(spec.output_path) / spec.job_name
         if root.exists():
-            raise problem("job_name", f"is taken: {root} exists; pick another name or output_path", spec.job_name)
+            raise _name_taken(spec.job_name, root)
         if spec.custom_mpi_options:
             raise problem(("distribution", "mpi", "custom_mpi_options"),
                           "are mpirun options, and Slurm jobs start their ranks with srun; "
@@ -57,33 +58,35 @@ class SlurmBackend(Backend[SlurmRequest]):
         runtime = spec.runtime
         srun = srun_argv(runtime.instance_count, runtime.processes_per_host,
                          [spec.code.entry_point, *hyperparameter_args(dict(spec.hyperparameters))])
-        retries = check_retry_attempts(spec.backend_options.get("max_retry_attempts"))
-        description = _slurm_description(_description(spec, srun), options, retries)
+        description = _slurm_description(_description(spec, srun, env), options)
         return SlurmRequest(
             job_name=spec.job_name, batch_script=batch_script(spec, root, options),
             sbatch_argv=("sbatch", "--parsable", str(root / BATCH_SCRIPT)), srun_argv=tuple(srun), env=env,
             job_dir=JobDirPlan(root=root, config_files=_config_files(spec),
                                code_source=spec.code.source_dir or spec.code.script_path,
-                               channels=_local_channels(spec), checkpoint_source=_checkpoint_source(spec)),
+                               channels=_local_channels(spec), checkpoint_source=_checkpoint_source(spec),
+                               code_exclude=tuple(p for p in (Path(spec.output_path), _checkpoint_source(spec))
+                                                  if p is not None)),
             description=description, slurm_options=options,
             instance_count=runtime.instance_count, processes_per_host=runtime.processes_per_host,
         )
 
     def launch(self, request: SlurmRequest) -> SlurmJob:
         preflight(request)
+        now = utcnow()
         try:
-            job = request.job_dir.create()
-            now = utcnow()
-            write_json_atomically(job.description_file, {**request.description, "CreationTime": now,
-                                                         "TrainingStartTime": now})
-            write_status(job.status_file, StatusRecord.starting())
+            job = request.job_dir.create({
+                "job.json": {**request.description, "CreationTime": now, "TrainingStartTime": now},
+                "status.json": StatusRecord.starting().to_json(),
+            })
             write_text_atomically(job.root / BATCH_SCRIPT, request.batch_script)
-        except FileExistsError:
-            raise problem("job_name", f"is taken: {request.job_path} exists", request.job_name) from None
+        except JobNameTaken:
+            raise _name_taken(request.job_name, request.job_path) from None
         except OSError as exc:
             shutil.rmtree(request.job_path, ignore_errors=True)
             raise problem("output_path", f"cannot hold the job directory {request.job_path}: {exc}",
                           str(request.job_path.parent)) from exc
+        remember_output_path(request.job_path.parent)
         try:
             job_id = scheduler.submit(list(request.sbatch_argv), {**os.environ, **request.env})
         except scheduler.SlurmCommandError:
@@ -99,8 +102,6 @@ class SlurmBackend(Backend[SlurmRequest]):
         own = read_json(JobDir(root).description_file)["Smsdp"]
         kwargs: dict[str, Any] = {**local.estimator_kwargs, "instance_type": SLURM,
                                   "slurm_options": own.get("SlurmOptions") or None}
-        if own.get("MaxRetryAttempts"):
-            kwargs["max_retry_attempts"] = own["MaxRetryAttempts"]
         return AttachedJob(SlurmJob(root), kwargs)
 
 
@@ -125,11 +126,8 @@ def batch_script(spec: JobSpec, root: Path, options: dict[str, str | bool]) -> s
     ])
 
 
-def _slurm_description(description: dict[str, Any], options: dict[str, str | bool], retries: int) -> dict[str, Any]:
+def _slurm_description(description: dict[str, Any], options: dict[str, str | bool]) -> dict[str, Any]:
     description["ResourceConfig"]["InstanceType"] = SLURM
-    description["Smsdp"]["MaxRetryAttempts"] = retries
-    if retries:
-        description["RetryStrategy"] = {"MaximumRetryAttempts": retries}
     description["AlgorithmSpecification"]["TrainingImage"] = SLURM
     description["Smsdp"]["SlurmOptions"] = options
     description["Smsdp"]["Backend"] = SLURM

@@ -130,19 +130,6 @@ def gpus_per_node(options: Mapping[str, str | bool]) -> int | None:
     return None
 
 
-MAX_RETRY_ATTEMPTS = 30  # SageMaker's limit for RetryStrategy.MaximumRetryAttempts
-
-
-def check_retry_attempts(value: Any) -> int:
-    """``max_retry_attempts``: how many times a failed Slurm job restarts its ranks (0: never)."""
-    if value is None:
-        return 0
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_RETRY_ATTEMPTS:
-        raise problem("max_retry_attempts", f"must be a whole number from 0 to {MAX_RETRY_ATTEMPTS} (SageMaker's "
-                      "range), e.g. 2", value)
-    return value
-
-
 def check_slurm_output_path(output_path: Any) -> str:
     """A directory (default ``./smsdp-jobs``) on a file system every node sees; never S3."""
     if isinstance(output_path, str) and output_path.startswith("s3://"):

@@ -16,10 +16,10 @@ differences:
   time limit) stops the job the same way,
 - when the job ends because Slurm lost a node, or a rank died outside Python,
   the failure reason says which node or rank (``slurm_failure_reason``),
-- ``max_retry_attempts``: when the ranks fail (not stopped, no node lost), it
-  moves the failure files to ``output/attempt-<n>/`` and runs ``srun`` again in
-  the same allocation; the script resumes from its newest complete checkpoint
-  in ``SM_CHECKPOINT_DIR`` (``train_gpt.py`` does).
+- ``max_retry_attempts`` works as in local jobs (``estimator.backends.local.retry``):
+  a failed attempt's log and failure files are put aside and ``srun`` runs
+  again in the same allocation (a new step, a new ``MASTER_PORT``); the script
+  resumes from its newest complete checkpoint in ``SM_CHECKPOINT_DIR``.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ import sys
 import threading
 
 from estimator.backends.local.container_env import visible_gpu_count
-from estimator.backends.local.job_dir import JobDir, read_json
-from estimator.backends.local.process_session import signal_session
+from estimator.backends.local.job_dir import JobDir
+from estimator.backends.local.process_session import JobProcesses
 from estimator.backends.local.status import SecondaryStatus
 from estimator.backends.local.supervisor import Supervisor, main as supervisor_main
 from estimator.backends.slurm import scheduler
@@ -49,24 +49,23 @@ class SlurmSupervisor(Supervisor):
         super().__init__(job)
         self.tagger = SrunTagger(self.tagger.hosts, self.tagger.processes_per_host)
         self.job_id = os.environ.get("SLURM_JOB_ID", "")
-        self.retries_left = int(read_json(job.description_file)["Smsdp"].get("MaxRetryAttempts") or 0)
-        self.attempt = 1
-        self._retrying = False
 
     def run(self) -> int:
-        os.environ["MASTER_PORT"] = str(_free_port())
         # What the node has, not what the submitting machine has.
         os.environ["SM_NUM_CPUS"] = str(os.cpu_count() or 1)
         os.environ["SM_NUM_GPUS"] = str(visible_gpu_count())
         self._record_nodes()
         watcher = threading.Thread(target=self._watch_for_stop, daemon=True)
         watcher.start()
-        while True:
-            self._retrying = False
-            super().run()
-            if not self._retrying:
-                return 0
-            os.environ["MASTER_PORT"] = str(_free_port())
+        return super().run()
+
+    def _run_attempt(self) -> int:
+        os.environ["MASTER_PORT"] = str(_free_port())  # each attempt's ranks meet afresh
+        return super()._run_attempt()
+
+    def processes(self) -> JobProcesses:
+        """This node's part of the job: srun's session (the ranks are Slurm's to end, on every node)."""
+        return JobProcesses(session_id=None if self.proc is None else self.proc.pid, marker=None)
 
     def _record_nodes(self) -> None:
         """Which Slurm node each SageMaker-style host name is, for the log and describe()."""
@@ -98,47 +97,30 @@ class SlurmSupervisor(Supervisor):
     def _kill_all(self) -> None:
         self._signal_ranks(signal.SIGKILL)
         if self.proc is not None:
-            signal_session(self.proc.pid, signal.SIGKILL)
+            self.processes().signal(signal.SIGKILL)
 
     def _step_id(self) -> str:
-        """The step srun made: the job's only one (steps are numbered from 0)."""
+        """The step srun made last (steps are numbered from 0; a retry makes the next)."""
         out = scheduler.run(["squeue", "-h", "-s", "-j", self.job_id, "-o", "%i"], check=False).split()
         steps = [s.split(".", 1)[1] for s in out if "." in s and s.split(".", 1)[1].isdigit()]
         return max(steps, key=int) if steps else "0"
 
     # ---------------------------------------------------------------- end
 
+    def _reason(self, exit_code: int) -> str:
+        return slurm_failure_reason(self.job, exit_code)
+
     def _finish(self, exit_code: int) -> None:
-        """Completed and Stopped end as local jobs do; a failure names the node or rank Slurm lost."""
+        """As a local job ends, except that a job Slurm ended for a lost node fails naming the node."""
         lost_node = self._lost_node()
-        if lost_node is None and (exit_code == 0 or self.stop_reason is not None):
+        if lost_node is None:
             super()._finish(exit_code)
-            return
-        if lost_node is None and self.retries_left > 0:
-            self._retry(slurm_failure_reason(self.job, exit_code))
             return
         with self._lock:
             self._finished = True
-        self._scrub_failure_files()
-        reason = lost_node or slurm_failure_reason(self.job, exit_code)
-        self._write(JobStatus.FAILED, SecondaryStatus.FAILED, exit_code=exit_code, failure_reason=self.scrub(reason))
-
-    def _retry(self, reason: str) -> None:
-        """Keep this attempt's failure files aside, say why it failed, and let ``run`` start srun again."""
-        self._scrub_failure_files()
-        kept = self.job.output / f"attempt-{self.attempt}"
-        kept.mkdir(exist_ok=True)
-        for path in [self.job.output / "failure", *self.job.failure_files()]:
-            if path.exists():
-                path.replace(kept / path.name)
-        last_line = (self.scrub(reason).strip().splitlines() or ["?"])[-1]
-        with open(self.job.log_file, "a", encoding="utf-8") as log:
-            log.write(f"[smsdp] attempt {self.attempt} failed ({last_line}); restarting the ranks from the newest "
-                      f"checkpoint, {self.retries_left - 1} retr{'y' if self.retries_left == 2 else 'ies'} left "
-                      f"after this one; this attempt's failure files are in {kept}\n")
-        self.retries_left -= 1
-        self.attempt += 1
-        self._retrying = True
+        self.attempts.scrub_failure_files(self.scrub)
+        self.status.write(JobStatus.FAILED, SecondaryStatus.FAILED, exit_code=exit_code,
+                          failure_reason=self.scrub(lost_node))
 
     def _lost_node(self) -> str | None:
         """The reason, if Slurm says the job ended because a node failed."""
