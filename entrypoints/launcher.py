@@ -4,6 +4,8 @@
 
 Every rank runs this module. It
 
+0. under ``srun`` (a Slurm job), turns ``SLURM_*`` into the torchrun
+   variables and this rank's ``SM_CURRENT_HOST`` (``smsdp.cluster.slurm_rank_env``),
 1. joins the torch.distributed world (``smsdp.rendezvous.init_distributed``;
    the collective timeout comes from the job config),
 2. exports this rank's host for simulated hosts (``SM_CURRENT_HOST``) and
@@ -39,6 +41,8 @@ import time
 import traceback
 from pathlib import Path
 
+from smsdp.cluster import slurm_rank_env
+
 USAGE = "usage: python -m entrypoints.launcher SCRIPT [--name value ...]"
 FAILURE_FILE = "failure"
 EXIT_FAILURE = 1
@@ -53,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE, file=sys.stderr)
         return 0 if argv else 2
     script, script_args = argv[0], argv[1:]
+    os.environ.update(slurm_rank_env(os.environ))
     rank = _world_rank()
     _die_with_mpirun()
     sys.stderr = stderr = StderrTail(sys.stderr)
@@ -152,6 +157,11 @@ def _join_world() -> None:
     cluster = init_distributed()
     # Simulated hosts: every rank got the same SM_CURRENT_HOST from mpirun.
     os.environ["SM_CURRENT_HOST"] = cluster.host
+    if "SLURM_NODEID" in os.environ:  # where each rank really runs, for the job log
+        import socket
+
+        print(f"[smsdp] rank {cluster.rank}: host {cluster.host} ({cluster.host_index + 1} of {cluster.num_hosts}), "
+              f"Slurm node {socket.gethostname()} (SLURM_NODEID {os.environ['SLURM_NODEID']})", flush=True)
 
 
 def _limit_threads() -> None:

@@ -1,4 +1,4 @@
-"""``Estimator``: describe a training job once, run it locally or (later) on SageMaker.
+"""``Estimator``: describe a training job once, run it locally, on SageMaker, or on Slurm.
 
 Mirrors the SageMaker Python SDK v2 PyTorch estimator's argument names, so a
 notebook written for SageMaker needs only its import changed. Construction
@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import copy
 import difflib
+import json
 from pathlib import Path
 from typing import Any, Mapping
 
 from smsdp.config import ConfigError, Distribution, RuntimeConfig, resolve_job
 from smsdp.instance_types import LOCAL
 
-from estimator.backends import Backend, backend_for, backend_named
+from estimator.backends import SLURM, Backend, backend_for, backend_named
+from estimator.backends.slurm.options import check_slurm_options, check_slurm_output_path
 from estimator.job import Job, JobFailedError
 from estimator.naming import MAX_NAME_TRIES, JobNameTakenError, base_name_for, unique_job_name
 from estimator.source_tree import scan_source_dir
@@ -47,7 +49,7 @@ REMOTE_ONLY_OPTIONS = frozenset({
 _OWN_ARGUMENTS = (
     "entry_point", "source_dir", "instance_type", "instance_count", "distribution", "hyperparameters",
     "environment", "output_path", "base_job_name", "role", "checkpoint_s3_uri", "checkpoint_local_path",
-    "max_run", "collective_timeout", "max_retry_attempts",
+    "max_run", "collective_timeout", "max_retry_attempts", "slurm_options",
 )
 
 
@@ -79,6 +81,7 @@ class Estimator:
         max_run: int = DEFAULT_MAX_RUN,
         collective_timeout: float | None = None,
         max_retry_attempts: int | None = None,
+        slurm_options: Mapping[str, Any] | None = None,
         **remote_options: Any,
     ):
         """``collective_timeout``: seconds a collective may wait for a peer rank before the job
@@ -87,21 +90,29 @@ class Estimator:
 
         ``max_retry_attempts`` (0-30, SageMaker's name): a failed job is restarted in place up
         to that many times; the script resumes from its newest checkpoint in
-        ``SM_CHECKPOINT_DIR`` (``train_gpt.py`` does)."""
+        ``SM_CHECKPOINT_DIR`` (``train_gpt.py`` does).
+
+        ``instance_type="slurm"`` submits the job to Slurm (``sbatch``), ``instance_count``
+        nodes x ``processes_per_host`` ranks; ``slurm_options`` are its sbatch options
+        (``{"partition": "gpu", "time": "2:00:00", "gres": "gpu:8"}``; README, "Slurm")."""
         _reject_unknown_options(remote_options)
         config_env = environment if isinstance(environment, Mapping) else None
-        code, job, hps, env, output, checkpoint_uri, checkpoint_path, max_run_s, timeout_s, retries = collect(
+        # A Slurm job's files and rules are a local job's: a shared directory, no ml.* capacity table.
+        files_type = LOCAL if instance_type == SLURM else instance_type  # RuntimeConfig and checkpoint rules
+        slurm_job = instance_type == SLURM
+        code, job, hps, env, output, checkpoint_uri, checkpoint_path, max_run_s, timeout_s, retries, slurm = collect(
             lambda: check_code(entry_point, source_dir),
-            lambda: resolve_job(distribution, instance_type=instance_type,
+            lambda: resolve_job(distribution, instance_type=files_type,
                                 instance_count=instance_count, environment=config_env),
             lambda: check_hyperparameters(hyperparameters),
             lambda: check_environment(environment),
-            lambda: check_output_path(output_path, instance_type),
-            lambda: check_checkpoint_uri(checkpoint_s3_uri, instance_type),
+            lambda: check_slurm_output_path(output_path) if slurm_job else check_output_path(output_path, files_type),
+            lambda: check_checkpoint_uri(checkpoint_s3_uri, files_type),
             lambda: check_checkpoint_local_path(checkpoint_local_path),
             lambda: check_max_run(max_run),
             lambda: check_collective_timeout(collective_timeout),
             lambda: check_max_retry_attempts(max_retry_attempts),
+            lambda: check_slurm_options(slurm_options, instance_type),
         )
         if code.source_dir is not None:  # every problem of the tree now, not at the copy
             scan_source_dir(code.source_dir, exclude=[Path(output), _local_dir(checkpoint_uri)],
@@ -111,6 +122,7 @@ class Estimator:
             runtime = runtime.model_copy(update={"collective_timeout_s": timeout_s})
         base = check_job_name(base_job_name, "base_job_name") if base_job_name else base_name_for(code.entry_point)
         self._code = code
+        self._instance_type = instance_type
         self._runtime: RuntimeConfig = runtime
         self._hyperparameters = hps
         self._environment = env
@@ -122,7 +134,8 @@ class Estimator:
         self._max_run_s = max_run_s
         self._max_retry_attempts = retries
         self._backend_options = {**remote_options, **({"role": role} if role else {}),
-                                 **({"max_retry_attempts": retries} if retries else {})}
+                                 **({"max_retry_attempts": retries} if retries else {}),
+                                 **({"slurm_options": slurm} if slurm else {})}
         self.latest_job: Job | None = None
         self._next_job_name: str | None = None  # fixed by dry_run() for the fit() that follows
 
@@ -139,7 +152,7 @@ class Estimator:
 
     @property
     def instance_type(self) -> str:
-        return self._runtime.instance_type
+        return self._instance_type
 
     @property
     def instance_count(self) -> int:
@@ -261,9 +274,11 @@ class Estimator:
         Before anything starts, when the model is known (given to ``plan()``, or the bundled
         ``train_gpt.py``), the planner checks the job fits in memory and raises
         ``DoesNotFitError`` (a ``ConfigError``) with the numbers and a recommendation if it
-        does not; ``check_memory=False`` launches anyway.
+        does not; ``check_memory=False`` launches anyway. Slurm jobs skip this check: their
+        nodes' memory is not known here.
         """
-        if check_memory:
+        # A Slurm job's nodes are unknown to the client (the planner would size this machine's RAM).
+        if check_memory and self.instance_type != SLURM:
             from smsdp.planner.jobs import PlanRequest, check_job
 
             asked = getattr(self, "_plan_request", None) or PlanRequest()
@@ -321,6 +336,7 @@ class Estimator:
             attached = backend_named("local").attach(job_name, output_path)
         else:
             attached = _attach_anywhere(job_name)
+        attached = _as_slurm_job(attached, job_name)
         estimator = cls(**attached.estimator_kwargs)
         estimator.latest_job = attached.job
         return estimator
@@ -339,6 +355,18 @@ def _attach_anywhere(job_name: str):
             return backend_named("sagemaker").attach(job_name, None)
         except Exception as remote:  # noqa: BLE001 - both answers go into one error
             raise LookupError(f"no training job {job_name!r}: {local}; and on SageMaker: {remote}") from remote
+
+
+def _as_slurm_job(attached, job_name: str):
+    """A job directory found as a local job's may be a Slurm job's (the same layout): attach it as one."""
+    job_dir = getattr(attached.job, "job_dir", None)
+    try:
+        description = json.loads((Path(job_dir) / "job.json").read_text()) if job_dir is not None else {}
+    except (OSError, ValueError):
+        return attached
+    if description.get("ResourceConfig", {}).get("InstanceType") != SLURM:
+        return attached
+    return backend_named(SLURM).attach(job_name, str(Path(job_dir).parent))
 
 
 def _local_dir(uri: str | None) -> Path | None:

@@ -6,7 +6,11 @@ docs/architecture.md, "Environment contract"):
 - MPI (``OMPI_COMM_WORLD_RANK`` / ``_SIZE`` / ``_LOCAL_RANK`` / ``_LOCAL_SIZE``)
   or torchrun (``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` / ``LOCAL_WORLD_SIZE``);
 - the SageMaker container contract (``SM_HOSTS``, ``SM_CURRENT_HOST``);
-- ``SMSDP_CONFIG`` (processes per host) and ``SMSDP_SIMULATED_HOSTS``.
+- ``SMSDP_CONFIG`` (processes per host) and ``SMSDP_SIMULATED_HOSTS``;
+- Slurm, when ranks are started by ``srun``: the launcher first turns
+  ``SLURM_PROCID`` / ``SLURM_NTASKS`` / ``SLURM_LOCALID`` into the torchrun
+  variables (``slurm_rank_env``), and ``SLURM_NODEID`` is the real host
+  boundary. A batch script's own ``SLURM_*`` (no ``SLURM_STEP_ID``) name no rank.
 
 Ranks are laid out host-major: world rank ``r`` lives on host
 ``r // processes_per_host``. With ``SMSDP_SIMULATED_HOSTS=1`` every rank runs on
@@ -152,8 +156,47 @@ def _default_hosts(count: int, env: Mapping[str, str]) -> tuple[str, ...]:
 def _host_index(
     env: Mapping[str, str], rank: int, per_host: int, hosts: tuple[str, ...], simulated: bool
 ) -> int:
-    """Host-major layout, except that on real hosts SageMaker's own word wins."""
+    """Host-major layout, except that on real hosts Slurm's or SageMaker's own word wins."""
+    if not simulated and _is_slurm_task(env):
+        node = _first_int(env, ("SLURM_NODEID",), 0)
+        if node != rank // per_host or node >= len(hosts):
+            raise ClusterError(
+                f"rank {rank} runs on Slurm node {node} of {len(hosts)}, but ranks must be laid out host-major "
+                f"({per_host} per node): start them with srun --ntasks-per-node={per_host} --distribution=block")
+        return node
     current = env.get("SM_CURRENT_HOST")
     if not simulated and current in hosts:
         return hosts.index(current)
     return rank // per_host
+
+
+def slurm_rank_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The torchrun variables (and this rank's ``SM_CURRENT_HOST``) of a rank that ``srun`` started.
+
+    Empty unless the process is a task of a Slurm step and no MPI launcher named its rank.
+    ``MASTER_ADDR`` is the address of the node that ran ``srun`` (the job's first node,
+    where rank 0 runs); ``MASTER_PORT`` comes from whoever ran ``srun``.
+    """
+    if not _is_slurm_task(env) or "RANK" in env:
+        return {}
+    node = _first_int(env, ("SLURM_NODEID",), 0)
+    hosts = _hosts_from_env(env)
+    out = {
+        "RANK": env["SLURM_PROCID"],
+        "WORLD_SIZE": env.get("SLURM_NTASKS", "1"),
+        "LOCAL_RANK": env.get("SLURM_LOCALID", "0"),
+        "LOCAL_WORLD_SIZE": env.get("SLURM_NTASKS_PER_NODE", "").split("(")[0] or "1",
+    }
+    if hosts and node < len(hosts):
+        out["SM_CURRENT_HOST"] = hosts[node]
+    if "MASTER_ADDR" not in env and env.get("SLURM_LAUNCH_NODE_IPADDR"):
+        out["MASTER_ADDR"] = env["SLURM_LAUNCH_NODE_IPADDR"]
+    return out
+
+
+def _is_slurm_task(env: Mapping[str, str]) -> bool:
+    """A task ``srun`` started whose rank is Slurm's (not mpirun's, nor a batch script's own variables)."""
+    procid = env.get("SLURM_PROCID")
+    if procid is None or env.get("SLURM_NODEID", "") == "" or "OMPI_COMM_WORLD_RANK" in env or "PMI_RANK" in env:
+        return False
+    return env.get("RANK", procid) == procid and "SLURM_STEP_ID" in env

@@ -1,7 +1,8 @@
 """Pick the backend for an instance type, importing it only when it is used.
 
 ``"local"`` runs on this machine through mpirun; ``"ml.*"`` types submit
-SageMaker training jobs (the SDK itself is imported only when a job needs it).
+SageMaker training jobs (the SDK itself is imported only when a job needs it);
+``"slurm"`` submits to a Slurm cluster with sbatch.
 A new backend is one entry in ``_BACKENDS``.
 """
 
@@ -24,11 +25,15 @@ class BackendUnavailable(RuntimeError):
 _BACKENDS: dict[str, tuple[str, str]] = {
     "local": ("estimator.backends.local", "LocalBackend"),
     "sagemaker": ("estimator.backends.sagemaker", "SageMakerBackend"),
+    "slurm": ("estimator.backends.slurm", "SlurmBackend"),
 }
+SLURM = "slurm"  # estimator.backends.slurm.options.SLURM, without importing the backend
 
 
 def backend_name_for(instance_type: str) -> str:
-    return "local" if instance_type == LOCAL else "sagemaker"
+    if instance_type in (LOCAL, SLURM):
+        return instance_type
+    return "sagemaker"
 
 
 def backend_for(instance_type: str) -> Backend:

@@ -218,16 +218,18 @@ def _argv_from_stdin() -> list[str] | None:
     return json.loads(text) if text.strip() else None
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(supervisor: type[Supervisor] = Supervisor, module: str = "estimator.backends.local.supervisor",
+         argv: list[str] | None = None) -> int:
+    """Run ``supervisor`` on the job directory named on the command line (the Slurm backend's too)."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        print("usage: python -m estimator.backends.local.supervisor JOB_DIR", file=sys.stderr)
+        print(f"usage: python -m {module} JOB_DIR", file=sys.stderr)
         return 2
     job = JobDir(Path(argv[0]))
     try:
-        return Supervisor(job).run()
+        return supervisor(job).run()
     except BaseException:  # noqa: BLE001 - the job must not stay InProgress forever
-        reason = f"the local job supervisor crashed:\n{traceback.format_exc()}"
+        reason = f"the job supervisor ({module}) crashed:\n{traceback.format_exc()}"
         note(reason)
         try:
             record = read_status(job.status_file) if job.status_file.exists() else StatusRecord.starting()

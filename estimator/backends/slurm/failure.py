@@ -1,0 +1,55 @@
+"""A failed Slurm job's FailureReason: a lost node, else the first failing rank.
+
+In order: Slurm ended the job because a node failed (its slurmd stopped
+answering); a rank's own traceback (``output/failure``, as in local jobs); a
+rank ``srun`` saw die outside Python (``srun: error: node2: task 3: Killed``);
+then the local job's rules (``estimator.backends.local.failure``).
+"""
+
+from __future__ import annotations
+
+from estimator.backends.local.failure import failure_reason as local_failure_reason
+from estimator.backends.local.job_dir import JobDir
+from estimator.backends.slurm.scheduler import SlurmJobState, run
+from estimator.backends.slurm.srun import ranks_that_died
+
+__all__ = ["NODE_LOST", "lost_a_node", "node_failure_reason", "slurm_failure_reason"]
+
+#: Words in a Slurm job's state or reason that mean it lost a node.
+NODE_LOST = ("NODE_FAIL", "NodeDown", "NodeFail", "Node failure", "NodeNotResponding")
+_PEER_LOSS_MARK = "this rank lost a peer in a collective"  # entrypoints.launcher.PEER_LOSS_NOTE
+
+
+def lost_a_node(state: SlurmJobState | None) -> bool:
+    return state is not None and any(mark in f"{state.state} {state.reason}" for mark in NODE_LOST)
+
+
+def node_failure_reason(state: SlurmJobState, job_nodes: list[str]) -> str:
+    """Names the job's nodes Slurm now holds down (``job_nodes``: the nodes the job ran on)."""
+    down = set(down_nodes())
+    lost = [node for node in job_nodes if node in down] or ["?"]
+    return (f"Slurm ended job {state.job_id} because node {', '.join(lost)} failed (job state {state.state}, "
+            f"reason {state.reason or 'none given'}): its slurmd stopped answering; the newest checkpoint is "
+            "kept in the job's checkpoints/")
+
+
+def down_nodes() -> list[str]:
+    """Nodes Slurm considers down, failed or not responding."""
+    out = run(["sinfo", "-h", "-N", "-t", "down,fail,no_respond,drain", "-o", "%N"], check=False)
+    return out.split()
+
+
+def slurm_failure_reason(job: JobDir, exit_code: int | None) -> str:
+    """The first failing rank: its traceback, else the rank srun saw die (and where), else the local rules."""
+    first = job.output / "failure"
+    if first.is_file():
+        text = first.read_text(errors="replace")
+        if _PEER_LOSS_MARK not in text:
+            return text
+    reported = {path.name.removeprefix("failure-rank") for path in job.failure_files()}
+    log = job.log_file.read_text(errors="replace") if job.log_file.is_file() else ""
+    for rank, node, how in ranks_that_died(log):
+        if str(rank) not in reported and "Exited with exit code" not in how:
+            return (f"rank {rank} on Slurm node {node}: {how}, without a Python traceback (srun's word; the "
+                    f"other ranks' errors, if any, are the consequence)")
+    return local_failure_reason(job, exit_code)
