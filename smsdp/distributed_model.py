@@ -102,6 +102,7 @@ class DistributedModel(nn.Module):
         self._unit_of_module = {id(u.module): u for u in self._units if not u.is_root}
         self._prefetch_units = prefetch_units
         self._keep_for_backward = keep_gathered_for_backward  # [Note: kept for backward]
+        self._reshard_after_forward = params.sdp_reshard_after_forward is not False
         self._max_live = params.sdp_max_live_parameters
         self._forward_order: list[Unit] = []
         self._state = TrainingState.LEARNING_ORDER
@@ -220,7 +221,7 @@ class DistributedModel(nn.Module):
             self._hook_outputs(self._root, output)
             if recording:
                 self._state = TrainingState.IDLE
-        if not (grad and self._keep_for_backward):
+        if not (grad and (self._keep_for_backward or not self._reshard_after_forward)):
             self._root.post_forward()
         return output
 
@@ -277,7 +278,12 @@ class DistributedModel(nn.Module):
         docs/runtime.md, "Communication per optimizer step"). The forward's order is known
         from the second forward on. ``keep_gathered_for_backward=False`` frees both at the
         end of the forward and gathers them again (``2 (d-1)/d Psi`` exactly).
+
+        ``sdp_reshard_after_forward=False`` keeps every unit (ZeRO-2 style): no backward
+        all-gather, ``(d-1)/d Psi`` per micro-step, the whole model gathered at the peak.
         """
+        if not self._reshard_after_forward:
+            return True
         return (self._keep_for_backward and self._state is not TrainingState.LEARNING_ORDER
                 and self._prefetch_units > 0 and unit is self._forward_order[-1]
                 and self._live_numel() <= self._max_live)

@@ -87,6 +87,9 @@ class SMPParameters(ConfigModel):
     """Most unsharded parameter elements alive at once; bounds all-gather prefetch."""
     sdp_hierarchical_allgather: StrictBool = True
     """All-gather across hosts first, then inside each host, when a shard group spans hosts."""
+    sdp_reshard_after_forward: StrictBool | WholeNumber = True
+    """True: free each unit's gathered parameters after its forward and gather again for its backward.
+    False (ZeRO-2 style): keep every unit gathered from its forward to its backward."""
     sdp_gradient_clipping: Number = Field(1.0, ge=0)
     """Clip the global gradient L2 norm to this in DistributedOptimizer.step(); 0 disables clipping."""
 
@@ -203,6 +206,7 @@ def _parameter_problems(p: SMPParameters) -> list[ConfigProblem]:
         *_sharding_exclusions(p),
         *_unsupported_features(p),
         *_precision_problems(p),
+        *_reshard_problems(p),
         *_tensor_parallel_problems(p),
         *_partition_problems(p),
     ]
@@ -251,6 +255,18 @@ def _precision_problems(p: SMPParameters) -> list[ConfigProblem]:
         rule = f"cannot be combined with {source}; set one of bf16 and fp16 to False"
         return [ConfigProblem(("bf16",), rule, True)]
     return []
+
+
+def _reshard_problems(p: SMPParameters) -> list[ConfigProblem]:
+    """Only the two strategies the runtime implements (FSDP2's int form is not built)."""
+    value = p.sdp_reshard_after_forward
+    if isinstance(value, bool):
+        return []
+    rule = (
+        "as an int (reshard to a sub-group of that many ranks after forward) is not implemented; "
+        "use True (reshard every unit after its forward) or False (keep every unit gathered until its backward)"
+    )
+    return [ConfigProblem(("sdp_reshard_after_forward",), rule, value)]
 
 
 def _tensor_parallel_problems(p: SMPParameters) -> list[ConfigProblem]:
