@@ -410,6 +410,7 @@ def _unit_comm(rt) -> UnitComm:
         replica_degree=rt.topology.replication_degree,
         dp_size=rt.dp_size,
         bucket_numel=max(1, rt.params.sdp_reduce_bucket_size),
+        reduce_dtype=torch.bfloat16 if rt.params.sdp_reduce_dtype == "bf16" else torch.float32,
         mean_scale=1.0 / rt.dp_size,
     )
 
