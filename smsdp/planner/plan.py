@@ -310,6 +310,7 @@ def _evaluate(
         sharded_elems=sharded, sharded_trainable_elems=sharded_t, persistent_trainable_elems=persistent_t,
         compute_bytes=c, sdp_degree=d, world=world, processes_per_host=ppn, micro_steps=accum,
         hierarchical_allgather=p.sdp_hierarchical_allgather, kept_elems=mem.kept_for_backward_elems(sizes, p),
+        reduce_bytes=2 if p.sdp_reduce_dtype == "bf16" else 4,
     )
 
     # The runtime collects earlier units' reduce-scatters at each unit's post-backward.
