@@ -75,7 +75,12 @@ def test_every_rank_ends_with_the_same_full_parameters(results):
 @pytest.mark.parametrize("kept, resharded", [("persist_small_params", "design_count"),
                                               ("accum2", "design_count_accum2")])
 def test_keeping_units_gathered_into_backward_changes_no_bit(results, kept, resharded):
-    for with_kept, without in zip(results[kept], results[resharded]):
+    _assert_same_bits(results[kept], results[resharded])
+
+
+def _assert_same_bits(runs: list, others: list) -> None:
+    """Every rank's losses and final parameters equal, bit for bit."""
+    for with_kept, without in zip(runs, others):
         assert with_kept["sharded"]["losses"] == without["sharded"]["losses"]
         for name, value in without["sharded"]["params"].items():
             assert torch.equal(with_kept["sharded"]["params"][name], value), name
@@ -84,10 +89,7 @@ def test_keeping_units_gathered_into_backward_changes_no_bit(results, kept, resh
 @pytest.mark.parametrize("kept_all, resharded", [("no_reshard", "persist_small_params"),
                                                   ("no_reshard_accum2", "accum2")])
 def test_sdp_reshard_after_forward_false_changes_no_bit(results, kept_all, resharded):
-    for with_kept, without in zip(results[kept_all], results[resharded]):
-        assert with_kept["sharded"]["losses"] == without["sharded"]["losses"]
-        for name, value in without["sharded"]["params"].items():
-            assert torch.equal(with_kept["sharded"]["params"][name], value), name
+    _assert_same_bits(results[kept_all], results[resharded])
 
 
 def test_clipping_was_active(results):
