@@ -19,12 +19,21 @@ Every rank runs this module. It
    ``failure-rank<N>`` file but does not claim ``failure``, so the rank that
    failed first is named (``estimator.backends.local.failure``),
 5. on success leaves the process group cleanly.
+
+Under mpirun each rank asks the kernel to SIGKILL it when its parent (mpirun)
+dies (``PR_SET_PDEATHSIG``): a job whose supervisor and mpirun were killed
+leaves no rank running on, writing ``model/`` after the job was declared over.
+A script that exits non-zero (``parser.error`` in a strict ``parse_args()``:
+``SystemExit: 2``) has the last of what it wrote to stderr, its usage message,
+in its failure reason.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import runpy
+import signal
 import sys
 import time
 import traceback
@@ -34,6 +43,8 @@ USAGE = "usage: python -m entrypoints.launcher SCRIPT [--name value ...]"
 FAILURE_FILE = "failure"
 EXIT_FAILURE = 1
 PEER_LOSS_GRACE_S = 2.0
+STDERR_TAIL_CHARS = 2000
+_PR_SET_PDEATHSIG = 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv else 2
     script, script_args = argv[0], argv[1:]
     rank = _world_rank()
+    _die_with_mpirun()
+    sys.stderr = stderr = StderrTail(sys.stderr)
     try:
         _check_script(script)  # before the rendezvous: a typo should not cost a torch start-up
         _limit_threads()
@@ -50,8 +63,33 @@ def main(argv: list[str] | None = None) -> int:
         _run_to_completion(script, script_args)
         _leave_world()
     except BaseException as exc:  # noqa: BLE001 - reported, then the whole job is aborted
-        _fail(rank, user_traceback(exc), lost_peer=lost_a_peer(exc))
+        _fail(rank, user_traceback(exc, stderr.tail), lost_peer=lost_a_peer(exc))
     return 0
+
+
+class StderrTail:
+    """sys.stderr, remembering the last characters written (a usage message before SystemExit)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self.tail = ""
+
+    def write(self, text: str) -> int:
+        self.tail = (self.tail + text)[-STDERR_TAIL_CHARS:]
+        return self._stream.write(text)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+def _die_with_mpirun() -> None:
+    """Linux: SIGKILL this rank when mpirun dies; if it is already gone, leave now."""
+    if "OMPI_COMM_WORLD_SIZE" not in os.environ or not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # mpirun died before the request took effect
+        os._exit(EXIT_FAILURE)
 
 
 def _run_to_completion(script: str, args: list[str]) -> None:
@@ -78,7 +116,7 @@ def _check_script(script: str) -> Path:
     return path
 
 
-def user_traceback(exc: BaseException) -> str:
+def user_traceback(exc: BaseException, stderr_tail: str = "") -> str:
     """The traceback from the user's code on: the launcher's and runpy's frames say nothing."""
     tb = exc.__traceback__
     while tb is not None and _is_launch_machinery(tb.tb_frame.f_code.co_filename):
@@ -87,7 +125,8 @@ def user_traceback(exc: BaseException) -> str:
         tb = exc.__traceback__
     text = "".join(traceback.format_exception(type(exc), exc, tb))
     if isinstance(exc, SystemExit):  # its traceback ends in a bare "SystemExit: 3"
-        text = f"the script exited with status {exc.code}\n{text}"
+        said = f"; the end of what it wrote to stderr:\n{stderr_tail.rstrip()}\n" if stderr_tail.strip() else "\n"
+        text = f"the script exited with status {exc.code}{said}{text}"
     return text
 
 

@@ -23,6 +23,7 @@ from estimator.example import EXAMPLE_ENTRY_POINT as EXAMPLE_SCRIPT
 from estimator.example import example_distribution, example_source_dir
 from smsdp.planner.cli import json_object_arg
 EXIT_OK, EXIT_JOB_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXAMPLE_MAX_STEPS = 30
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,8 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     job.add_argument("--sharded-degree", type=int, default=2, help="sharded_data_parallel_degree (default 2)")
     job.add_argument("--distribution", type=json_object_arg, default=None,
                      help="a whole SageMaker distribution dict as JSON (overrides the three options above)")
-    job.add_argument("--max-steps", type=int, default=30, help="hyperparameter max_steps (default 30)")
+    job.add_argument("--max-steps", type=int, default=None, help="hyperparameter max_steps (default 30 for the "
+                     "bundled script, with log_interval max_steps/10; none for your own script)")
     job.add_argument("-H", "--hyperparameter", action="append", default=[], metavar="NAME=VALUE",
                      type=_key_value, help="a hyperparameter (repeatable), e.g. -H lr=0.001")
     job.add_argument("-e", "--env", action="append", default=[], metavar="NAME=VALUE", type=_key_value,
@@ -64,9 +66,15 @@ def estimator_from_args(args: argparse.Namespace):
     from estimator import Estimator
 
     source_dir = args.source_dir
-    if source_dir is None and args.entry_point == EXAMPLE_SCRIPT:
+    bundled = source_dir is None and args.entry_point == EXAMPLE_SCRIPT
+    if bundled:
         source_dir = example_source_dir()
-    hyperparameters = {"max_steps": args.max_steps, "log_interval": max(1, args.max_steps // 10)}
+    hyperparameters = {}
+    max_steps = EXAMPLE_MAX_STEPS if bundled and args.max_steps is None else args.max_steps
+    if max_steps is not None:  # a script of one's own gets only what was asked for
+        hyperparameters["max_steps"] = max_steps
+        if bundled:
+            hyperparameters["log_interval"] = max(1, max_steps // 10)
     hyperparameters.update((name, _scalar(value)) for name, value in args.hyperparameter)
     return Estimator(
         args.entry_point,

@@ -15,16 +15,18 @@ import difflib
 from pathlib import Path
 from typing import Any, Mapping
 
-from smsdp.config import Distribution, RuntimeConfig, resolve_job
+from smsdp.config import ConfigError, Distribution, RuntimeConfig, resolve_job
 from smsdp.instance_types import LOCAL
 
 from estimator.backends import Backend, backend_for, backend_named
 from estimator.job import Job, JobFailedError
-from estimator.naming import base_name_for, unique_job_name
+from estimator.naming import MAX_NAME_TRIES, JobNameTakenError, base_name_for, unique_job_name
+from estimator.source_tree import scan_source_dir
 from estimator.spec import CheckpointSpec, Hyperparameter, JobSpec
 from estimator.validation import (
     check_checkpoint_local_path, check_checkpoint_uri, check_code, check_collective_timeout, check_environment,
-    check_hyperparameters, check_inputs, check_job_name, check_max_run, check_output_path, collect,
+    check_hyperparameters, check_inputs, check_job_name, check_max_retry_attempts, check_max_run, check_output_path,
+    collect,
 )
 
 DEFAULT_MAX_RUN = 24 * 60 * 60  # SageMaker's default MaxRuntimeInSeconds
@@ -37,7 +39,7 @@ REMOTE_ONLY_OPTIONS = frozenset({
     "tags", "sagemaker_session", "subnets", "security_group_ids", "use_spot_instances", "max_wait",
     "metric_definitions", "enable_network_isolation", "encrypt_inter_container_traffic",
     "keep_alive_period_in_seconds", "disable_profiler", "debugger_hook_config", "code_location",
-    "dependencies", "container_log_level", "max_retry_attempts", "enable_sagemaker_metrics",
+    "dependencies", "container_log_level", "enable_sagemaker_metrics",
     "model_uri", "model_channel_name", "training_repository_access_mode", "input_mode",
     # smsdp's own remote options: how smsdp reaches the container, and CPU-only instance types.
     "smsdp_source", "smsdp_requirement", "allow_cpu_instances",
@@ -45,7 +47,7 @@ REMOTE_ONLY_OPTIONS = frozenset({
 _OWN_ARGUMENTS = (
     "entry_point", "source_dir", "instance_type", "instance_count", "distribution", "hyperparameters",
     "environment", "output_path", "base_job_name", "role", "checkpoint_s3_uri", "checkpoint_local_path",
-    "max_run", "collective_timeout",
+    "max_run", "collective_timeout", "max_retry_attempts",
 )
 
 
@@ -76,14 +78,19 @@ class Estimator:
         checkpoint_local_path: str | None = None,
         max_run: int = DEFAULT_MAX_RUN,
         collective_timeout: float | None = None,
+        max_retry_attempts: int | None = None,
         **remote_options: Any,
     ):
         """``collective_timeout``: seconds a collective may wait for a peer rank before the job
         fails (``RuntimeConfig.collective_timeout_s``; default 600): a hung or dead rank ends
-        the job within about that long instead of holding it until ``max_run``."""
+        the job within about that long instead of holding it until ``max_run``.
+
+        ``max_retry_attempts`` (0-30, SageMaker's name): a failed job is restarted in place up
+        to that many times; the script resumes from its newest checkpoint in
+        ``SM_CHECKPOINT_DIR`` (``train_gpt.py`` does)."""
         _reject_unknown_options(remote_options)
         config_env = environment if isinstance(environment, Mapping) else None
-        code, job, hps, env, output, checkpoint_uri, checkpoint_path, max_run_s, timeout_s = collect(
+        code, job, hps, env, output, checkpoint_uri, checkpoint_path, max_run_s, timeout_s, retries = collect(
             lambda: check_code(entry_point, source_dir),
             lambda: resolve_job(distribution, instance_type=instance_type,
                                 instance_count=instance_count, environment=config_env),
@@ -94,7 +101,11 @@ class Estimator:
             lambda: check_checkpoint_local_path(checkpoint_local_path),
             lambda: check_max_run(max_run),
             lambda: check_collective_timeout(collective_timeout),
+            lambda: check_max_retry_attempts(max_retry_attempts),
         )
+        if code.source_dir is not None:  # every problem of the tree now, not at the copy
+            scan_source_dir(code.source_dir, exclude=[Path(output), _local_dir(checkpoint_uri)],
+                            entry_point=code.entry_point)
         runtime = job.runtime
         if timeout_s is not None:
             runtime = runtime.model_copy(update={"collective_timeout_s": timeout_s})
@@ -109,8 +120,11 @@ class Estimator:
         self._mpi_arguments = job.mpi_arguments  # mpi.custom_mpi_options, split once by resolve_job
         self._checkpoints = CheckpointSpec(checkpoint_uri, checkpoint_path)
         self._max_run_s = max_run_s
-        self._backend_options = {**remote_options, **({"role": role} if role else {})}
+        self._max_retry_attempts = retries
+        self._backend_options = {**remote_options, **({"role": role} if role else {}),
+                                 **({"max_retry_attempts": retries} if retries else {})}
         self.latest_job: Job | None = None
+        self._next_job_name: str | None = None  # fixed by dry_run() for the fit() that follows
 
     # ---------------------------------------------------------------- what it is
 
@@ -175,10 +189,17 @@ class Estimator:
 
     # ---------------------------------------------------------------- running
 
-    def job_spec(self, inputs: Any = None, job_name: str | None = None) -> JobSpec:
-        """The backend-neutral description of one run of this estimator."""
+    def job_spec(self, inputs: Any = None, job_name: str | None = None, name_try: int = 0) -> JobSpec:
+        """The backend-neutral description of one run of this estimator.
+
+        ``name_try``: the how-manieth generated name this is (after clashes; see ``naming``)."""
         channels = check_inputs(inputs)
-        name = check_job_name(job_name) if job_name is not None else unique_job_name(self._base_job_name)
+        if job_name is not None:
+            name = check_job_name(job_name)
+        elif self._next_job_name is not None and name_try == 0:
+            name = self._next_job_name
+        else:
+            name = unique_job_name(self._base_job_name, name_try=name_try)
         return JobSpec(
             job_name=name,
             code=self._code,
@@ -191,12 +212,21 @@ class Estimator:
             custom_mpi_options=self._mpi_arguments,
             checkpoints=self._checkpoints,
             max_run_s=self._max_run_s,
+            max_retry_attempts=self._max_retry_attempts,
             backend_options=self._backend_options,
         )
 
     def dry_run(self, inputs: Any = None, job_name: str | None = None):
-        """What ``fit(inputs)`` would do, as a typed, printable request; runs and writes nothing."""
-        return self._backend().dry_run(self.job_spec(inputs, job_name))
+        """What ``fit(inputs)`` would do, as a typed, printable request; runs and writes nothing.
+
+        A generated job name is kept for the next ``fit()`` without ``job_name``, so the
+        dry run shows the job that fit() then starts (unless that name is taken by then).
+        """
+        spec = self.job_spec(inputs, job_name)
+        request = self._backend().dry_run(spec)
+        if job_name is None:
+            self._next_job_name = spec.job_name
+        return request
 
     def plan(self, model: Any = None, *, batch_size: int | None = None, grad_accum: int | None = None,
              optimizer: str = "adamw", assumptions: Any = None):
@@ -239,10 +269,22 @@ class Estimator:
             asked = getattr(self, "_plan_request", None) or PlanRequest()
             check_job(self._runtime, self._code.script_path, self._hyperparameters, asked)
         backend = self._backend()
-        request = backend.dry_run(self.job_spec(inputs, job_name))
-        self.latest_job = backend.launch(request)
+        self.latest_job = self._launch(backend, inputs, job_name)
         if wait:
             self._wait(backend, logs)
+
+    def _launch(self, backend: Backend, inputs: Any, job_name: str | None) -> Job:
+        """Launch under the given name, or under a generated one that nobody holds (retried on a clash)."""
+        for name_try in range(MAX_NAME_TRIES):
+            try:
+                job = backend.launch(backend.dry_run(self.job_spec(inputs, job_name, name_try)))
+            except JobNameTakenError:
+                if job_name is not None or name_try == MAX_NAME_TRIES - 1:
+                    raise
+                continue
+            self._next_job_name = None
+            return job
+        raise AssertionError("unreachable")
 
     def _wait(self, backend: Backend, logs: bool) -> None:
         job = self.latest_job
@@ -266,26 +308,44 @@ class Estimator:
     def attach(cls, job_name: str, output_path: str | None = None, sagemaker_session: Any = None) -> "Estimator":
         """The Estimator of an existing job, with ``latest_job`` set to it.
 
-        Local jobs are found under ``output_path`` (default ``./smsdp-jobs``);
-        a name that is no local job there (or an ``s3://`` output_path, or a
+        A local ``output_path`` is the only place looked in. Without one, local jobs are
+        looked for in ``./smsdp-jobs`` and every output path a local job was started in
+        before; a name that is no local job there (or an ``s3://`` output_path, or a
         ``sagemaker_session``) is looked up on SageMaker, as SageMaker's own
-        ``Estimator.attach(training_job_name, sagemaker_session)`` does.
+        ``Estimator.attach(training_job_name, sagemaker_session)`` does. A name found
+        nowhere raises ``LookupError`` naming every place looked in.
         """
-        if _is_remote_job(job_name, output_path, sagemaker_session):
+        if _is_remote_job(output_path, sagemaker_session):
             attached = backend_named("sagemaker").attach(job_name, output_path, sagemaker_session=sagemaker_session)
-        else:
+        elif output_path is not None:
             attached = backend_named("local").attach(job_name, output_path)
+        else:
+            attached = _attach_anywhere(job_name)
         estimator = cls(**attached.estimator_kwargs)
         estimator.latest_job = attached.job
         return estimator
 
 
-def _is_remote_job(job_name: str, output_path: str | None, sagemaker_session: Any) -> bool:
-    if sagemaker_session is not None or (isinstance(output_path, str) and output_path.startswith("s3://")):
-        return True
-    if output_path is not None:
-        return False  # a local directory was named: look only there
-    return not (Path(check_output_path(None, LOCAL)) / job_name).exists()
+def _is_remote_job(output_path: str | None, sagemaker_session: Any) -> bool:
+    return sagemaker_session is not None or (isinstance(output_path, str) and output_path.startswith("s3://"))
+
+
+def _attach_anywhere(job_name: str):
+    """A local job in ./smsdp-jobs or an output path used before; else a SageMaker job of that name."""
+    try:
+        return backend_named("local").attach(job_name)
+    except ConfigError as local:
+        try:
+            return backend_named("sagemaker").attach(job_name, None)
+        except Exception as remote:  # noqa: BLE001 - both answers go into one error
+            raise LookupError(f"no training job {job_name!r}: {local}; and on SageMaker: {remote}") from remote
+
+
+def _local_dir(uri: str | None) -> Path | None:
+    """A ``file://`` checkpoint directory (never copied with the code)."""
+    if not uri or uri.startswith("s3://"):
+        return None
+    return Path(uri.removeprefix("file://")).expanduser().resolve()
 
 
 def _reject_unknown_options(options: Mapping[str, Any]) -> None:

@@ -10,6 +10,7 @@ error messages) wherever they appear.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -60,12 +61,19 @@ def redact_argv(argv: Sequence[str]) -> list[str]:
     return out
 
 
+def _views(secret: str) -> set[str]:
+    """Every form a value takes in what smsdp writes: plain, JSON-quoted (hyperparameters.json,
+    SM_HPS), and JSON-quoted twice (hyperparameters.json inside a printed request)."""
+    once = json.dumps(secret)[1:-1]
+    return {secret, once, json.dumps(once)[1:-1]}
+
+
 class Scrubber:
     """Replaces every known secret value, and anything shaped like a secret, with ``********``."""
 
     def __init__(self, secrets: Iterable[str] = ()):
-        values = sorted({s for s in secrets if isinstance(s, str) and len(s) >= _MIN_SECRET_CHARS},
-                        key=len, reverse=True)
+        values = sorted({view for s in secrets if isinstance(s, str) and len(s) >= _MIN_SECRET_CHARS
+                         for view in _views(s)}, key=len, reverse=True)
         parts = [re.escape(v) for v in values] + [_SECRET_VALUE.pattern]
         self._pattern = re.compile("|".join(parts))
 

@@ -85,6 +85,8 @@ class JobSpec:
     custom_mpi_options: tuple[str, ...] = ()
     checkpoints: CheckpointSpec = CheckpointSpec()
     max_run_s: int = 24 * 60 * 60
+    #: Restarts of a failed job from its newest checkpoint (SageMaker's RetryStrategy).
+    max_retry_attempts: int = 0
     #: Settings only a remote backend uses (role, image_uri, tags, ...), passed through.
     backend_options: Mapping[str, Any] = field(default_factory=dict)
 

@@ -31,6 +31,7 @@ DEFAULT_CHANNEL = "training"  # SageMaker's name for fit("s3://...") with a bare
 RESERVED_HP_PREFIX = "sagemaker_"
 MAX_COLLECTIVE_TIMEOUT_S = 24 * 60 * 60
 MAX_RUN_LIMIT_S = 28 * 24 * 60 * 60  # SageMaker's largest MaxRuntimeInSeconds
+MAX_RETRY_ATTEMPTS = 30  # SageMaker's largest RetryStrategy.MaximumRetryAttempts
 #: Variables the job sets itself: a user value would silently break the contract.
 RESERVED_ENV_PREFIXES = ("SM_", "SMSDP_", "OMPI_COMM_WORLD_")
 
@@ -342,3 +343,13 @@ def check_max_run(max_run: Any) -> int:
         raise problem("max_run", f"must be a whole number of seconds from 1 to {MAX_RUN_LIMIT_S} (28 days, "
                       "SageMaker's limit), e.g. 86400 (the default)", max_run)
     return max_run
+
+
+def check_max_retry_attempts(value: Any) -> int:
+    """How often a failed job is restarted (SageMaker's RetryStrategy); None is 0, no restart."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_RETRY_ATTEMPTS:
+        raise problem("max_retry_attempts", f"must be a whole number from 0 to {MAX_RETRY_ATTEMPTS} (restarts of a "
+                      "failed job from its newest checkpoint), e.g. 1", value)
+    return value

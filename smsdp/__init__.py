@@ -22,17 +22,33 @@ _EXPORTS = {
 _API = (
     "init is_initialized rank size local_rank local_size dp_rank dp_size rdp_rank rdp_size tp_rank tp_size "
     "sdp_rank sdp_size pp_rank pp_size get_world_process_group get_dp_process_group get_rdp_process_group "
-    "get_tp_process_group get_sdp_process_group get_replica_process_group barrier comm_stats reset_comm_stats"
+    "get_tp_process_group get_sdp_process_group get_replica_process_group comm_stats reset_comm_stats"
 ).split()
 _EXPORTS.update({name: "smsdp.api" for name in _API})
+_GROUPS = (
+    "CommGroup RankType WORLD DP_GROUP RDP_GROUP MP_GROUP TP_GROUP PP_GROUP barrier dp_barrier mp_barrier "
+    "rdp_barrier tp_barrier pp_barrier "
+    "mp_rank mp_size get_mp_process_group get_pp_process_group get_world_group get_dp_group get_rdp_group "
+    "get_tp_group get_pp_group get_mp_group is_tracing"
+).split()
+_EXPORTS.update({name: "smsdp.groups" for name in _GROUPS})
+_EXPORTS.update({name: "smsdp.comm_objects" for name in ("broadcast", "send", "recv_from", "allgather")})
+_EXPORTS.update({"save": "smsdp.partial_io", "load": "smsdp.partial_io"})
+_SUBMODULES = {"amp", "nn", "optimizers", "state"}  # smp.amp.GradScaler, smp.nn.FusedLayerNorm, smp.state.cfg
 
-__all__ = sorted(_EXPORTS)
+__all__ = sorted(set(_EXPORTS) | _SUBMODULES)
 __version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"smsdp.{name}")
     module = _EXPORTS.get(name)
     if module is None:
+        from smsdp.refused import REFUSED, refused
+
+        if name in REFUSED:
+            return refused(name)
         raise AttributeError(f"module 'smsdp' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value

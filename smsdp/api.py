@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-import torch.distributed as dist
 
 from smsdp import state as runtime_state
 
@@ -101,10 +100,6 @@ def get_sdp_process_group():
 
 def get_replica_process_group():
     return runtime_state.get().groups.replica_group.pg
-
-
-def barrier() -> None:
-    dist.barrier(group=runtime_state.get().groups.world.pg)
 
 
 def comm_stats() -> dict[str, int]:

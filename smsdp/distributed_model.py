@@ -43,6 +43,7 @@ from smsdp.collectives import broadcast
 from smsdp.delayed_materialize import materialize_units
 from smsdp.flat_param_group import FlatParamGroup
 from smsdp.model_state import full_state_dict, load_full_state_dict, model_state_bytes
+from smsdp.model_surface import PARTIAL_KEY, SMPModelMethods
 from smsdp.unit import Unit, UnitComm
 from smsdp.units import GroupPolicy, build_units, find_unit_modules
 
@@ -62,7 +63,7 @@ class TrainingState(enum.Enum):
 _IN_BACKWARD = (TrainingState.BACKWARD, TrainingState.BOUNDARY_BACKWARD)
 
 
-class DistributedModel(nn.Module):
+class DistributedModel(SMPModelMethods, nn.Module):
     """Wraps ``module`` so that its parameters, gradients and optimizer state are sharded.
 
     ``module.parameters()`` of the wrapped module become placeholders; build the
@@ -84,8 +85,11 @@ class DistributedModel(nn.Module):
         broadcast_init: bool = True,
         backward_passes_per_step: int | None = None,
         keep_gathered_for_backward: bool = True,
+        average_grads_across_microbatches: bool = True,
+        **smp_v1_kwargs: Any,  # SMP v1's tracing/DDP keywords: accepted, their no-effect logged
     ):
         super().__init__()
+        self.check_smp_v1_kwargs(smp_v1_kwargs)
         rt = runtime_state.get()
         params = rt.params
         if params.tensor_parallel_degree > 1:
@@ -111,6 +115,7 @@ class DistributedModel(nn.Module):
         # is launched as soon as its reduce-scatter is done, overlapping the rest of that
         # backward, and step() only waits. Undeclared, the sync happens in step().
         self._backward_passes_per_step = backward_passes_per_step
+        self._average_microbatches = average_grads_across_microbatches
         self._backwards_since_step = 0  # position in the accumulation, for the boundary
         self._loss_scaler = None  # given by a DistributedOptimizer under fp16
         self._warned_nothing_offloaded = False
@@ -232,10 +237,11 @@ class DistributedModel(nn.Module):
 
     def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
         """``loss.backward()``, times the fp16 loss scale and 1/microbatches inside ``@smp.step``."""
-        scale = self._rt.backward_scale
+        scale = self._rt.backward_scale if self._average_microbatches else 1.0
         if self._loss_scaler is not None:
             scale *= self._loss_scaler.scale
-        (loss * scale if scale != 1.0 else loss).backward(*args, **kwargs)
+        with self.backward_through_model():  # [Note: fp16 needs model.backward] in model_surface
+            (loss * scale if scale != 1.0 else loss).backward(*args, **kwargs)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for unit in self._units:
@@ -326,6 +332,7 @@ class DistributedModel(nn.Module):
             self._prefetch_after(None, forward=False)
 
     def _begin_backward(self) -> None:
+        self.check_loss_scale_applied()  # before anything changes: it may raise
         bpps = self._backward_passes_per_step
         if self._state is TrainingState.SYNCING:
             raise RuntimeError(
@@ -390,7 +397,9 @@ class DistributedModel(nn.Module):
         return full_state_dict(self.flat_groups(), self.module, self._state_dict_keys, self._gather_fp32)
 
     def load_state_dict(self, state_dict: dict[str, torch.Tensor], strict: bool = True):  # type: ignore[override]
-        """Load a full state dict (as ``state_dict()`` returns) into the local shards."""
+        """Load a full state dict (as ``state_dict()`` returns), or a ``local_state_dict()``, into the shards."""
+        if state_dict.get(PARTIAL_KEY):
+            return self.load_local_state_dict(state_dict)
         self.reshard_all()
         load_full_state_dict(self.flat_groups(), self.module, self._state_dict_keys, state_dict, strict)
         return None

@@ -9,6 +9,7 @@ sharded for free.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any
 
 import torch
@@ -17,12 +18,27 @@ import torch.distributed as dist
 from smsdp import fault_injection
 from smsdp import state as runtime_state
 from smsdp.loss_scaler import DynamicLossScaler
+from smsdp.optimizer_surface import check_same_shard, local_state_dict, remap_to_shards
+from smsdp.smp_loss_scalers import scaler_for
 
 
-class DistributedOptimizer:
-    """Wraps a ``torch.optim`` optimizer built from ``DistributedModel.parameters()``."""
+_UNSET: Any = object()  # tells "not given" from SMP's defaults, to keep smsdp's fp16 default
 
-    def __init__(self, optimizer: torch.optim.Optimizer, *, model=None, loss_scaler: DynamicLossScaler | None = None):
+
+class DistributedOptimizer(torch.optim.Optimizer):
+    """Wraps a ``torch.optim`` optimizer so that it steps this rank's shards.
+
+    A real ``torch.optim.Optimizer``: ``param_groups``, ``state`` and ``defaults`` are the
+    wrapped optimizer's own (LR schedulers write the learning rate it uses). Build it from
+    ``model.parameters()``, ``model.get_module().parameters()`` or the module's parameters
+    before wrapping, in as many groups as needed. Under fp16: SMP's ``static_loss_scale``
+    or ``dynamic_loss_scale=True`` with ``dynamic_loss_args``; given none of them, a dynamic
+    scale from 2**16 (``smsdp.loss_scaler.DynamicLossScaler``).
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, static_loss_scale: Any = _UNSET,
+                 dynamic_loss_scale: bool = False, dynamic_loss_args: dict | None = None, *,
+                 model=None, loss_scaler: DynamicLossScaler | None = None, **more_dynamic_loss_args: Any):
         rt = runtime_state.get()
         if model is None:
             if not rt.models:
@@ -30,57 +46,76 @@ class DistributedOptimizer:
             model = rt.models[-1]
         self.optimizer = optimizer
         self.model = model
-        self._check_params_come_from_model()
+        remap_to_shards(optimizer, model)
+        self.defaults = optimizer.defaults
+        self._optimizer_step_pre_hooks: dict = OrderedDict()
+        self._optimizer_step_post_hooks: dict = OrderedDict()
         self.overflow = False
+        self._grads_ready = False
         self._last_grad_norm: torch.Tensor | None = None
         self._max_norm = rt.params.sdp_gradient_clipping
         self._device = rt.device
         self._shard_degree = rt.topology.shard_degree
         self._all_reduce_shard_group = rt.all_reduce_shard_group
         self._all_reduce_world = rt.all_reduce_world
-        self.loss_scaler = None
-        if rt.params.fp16:
-            self.loss_scaler = loss_scaler or DynamicLossScaler()
+        explicit = static_loss_scale is not _UNSET or dynamic_loss_scale or bool(dynamic_loss_args or more_dynamic_loss_args)
+        self.loss_scaler = loss_scaler if loss_scaler is not None and rt.params.fp16 else scaler_for(
+            rt.params.fp16, None if static_loss_scale is _UNSET else static_loss_scale, dynamic_loss_scale,
+            {**(dynamic_loss_args or {}), **more_dynamic_loss_args}, explicit)
+        if self.loss_scaler is not None:
             model.use_loss_scaler(self.loss_scaler)
         rt.optimizers.append(self)  # lets smp.resume_from_checkpoint find it, as SMP's does
 
-    def _check_params_come_from_model(self) -> None:
-        ours = {id(p) for p in self.model.parameters()}
-        foreign = [
-            i for group in self.optimizer.param_groups for i, p in enumerate(group["params"]) if id(p) not in ours
-        ]
-        if foreign:
-            raise ValueError(
-                f"DistributedOptimizer: {len(foreign)} parameter(s) of the optimizer are not shards of the "
-                "DistributedModel; build the optimizer from model.parameters() of the DistributedModel, "
-                "not of the original module"
-            )
+    # param_groups and state are the wrapped optimizer's: one truth, whoever writes it.
+    param_groups = property(lambda self: self.optimizer.param_groups,
+                            lambda self, value: setattr(self.optimizer, "param_groups", value))
+    state = property(lambda self: self.optimizer.state, lambda self, value: setattr(self.optimizer, "state", value))
 
-    @property
-    def param_groups(self):
-        return self.optimizer.param_groups
+    def add_param_group(self, param_group: dict) -> None:
+        self.optimizer.add_param_group(param_group)
+        remap_to_shards(self.optimizer, self.model)
 
-    @property
-    def state(self):
-        return self.optimizer.state
+    def local_state_dict(self) -> dict:
+        return local_state_dict(self)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.model.zero_grad()
         self.optimizer.zero_grad(set_to_none=True)
+        self._grads_ready = False
+
+    def _make_grads_ready(self) -> bool:
+        """Synchronize (2-hop), unscale and check overflow once per step; returns the overflow.
+
+        Called by ``step()``, or earlier by ``clip_master_grads()`` (SMP scripts and the Hugging
+        Face Trainer clip before ``step()``): the norm must be that of the synchronized,
+        unscaled gradient.
+        """
+        if self._grads_ready:
+            return self.overflow
+        self.model.finish_pending_reduces()
+        self.model.synchronize_gradients()
+        self.overflow = False
+        if self.loss_scaler is not None:
+            self.overflow = self._unscale_and_check_overflow([g for g in self.model.flat_groups() if g.trainable])
+        self._grads_ready = True
+        return self.overflow
 
     def step(self, closure: Any = None) -> None:
         fault_injection.at("optimizer_step")
-        self.model.finish_pending_reduces()
-        self.model.synchronize_gradients()
+        try:
+            self._step(closure)
+        finally:
+            self._grads_ready = False  # the next step synchronizes its own gradients
+
+    def _step(self, closure: Any) -> None:
+        self._make_grads_ready()
         groups = [g for g in self.model.flat_groups() if g.trainable]
-        if self.loss_scaler is not None:
-            self.overflow = self._unscale_and_check_overflow(groups)
-            if self.overflow:
-                self.loss_scaler.update(overflow=True)
-                for group in groups:
-                    group.zero_grad()
-                return
-        if self._max_norm and self._max_norm > 0:
+        if self.overflow:
+            self.loss_scaler.update(overflow=True)
+            for group in groups:
+                group.zero_grad()
+            return
+        if self._max_norm and self._max_norm > 0 and self._shard_degree > 1:  # SMP clips only when sharding
             self.clip_master_grads(self._max_norm)
         for group in groups:
             group.attach_grads()
@@ -118,6 +153,7 @@ class DistributedOptimizer:
         The coefficient is ``clip_grad_norm_``'s, in fp32 on the device and clamped at 1, so
         the step never waits for the device to learn whether to clip.
         """
+        self._make_grads_ready()
         norm = self._grad_norm_tensor()
         self._last_grad_norm = norm
         coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
@@ -139,12 +175,12 @@ class DistributedOptimizer:
         return bool(bad.item() > 0)
 
     def state_dict(self) -> dict:
-        state = {"optimizer": self.optimizer.state_dict()}
-        if self.loss_scaler is not None:
-            state["loss_scaler"] = self.loss_scaler.state_dict()
-        return state
+        """This rank's state, as ``local_state_dict()`` (a full optimizer state: ``smp.save_checkpoint``)."""
+        return local_state_dict(self)
 
     def load_state_dict(self, state: dict) -> None:
+        """What ``state_dict()`` or ``local_state_dict()`` returned on a rank with the same shards."""
+        check_same_shard(state)
         self.optimizer.load_state_dict(state["optimizer"])
         if self.loss_scaler is not None and "loss_scaler" in state:
             self.loss_scaler.load_state_dict(state["loss_scaler"])

@@ -191,3 +191,10 @@ def reset_for_tests() -> None:
     """Forget the state (the process group stays): lets one worker process run several configs."""
     global _STATE
     _STATE = None
+
+
+def __getattr__(name: str) -> Any:
+    """``smp.state.cfg``: SMP scripts read the job's parameters there."""
+    if name == "cfg":
+        return get().params
+    raise AttributeError(f"module 'smsdp.state' has no attribute {name!r}")

@@ -38,9 +38,10 @@ class TopologyProblem:
 class TopologyError(ValueError):
     """An impossible combination of world size, hosts and parallel degrees; ``problems`` says which."""
 
-    def __init__(self, message: str, problems: tuple[TopologyProblem, ...] = ()) -> None:
+    def __init__(self, message: str, problems: tuple[TopologyProblem, ...] = (), factors: str = "") -> None:
         super().__init__(message)
         self.problems = problems
+        self.factors = factors  # every factor on one line (``Topology.describe``)
 
 
 @dataclass(frozen=True)
@@ -156,7 +157,8 @@ class Topology:
         problems = self._problems()
         if problems:
             raise TopologyError(
-                f"invalid topology: {self.describe()}: " + "; ".join(p.message for p in problems), problems
+                f"invalid topology: {self.describe()}: " + "; ".join(p.message for p in problems),
+                problems, self.describe(),
             )
 
     def _problems(self) -> tuple[TopologyProblem, ...]:

@@ -61,19 +61,20 @@ def build_topology(parameters: SMPParameters, words: JobWords) -> Topology:
             shard_degree=parameters.sharded_data_parallel_degree,
         )
     except TopologyError as exc:
-        raise ConfigError.from_problems([_in_config_words(p, parameters, words) for p in exc.problems]) from None
+        raise ConfigError.from_problems(
+            [_in_config_words(p, parameters, words, exc.factors) for p in exc.problems]) from None
 
 
-def _in_config_words(problem: TopologyProblem, p: SMPParameters, words: JobWords) -> ConfigProblem:
+def _in_config_words(problem: TopologyProblem, p: SMPParameters, words: JobWords, factors: str) -> ConfigProblem:
     world = words.instance_count * words.processes_per_host
     fits = or_list(problem.fits)
     if problem.factor == "tp_degree":
-        rule = f"does not divide the {words.shape()}; use {fits}"
+        rule = f"does not divide the {words.shape()}; use {fits} (topology: {factors})"
         return ConfigProblem(words.params_path + ("tensor_parallel_degree",), rule, problem.value)
     if problem.factor == "shard_degree":
         t = p.tensor_parallel_degree
         how = words.shape() + (f", divided by tensor_parallel_degree {t}" if t > 1 else "")
-        rule = f"does not divide the data-parallel degree {world // t}; use {fits} ({how})"
+        rule = f"does not divide the data-parallel degree {world // t}; use {fits} ({how}; topology: {factors})"
         return ConfigProblem(words.params_path + ("sharded_data_parallel_degree",), rule, problem.value)
     if problem.factor == "processes_per_host":
         rule = f"does not divide the world size {world}; use {fits}"
@@ -188,4 +189,5 @@ def _check_hosts(world_size: int, processes_per_host: int) -> None:
         Topology(world_size=world_size, processes_per_host=processes_per_host)
     except TopologyError as exc:
         words = JobWords(1, world_size)
-        raise ConfigError.from_problems([_in_config_words(p, SMPParameters(), words) for p in exc.problems]) from None
+        raise ConfigError.from_problems(
+            [_in_config_words(p, SMPParameters(), words, exc.factors) for p in exc.problems]) from None

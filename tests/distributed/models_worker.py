@@ -101,7 +101,9 @@ def sharded(case: Case) -> dict:
         x, y = batch(step, n)
         x, y = x.chunk(n)[rank], y.chunk(n)[rank]
         if case.microbatches > 1:
-            loss = train_step(model, x, y).reduce_mean()
+            loss = train_step(model, x, y).reduce_mean()  # this rank's microbatches, as SMP's
+            dist.all_reduce(loss)
+            loss /= n
         else:
             loss = loss_fn(model, x, y)
             loss.backward()  # plain backward works too

@@ -108,9 +108,10 @@ def test_persistence_threshold_splits_parameters(results):
 
 
 def _formula(layout: dict, micro_steps: int, first_step: bool) -> dict:
-    """The formula of docs/runtime.md ("Communication per optimizer step"), fp32 (4 bytes for compute and reduce), ring accounting, with the
-    root and the forward's last unit kept gathered into the backward (distributed_model.py,
-    [Note: kept for backward]); the last unit is known from the second forward on."""
+    """The formula of docs/runtime.md ("Communication per optimizer step"), fp32 (4 bytes for
+    compute and reduce), ring accounting, with the root and the forward's last unit kept gathered
+    into the backward (distributed_model.py, [Note: kept for backward]); the last unit is known
+    from the second forward on."""
     d, n = layout["sdp"], layout["dp"]
     r = n // d
     psi, psi_p, b = layout["sharded_padded"], layout["replicated"], 4

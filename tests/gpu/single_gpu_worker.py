@@ -42,12 +42,9 @@ def main(mode: str, out: str) -> None:
     reference = TINY_MODELS["gpt"].build(seed=7).cuda()
     ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-3, eps=1e-6)
 
-    def clipped_backward(loss):
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(reference.parameters(), 1.0)  # smsdp's default sdp_gradient_clipping
-
+    # No clipping: sdp_gradient_clipping applies only with sharding on (degree > 1), as in SMP.
     autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
-    theirs = _train(reference, ref_opt, clipped_backward, autocast)
+    theirs = _train(reference, ref_opt, lambda loss: loss.backward(), autocast)
     torch.save({"smsdp": {"losses": ours, "params": {k: v.cpu() for k, v in model.state_dict().items()}},
                 "plain": {"losses": theirs, "params": {k: v.detach().cpu() for k, v in reference.state_dict().items()}},
                 "device": torch.cuda.get_device_name()}, out)

@@ -35,6 +35,7 @@ def src(tmp_path: Path) -> Path:
     (source / "train.py").write_text("print('hi')\n")
     (tmp_path / "outside.py").write_text("print('outside')\n")
     (source / "escape.py").symlink_to(tmp_path / "outside.py")
+    (source / ".smsdpignore").write_text("escape.py\n")  # a link out of source_dir is refused unless ignored
     (tmp_path / "data").mkdir()
     return source
 

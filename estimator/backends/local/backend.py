@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
-import shutil
 import site
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Sequence
 
+from smsdp.config import ConfigProblem
 from smsdp.instance_types import LOCAL
 from smsdp.metric_format import METRIC_DEFINITIONS
 
@@ -18,12 +19,14 @@ from estimator.backends.local.container_env import (
     container_env, encoded_hyperparameters, host_names, hyperparameter_args, process_env,
 )
 from estimator.backends.local.job import LocalJob
-from estimator.backends.local.job_dir import (
-    JobDir, JobDirPlan, read_json, write_json_atomically, write_text_atomically,
-)
+from estimator.backends.local.job_dir import JobDir, JobDirPlan, JobNameTaken, read_json, write_text_atomically
 from estimator.backends.local.mpirun import mpirun_argv, require_mpirun
+from estimator.backends.local.known_paths import places_to_look, remember_output_path
+from estimator.backends.local.process_session import JOB_MARKER
 from estimator.backends.local.request import LocalRequest
-from estimator.backends.local.status import StatusRecord, utcnow, write_status
+from estimator.backends.local.status import SecondaryStatus, StatusRecord, utcnow, write_status
+from estimator.job import JobStatus
+from estimator.naming import JobNameTakenError
 from estimator.redact import Scrubber, is_secret, redact_env
 from estimator.spec import S3_SCHEME, JobSpec
 from estimator.validation import check_output_path, problem
@@ -40,13 +43,13 @@ class LocalBackend(Backend[LocalRequest]):
     def dry_run(self, spec: JobSpec) -> LocalRequest:
         root = Path(spec.output_path) / spec.job_name
         if root.exists():
-            raise problem("job_name", f"is taken: {root} exists; pick another name or output_path",
-                          spec.job_name)
+            raise _name_taken(spec.job_name, root)
         job = JobDir(root)
         env = {
             **process_env(spec, _source_root()),
             **spec.environment,  # the user's word wins over our process defaults...
             **container_env(spec, job),  # ...but never over the container contract
+            JOB_MARKER: str(root),  # every process of the job carries it (process_session)
         }
         script_argv = [spec.code.entry_point, *hyperparameter_args(dict(spec.hyperparameters))]
         custom_options, custom_env = _values_off_the_command_line(spec.custom_mpi_options)
@@ -58,49 +61,50 @@ class LocalBackend(Backend[LocalRequest]):
             code_source=spec.code.source_dir or spec.code.script_path,
             channels=_local_channels(spec),
             checkpoint_source=_checkpoint_source(spec),
+            code_exclude=tuple(p for p in (Path(spec.output_path), _checkpoint_source(spec)) if p is not None),
         )
         return LocalRequest(
             job_name=spec.job_name, argv=tuple(argv), env=env, cwd=job.code, job_dir=plan,
-            description=_description(spec, argv), max_run_s=spec.max_run_s, world_size=spec.world_size,
+            description=_description(spec, argv, env), max_run_s=spec.max_run_s, world_size=spec.world_size,
         )
 
     # ---------------------------------------------------------------- launch
 
     def launch(self, request: LocalRequest) -> LocalJob:
         require_mpirun(request.argv[0])
+        now = utcnow()
         try:
-            job = request.job_dir.create()
-            now = utcnow()
-            write_json_atomically(job.description_file,
-                                  {**request.description, "CreationTime": now, "TrainingStartTime": now})
-            write_status(job.status_file, StatusRecord.starting())
-        except FileExistsError:
-            raise problem("job_name", f"is taken: {request.job_path} exists", request.job_name) from None
+            job = request.job_dir.create({
+                "job.json": {**request.description, "CreationTime": now, "TrainingStartTime": now},
+                "status.json": StatusRecord.starting().to_json(),
+            })
+        except JobNameTaken:
+            raise _name_taken(request.job_name, request.job_path) from None
         except OSError as exc:  # read-only or full file system, no permission: at the first write
-            _remove_partial_job(request.job_path)
             raise problem("output_path", f"cannot hold the job directory {request.job_path}: {exc.strerror or exc} "
                           f"({type(exc).__name__}); pick a writable output_path with free space",
                           str(request.job_path.parent)) from exc
-        # Owner-only (0600 files, 0700 directories) for the job's logs, status, outputs and checkpoints.
-        log_fd = os.open(job.supervisor_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        with open(log_fd, "ab") as supervisor_log:
-            supervisor = subprocess.Popen(
-                [sys.executable, "-m", SUPERVISOR_MODULE, str(job.root)],
-                env={**os.environ, **request.env}, cwd=job.root, stdin=subprocess.DEVNULL,
-                stdout=supervisor_log, stderr=subprocess.STDOUT, umask=JOB_UMASK,
-                start_new_session=True,  # the job outlives this process, like a SageMaker job
-            )
-        write_text_atomically(job.pid_file, str(supervisor.pid))  # 0600, like everything in the job
+        remember_output_path(request.job_path.parent)
+        try:
+            supervisor = _start_supervisor(job, request.env, request.argv)
+        except BaseException as exc:  # Ctrl-C, no fork: the job must not stay "Starting" for ever
+            write_status(job.status_file, StatusRecord.starting().moved_to(
+                JobStatus.FAILED, SecondaryStatus.FAILED, failure_reason=f"the supervisor did not start: {exc!r}"))
+            raise
         return LocalJob(job.root, supervisor=supervisor)
 
     # ---------------------------------------------------------------- attach
 
     def attach(self, job_name: str, output_path: str | None = None) -> AttachedJob:
-        root = Path(check_output_path(output_path, LOCAL)) / job_name
-        description_file = JobDir(root).description_file
-        if not description_file.is_file():
-            raise problem("job_name", f"is not a local job: no {description_file}", job_name)
-        own = read_json(description_file)["Smsdp"]
+        """The job under ``output_path``; without one, under ./smsdp-jobs or any output path used before."""
+        places = [Path(check_output_path(output_path, LOCAL))] if output_path is not None else places_to_look()
+        found = [place / job_name for place in places if JobDir(place / job_name).description_file.is_file()]
+        if not found:
+            empty = [str(place / job_name) for place in places if (place / job_name).is_dir()]
+            why = f"; {', '.join(empty)} exists but holds no job.json (its creation was interrupted)" if empty else ""
+            raise problem("job_name", f"is not a local job: looked in {', '.join(map(str, places))}{why}", job_name)
+        root = found[0]
+        own = read_json(JobDir(root).description_file)["Smsdp"]
         kwargs = {
             "entry_point": own["EntryPoint"],
             "source_dir": str(JobDir(root).code),  # the code that ran, even if the original moved
@@ -114,6 +118,7 @@ class LocalBackend(Backend[LocalRequest]):
             "checkpoint_local_path": own.get("CheckpointLocalPath"),
             "max_run": own["MaxRun"],
             "collective_timeout": own.get("CollectiveTimeout"),
+            "max_retry_attempts": own.get("MaxRetryAttempts"),
         }
         return AttachedJob(LocalJob(root), kwargs)
 
@@ -131,9 +136,27 @@ def _values_off_the_command_line(options: tuple[str, ...]) -> tuple[list[str], d
     return argv, env
 
 
-def _remove_partial_job(root: Path) -> None:
-    """A job directory this launch made but could not finish writing (never someone else's)."""
-    shutil.rmtree(root, ignore_errors=True)
+def _start_supervisor(job: JobDir, env: Mapping[str, str], argv: Sequence[str]) -> subprocess.Popen:
+    """The supervisor, detached; the real argv (secrets unredacted) goes through its stdin, not a file."""
+    # Owner-only (0600 files, 0700 directories) for the job's logs, status, outputs and checkpoints.
+    log_fd = os.open(job.supervisor_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    with open(log_fd, "ab") as supervisor_log:
+        supervisor = subprocess.Popen(
+            [sys.executable, "-m", SUPERVISOR_MODULE, str(job.root)],
+            env={**os.environ, **env}, cwd=job.root, stdin=subprocess.PIPE,
+            stdout=supervisor_log, stderr=subprocess.STDOUT, umask=JOB_UMASK,
+            start_new_session=True,  # the job outlives this process, like a SageMaker job
+        )
+    assert supervisor.stdin is not None
+    with supervisor.stdin:
+        supervisor.stdin.write(json.dumps(list(argv)).encode())
+    write_text_atomically(job.pid_file, str(supervisor.pid))  # 0600, like everything in the job
+    return supervisor
+
+
+def _name_taken(job_name: str, root: Path) -> JobNameTakenError:
+    return JobNameTakenError.from_problems([ConfigProblem(
+        ("job_name",), f"is taken: {root} exists; pick another name or output_path", job_name)])
 
 
 def _source_root() -> str | None:
@@ -180,7 +203,7 @@ def _config_files(spec: JobSpec) -> dict[str, Any]:
     }
 
 
-def _description(spec: JobSpec, argv: list[str]) -> dict[str, Any]:
+def _description(spec: JobSpec, argv: list[str], env: dict[str, str]) -> dict[str, Any]:
     """The static part of describe(), plus what attach and the supervisor need ("Smsdp")."""
     description: dict[str, Any] = {
         "TrainingJobName": spec.job_name,
@@ -196,6 +219,7 @@ def _description(spec: JobSpec, argv: list[str]) -> dict[str, Any]:
         ],
         "OutputDataConfig": {"S3OutputPath": Path(spec.output_path).as_uri()},
         "StoppingCondition": {"MaxRuntimeInSeconds": spec.max_run_s},
+        "RetryStrategy": {"MaximumRetryAttempts": spec.max_retry_attempts},
         "Environment": redact_env(spec.environment),  # job.json is on disk: no secret values
         "Smsdp": {
             "Argv": argv,
@@ -210,11 +234,14 @@ def _description(spec: JobSpec, argv: list[str]) -> dict[str, Any]:
             "CheckpointLocalPath": spec.checkpoints.local_path,
             "MaxRun": spec.max_run_s,
             "CollectiveTimeout": spec.runtime.collective_timeout_s,
+            "MaxRetryAttempts": spec.max_retry_attempts,
+            "JobMarker": str(Path(spec.output_path) / spec.job_name),
         },
     }
     if spec.checkpoints.s3_uri or spec.checkpoints.local_path:
         description["CheckpointConfig"] = {
             "S3Uri": spec.checkpoints.s3_uri, "LocalPath": spec.checkpoints.local_path,
         }
-    # job.json is on disk: no secret value anywhere in it (custom_mpi_options' -x NAME=VALUE included).
-    return Scrubber.from_environment(spec.environment, spec.custom_mpi_options).tree(description)
+    # job.json is on disk: no secret value anywhere in it (custom_mpi_options' -x NAME=VALUE and
+    # secret hyperparameters included); the supervisor gets the real argv on its stdin.
+    return Scrubber.from_environment(env, spec.custom_mpi_options).tree(description)

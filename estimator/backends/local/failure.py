@@ -35,16 +35,17 @@ _NONZERO_RE = re.compile(
     r"exited\s+with\s+non-zero\s+status.*?Process\s+name:\s*\[[^\]]*,(\d+)\]\s*Exit\s+code:\s*(-?\d+)", re.S)
 
 
-def failure_reason(job: JobDir, exit_code: int | None) -> str:
+def failure_reason(job: JobDir, exit_code: int | None, log_lines: list[str] | None = None) -> str:
+    """``log_lines``: the end of the output, when the log file could not hold it (a full disk)."""
     first = job.output / "failure"
     first_text = first.read_text(errors="replace") if first.is_file() else None
     if first_text is not None and _PEER_LOSS_MARK not in first_text:
         return first_text
-    died = rank_died_outside_python(job)
+    died = rank_died_outside_python(job, log_lines)
     if died is not None:
         rank, how = died
         return (f"rank {rank}: {how}, without a Python traceback (the other ranks' errors, if any, "
-                f"are the consequence); the end of the log:\n{log_tail(job)}")
+                f"are the consequence); the end of the log:\n{log_tail(job, lines=log_lines)}")
     if first_text is not None:
         return first_text
     earliest = _earliest_rank_file(job)
@@ -52,12 +53,12 @@ def failure_reason(job: JobDir, exit_code: int | None) -> str:
         rank, path = earliest
         return f"rank {rank}: {path.read_text(errors='replace')}"
     return f"mpirun exited with code {exit_code} and no rank reported an exception; " \
-           f"the end of the log:\n{log_tail(job)}"
+           f"the end of the log:\n{log_tail(job, lines=log_lines)}"
 
 
-def rank_died_outside_python(job: JobDir) -> tuple[int, str] | None:
+def rank_died_outside_python(job: JobDir, log_lines: list[str] | None = None) -> tuple[int, str] | None:
     """(rank, how) of a rank mpirun saw die by a signal or a non-zero exit, without a failure file."""
-    text = _log_end(job)
+    text = _log_end(job, log_lines)
     reported = {int(m[1]) for m in map(_RANK_FILE_RE.search, (p.name for p in job.failure_files())) if m}
     for match in _SIGNALLED_RE.finditer(text):
         rank = int(match[1])
@@ -71,14 +72,15 @@ def rank_died_outside_python(job: JobDir) -> tuple[int, str] | None:
     return None
 
 
-def _log_end(job: JobDir) -> str:
+def _log_end(job: JobDir, lines: list[str] | None = None) -> str:
     """mpirun's own lines at the end of the log, without their ``[mpirun] `` prefix."""
-    if not job.log_file.is_file():
-        return ""
-    with open(job.log_file, "rb") as f:
-        size = f.seek(0, 2)
-        f.seek(max(0, size - _LOG_SCAN_BYTES))
-        lines = f.read().decode(errors="replace").splitlines()
+    if lines is None:
+        if not job.log_file.is_file():
+            return ""
+        with open(job.log_file, "rb") as f:
+            size = f.seek(0, 2)
+            f.seek(max(0, size - _LOG_SCAN_BYTES))
+            lines = f.read().decode(errors="replace").splitlines()
     return "\n".join(line[len(MPIRUN_PREFIX):] for line in lines if line.startswith(MPIRUN_PREFIX))
 
 
@@ -94,7 +96,9 @@ def _earliest_rank_file(job: JobDir) -> tuple[int, Path] | None:
     return rank, path
 
 
-def log_tail(job: JobDir, lines: int = LOG_TAIL_LINES) -> str:
-    if not job.log_file.is_file():
-        return "(no log)"
-    return "\n".join(job.log_file.read_text(errors="replace").splitlines()[-lines:])
+def log_tail(job: JobDir, count: int = LOG_TAIL_LINES, lines: list[str] | None = None) -> str:
+    if lines is None:
+        if not job.log_file.is_file():
+            return "(no log)"
+        lines = job.log_file.read_text(errors="replace").splitlines()
+    return "\n".join(lines[-count:])

@@ -18,6 +18,7 @@ from typing import Any
 
 from estimator.backends.local.job_dir import JobDir, read_json
 from estimator.backends.local.log_follower import LogFollower
+from estimator.backends.local.process_session import JobProcesses
 from estimator.backends.local.rank_tags import split_prefix
 from estimator.backends.local.status import SecondaryStatus, StatusRecord, read_status, write_status
 from estimator.backends.local.summary import format_summary
@@ -25,6 +26,8 @@ from estimator.job import Job, JobFailedError, JobStatus
 from estimator.progress import ProgressDisplay
 
 POLL_S = 0.1
+#: After its supervisor died, how long the job's processes get to follow it (their death signal).
+ORPHAN_WAIT_S = 5.0
 _INTERNAL_KEY = "Smsdp"  # job.json's own section: not part of DescribeTrainingJob
 
 
@@ -54,13 +57,33 @@ class LocalJob(Job):
         record = read_status(self.paths.status_file)  # it may have finished just now
         if record.status.is_terminal:
             return record
+        left = self._wait_for_orphans()
+        fate = (f"{len(left)} process(es) of the job are still running (pids {', '.join(map(str, left))}); "
+                "job.stop() ends them" if left else "its ranks ended with it (no process of the job is left)")
         record = record.moved_to(
             JobStatus.FAILED, SecondaryStatus.FAILED,
-            failure_reason=f"the job's supervisor process died before the job ended; "
+            failure_reason=f"the job's supervisor process died before the job ended; {fate}; "
                            f"see {self.paths.supervisor_log}",
         )
-        write_status(self.paths.status_file, record)
+        try:
+            write_status(self.paths.status_file, record)
+        except OSError:
+            pass  # a full or read-only disk: the answer stands, it is only not kept
         return record
+
+    def processes(self) -> JobProcesses:
+        """Every live process of this job, found by its environment marker."""
+        try:
+            marker = read_json(self.paths.description_file)[_INTERNAL_KEY].get("JobMarker")
+        except (OSError, ValueError, KeyError):
+            marker = None
+        return JobProcesses(marker=marker or str(self.paths.root))
+
+    def _wait_for_orphans(self) -> list[int]:
+        deadline = time.monotonic() + ORPHAN_WAIT_S
+        while (left := self.processes().members()) and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+        return left
 
     def _supervisor_alive(self) -> bool:
         if self._supervisor is not None:
@@ -92,6 +115,10 @@ class LocalJob(Job):
             described["FailureReason"] = record.failure_reason
         if record.end_time:
             described["TrainingEndTime"] = record.end_time
+        if record.attempts:  # one entry per failed and restarted attempt (max_retry_attempts)
+            described["SecondaryStatusTransitions"] = [
+                {k: _as_datetime(v) if k.endswith("Time") else v for k, v in entry.items()}
+                for entry in record.attempts]
         if self.paths.model_archive.is_file():
             described["ModelArtifacts"] = {"S3ModelArtifacts": self.model_data}
         described = {k: _as_datetime(v) if k.endswith("Time") else v for k, v in described.items()}
@@ -111,6 +138,9 @@ class LocalJob(Job):
     def wait(self, logs: bool = True, timeout: float | None = None) -> JobStatus:
         deadline = None if timeout is None else time.monotonic() + timeout
         display = ProgressDisplay() if logs else None
+        if logs:
+            print(f"[smsdp] training job {self.name}: {self.status().value}, in {self.job_dir} "
+                  f"(log: {self.paths.log_file})", flush=True)
         with LogFollower(self.paths.log_file) as follower:
             while True:
                 ended = self.status().is_terminal  # before reading, so the last lines are drained
@@ -152,8 +182,13 @@ class LocalJob(Job):
             time.sleep(POLL_S)
 
     def stop(self) -> None:
-        """Ask the supervisor to stop the job (it ends Stopped); returns at once."""
+        """Ask the supervisor to stop the job (it ends Stopped); returns at once.
+
+        A job whose supervisor died may have left processes running: they are killed here.
+        """
         if self._record().status.is_terminal:
+            if not self._supervisor_alive():
+                self.processes().kill_all(timeout=ORPHAN_WAIT_S)
             return
         if self._supervisor is not None:
             self._supervisor.send_signal(signal.SIGTERM)

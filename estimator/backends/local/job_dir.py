@@ -23,7 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-CODE_IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".git", ".ipynb_checkpoints", "smsdp-jobs")
+from estimator.source_tree import scan_source_dir
+
+
+class JobNameTaken(FileExistsError):
+    """The job directory exists already (another job, or one being created)."""
 
 
 @dataclass(frozen=True)
@@ -108,17 +112,37 @@ class JobDirPlan:
     code_source: Path  # a directory to copy, or one script file
     channels: Mapping[str, Path]  # channel name -> data on this machine
     checkpoint_source: Path | None = None  # persistent checkpoints dir to link to
+    code_exclude: tuple[Path, ...] = ()  # never copied with the code (the output path, checkpoints)
 
-    def create(self) -> JobDir:
-        """Make the directory. Fails if it exists: the job name is taken."""
-        job = JobDir(self.root)
+    def create(self, files: Mapping[str, Any] | None = None) -> JobDir:
+        """Make the directory, with ``files`` (relative path -> JSON) in it; ``JobNameTaken`` if it exists.
+
+        Atomic: the name is claimed with an empty directory (``mkdir``), the job is built
+        under a hidden temporary name beside it, and renamed over the claim once complete.
+        An interrupted creation (Ctrl-C in a long code copy) removes both; a killed one
+        leaves an empty directory, never a half-made job.
+        """
         self.root.parent.mkdir(parents=True, exist_ok=True)
-        self.root.mkdir(mode=0o700)  # atomic claim of the name; owner-only, whatever is inside
-        os.chmod(self.root, 0o700)  # mkdir's mode is masked by the umask
+        try:
+            self.root.mkdir(mode=0o700)  # the atomic claim of the name
+        except FileExistsError:
+            raise JobNameTaken(str(self.root)) from None
+        build = Path(tempfile.mkdtemp(prefix=f".{self.root.name}.creating-", dir=self.root.parent))
+        try:
+            self._fill(JobDir(build), files)
+            os.rename(build, self.root)  # replaces the empty claim
+        except BaseException:
+            shutil.rmtree(build, ignore_errors=True)
+            self.root.rmdir()
+            raise
+        return JobDir(self.root)
+
+    def _fill(self, job: JobDir, files: Mapping[str, Any]) -> None:
+        os.chmod(job.root, 0o700)  # owner-only, whatever is inside
         for path in (job.input, job.config, job.data, job.model, job.output, job.output_data, job.logs):
             path.mkdir(mode=0o700)  # parents first: mkdir(parents=True) would not pass the mode on
-        for relative, content in self.config_files.items():
-            write_json_atomically(self.root / relative, content)
+        for relative, content in {**self.config_files, **(files or {})}.items():
+            write_json_atomically(job.root / relative, content)
         self._copy_code(job.code)
         for name, source in self.channels.items():
             _link_channel(source, job.channel(name))
@@ -127,11 +151,10 @@ class JobDirPlan:
             link_or_copy(self.checkpoint_source, job.checkpoints)
         else:
             job.checkpoints.mkdir(mode=0o700)
-        return job
 
     def _copy_code(self, code_dir: Path) -> None:
         if self.code_source.is_dir():
-            shutil.copytree(self.code_source, code_dir, ignore=CODE_IGNORE)
+            scan_source_dir(self.code_source, exclude=self.code_exclude).copy_to(code_dir)
         else:
             code_dir.mkdir()
             shutil.copy2(self.code_source, code_dir / self.code_source.name)

@@ -1,7 +1,12 @@
-"""Read a growing log file line by line (``tail -f`` without the blocking)."""
+"""Read a growing log file line by line (``tail -F`` without the blocking).
+
+A restarted job (``max_retry_attempts``) renames its log aside and starts a new
+one under the same name: once the old file is drained, the follower reopens.
+"""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import IO
 
@@ -20,11 +25,23 @@ class LogFollower:
             self._file = open(self.path, encoding="utf-8", errors="replace")
         chunk = self._file.read()
         if not chunk:
+            if self._replaced():  # the old file is drained: its unterminated last line, then the new file
+                tail, self._partial = self._partial, ""
+                self.close()
+                return ([tail] if tail else []) + self.read_new()
             return []
         text = self._partial + chunk
         lines = text.split("\n")
         self._partial = lines.pop()  # "" when the chunk ended with a newline
         return lines
+
+    def _replaced(self) -> bool:
+        """The path now names another file than the one being read."""
+        assert self._file is not None
+        try:
+            return os.stat(self.path).st_ino != os.fstat(self._file.fileno()).st_ino
+        except OSError:
+            return False
 
     def close(self) -> None:
         if self._file is not None:

@@ -10,7 +10,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from estimator.backends.local.job_dir import JobDirPlan
-from estimator.redact import redact_argv, redact_env
+from estimator.redact import Scrubber, redact_argv, redact_env
 
 
 @dataclass(frozen=True)
@@ -37,32 +37,39 @@ class LocalRequest:
     def job_path(self) -> Path:
         return self.job_dir.root
 
+    def scrubber(self) -> Scrubber:
+        """Every secret of the job (by variable or hyperparameter name, or by shape), in every view."""
+        return Scrubber.from_environment(self.env, self.argv)
+
     def redacted_env(self) -> dict[str, str]:
-        return redact_env(self.env)
+        return self.scrubber().tree(redact_env(self.env))
+
+    def redacted_argv(self) -> list[str]:
+        return self.scrubber().tree(redact_argv(self.argv))
 
     def command_line(self) -> str:
         """The argv as one copy-pasteable shell line (secrets redacted)."""
-        return shlex.join(redact_argv(self.argv))
+        return shlex.join(self.redacted_argv())
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly and redacted, for tools and tests."""
-        return {
+        return self.scrubber().tree({
             "job_name": self.job_name,
             "job_dir": str(self.job_path),
             "cwd": str(self.cwd),
-            "argv": redact_argv(self.argv),
+            "argv": self.redacted_argv(),
             "env": self.redacted_env(),
             "world_size": self.world_size,
             "max_run_s": self.max_run_s,
             "config_files": dict(self.job_dir.config_files),
             "channels": {name: str(path) for name, path in self.job_dir.channels.items()},
             "code": str(self.job_dir.code_source),
-        }
+        })
 
     def __str__(self) -> str:
         env_lines = [f"    {name}={value}" for name, value in sorted(self.redacted_env().items())]
         channels = [f"    {name} <- {path}" for name, path in self.job_dir.channels.items()] or ["    (none)"]
-        return "\n".join([
+        return self.scrubber()("\n".join([
             f"Local training job {self.job_name} ({self.world_size} processes)",
             f"  job dir: {self.job_path}",
             f"  code:    {self.job_dir.code_source} -> {self.cwd}",
@@ -70,12 +77,12 @@ class LocalRequest:
             *channels,
             f"  cwd:     {self.cwd}",
             "  command:",
-            f"    {_wrap(redact_argv(self.argv))}",
+            f"    {_wrap(self.redacted_argv())}",
             "  environment (added to this process's, exported to every rank):",
             *env_lines,
             "  hyperparameters.json:",
             "    " + json.dumps(dict(self.job_dir.config_files.get("input/config/hyperparameters.json", {}))),
-        ])
+        ]))
 
     def _repr_pretty_(self, printer, cycle) -> None:  # IPython shows str(), not the dataclass repr
         printer.text(str(self))

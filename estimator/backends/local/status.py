@@ -24,6 +24,7 @@ class SecondaryStatus:
     STARTING = "Starting"
     TRAINING = "Training"
     STOPPING = "Stopping"
+    RESTARTING = "Restarting"  # a failed attempt, restarted (max_retry_attempts)
     UPLOADING = "Uploading"
     COMPLETED = "Completed"
     FAILED = "Failed"
@@ -43,6 +44,8 @@ class StatusRecord:
     failure_reason: str | None = None
     end_time: str | None = None
     exit_code: int | None = None
+    #: One SecondaryStatusTransitions entry per failed and restarted attempt (retry.Attempts).
+    attempts: tuple[dict, ...] = ()
 
     @classmethod
     def starting(cls) -> "StatusRecord":
@@ -63,7 +66,7 @@ class StatusRecord:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "StatusRecord":
-        return cls(**{**data, "status": JobStatus(data["status"])})
+        return cls(**{**data, "status": JobStatus(data["status"]), "attempts": tuple(data.get("attempts", ()))})
 
 
 def write_status(path: Path, record: StatusRecord) -> None:

@@ -1,0 +1,32 @@
+"""SMP v1 names smsdp does not implement: calling one raises with what to use instead.
+
+They exist as names so that a script fails where it uses one, with a message,
+rather than at import with an ``AttributeError``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+REFUSED = {
+    "partition": "pipeline parallelism is not implemented; remove the smp.partition() contexts "
+                 "(pipeline_parallel_degree must be 1)",
+    "set_partition": "pipeline parallelism is not implemented; remove smp.set_partition() "
+                     "(pipeline_parallel_degree must be 1)",
+    "tensor_parallelism": "tensor-parallel layers are not implemented; build the model without "
+                          "smp.tensor_parallelism() (tensor_parallel_degree must be 1)",
+    "set_tensor_parallelism": "tensor-parallel layers are not implemented; remove smp.set_tensor_parallelism()",
+    "tp_register": "tensor-parallel layers are not implemented; remove smp.tp_register()",
+    "tp_register_with_module": "tensor-parallel layers are not implemented; remove smp.tp_register_with_module()",
+}
+
+
+def refused(name: str) -> Callable[..., Any]:
+    message = f"smp.{name} is not supported by smsdp: {REFUSED[name]}"
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(message)
+
+    refuse.__name__ = name
+    refuse.__doc__ = message
+    return refuse
