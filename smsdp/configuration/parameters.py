@@ -98,10 +98,12 @@ class SMPParameters(ConfigModel):
     sdp_hierarchical_allgather: StrictBool = True
     """All-gather across hosts first, then inside each host, when a shard group spans hosts."""
     sdp_reshard_after_forward: _BoolOrWhole = True
-    """True: free each unit's gathered parameters after its forward and gather again for its backward.
-    False (ZeRO-2 style): keep every unit gathered from its forward to its backward."""
+    """smsdp's own (FSDP2's ``reshard_after_forward``). True: free each unit's gathered parameters
+    after its forward and gather again for its backward. False (ZeRO-2 style): keep every unit
+    gathered from its forward to its backward."""
     sdp_reduce_dtype: Literal["fp32", "bf16"] = "fp32"
-    """Dtype of the gradient reduce-scatter and the replica/data-parallel all-reduces; shards accumulate in fp32."""
+    """smsdp's own (FSDP2's ``reduce_dtype``): dtype of the gradient reduce-scatter and the
+    replica/data-parallel all-reduces; shards accumulate in fp32."""
     sdp_gradient_clipping: Number = Field(1.0, ge=0)
     """Clip the global gradient L2 norm to this in DistributedOptimizer.step(); 0 disables clipping."""
 

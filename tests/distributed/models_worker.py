@@ -47,6 +47,11 @@ CASES = {
     # what it keeps gathered for a backward that never comes must not outlive the step
     "forward_without_backward": Case("gpt", {"sharded_data_parallel_degree": 2}, stray_forward=True),
     "step_microbatches": Case("gpt", {"sharded_data_parallel_degree": 2, "microbatches": 2}, microbatches=2),
+    # sdp_reshard_after_forward=False with recomputation, and with a forward that no backward follows
+    "no_reshard_checkpointing": Case("gpt", {"sharded_data_parallel_degree": 2, "activation_checkpointing": True,
+                                             "sdp_reshard_after_forward": False}),
+    "no_reshard_forward_without_backward": Case("gpt", {"sharded_data_parallel_degree": 4,
+                                                        "sdp_reshard_after_forward": False}, stray_forward=True),
 }
 
 

@@ -22,6 +22,8 @@ CASES = [
     "activation_offloading",
     "activation_offloading_on_demand_microbatches",
     "forward_without_backward",
+    "no_reshard_checkpointing",
+    "no_reshard_forward_without_backward",
 ]
 
 
