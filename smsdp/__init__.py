@@ -18,6 +18,7 @@ _EXPORTS = {
     "set_activation_checkpointing": "smsdp.activation_checkpointing",
     "delay_param_initialization": "smsdp.delayed_init",
     "model_creation": "smsdp.delayed_init",
+    **{name: "smsdp.tensor_parallel.registry" for name in ("tp_register", "tp_register_with_module", "set_tensor_parallelism")},
 }
 _API = (
     "init is_initialized rank size local_rank local_size dp_rank dp_size rdp_rank rdp_size tp_rank tp_size "

@@ -376,15 +376,22 @@ def _run(op: _Op, i: int, memory: _Memory, alloc_at: dict[int, int], kept: set[i
 def model_creation(tensor_parallelism: bool = False, dtype: torch.dtype | None = None, **_tensor_parallel_config) -> Iterator[None]:
     """SMP's model-creation context: delayed initialization when the job's config asks for it.
 
-    ``tensor_parallelism=True`` is refused (no tensor-parallel layers yet); ``dtype`` is
-    accepted for compatibility: parameters are kept in fp32 masters whatever it says.
+    ``tensor_parallelism=True`` marks the modules built inside, so that ``smp.DistributedModel``
+    converts the registered ones to their tensor-parallel versions (``smsdp.tensor_parallel``);
+    with ``tensor_parallel_degree > 1`` that cannot yet be combined with delayed initialization.
+    ``dtype`` is accepted for compatibility: parameters are kept in fp32 masters whatever it says.
     """
     from smsdp import state as runtime_state
+    from smsdp.tensor_parallel.registry import tensor_parallelism as mark_tensor_parallel
 
-    if tensor_parallelism:
-        raise NotImplementedError("smp.model_creation(tensor_parallelism=True): smsdp has no tensor-parallel layers yet")
-    enabled = runtime_state.get().params.delayed_parameter_initialization
-    with delay_param_initialization(enabled):
+    rt = runtime_state.get()
+    enabled = rt.params.delayed_parameter_initialization
+    if tensor_parallelism and enabled and rt.topology.tp_degree > 1:
+        raise NotImplementedError(
+            f"smp.model_creation(tensor_parallelism=True) with tensor_parallel_degree={rt.topology.tp_degree} and "
+            "delayed_parameter_initialization=True: build the model eagerly (delayed_parameter_initialization=False)"
+        )
+    with delay_param_initialization(enabled), mark_tensor_parallel(tensor_parallelism):
         yield
 
 

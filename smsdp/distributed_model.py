@@ -23,6 +23,17 @@ step:     ``DistributedOptimizer.step`` all-reduces the accumulated shards
           across the replica group (once per optimizer step, never per
           micro-step: the 2-hop synchronization) and replicated parameters over
           the data-parallel group, then clips and steps the local shards.
+
+[Note: tensor parallelism inside the sharded step]
+With ``tensor_parallel_degree > 1`` the plain model (equal on every rank after
+the broadcast from rank 0) is converted to this TP rank's version before it
+is cut into units (``smsdp.tensor_parallel``): a unit flattens this TP rank's
+pieces and shards them over this TP rank's shard group, so the all-gathers,
+reduce-scatters and replica all-reduces above run in the groups of that TP
+rank unchanged, and the activation all-reduces run in ``tp_group`` inside
+the layers. A flat group never mixes pieces with replicated parameters, so the
+grad norm can add the pieces' squares over ``tp_group`` and count the rest
+once. ``state_dict()`` merges the pieces into the plain model's tensors.
 """
 
 from __future__ import annotations
@@ -44,6 +55,7 @@ from smsdp.delayed_materialize import materialize_units
 from smsdp.flat_param_group import FlatParamGroup
 from smsdp.model_state import full_state_dict, load_full_state_dict, model_state_bytes
 from smsdp.model_surface import PARTIAL_KEY, SMPModelMethods
+from smsdp.tensor_parallel.runtime import convert_for_job, cut_tp_pieces, merge_tp_pieces, split_names
 from smsdp.unit import Unit, UnitComm
 from smsdp.units import GroupPolicy, build_units, find_unit_modules
 
@@ -92,11 +104,6 @@ class DistributedModel(SMPModelMethods, nn.Module):
         self.check_smp_v1_kwargs(smp_v1_kwargs)
         rt = runtime_state.get()
         params = rt.params
-        if params.tensor_parallel_degree > 1:
-            raise NotImplementedError(
-                f"tensor_parallel_degree={params.tensor_parallel_degree}: smsdp builds the tensor-parallel "
-                "groups but has no tensor-parallel layers yet; use tensor_parallel_degree=1"
-            )
         self._rt = rt  # read for backward_scale only, which @smp.step changes (see smsdp.state)
         self._compute_dtype = rt.compute_dtype
         self._offloader = rt.activation_offloader
@@ -129,6 +136,14 @@ class DistributedModel(SMPModelMethods, nn.Module):
         self.module = module if delayed else module.to(rt.device)
         if broadcast_init and rt.cluster.world_size > 1 and not delayed:
             _broadcast_from_rank0(self.module, rt)
+        if rt.topology.tp_degree > 1:  # [Note: tensor parallelism inside the sharded step]
+            if delayed:
+                raise NotImplementedError(
+                    f"tensor_parallel_degree={rt.topology.tp_degree} with delayed parameter initialization: "
+                    "build the model eagerly (delayed_parameter_initialization=False)"
+                )
+            self.module = convert_for_job(self.module, rt.groups.tp_group, rt.stats)
+        self._tp_splits = split_names(self.module)
         classes = (layer_cls,) if isinstance(layer_cls, type) else layer_cls
         self._state_dict_keys = tuple(self.module.state_dict().keys())
         unit_modules = find_unit_modules(self.module, classes)
@@ -179,6 +194,11 @@ class DistributedModel(SMPModelMethods, nn.Module):
     @property
     def training_state(self) -> TrainingState:
         return self._state
+
+    @property
+    def tensor_parallel_splits(self) -> dict:
+        """State-dict names of this TP rank's pieces and how they were cut (empty without TP)."""
+        return dict(self._tp_splits)
 
     @property
     def state_dict_keys(self) -> tuple[str, ...]:
@@ -394,13 +414,16 @@ class DistributedModel(SMPModelMethods, nn.Module):
         Parameters come back in fp32 (the master copy), on the CPU, so that plain
         PyTorch can load them into the unwrapped model.
         """
-        return full_state_dict(self.flat_groups(), self.module, self._state_dict_keys, self._gather_fp32)
+        state = full_state_dict(self.flat_groups(), self.module, self._state_dict_keys, self._gather_fp32)
+        return OrderedDict(merge_tp_pieces(state, self._tp_splits)) if self._tp_splits else state
 
     def load_state_dict(self, state_dict: dict[str, torch.Tensor], strict: bool = True):  # type: ignore[override]
         """Load a full state dict (as ``state_dict()`` returns), or a ``local_state_dict()``, into the shards."""
         if state_dict.get(PARTIAL_KEY):
             return self.load_local_state_dict(state_dict)
         self.reshard_all()
+        if self._tp_splits:  # a plain (unsplit) state dict: keep this TP rank's pieces
+            state_dict = cut_tp_pieces(state_dict, self._tp_splits)
         load_full_state_dict(self.flat_groups(), self.module, self._state_dict_keys, state_dict, strict)
         return None
 

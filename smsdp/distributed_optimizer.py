@@ -20,6 +20,7 @@ from smsdp import state as runtime_state
 from smsdp.loss_scaler import DynamicLossScaler
 from smsdp.optimizer_surface import check_same_shard, local_state_dict, remap_to_shards
 from smsdp.smp_loss_scalers import scaler_for
+from smsdp.tensor_parallel.runtime import is_tp_split
 
 
 _UNSET: Any = object()  # tells "not given" from SMP's defaults, to keep smsdp's fp16 default
@@ -57,6 +58,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._device = rt.device
         self._shard_degree = rt.topology.shard_degree
         self._all_reduce_shard_group = rt.all_reduce_shard_group
+        self._tp_degree = rt.topology.tp_degree
+        self._all_reduce_tp_group = rt.all_reduce_tp_group
         self._all_reduce_world = rt.all_reduce_world
         explicit = static_loss_scale is not _UNSET or dynamic_loss_scale or bool(dynamic_loss_args or more_dynamic_loss_args)
         self.loss_scaler = loss_scaler if loss_scaler is not None and rt.params.fp16 else scaler_for(
@@ -136,16 +139,21 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # torch.sum's cascade summation, not torch.linalg.vector_norm: on CPU the latter keeps one
         # fp32 accumulator per lane and drifts by 10-300 ulps on tensors of 10^5-10^6 elements
         # (pytorch/pytorch#169237).
-        sharded = torch.zeros((), dtype=torch.float32, device=self._device)
-        replicated = torch.zeros((), dtype=torch.float32, device=self._device)
+        # [sharded, sharded tensor-parallel pieces] add up over the shard group; the TP pieces'
+        # sums (sharded and replicated) then over tp_group: every parameter is counted once.
+        sharded = torch.zeros(2, dtype=torch.float32, device=self._device)
+        replicated = torch.zeros(2, dtype=torch.float32, device=self._device)
         for group in self.model.flat_groups():
             squares = group.grad_square_sum() if group.trainable else None
             if squares is not None:
                 target = sharded if group.sharded else replicated
-                target += squares
+                target[int(is_tp_split(group.infos[0].original))] += squares
         if self._shard_degree > 1:
             self._all_reduce_shard_group(sharded, "all_reduce.grad_norm")
-        return (sharded + replicated).sqrt()
+        pieces = sharded[1:] + replicated[1:]
+        if self._tp_degree > 1:
+            self._all_reduce_tp_group(pieces, "all_reduce.grad_norm_tp")
+        return (sharded[0] + replicated[0] + pieces[0]).sqrt()
 
     def clip_master_grads(self, max_norm: float) -> torch.Tensor:
         """Scale gradients so their global norm is at most ``max_norm``; returns the norm before.

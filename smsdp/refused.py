@@ -13,11 +13,8 @@ REFUSED = {
                  "(pipeline_parallel_degree must be 1)",
     "set_partition": "pipeline parallelism is not implemented; remove smp.set_partition() "
                      "(pipeline_parallel_degree must be 1)",
-    "tensor_parallelism": "tensor-parallel layers are not implemented; build the model without "
-                          "smp.tensor_parallelism() (tensor_parallel_degree must be 1)",
-    "set_tensor_parallelism": "tensor-parallel layers are not implemented; remove smp.set_tensor_parallelism()",
-    "tp_register": "tensor-parallel layers are not implemented; remove smp.tp_register()",
-    "tp_register_with_module": "tensor-parallel layers are not implemented; remove smp.tp_register_with_module()",
+    "tensor_parallelism": "this context name is not implemented; use "
+                          "smp.model_creation(tensor_parallelism=True) or smp.set_tensor_parallelism()",
 }
 
 

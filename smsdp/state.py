@@ -90,6 +90,9 @@ class RuntimeState:
     def all_reduce_shard_group(self, tensor: torch.Tensor, key: str) -> None:
         all_reduce(tensor, self.groups.shard_group, self.stats, key).wait()
 
+    def all_reduce_tp_group(self, tensor: torch.Tensor, key: str) -> None:
+        all_reduce(tensor, self.groups.tp_group, self.stats, key).wait()
+
     def all_reduce_world(self, tensor: torch.Tensor, key: str, op=dist.ReduceOp.SUM) -> None:
         all_reduce(tensor, self.groups.world, self.stats, key, op=op).wait()
 

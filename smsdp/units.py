@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from smsdp.flat_param_group import FlatParamGroup, ParamInfo
+from smsdp.tensor_parallel.runtime import is_tp_split
 from smsdp.unit import Unit
 
 
@@ -107,12 +108,14 @@ def _owner_of_each_module(root: nn.Module, unit_modules: list[tuple[str, nn.Modu
 
 
 def make_groups(unit_name: str, infos: list[ParamInfo], policy: GroupPolicy) -> list[FlatParamGroup]:
-    buckets: dict[tuple[bool, bool], list[ParamInfo]] = defaultdict(list)
+    # A group never mixes tensor-parallel pieces with replicated parameters: their norms add up
+    # over different groups (see DistributedOptimizer's grad norm).
+    buckets: dict[tuple[bool, bool, bool], list[ParamInfo]] = defaultdict(list)
     for info in infos:
         sharded = info.numel >= policy.persistence_threshold and policy.shard_degree > 1
-        buckets[(sharded, info.original.requires_grad)].append(info)
+        buckets[(sharded, info.original.requires_grad, is_tp_split(info.original))].append(info)
     groups = []
-    for (sharded, trainable), members in sorted(buckets.items(), reverse=True):
+    for (sharded, trainable, _tp_split), members in sorted(buckets.items(), reverse=True):
         groups.append(
             FlatParamGroup.build(
                 unit_name,

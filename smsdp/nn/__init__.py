@@ -1,13 +1,20 @@
 """``smp.nn``: the module names SMP v1 scripts import.
 
 ``FusedLayerNorm`` is a ``torch.nn.LayerNorm`` (SMP's replaces apex's fused
-kernel; the computation is LayerNorm's). Sharded-data-parallel scripts import
-the tensor-parallel names below only to sort parameters into weight-decay
-groups with ``isinstance``; until the tensor-parallel layers exist here they
-are classes nothing is an instance of, and building one says what to use.
+kernel; the computation is LayerNorm's). ``DistributedLinear`` is smsdp's
+tensor-parallel linear (``smsdp/nn/linear.py``, SMP's signature), and the
+tensor-parallel layers smsdp builds from plain modules live in their own files
+(``linear``, ``embedding``, ``cross_entropy``, ``transformer``; see
+docs/tensor_parallelism.md). SMP's other tensor-parallel names, built from
+configuration arguments in SMP, are classes nothing is an instance of (scripts
+use them in ``isinstance`` checks), and building one says what to use.
 """
 
 from torch import nn
+
+from smsdp.nn.cross_entropy import vocab_parallel_cross_entropy
+from smsdp.nn.embedding import VocabParallelEmbedding, distribute_embedding
+from smsdp.nn.linear import ColumnParallelLinear, DistributedLinear, RowParallelLinear
 
 
 class FusedLayerNorm(nn.LayerNorm):
@@ -27,9 +34,12 @@ def _placeholder(name: str) -> type:
 
 
 _TP_NAMES = (
-    "DistributedLinear", "DistributedEmbedding", "DistributedLayerNorm", "DistributedTransformer",
+    "DistributedEmbedding", "DistributedLayerNorm", "DistributedTransformer",
     "DistributedTransformerLayer", "DistributedAttentionLayer", "DistributedTransformerOutputLayer",
     "DistributedTransformerLMHead", "DistributedTransformerLMHeadModel", "FlashAttentionLayer",
 )
 globals().update({name: _placeholder(name) for name in _TP_NAMES})
-__all__ = ["FusedLayerNorm", *_TP_NAMES]
+__all__ = [
+    "FusedLayerNorm", "DistributedLinear", *_TP_NAMES, "ColumnParallelLinear", "RowParallelLinear",
+    "VocabParallelEmbedding", "distribute_embedding", "vocab_parallel_cross_entropy",
+]

@@ -131,7 +131,11 @@ def test_the_ranks_die_with_a_killed_supervisor_and_stop_ends_what_is_left(tmp_p
     os.kill(supervisor, signal.SIGKILL)
     wait_for(lambda: all(not _is_rank(pid) for pid in marked(job.job_dir)), timeout=BOUND_S, what="the ranks to die")
     took = time.monotonic() - killed
-    print(f"\n[faults] supervisor SIGKILLed: its ranks were gone {took:.1f} s later")
+    # The kill reaches the ranks (death signals, at the supervisor's exit) before the supervisor is
+    # a zombie its parent can see: the status turns Failed a moment later.
+    wait_for(lambda: job.status().is_terminal, timeout=BOUND_S, what="the status to say so")
+    print(f"\n[faults] supervisor SIGKILLed: its ranks were gone {took:.1f} s later, "
+          f"the status Failed {time.monotonic() - killed:.1f} s later")
     described = job.describe()
     assert described["TrainingJobStatus"] == "Failed"
     reason = described["FailureReason"]

@@ -27,7 +27,7 @@ from estimator.progress import ProgressDisplay
 
 POLL_S = 0.1
 #: After its supervisor died, how long the job's processes get to follow it (their death signal).
-ORPHAN_WAIT_S = 5.0
+ORPHAN_WAIT_S = 2.0
 _INTERNAL_KEY = "Smsdp"  # job.json's own section: not part of DescribeTrainingJob
 
 

@@ -1,0 +1,69 @@
+"""Tensor parallelism inside the sharded step under mpirun against one process: 4 ranks (t=2, d=2,
+r=1) for the bundled GPT and Hugging Face Llama, 8 ranks (t=2, d=2, r=2) for the bundled GPT."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from smsdp.tensor_parallel.comm_formula import tp_bytes_per_micro_step
+from tests.distributed.test_tensor_parallel import SHAPES, assert_same_training
+from tests.distributed.tp_sharded_worker import BATCH, STEPS
+from tests.models import SEQ_LEN
+from tests.mpi_harness import requires_mpi, run_cases
+
+pytestmark = [pytest.mark.distributed, requires_mpi]
+
+CASES = ["gpt", "hf_llama"]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    return run_cases("tests/distributed/tp_sharded_worker.py", CASES, nprocs=4, timeout=400,
+                     out_dir=tmp_path_factory.mktemp("tp_sharded"))
+
+
+@pytest.fixture(scope="module")
+def replicated(tmp_path_factory):
+    return run_cases("tests/distributed/tp_sharded_worker.py", ["gpt"], nprocs=8, timeout=400,
+                     out_dir=tmp_path_factory.mktemp("tp_sharded_r2"))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_tp_and_sharding_match_single_process(results, case):
+    _assert_matches(results[case], case)
+
+
+def test_tp_sharding_and_replication_match_single_process(replicated):
+    _assert_matches(replicated["gpt"], "gpt (8 ranks)")
+    for result in replicated["gpt"]:
+        assert result["sharded"]["comm"]["all_reduce.replica"] > 0  # r = 2: the replica all-reduce ran
+
+
+def _assert_matches(per_rank: list, case: str) -> None:
+    for rank, result in enumerate(per_rank):
+        assert_same_training(result["sharded"], result["reference"], f"{case} rank {rank}")
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_each_collective_ran_in_its_group(results, case):
+    for result in results[case]:
+        comm = result["sharded"]["comm"]
+        for key in ("all_reduce.tp", "all_gather", "reduce_scatter", "all_reduce.grad_norm", "all_reduce.grad_norm_tp"):
+            assert comm.get(key, 0) > 0, (key, comm)
+        assert "all_reduce.replica" not in comm or comm["all_reduce.replica"] == 0  # r = 1: no replicas
+        # the activation all-reduces are those of TP alone, per micro-step of this TP group's batch
+        hidden, layers, columns = SHAPES[case]
+        assert comm["all_reduce.tp"] == STEPS * tp_bytes_per_micro_step(BATCH * SEQ_LEN, hidden, layers, 2, columns)
+
+
+def test_full_checkpoint_is_the_plain_model_and_partial_is_refused(results):
+    per_rank = results["gpt"]
+    for result in per_rank:
+        trained, checkpoint = result["sharded"]["params"], result["sharded"]["checkpoint"]
+        assert "use partial=False" in checkpoint["refusal"]
+        assert list(checkpoint["resumed"]) == list(trained)
+        assert all(torch.equal(checkpoint["resumed"][k], v) for k, v in trained.items())
+    saved = per_rank[0]["sharded"]["checkpoint"]["saved"]
+    assert {k: tuple(v.shape) for k, v in saved.items()} == {k: tuple(v.shape) for k, v in per_rank[0]["reference"]["params"].items()}
+    assert all(torch.equal(saved[k], v) for k, v in per_rank[0]["sharded"]["params"].items())

@@ -1,0 +1,100 @@
+"""Worker for test_tp_sharded.py: tensor parallelism inside the sharded step against one process.
+
+4 ranks, t=2, d=2, r=1: TP groups (0,1), (2,3); the ranks of a TP group read
+one combined batch (``prescaled_batch``, split by ``rdp_rank``). The reference
+trains the plain model on the whole global batch with AdamW and clipping at
+1.0; the sharded run's ``state_dict()`` must be the plain model's.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import smsdp as smp
+from smsdp import state as runtime_state
+from smsdp.tensor_parallel import set_tensor_parallelism
+from tests.distributed.tensor_parallel_worker import ADAM_EPS, MODELS
+from tests.models import lm_batch
+from tests.mpi_harness import OUT_ENV, init_gloo_from_env, worker_main
+
+STEPS = 3
+BATCH = 2  # sequences per TP group
+
+
+def _batch(case, step: int, rdp: int):
+    return lm_batch(BATCH * rdp, seq_len=case.seq_len, vocab_size=case.vocab_size, seed=700 + step)
+
+
+def reference(name: str, rdp: int) -> dict:
+    case = MODELS[name]
+    model = case.build(seed=7)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1, eps=ADAM_EPS)
+    losses = []
+    for step in range(STEPS):
+        loss = case.loss(model, *_batch(case, step, rdp))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return {"losses": losses, "params": {k: v.detach().clone() for k, v in model.state_dict().items()}}
+
+
+def sharded(name: str) -> dict:
+    case = MODELS[name]
+    runtime_state.reset_for_tests()
+    smp.init({"ddp": True, "tensor_parallel_degree": 2, "sharded_data_parallel_degree": 2, "prescaled_batch": True,
+              "sdp_param_persistence_threshold": 0, "sdp_gradient_clipping": 1.0})
+    rdp, rdp_rank = smp.rdp_size(), smp.rdp_rank()
+    if name == "gpt":  # as SMP scripts do
+        with smp.model_creation(tensor_parallelism=True):
+            plain = case.build(seed=7)
+    else:
+        plain = case.build(seed=7)
+        set_tensor_parallelism(plain, True)
+    model = smp.DistributedModel(plain)
+    opt = smp.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1, eps=ADAM_EPS))
+    losses = []
+    for step in range(STEPS):
+        x, y = (t.chunk(rdp)[rdp_rank] for t in _batch(case, step, rdp))
+        loss = case.loss(model, x, y)
+        model.backward(loss)
+        opt.step()
+        opt.zero_grad()
+        value = loss.detach().clone()
+        dist.all_reduce(value, group=smp.get_rdp_process_group())
+        losses.append(value.item() / rdp)
+    out = {"losses": losses, "params": model.state_dict(), "comm": smp.comm_stats()}
+    if name == "gpt":
+        out["checkpoint"] = _full_checkpoint_round_trip(model, case)
+    return out
+
+
+def _full_checkpoint_round_trip(model, case) -> dict:
+    """A full checkpoint at t=2 is the plain model and resumes into a fresh TP model; partial is refused."""
+    directory = Path(os.environ[OUT_ENV]) / "checkpoints"
+    try:
+        smp.save_checkpoint(directory, tag="partial", model=model)
+        refusal = None
+    except smp.CheckpointError as error:
+        refusal = str(error)
+    smp.save_checkpoint(directory, tag="full", partial=False, model=model)
+    with smp.model_creation(tensor_parallelism=True):
+        fresh = smp.DistributedModel(case.build(seed=99))
+    smp.resume_from_checkpoint(directory, tag="full", partial=False, model=fresh, load_optimizer=False)
+    saved = torch.load(directory / "full", weights_only=True) if dist.get_rank() == 0 else None
+    return {"refusal": refusal, "resumed": fresh.state_dict(), "saved": saved}
+
+
+def run(name: str) -> dict:
+    ours = sharded(name)
+    return {"sharded": ours, "reference": reference(name, smp.rdp_size())}
+
+
+if __name__ == "__main__":
+    worker_main({name: (lambda name=name: run(name)) for name in ("gpt", "hf_llama")},
+                setup=init_gloo_from_env)
