@@ -113,6 +113,7 @@ class DistributedModel(SMPModelMethods, nn.Module):
         self._unit_of_module = {id(u.module): u for u in self._units if not u.is_root}
         self._prefetch_units = prefetch_units
         self._keep_for_backward = keep_gathered_for_backward  # [Note: kept for backward]
+        self._reshard_after_forward = params.sdp_reshard_after_forward is not False
         self._max_live = params.sdp_max_live_parameters
         self._forward_order: list[Unit] = []
         self._state = TrainingState.LEARNING_ORDER
@@ -245,7 +246,7 @@ class DistributedModel(SMPModelMethods, nn.Module):
             self._hook_outputs(self._root, output)
             if recording:
                 self._state = TrainingState.IDLE
-        if not (grad and self._keep_for_backward):
+        if not (grad and (self._keep_for_backward or not self._reshard_after_forward)):
             self._root.post_forward()
         return output
 
@@ -303,7 +304,12 @@ class DistributedModel(SMPModelMethods, nn.Module):
         docs/runtime.md, "Communication per optimizer step"). The forward's order is known
         from the second forward on. ``keep_gathered_for_backward=False`` frees both at the
         end of the forward and gathers them again (``2 (d-1)/d Psi`` exactly).
+
+        ``sdp_reshard_after_forward=False`` keeps every unit (ZeRO-2 style): no backward
+        all-gather, ``(d-1)/d Psi`` per micro-step, the whole model gathered at the peak.
         """
+        if not self._reshard_after_forward:
+            return True
         return (self._keep_for_backward and self._state is not TrainingState.LEARNING_ORDER
                 and self._prefetch_units > 0 and unit is self._forward_order[-1]
                 and self._live_numel() <= self._max_live)
@@ -436,6 +442,7 @@ def _unit_comm(rt) -> UnitComm:
         replica_degree=rt.topology.replication_degree,
         dp_size=rt.dp_size,
         bucket_numel=max(1, rt.params.sdp_reduce_bucket_size),
+        reduce_dtype=torch.bfloat16 if rt.params.sdp_reduce_dtype == "bf16" else torch.float32,
         mean_scale=1.0 / rt.dp_size,
     )
 

@@ -49,6 +49,7 @@ class UnitComm:
     replica_degree: int
     dp_size: int
     bucket_numel: int
+    reduce_dtype: torch.dtype  # what the gradient collectives send; shards accumulate in fp32
     # Gradients are a mean over the data-parallel ranks, as one process on the global batch
     # would see; applied to the 1/d-sized shard as it is accumulated, not to the whole flat
     # gradient before the reduce-scatter.
@@ -144,17 +145,17 @@ class Unit:
     def _reduce_grad(self, group: FlatParamGroup, grad: torch.Tensor) -> None:
         """Micro-step reduction: reduce-scatter in the shard group, or keep locally when replicated."""
         comm = self.comm
-        grad = grad.float() if grad.dtype != torch.float32 else grad
         if not group.sharded:
-            group.accumulate(grad, scale=comm.mean_scale)
+            group.accumulate(grad.float(), scale=comm.mean_scale)
             return
+        grad = grad.to(comm.reduce_dtype)
         shard_numel = group.shard_numel
         rows = grad.view(group.layout.shard_degree, shard_numel)
         columns = max(1, comm.bucket_numel // group.layout.shard_degree)
         for start in range(0, shard_numel, columns):
             stop = min(start + columns, shard_numel)
             bucket = rows if (start, stop) == (0, shard_numel) else rows[:, start:stop].contiguous()
-            out = torch.empty(stop - start, dtype=torch.float32, device=grad.device)
+            out = torch.empty(stop - start, dtype=comm.reduce_dtype, device=grad.device)
             handle = comm.reduce_scatter(out, bucket.view(-1), True)
             self._pending.append(_PendingReduce(group, handle, out, bucket, start))
 
@@ -198,14 +199,18 @@ class Unit:
         if not group.trainable or id(group) in self._sync:
             return
         comm = self.comm
-        handle = None
+        grad = group.grad_for_sync()
+        reduce = None
         if group.sharded and comm.replica_degree > 1:
-            handle = comm.all_reduce_replicas(group.grad_for_sync(), True)
+            reduce = comm.all_reduce_replicas
         elif not group.sharded and comm.dp_size > 1:
-            handle = comm.all_reduce_dp(group.grad_for_sync(), True)
-        else:
-            group.grad_for_sync()
-        self._sync[id(group)] = handle
+            reduce = comm.all_reduce_dp
+        if reduce is None:
+            self._sync[id(group)] = None
+            return
+        # In a lower reduce dtype the sum travels as a cast copy and lands back in the fp32 shard.
+        sent = grad if comm.reduce_dtype == grad.dtype else grad.to(comm.reduce_dtype)
+        self._sync[id(group)] = (reduce(sent, True), sent, grad)
 
     @property
     def sync_started(self) -> bool:
@@ -213,9 +218,12 @@ class Unit:
 
     def wait_sync(self) -> None:
         """Wait for the second hop (never free a buffer a collective still writes)."""
-        for handle in self._sync.values():
-            if handle is not None:
+        for pending in self._sync.values():
+            if pending is not None:
+                handle, sent, grad = pending
                 handle.wait()
+                if sent is not grad:
+                    grad.copy_(sent)
         self._sync.clear()
 
     def zero_grad(self) -> None:

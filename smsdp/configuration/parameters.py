@@ -8,13 +8,23 @@ size live with the topology (``smsdp.topology``, translated in
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, Union
 
-from pydantic import AliasChoices, Field, StrictBool, model_validator
+from pydantic import AliasChoices, BeforeValidator, Field, StrictBool, model_validator
+from pydantic_core import PydanticCustomError
 
 from smsdp.configuration.errors import ConfigError, ConfigProblem
 from smsdp.configuration.models import ConfigModel, Number, WholeNumber
 
+def _bool_or_whole(value: Any) -> Any:
+    """True, False, or an int: one message for anything else, not one per union member."""
+    if isinstance(value, (bool, int)):
+        return value
+    raise PydanticCustomError("bool_or_whole", "expected True or False, got a {kind}",
+                              {"kind": type(value).__name__})
+
+
+_BoolOrWhole = Annotated[Union[StrictBool, int], BeforeValidator(_bool_or_whole)]
 _PlacementStrategy = Literal["cluster", "spread", "DPT", "DTP", "PDT", "PTD", "TDP", "TPD"]
 
 _SMP_V2_KEY = (
@@ -87,6 +97,13 @@ class SMPParameters(ConfigModel):
     """Most unsharded parameter elements alive at once; bounds all-gather prefetch."""
     sdp_hierarchical_allgather: StrictBool = True
     """All-gather across hosts first, then inside each host, when a shard group spans hosts."""
+    sdp_reshard_after_forward: _BoolOrWhole = True
+    """smsdp's own (FSDP2's ``reshard_after_forward``). True: free each unit's gathered parameters
+    after its forward and gather again for its backward. False (ZeRO-2 style): keep every unit
+    gathered from its forward to its backward."""
+    sdp_reduce_dtype: Literal["fp32", "bf16"] = "fp32"
+    """smsdp's own (FSDP2's ``reduce_dtype``): dtype of the gradient reduce-scatter and the
+    replica/data-parallel all-reduces; shards accumulate in fp32."""
     sdp_gradient_clipping: Number = Field(1.0, ge=0)
     """Clip the global gradient L2 norm to this in DistributedOptimizer.step(); 0 disables clipping."""
 
@@ -203,6 +220,7 @@ def _parameter_problems(p: SMPParameters) -> list[ConfigProblem]:
         *_sharding_exclusions(p),
         *_unsupported_features(p),
         *_precision_problems(p),
+        *_reshard_problems(p),
         *_tensor_parallel_problems(p),
         *_partition_problems(p),
     ]
@@ -251,6 +269,18 @@ def _precision_problems(p: SMPParameters) -> list[ConfigProblem]:
         rule = f"cannot be combined with {source}; set one of bf16 and fp16 to False"
         return [ConfigProblem(("bf16",), rule, True)]
     return []
+
+
+def _reshard_problems(p: SMPParameters) -> list[ConfigProblem]:
+    """Only the two strategies the runtime implements (FSDP2's int form is not built)."""
+    value = p.sdp_reshard_after_forward
+    if isinstance(value, bool):
+        return []
+    rule = (
+        "as an int (reshard to a sub-group of that many ranks after forward) is not implemented; "
+        "use True (reshard every unit after its forward) or False (keep every unit gathered until its backward)"
+    )
+    return [ConfigProblem(("sdp_reshard_after_forward",), rule, value)]
 
 
 def _tensor_parallel_problems(p: SMPParameters) -> list[ConfigProblem]:

@@ -62,6 +62,9 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
                          help="sdp_param_persistence_threshold (default 1e6)")
     cluster.add_argument("--max-live-parameters", type=float, default=1e9, help="sdp_max_live_parameters")
     cluster.add_argument("--no-hierarchical-allgather", action="store_true")
+    cluster.add_argument("--no-reshard-after-forward", action="store_true",
+                         help="sdp_reshard_after_forward=False: keep every unit gathered until its backward")
+    cluster.add_argument("--reduce-dtype", choices=("fp32", "bf16"), default="fp32", help="sdp_reduce_dtype")
     cluster.add_argument("--delayed-init", action="store_true", help="delayed_parameter_initialization")
     cluster.add_argument("--distribution", type=json_object_arg, default=None,
                          help="a whole SageMaker distribution dict as JSON (replaces the SMP options above)")
@@ -148,6 +151,8 @@ def _run_plan(args: argparse.Namespace) -> int:
             "sdp_param_persistence_threshold": int(args.persistence_threshold),
             "sdp_max_live_parameters": int(args.max_live_parameters),
             "sdp_hierarchical_allgather": not args.no_hierarchical_allgather,
+            "sdp_reshard_after_forward": not args.no_reshard_after_forward,
+            "sdp_reduce_dtype": args.reduce_dtype,
             "delayed_parameter_initialization": args.delayed_init,
         }
     result = plan(model, batch_size=args.batch_size, grad_accum=args.grad_accum, optimizer=args.optimizer,

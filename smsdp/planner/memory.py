@@ -224,8 +224,23 @@ def unit_sizes(groups: list[GroupLayout]) -> UnitSizes:
     return UnitSizes(order, gathered, replicated, trainable_sharded, trainable_all)
 
 
-def unsharded_in_flight_bytes(sizes: UnitSizes, compute_bytes: int, max_live: int) -> int:
+def kept_for_backward_elems(sizes: UnitSizes, p) -> int:
+    """Sharded elements the runtime keeps gathered from forward into backward (gathered once
+    per micro-step, not twice): every unit under ``sdp_reshard_after_forward=False``; else the
+    root, and the forward's last unit when the live budget allows (distributed_model.py)."""
+    if p.sdp_reshard_after_forward is False:
+        return sum(sizes.gathered.values())
+    root = sizes.gathered.get(ROOT, 0)
+    last = sizes.gathered[sizes.order[-1]] if sizes.order else 0
+    return root + last if root + last <= p.sdp_max_live_parameters else root
+
+
+def unsharded_in_flight_bytes(sizes: UnitSizes, compute_bytes: int, max_live: int,
+                              reshard_after_forward: bool = True) -> int:
     """Gathered parameters alive at once (``DistributedModel._prefetch_after``).
+
+    ``reshard_after_forward=False``: every unit stays gathered from its forward to its
+    backward, so at the end of the forward the whole model is gathered.
 
     The root unit stays gathered for the whole forward and backward; the unit
     running is gathered whatever the budget; the next unit is prefetched only if
@@ -242,6 +257,8 @@ def unsharded_in_flight_bytes(sizes: UnitSizes, compute_bytes: int, max_live: in
         return compute_bytes * elems
 
     root = [ROOT] if ROOT in sizes.gathered else []
+    if reshard_after_forward is False:
+        return live(root + list(sizes.order))
     if not sizes.order:
         return live(root)
     worst = 0

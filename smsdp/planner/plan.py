@@ -309,7 +309,8 @@ def _evaluate(
     comm = comm_model.comm_per_step(
         sharded_elems=sharded, sharded_trainable_elems=sharded_t, persistent_trainable_elems=persistent_t,
         compute_bytes=c, sdp_degree=d, world=world, processes_per_host=ppn, micro_steps=accum,
-        hierarchical_allgather=p.sdp_hierarchical_allgather, kept_elems=_kept_for_backward(sizes, p),
+        hierarchical_allgather=p.sdp_hierarchical_allgather, kept_elems=mem.kept_for_backward_elems(sizes, p),
+        reduce_bytes=2 if p.sdp_reduce_dtype == "bf16" else 4,
     )
 
     # The runtime collects earlier units' reduce-scatters at each unit's post-backward.
@@ -318,7 +319,8 @@ def _evaluate(
         parameters=state.params,
         gradients=state.grads,
         optimizer_state=state.optimizer,
-        unsharded_params=mem.unsharded_in_flight_bytes(sizes, c, p.sdp_max_live_parameters),
+        unsharded_params=mem.unsharded_in_flight_bytes(sizes, c, p.sdp_max_live_parameters,
+                                                       reshard_after_forward=p.sdp_reshard_after_forward),
         unsharded_grads=mem.gradient_buffer_bytes(sizes, c, pending),
         activations=activations,
         communication_buffers=mem.comm_buffer_bytes(
@@ -351,14 +353,6 @@ def _construction_bytes(model: ModelSpec, state: mem.ModelState, sizes: mem.Unit
         return state.params
     largest = max((sizes.gathered.get(u, 0) + sizes.replicated.get(u, 0) for u in sizes.gathered), default=0)
     return state.params + 4 * largest
-
-
-def _kept_for_backward(sizes: mem.UnitSizes, p: SMPParameters) -> int:
-    """Sharded elements the runtime keeps gathered from forward into backward: the root,
-    and the forward's last unit when the live budget allows (distributed_model.py)."""
-    root = sizes.gathered.get(ROOT, 0)
-    last = sizes.gathered[sizes.order[-1]] if sizes.order else 0
-    return root + last if root + last <= p.sdp_max_live_parameters else root
 
 
 def _flops_per_token(model: ModelSpec, checkpointing: bool) -> tuple[float, float]:

@@ -83,6 +83,8 @@ def _memory_lines(plan: "Plan") -> list[str]:
     live = f"sdp_max_live_parameters={p.sdp_max_live_parameters:.3g}"
     in_flight_note = (f"root + running unit + next (prefetched within {live})" if plan.prefetches_next_unit
                       else f"root + running unit (no room to prefetch within {live})")
+    if p.sdp_reshard_after_forward is False:
+        in_flight_note = "every unit: kept gathered from its forward to its backward (sdp_reshard_after_forward=False)"
     if not plan.comm.all_gather.total:
         in_flight_note = "root + running unit: compute-dtype copies of replicated parameters (nothing to gather)"
     if not m.unsharded_params:
@@ -125,7 +127,7 @@ def _comm_lines(plan: "Plan") -> list[str]:
                  + (", hierarchical all-gather" if cm.hierarchical else "") + ")")
     comm_rows = [
         ["all-gather (parameters)", human_bytes(cm.all_gather.intra), human_bytes(cm.all_gather.inter)],
-        ["reduce-scatter (gradients, fp32)", human_bytes(cm.reduce_scatter.intra),
+        [f"reduce-scatter (gradients, {plan.runtime.parameters.sdp_reduce_dtype})", human_bytes(cm.reduce_scatter.intra),
          human_bytes(cm.reduce_scatter.inter)],
         ["all-reduce across replicas", human_bytes(cm.replica_all_reduce.intra),
          human_bytes(cm.replica_all_reduce.inter)],

@@ -48,6 +48,7 @@ class Case:
     lr: float = 1e-3
     declare_accumulation: bool = False  # pass backward_passes_per_step=accum (early replica sync)
     keep_gathered: bool = True  # DistributedModel(keep_gathered_for_backward=...)
+    reshard_after_forward: bool = True  # sdp_reshard_after_forward
 
 
 CASES = {
@@ -65,6 +66,9 @@ CASES = {
     # every unit resharded after its forward: the all-gather count 2m (d-1)/d Psi exactly (docs/runtime.md)
     "design_count": Case(sdp=2, threshold=100, keep_gathered=False),
     "design_count_accum2": Case(sdp=2, accum=2, keep_gathered=False),
+    # ZeRO-2 style: every unit gathered from its forward to its backward, (d-1)/d Psi per micro-step
+    "no_reshard": Case(sdp=2, threshold=100, reshard_after_forward=False),
+    "no_reshard_accum2": Case(sdp=2, accum=2, reshard_after_forward=False),
 }
 
 
@@ -77,6 +81,7 @@ def smp_parameters(case: Case) -> dict:
         "sdp_param_persistence_threshold": case.threshold,
         "bf16": case.bf16,
         "fp16": case.fp16,
+        "sdp_reshard_after_forward": case.reshard_after_forward,
     }
 
 
@@ -147,7 +152,7 @@ def train_sharded(case: Case) -> dict:
         "grad_norms": norms,
         "params": model.state_dict(),
         "bytes": per_step_bytes,
-        "layout": _layout(model, kept=case.keep_gathered),
+        "layout": {**_layout(model, kept=case.keep_gathered), "reshard_after_forward": case.reshard_after_forward},
         "model_state": model_state,  # after the last step, before zero_grad frees the gradients
     }
 

@@ -47,6 +47,11 @@ CASES = {
     # what it keeps gathered for a backward that never comes must not outlive the step
     "forward_without_backward": Case("gpt", {"sharded_data_parallel_degree": 2}, stray_forward=True),
     "step_microbatches": Case("gpt", {"sharded_data_parallel_degree": 2, "microbatches": 2}, microbatches=2),
+    # sdp_reshard_after_forward=False with recomputation, and with a forward that no backward follows
+    "no_reshard_checkpointing": Case("gpt", {"sharded_data_parallel_degree": 2, "activation_checkpointing": True,
+                                             "sdp_reshard_after_forward": False}),
+    "no_reshard_forward_without_backward": Case("gpt", {"sharded_data_parallel_degree": 4,
+                                                        "sdp_reshard_after_forward": False}, stray_forward=True),
 }
 
 
@@ -128,8 +133,35 @@ def run_case(name: str) -> dict:
 
 def bf16_against_fsdp2() -> dict:
     """Loss deviation from the fp32 run: smsdp bf16 and FSDP2 bf16 (HSDP 2x2), same model and data."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    fp32, ours, theirs = _against_fsdp2({"sharded_data_parallel_degree": 2, "sdp_param_persistence_threshold": 0,
+                                         "bf16": True},
+                                        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
+    return {"fp32": fp32, "smsdp_bf16": ours, "fsdp2_bf16": theirs}
+
+
+def bf16_reduce_against_fsdp2() -> dict:
+    """fp32 compute, bf16 gradient reduction: smsdp's sdp_reduce_dtype="bf16" (reduce-scatter,
+    replica and data-parallel all-reduces) and FSDP2's reduce_dtype=bf16 (HSDP 2x2), against fp32."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    runtime_state.reset_for_tests()
+    smp.init({"sharded_data_parallel_degree": 2, "sdp_param_persistence_threshold": 100})
+    exact = _train_data_parallel(smp.DistributedModel(build(Case("gpt"))), Case("gpt"), dist.get_rank(),
+                                 dist.get_world_size(), smsdp_optimizer=True)
+    exact_stats = smp.comm_stats()
+    fp32, ours, theirs = _against_fsdp2({"sharded_data_parallel_degree": 2, "sdp_param_persistence_threshold": 100,
+                                         "sdp_reduce_dtype": "bf16"},
+                                        MixedPrecisionPolicy(reduce_dtype=torch.bfloat16))
+    return {"fp32": fp32, "smsdp_fp32_reduce": exact, "smsdp_bf16_reduce": ours, "fsdp2_bf16_reduce": theirs,
+            "fp32_reduce_bytes": exact_stats, "bf16_reduce_bytes": smp.comm_stats()}
+
+
+def _against_fsdp2(smp_params: dict, policy) -> tuple[list[float], list[float], list[float]]:
+    """Losses of the single-process fp32 run, smsdp with ``smp_params`` and FSDP2 HSDP 2x2 with ``policy``."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import fully_shard
 
     case = Case("gpt")
     n = dist.get_world_size()
@@ -137,17 +169,16 @@ def bf16_against_fsdp2() -> dict:
     fp32 = reference(case, n)["losses"]
 
     runtime_state.reset_for_tests()
-    smp.init({"sharded_data_parallel_degree": 2, "sdp_param_persistence_threshold": 0, "bf16": True})
+    smp.init(smp_params)
     ours = _train_data_parallel(smp.DistributedModel(build(case)), case, rank, n, smsdp_optimizer=True)
 
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
-    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     model = build(case)
     for block in model.transformer.h:
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
     theirs = _train_data_parallel(model, case, rank, n, smsdp_optimizer=False)
-    return {"fp32": fp32, "smsdp_bf16": ours, "fsdp2_bf16": theirs}
+    return fp32, ours, theirs
 
 
 def _train_data_parallel(model, case: Case, rank: int, n: int, smsdp_optimizer: bool) -> list[float]:
@@ -220,5 +251,6 @@ if __name__ == "__main__":
     cases = {name: (lambda name=name: run_case(name)) for name in CASES}
     cases.update({name: (lambda args=args: delayed_initialization(*args)) for name, args in DELAYED.items()})
     cases["bf16_against_fsdp2"] = bf16_against_fsdp2
+    cases["bf16_reduce_against_fsdp2"] = bf16_reduce_against_fsdp2
     cases["clip_norm_of_large_tensors"] = clip_norm_of_large_tensors
     worker_main(cases, setup=init_gloo_from_env)

@@ -28,6 +28,8 @@ EQUIVALENCE_CASES = [
     "early_sync_accum2",
     "design_count",
     "design_count_accum2",
+    "no_reshard",
+    "no_reshard_accum2",
 ]
 SIMULATED_HOSTS = {"SMSDP_SIMULATED_HOSTS": "1", "SM_HOSTS": '["algo-1", "algo-2"]'}
 FP32_RTOL = 1e-5
@@ -73,10 +75,21 @@ def test_every_rank_ends_with_the_same_full_parameters(results):
 @pytest.mark.parametrize("kept, resharded", [("persist_small_params", "design_count"),
                                               ("accum2", "design_count_accum2")])
 def test_keeping_units_gathered_into_backward_changes_no_bit(results, kept, resharded):
-    for with_kept, without in zip(results[kept], results[resharded]):
+    _assert_same_bits(results[kept], results[resharded])
+
+
+def _assert_same_bits(runs: list, others: list) -> None:
+    """Every rank's losses and final parameters equal, bit for bit."""
+    for with_kept, without in zip(runs, others):
         assert with_kept["sharded"]["losses"] == without["sharded"]["losses"]
         for name, value in without["sharded"]["params"].items():
             assert torch.equal(with_kept["sharded"]["params"][name], value), name
+
+
+@pytest.mark.parametrize("kept_all, resharded", [("no_reshard", "persist_small_params"),
+                                                  ("no_reshard_accum2", "accum2")])
+def test_sdp_reshard_after_forward_false_changes_no_bit(results, kept_all, resharded):
+    _assert_same_bits(results[kept_all], results[resharded])
 
 
 def test_clipping_was_active(results):
@@ -104,6 +117,8 @@ def _formula(layout: dict, micro_steps: int, first_step: bool) -> dict:
     psi, psi_p, b = layout["sharded_padded"], layout["replicated"], 4
     last_kept = micro_steps - 1 if first_step else micro_steps
     gathered = 2 * micro_steps * psi - micro_steps * layout["root_padded"] - last_kept * layout["last_unit_padded"]
+    if not layout["reshard_after_forward"]:  # every unit kept from its forward to its backward
+        gathered = micro_steps * psi
     return {
         "all_gather": (d - 1) * gathered * b // d,
         "reduce_scatter": micro_steps * (d - 1) * psi * b // d,
@@ -126,7 +141,7 @@ def _by_kind(step_bytes: dict) -> dict:
 @pytest.mark.parametrize(
     "case,micro_steps",
     [("persist_small_params", 1), ("accum2", 2), ("early_sync", 1), ("early_sync_accum2", 2),
-     ("design_count", 1), ("design_count_accum2", 2)],
+     ("design_count", 1), ("design_count_accum2", 2), ("no_reshard", 1), ("no_reshard_accum2", 2)],
 )
 def test_bytes_per_step_match_the_formula(results, case, micro_steps):
     for result in results[case]:

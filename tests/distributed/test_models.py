@@ -22,6 +22,8 @@ CASES = [
     "activation_offloading",
     "activation_offloading_on_demand_microbatches",
     "forward_without_backward",
+    "no_reshard_checkpointing",
+    "no_reshard_forward_without_backward",
 ]
 
 
@@ -32,7 +34,7 @@ DELAYED = ["delayed_init_gpt_d2", "delayed_init_gpt_d4", "delayed_init_hf_gpt2_d
 def results(tmp_path_factory):
     return run_cases(
         "tests/distributed/models_worker.py",
-        CASES + DELAYED + ["bf16_against_fsdp2", "clip_norm_of_large_tensors"],
+        CASES + DELAYED + ["bf16_against_fsdp2", "bf16_reduce_against_fsdp2", "clip_norm_of_large_tensors"],
         4,
         env={"SMSDP_SIMULATED_HOSTS": "1", "SM_HOSTS": '["algo-1", "algo-2"]'},
         timeout=400,
@@ -100,6 +102,28 @@ def test_bf16_is_as_close_to_fp32_as_fsdp2_bf16(results):
     # Both cast parameters to bf16 for compute and reduce in fp32; the rounding differs in
     # detail (where each casts), so allow a factor of two around FSDP2's own deviation.
     assert ours <= max(2 * theirs, 1e-3), f"smsdp bf16 deviates {ours:.2e} from fp32, FSDP2 bf16 {theirs:.2e}"
+
+
+def test_bf16_reduce_is_as_close_to_fp32_as_fsdp2_bf16_reduce(results):
+    result = results["bf16_reduce_against_fsdp2"][0]
+    fp32 = torch.tensor(result["fp32"])
+    exact = (torch.tensor(result["smsdp_fp32_reduce"]) - fp32).abs().max().item()
+    ours = (torch.tensor(result["smsdp_bf16_reduce"]) - fp32).abs().max().item()
+    theirs = (torch.tensor(result["fsdp2_bf16_reduce"]) - fp32).abs().max().item()
+    assert ours > exact, "sdp_reduce_dtype='bf16' changed nothing: the reduction did not run in bf16"
+    # Both sum gradients in bf16 and keep fp32 masters; they round at different places (smsdp
+    # accumulates the reduced shard into fp32 and sums replicas in bf16 once per step), so allow
+    # a factor of two around FSDP2's own deviation, as the bf16-compute test does.
+    assert ours <= 2 * theirs, f"smsdp bf16 reduce deviates {ours:.2e} from fp32, FSDP2 bf16 reduce {theirs:.2e}"
+
+
+def test_bf16_reduce_halves_the_gradient_bytes(results):
+    fp32, bf16 = results["bf16_reduce_against_fsdp2"][0]["fp32_reduce_bytes"], \
+        results["bf16_reduce_against_fsdp2"][0]["bf16_reduce_bytes"]
+    for kind in ("reduce_scatter", "all_reduce.replica", "all_reduce.dp"):
+        assert fp32[kind] > 0 and bf16[kind] * 2 == fp32[kind], (kind, fp32, bf16)
+    assert sum(v for k, v in bf16.items() if k.startswith("all_gather")) == \
+        sum(v for k, v in fp32.items() if k.startswith("all_gather"))
 
 
 @pytest.mark.parametrize("case", DELAYED)

@@ -208,6 +208,20 @@ def test_bounds(key, bad, default):
     assert f"use e.g. {default!r} (the default)" in message
 
 
+def test_sdp_reshard_after_forward_accepts_the_two_strategies():
+    assert SMPParameters().sdp_reshard_after_forward is True
+    assert SMPParameters.model_validate({"sdp_reshard_after_forward": False}).sdp_reshard_after_forward is False
+
+
+@pytest.mark.parametrize("bad", [2, 0, "false", 1.5])
+def test_sdp_reshard_after_forward_rejects_what_is_not_built(bad):
+    message = error_of(SMPParameters.model_validate, {"sharded_data_parallel_degree": 4,
+                                                      "sdp_reshard_after_forward": bad})
+    assert "sdp_reshard_after_forward" in message, message
+    if isinstance(bad, int):
+        assert "use True" in message and "False" in message, message
+
+
 def test_bounds_accept_edge_values():
     p = SMPParameters(sdp_param_persistence_threshold=0, sdp_gradient_clipping=0, activation_loading_horizon=0)
     assert p.sdp_gradient_clipping == 0.0

@@ -188,6 +188,32 @@ def test_plan_comm_equals_what_the_runtime_counted_for_the_benchmark():
     assert p.comm.persistent_all_reduce.total == 82_944
 
 
+def test_plan_without_reshard_after_forward_gathers_once_and_holds_the_whole_model():
+    spec = ModelSpec.gpt(4, 256, 4, 1024, 128)
+    kwargs = dict(batch_size=4, instance_count=2, processes_per_host=2, recommend=False)
+    base = {"sharded_data_parallel_degree": 2, "sdp_param_persistence_threshold": 10_000}
+    kept = plan(spec, parameters={**base, "sdp_reshard_after_forward": False}, **kwargs)
+    # every one of the 3,440,640 sharded elements gathered once per micro-step: (d-1)/d x Psi x 4 bytes
+    assert kept.comm.all_gather.total == 3_440_640 * 4 // 2
+    resharded = plan(spec, parameters=base, **kwargs)
+    assert kept.comm.reduce_scatter.total == resharded.comm.reduce_scatter.total
+    # the whole model gathered at the end of the forward (fp32: 4 bytes per sharded element)
+    assert kept.memory.unsharded_params == 4 * 3_440_640
+    assert kept.memory.unsharded_params > resharded.memory.unsharded_params
+
+
+def test_plan_with_bf16_reduction_halves_the_gradient_bytes():
+    spec = ModelSpec.gpt(4, 256, 4, 1024, 128)
+    kwargs = dict(batch_size=4, instance_count=2, processes_per_host=2, recommend=False)
+    base = {"sharded_data_parallel_degree": 2, "sdp_param_persistence_threshold": 10_000}
+    fp32 = plan(spec, parameters=base, **kwargs).comm
+    bf16 = plan(spec, parameters={**base, "sdp_reduce_dtype": "bf16"}, **kwargs).comm
+    assert bf16.reduce_scatter.total * 2 == fp32.reduce_scatter.total == 6_881_280
+    assert bf16.replica_all_reduce.total * 2 == fp32.replica_all_reduce.total
+    assert bf16.persistent_all_reduce.total * 2 == fp32.persistent_all_reduce.total
+    assert bf16.all_gather.total == fp32.all_gather.total
+
+
 def test_step_time_by_hand():
     comm = comm_model.CommBreakdown(comm_model.LinkBytes(intra=100.0), comm_model.LinkBytes(inter=10.0),
                                     comm_model.LinkBytes(inter=5.0), comm_model.LinkBytes(), 2, False)
