@@ -73,7 +73,7 @@ def process_env(spec: JobSpec, source_root: str | None) -> dict[str, str]:
     """How the ranks run: unbuffered output, one share of the cores each, importable package."""
     env = {
         "PYTHONUNBUFFERED": "1",
-        # Oversubscribed intra-op threads make CPU ranks crawl (MACHINE-NOTES: 5x).
+        # Oversubscribed intra-op threads make CPU ranks crawl (DDP ran 5x slower with 2 threads per rank on 2 cores).
         "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // spec.world_size)),
     }
     if source_root is not None:

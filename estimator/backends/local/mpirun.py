@@ -10,7 +10,7 @@ from typing import Iterable, Sequence
 
 LAUNCHER_MODULE = "entrypoints.launcher"
 
-#: Local-job settings (MACHINE-NOTES): run as root on few cores, let every rank
+#: Local-job settings: run as root on few cores, let every rank
 #: use every core (no pinning), prefix each output line with its rank
 #: ("--output tag"), and use only the self/shared-memory transports, which cut
 #: MPI start-up from 1.2 s to 0.1 s on one machine.
@@ -22,7 +22,7 @@ LOCAL_MPI_OPTIONS = (
 
 
 #: The same settings as an environment, for programs that start mpirun themselves
-#: (the distributed tests, the benchmarks): one thread per rank (MACHINE-NOTES: two
+#: (the distributed tests, the benchmarks): one thread per rank (measured here: two
 #: threads per rank on 2 cores made DDP 5x slower), unbuffered output, root allowed.
 FAST_MPI_ENV = {
     "OMPI_MCA_btl": "self,sm",
