@@ -14,7 +14,7 @@ from tests.mpi_harness import requires_mpi, run_cases
 
 pytestmark = [pytest.mark.distributed, requires_mpi]
 
-CASES = ["gpt", "hf_llama"]
+CASES = ["gpt", "hf_gpt2", "hf_llama"]
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,7 @@ def results(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def replicated(tmp_path_factory):
-    return run_cases("tests/distributed/tp_sharded_worker.py", ["gpt"], nprocs=8, timeout=400,
+    return run_cases("tests/distributed/tp_sharded_worker.py", CASES, nprocs=8, timeout=400,
                      out_dir=tmp_path_factory.mktemp("tp_sharded_r2"))
 
 
@@ -34,9 +34,10 @@ def test_tp_and_sharding_match_single_process(results, case):
     _assert_matches(results[case], case)
 
 
-def test_tp_sharding_and_replication_match_single_process(replicated):
-    _assert_matches(replicated["gpt"], "gpt (8 ranks)")
-    for result in replicated["gpt"]:
+@pytest.mark.parametrize("case", CASES)
+def test_tp_sharding_and_replication_match_single_process(replicated, case):
+    _assert_matches(replicated[case], f"{case} (8 ranks)")
+    for result in replicated[case]:
         assert result["sharded"]["comm"]["all_reduce.replica"] > 0  # r = 2: the replica all-reduce ran
 
 

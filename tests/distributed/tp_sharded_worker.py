@@ -21,7 +21,7 @@ from tests.distributed.tensor_parallel_worker import ADAM_EPS, MODELS
 from tests.models import lm_batch
 from tests.mpi_harness import OUT_ENV, init_gloo_from_env, worker_main
 
-STEPS = 3
+STEPS = 20
 BATCH = 2  # sequences per TP group
 
 
@@ -96,5 +96,5 @@ def run(name: str) -> dict:
 
 
 if __name__ == "__main__":
-    worker_main({name: (lambda name=name: run(name)) for name in ("gpt", "hf_llama")},
+    worker_main({name: (lambda name=name: run(name)) for name in ("gpt", "hf_gpt2", "hf_llama")},
                 setup=init_gloo_from_env)
