@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from smsdp.tensor_parallel.comm_formula import tp_bytes_per_micro_step
+from tests.distributed.test_equivalence import _by_kind, _formula
 from tests.distributed.test_tensor_parallel import SHAPES, assert_same_training
 from tests.distributed.tp_sharded_worker import BATCH, STEPS
 from tests.models import SEQ_LEN
@@ -56,6 +57,20 @@ def test_each_collective_ran_in_its_group(results, case):
         # the activation all-reduces are those of TP alone, per micro-step of this TP group's batch
         hidden, layers, columns = SHAPES[case]
         assert comm["all_reduce.tp"] == STEPS * tp_bytes_per_micro_step(BATCH * SEQ_LEN, hidden, layers, 2, columns)
+
+
+@pytest.mark.parametrize("launch", ["results", "replicated"])
+@pytest.mark.parametrize("case", CASES)
+def test_bytes_per_step_equal_the_sharded_formula_plus_the_tensor_parallel_all_reduces(request, launch, case):
+    """Every step, per rank: the t=1 formula over this TP rank's pieces (all-gather and
+    reduce-scatter in its shard group, replica all-reduce) plus the activation all-reduces in tp_group."""
+    hidden, layers, columns = SHAPES[case]
+    tp_bytes = tp_bytes_per_micro_step(BATCH * SEQ_LEN, hidden, layers, 2, columns)
+    for result in request.getfixturevalue(launch)[case]:
+        sharded = result["sharded"]
+        for step, step_bytes in enumerate(sharded["bytes"]):
+            expected = {**_formula(sharded["layout"], 1, first_step=step == 0), "all_reduce.tp": tp_bytes}
+            assert {**_by_kind(step_bytes), "all_reduce.tp": step_bytes["all_reduce.tp"]} == expected, (case, step)
 
 
 def test_full_checkpoint_is_the_plain_model_and_partial_is_refused(results):

@@ -17,6 +17,7 @@ import torch.distributed as dist
 import smsdp as smp
 from smsdp import state as runtime_state
 from smsdp.tensor_parallel import set_tensor_parallelism
+from tests.distributed.equivalence_worker import _layout
 from tests.distributed.tensor_parallel_worker import ADAM_EPS, MODELS
 from tests.models import lm_batch
 from tests.mpi_harness import OUT_ENV, init_gloo_from_env, worker_main
@@ -58,8 +59,9 @@ def sharded(name: str) -> dict:
         set_tensor_parallelism(plain, True)
     model = smp.DistributedModel(plain)
     opt = smp.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1, eps=ADAM_EPS))
-    losses = []
+    losses, per_step_bytes = [], []
     for step in range(STEPS):
+        before = smp.comm_stats()
         x, y = (t.chunk(rdp)[rdp_rank] for t in _batch(case, step, rdp))
         loss = case.loss(model, x, y)
         model.backward(loss)
@@ -68,7 +70,9 @@ def sharded(name: str) -> dict:
         value = loss.detach().clone()
         dist.all_reduce(value, group=smp.get_rdp_process_group())
         losses.append(value.item() / rdp)
-    out = {"losses": losses, "params": model.state_dict(), "comm": smp.comm_stats()}
+        per_step_bytes.append({k: v - before.get(k, 0) for k, v in smp.comm_stats().items()})
+    out = {"losses": losses, "params": model.state_dict(), "comm": smp.comm_stats(), "bytes": per_step_bytes,
+           "layout": {**_layout(model, kept=True), "reshard_after_forward": True}}
     if name == "gpt":
         out["checkpoint"] = _full_checkpoint_round_trip(model, case)
     return out
