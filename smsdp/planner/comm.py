@@ -8,7 +8,9 @@ padded elements, ``m`` micro-steps), exactly what ``smp.comm_stats()`` counts:
   reduces in fp32; ``Psi_t`` the trainable part);
 - ``2 (r-1)/r Psi_t/d 4`` across the replication group, once per step;
 - ``2 (n-1)/n Psi_p 4`` for replicated (persistent) trainable parameters over the
-  ``n`` data-parallel ranks.
+  ``n`` data-parallel ranks;
+- at tensor-parallel degree ``t``, the activation all-reduces in ``tp_group``
+  (``smsdp.planner.tensor_parallel``), ``m`` times; ``Psi`` is then one TP rank's pieces.
 
 Which link carries them: a collective whose group lies inside one host runs on
 the intra-host links; one whose group spans hosts is a ring paced by its
@@ -44,6 +46,7 @@ class CommBreakdown:
     persistent_all_reduce: LinkBytes
     shard_group_hosts: int
     hierarchical: bool
+    tensor_parallel: LinkBytes = LinkBytes()
 
     @property
     def intra_host_bytes(self) -> float:
@@ -58,7 +61,8 @@ class CommBreakdown:
         return self.intra_host_bytes + self.inter_host_bytes
 
     def _all(self) -> tuple[LinkBytes, ...]:
-        return (self.all_gather, self.reduce_scatter, self.replica_all_reduce, self.persistent_all_reduce)
+        return (self.all_gather, self.reduce_scatter, self.replica_all_reduce, self.persistent_all_reduce,
+                self.tensor_parallel)
 
 
 @dataclass(frozen=True)
@@ -72,9 +76,9 @@ class GroupSpan:
     hierarchical_ok: bool
 
 
-def group_span(world: int, processes_per_host: int, sdp_degree: int) -> GroupSpan:
+def group_span(world: int, processes_per_host: int, sdp_degree: int, tp_degree: int = 1) -> GroupSpan:
     """From the real topology (``smsdp.topology``): how many hosts each group spans."""
-    topo = Topology(world, processes_per_host, 1, sdp_degree)
+    topo = Topology(world, processes_per_host, tp_degree, sdp_degree)
 
     def hosts(group) -> int:
         return len({topo.host_of(r) for r in group})
@@ -109,6 +113,8 @@ def comm_per_step(
     hierarchical_allgather: bool,
     reduce_bytes: int = 4,
     kept_elems: int = 0,
+    tp_degree: int = 1,
+    tp_bytes_per_micro_step: float = 0.0,
 ) -> CommBreakdown:
     """The per-step volumes of docs/runtime.md, split by link (see module docstring).
 
@@ -116,8 +122,9 @@ def comm_per_step(
     (the root and the forward's last unit stay gathered into the backward).
     """
     d, m = sdp_degree, micro_steps
-    r = world // d
-    span = group_span(world, processes_per_host, d)
+    dp = world // tp_degree
+    r = dp // d
+    span = group_span(world, processes_per_host, d, tp_degree)
     psi, psi_t, psi_p = sharded_elems, sharded_trainable_elems, persistent_trainable_elems
     gathered = 2 * psi - kept_elems  # elements all-gathered per micro-step
 
@@ -139,10 +146,12 @@ def comm_per_step(
     reduce_scatter = _on(span.shard_hosts, rs_bytes)
     replica_bytes = 2 * (r - 1) / r * psi_t / d * reduce_bytes if r > 1 else 0.0
     replica = _on(span.replica_hosts, replica_bytes)
-    n = world
+    n = dp
     persistent_bytes = 2 * (n - 1) / n * psi_p * reduce_bytes if n > 1 else 0.0
     persistent = _on(span.dp_hosts, persistent_bytes)
-    return CommBreakdown(all_gather, reduce_scatter, replica, persistent, span.shard_hosts, hierarchical)
+    tensor_parallel = LinkBytes(intra=m * tp_bytes_per_micro_step)  # a TP group never leaves its host
+    return CommBreakdown(all_gather, reduce_scatter, replica, persistent, span.shard_hosts, hierarchical,
+                         tensor_parallel)
 
 
 def _on(hosts: int, nbytes: float) -> LinkBytes:
@@ -208,6 +217,7 @@ def step_time(
     inter_bps: float,
     overlap: bool,
     early_boundary_sync: bool = False,
+    tp_degree: int = 1,
 ) -> StepTime:
     """``step = m * max(compute, in-group comm) + exposed boundary comm`` (``+`` instead of ``max``
     without overlap).
@@ -221,15 +231,21 @@ def step_time(
     what is left of it once the in-group collectives are paid for:
     ``exposed = max(0, boundary - (backward_share * compute - in_group))``, the backward being 2/3
     of a micro-step's FLOPs (3/4 with recomputation).
+
+    At tensor-parallel degree ``t`` the ``t`` ranks of a TP group share one micro-batch
+    (``tokens_per_rank_per_micro_step`` is the group's) and each does ``1/t`` of its FLOPs;
+    the activation all-reduces sit between the layers that need them, so they add to the
+    micro-step without overlap.
     """
     m = micro_steps
-    compute = (flops_per_token + recompute_flops_per_token) * tokens_per_rank_per_micro_step
+    compute = (flops_per_token + recompute_flops_per_token) * tokens_per_rank_per_micro_step / tp_degree
     compute /= peak_flops * achieved_fraction
+    tensor_parallel = link_seconds(comm.tensor_parallel, intra_bps, inter_bps) / m
     in_group = (link_seconds(comm.all_gather, intra_bps, inter_bps)
                 + link_seconds(comm.reduce_scatter, intra_bps, inter_bps)) / m
     boundary = (link_seconds(comm.replica_all_reduce, intra_bps, inter_bps)
                 + link_seconds(comm.persistent_all_reduce, intra_bps, inter_bps))
-    micro = max(compute, in_group) if overlap else compute + in_group
+    micro = (max(compute, in_group) if overlap else compute + in_group) + tensor_parallel
     exposed = boundary
     if early_boundary_sync:
         backward_share = 0.75 if recompute_flops_per_token else 2.0 / 3.0
@@ -241,7 +257,7 @@ def step_time(
         boundary_comm_s=boundary,
         exposed_boundary_s=exposed,
         step_s=step,
-        tokens_per_step=tokens_per_rank_per_micro_step * m * world,
+        tokens_per_step=tokens_per_rank_per_micro_step * m * world // tp_degree,
         model_flops_per_token=flops_per_token,
         peak_flops=peak_flops,
         world=world,

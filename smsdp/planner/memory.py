@@ -122,7 +122,7 @@ class Activations:
         return self.saved_per_layer * self.layers_on_device + self.head_saved + self.transient
 
 
-def layer_activation_bytes(shape: TransformerShape, batch: int, compute_bytes: int) -> int:
+def layer_activation_bytes(shape: TransformerShape, batch: int, compute_bytes: int, tp_degree: int = 1) -> int:
     """Bytes one transformer block keeps for its backward when nothing is recomputed.
 
     Elements kept, in units of ``s*b*h`` (then times ``c``): LayerNorm inputs 2,
@@ -135,18 +135,25 @@ def layer_activation_bytes(shape: TransformerShape, batch: int, compute_bytes: i
 
     At ``c = 2`` with eager attention and dropout this is Korthikanti et al.
     (2022), eq. (1): ``s*b*h*(34 + 5*a*s/h)``.
+
+    At tensor-parallel degree ``t`` (no sequence parallelism) the inputs of the
+    layer norms, of the column-parallel layers and the residual dropout masks
+    stay whole (``4`` sbh and ``2*sbh`` bytes); everything between a
+    column-parallel and a row-parallel layer (Q, K, V, the attention core, the
+    output-projection input, both MLP hiddens) is split: Korthikanti's
+    ``s*b*h*(10 + 24/t + 5*a*s/(h*t))``.
     """
-    s, b, h, a, f = shape.seq_len, batch, shape.d_model, shape.n_head, shape.ffn_mult
+    s, b, h, a, f, t = shape.seq_len, batch, shape.d_model, shape.n_head, shape.ffn_mult, tp_degree
     sbh = s * b * h
-    total = compute_bytes * (8 + 2 * f) * sbh
+    total = compute_bytes * 4 * sbh + compute_bytes * (4 + 2 * f) * sbh // t
     if shape.attention == "flash":
-        total += compute_bytes * sbh + 4 * a * s * b
+        total += (compute_bytes * sbh + 4 * a * s * b) // t
     else:
-        total += compute_bytes * a * s * s * b
+        total += compute_bytes * a * s * s * b // t
     if shape.dropout:
         total += 2 * sbh
         if shape.attention == "eager":
-            total += a * s * s * b + compute_bytes * a * s * s * b
+            total += (a * s * s * b + compute_bytes * a * s * s * b) // t
     return total
 
 
@@ -158,6 +165,7 @@ def activation_bytes(
     checkpointing: bool = False,
     offload: bool = False,
     loading_horizon: int = 4,
+    tp_degree: int = 1,
 ) -> Activations:
     """Activation memory at its peak, the start of backward.
 
@@ -172,10 +180,13 @@ def activation_bytes(
     - Transient: the larger of the loss backward (two fp32 ``s*b*V`` gradients,
       while the log-probabilities are still alive) and a block's backward (two
       ``c*f*sbh`` gradients of the MLP hidden, plus the recomputed block).
+    - At tensor-parallel degree ``t`` a rank keeps ``V/t`` of the vocabulary's
+      log-probabilities and ``f*h/t`` of the MLP hidden (the vocab-parallel loss
+      never gathers the logits).
     """
-    s, b, h, v, f = shape.seq_len, batch, shape.d_model, shape.vocab_size, shape.ffn_mult
-    sbh, sbv = s * b * h, s * b * v
-    full = layer_activation_bytes(shape, batch, compute_bytes)
+    s, b, h, v, f, t = shape.seq_len, batch, shape.d_model, shape.vocab_size, shape.ffn_mult, tp_degree
+    sbh, sbv = s * b * h, s * b * math.ceil(v / t)
+    full = layer_activation_bytes(shape, batch, compute_bytes, tp_degree)
     if checkpointing:
         per_layer = compute_bytes * sbh
         on_device = min(shape.n_layer, loading_horizon + 1) if offload else shape.n_layer
@@ -184,7 +195,7 @@ def activation_bytes(
         per_layer, on_device, recomputed = full, shape.n_layer, 0
     head = 2 * compute_bytes * sbh + (sbh if shape.dropout else 0)
     loss_backward = 4 * sbv + 8 * sbv
-    block_backward = 2 * compute_bytes * f * sbh + recomputed
+    block_backward = 2 * compute_bytes * f * sbh // t + recomputed
     return Activations(per_layer, on_device, head, max(loss_backward, block_backward), recomputed)
 
 

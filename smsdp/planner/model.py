@@ -35,6 +35,8 @@ class ParamTensor:
     numel: int
     unit: int = ROOT
     trainable: bool = True
+    tp_length: int = 0
+    """Plain length along the dimension a tensor-parallel layer splits (0: every TP rank holds it whole)."""
 
 
 @dataclass(frozen=True)
@@ -146,32 +148,33 @@ class ModelSpec:
         h, f = d_model, ffn_mult * d_model
         tensors: list[ParamTensor] = []
 
-        def add(name: str, numel: int, unit: int) -> None:
-            tensors.append(ParamTensor(name, numel, unit))
+        def add(name: str, numel: int, unit: int, tp_length: int = 0) -> None:
+            tensors.append(ParamTensor(name, numel, unit, tp_length=tp_length))
 
         def layer_norm(prefix: str, unit: int) -> None:
             add(f"{prefix}.weight", h, unit)
             if bias:
                 add(f"{prefix}.bias", h, unit)
 
-        def linear(prefix: str, n_in: int, n_out: int, unit: int, has_bias: bool = bias) -> None:
-            add(f"{prefix}.weight", n_in * n_out, unit)
+        def linear(prefix: str, n_in: int, n_out: int, unit: int, split: str, has_bias: bool = bias) -> None:
+            # column-parallel splits the outputs (and the bias), row-parallel the inputs (the bias stays whole)
+            add(f"{prefix}.weight", n_in * n_out, unit, n_out if split == "column" else n_in)
             if has_bias:
-                add(f"{prefix}.bias", n_out, unit)
+                add(f"{prefix}.bias", n_out, unit, n_out if split == "column" else 0)
 
-        add("transformer.wte.weight", vocab_size * h, ROOT)
+        add("transformer.wte.weight", vocab_size * h, ROOT, vocab_size)
         add("transformer.wpe.weight", seq_len * h, ROOT)
         for i in range(n_layer):
             p = f"transformer.h.{i}"
             layer_norm(f"{p}.ln_1", i)
-            linear(f"{p}.attn.c_attn", h, 3 * h, i)
-            linear(f"{p}.attn.c_proj", h, h, i)
+            linear(f"{p}.attn.c_attn", h, 3 * h, i, "column")
+            linear(f"{p}.attn.c_proj", h, h, i, "row")
             layer_norm(f"{p}.ln_2", i)
-            linear(f"{p}.mlp.c_fc", h, f, i)
-            linear(f"{p}.mlp.c_proj", f, h, i)
+            linear(f"{p}.mlp.c_fc", h, f, i, "column")
+            linear(f"{p}.mlp.c_proj", f, h, i, "row")
         layer_norm("transformer.ln_f", ROOT)
         if not tie_embeddings:
-            linear("lm_head", h, vocab_size, ROOT, has_bias=False)
+            linear("lm_head", h, vocab_size, ROOT, "column", has_bias=False)
         total = sum(t.numel for t in tensors)
         # Position embeddings take no matmul; the token embedding does only when tied (as lm_head).
         matmul = total - seq_len * h - (0 if tie_embeddings else vocab_size * h)

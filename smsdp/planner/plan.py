@@ -24,13 +24,14 @@ from smsdp.planner import comm as comm_model
 from smsdp.planner import memory as mem
 from smsdp.planner.hardware import Assumptions, GiB, Hardware
 from smsdp.planner.model import ROOT, ModelSpec
+from smsdp.planner.tensor_parallel import tp_bytes_per_micro_step, tp_piece
 
 MAX_BATCH_SEARCH = 1 << 16
 MAX_INSTANCES_SEARCH = 4096
 
 
 class PlanError(ValueError):
-    """A configuration the planner cannot model (e.g. tensor parallelism)."""
+    """A configuration the planner cannot model."""
 
 
 class DoesNotFitError(ConfigError):
@@ -233,11 +234,6 @@ def _check_inputs(runtime: RuntimeConfig, batch_size: int, grad_accum: int, opti
     if optimizer not in mem.OPTIMIZER_BYTES_PER_ELEMENT:
         known = ", ".join(sorted(mem.OPTIMIZER_BYTES_PER_ELEMENT))
         raise ValueError(f"optimizer={optimizer!r} is not one the planner knows; use one of {known}")
-    if runtime.parameters.tensor_parallel_degree > 1:
-        raise PlanError(
-            f"tensor_parallel_degree={runtime.parameters.tensor_parallel_degree}: the planner (like the "
-            "runtime) models sharded data parallelism only; use tensor_parallel_degree=1"
-        )
 
 
 def _compute_bytes(p: SMPParameters) -> int:
@@ -255,7 +251,7 @@ def _activations(model: ModelSpec, p: SMPParameters, batch: int, c: int, warning
     if model.shape is not None:
         offload = p.offload_activations and checkpointing
         detail = mem.activation_bytes(model.shape, batch, c, checkpointing=checkpointing, offload=offload,
-                                      loading_horizon=p.activation_loading_horizon)
+                                      loading_horizon=p.activation_loading_horizon, tp_degree=p.tensor_parallel_degree)
     else:
         warnings.append("activations not estimated: the model has no transformer shape "
                         "(give layers/hidden/heads/vocab/seq, or ModelSpec.with_shape)")
@@ -280,7 +276,7 @@ def _step_time(model: ModelSpec, p: SMPParameters, hardware, comm, batch: int, a
         tokens_per_rank_per_micro_step=tokens, micro_steps=accum, world=world, peak_flops=peak,
         achieved_fraction=assumptions.achieved_fraction_of_peak, intra_bps=hardware.intra_bytes_per_s,
         inter_bps=hardware.inter_bytes_per_s, overlap=assumptions.overlap_in_group_comm,
-        early_boundary_sync=assumptions.early_replica_sync,
+        early_boundary_sync=assumptions.early_replica_sync, tp_degree=p.tensor_parallel_degree,
     )
     if model.shape is None:
         warnings.append("step time per token of an unknown sequence length: tokens = batch x 1")
@@ -292,12 +288,13 @@ def _evaluate(
 ) -> Plan:
     p = runtime.parameters
     d, world, ppn = p.sharded_data_parallel_degree, runtime.world_size, runtime.processes_per_host
-    c = _compute_bytes(p)
+    c, t = _compute_bytes(p), p.tensor_parallel_degree
     hardware = Hardware.for_instance(runtime.instance_type, ppn, world, assumptions)
-    groups = mem.layout(model, d, p.sdp_param_persistence_threshold)
+    piece = tp_piece(model, t)  # what TP rank 0, the largest, holds: the whole model when t = 1
+    groups = mem.layout(piece, d, p.sdp_param_persistence_threshold)
     sizes = mem.unit_sizes(groups)
     state = mem.model_state(groups, c, mem.OPTIMIZER_BYTES_PER_ELEMENT[optimizer])
-    warnings: list[str] = list(model.notes)
+    warnings: list[str] = list(piece.notes)
 
     act_detail = _activations(model, p, batch, c, warnings)
     activations = None if act_detail is None else act_detail.total
@@ -310,7 +307,9 @@ def _evaluate(
         sharded_elems=sharded, sharded_trainable_elems=sharded_t, persistent_trainable_elems=persistent_t,
         compute_bytes=c, sdp_degree=d, world=world, processes_per_host=ppn, micro_steps=accum,
         hierarchical_allgather=p.sdp_hierarchical_allgather, kept_elems=mem.kept_for_backward_elems(sizes, p),
-        reduce_bytes=2 if p.sdp_reduce_dtype == "bf16" else 4,
+        reduce_bytes=2 if p.sdp_reduce_dtype == "bf16" else 4, tp_degree=t,
+        tp_bytes_per_micro_step=0.0 if t == 1 or model.shape is None else tp_bytes_per_micro_step(
+            batch * model.shape.seq_len, model.shape.d_model, model.shape.n_layer, t, bytes_per_element=c),
     )
 
     # The runtime collects earlier units' reduce-scatters at each unit's post-backward.
@@ -441,7 +440,8 @@ def _rescue_notes(base: Plan) -> list[str]:
             break
     fixed = _unit_bound_bytes(base, _with(full, **combined))
     if fixed > base.budget_bytes:
-        largest = max(mem.unit_sizes(mem.layout(base.model, 2, p.sdp_param_persistence_threshold)).gathered.values())
+        piece = tp_piece(base.model, p.tensor_parallel_degree)
+        largest = max(mem.unit_sizes(mem.layout(piece, 2, p.sdp_param_persistence_threshold)).gathered.values())
         notes.append(
             f"even fully sharded, what does not shrink with more {base.device_word}s (the largest unit of "
             f"{largest:,} elements gathered, its fp32 reduce-scatter inputs and all-gather staging, "

@@ -33,6 +33,8 @@ CASES = {
     "bench_fp32": (BENCH, 4, {"sharded_data_parallel_degree": 2, "sdp_param_persistence_threshold": 10_000}),
     "bench_bf16": (BENCH, 4, {"sharded_data_parallel_degree": 2, "sdp_param_persistence_threshold": 10_000,
                               "bf16": True}),
+    "bench_tp2_d2": (BENCH, 4, {"tensor_parallel_degree": 2, "sharded_data_parallel_degree": 2,
+                                "prescaled_batch": True, "sdp_param_persistence_threshold": 10_000}),
 }
 STEPS = 1
 
@@ -42,9 +44,11 @@ def run(name: str) -> dict:
     runtime_state.reset_for_tests()
     smp.init({"ddp": True, **params})
     torch.manual_seed(0)
-    model = smp.DistributedModel(GPT(config))
+    with smp.model_creation(tensor_parallelism=smp.tp_size() > 1):
+        plain = GPT(config)
+    model = smp.DistributedModel(plain)
     opt = smp.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=1e-3))
-    gen = torch.Generator().manual_seed(smp.rank())
+    gen = torch.Generator().manual_seed(smp.rdp_rank())  # a TP group reads one batch
     for _ in range(STEPS):
         tokens = torch.randint(0, config.vocab_size, (batch, config.block_size + 1), generator=gen)
         loss = model(tokens[:, :-1], tokens[:, 1:]).loss
@@ -55,6 +59,7 @@ def run(name: str) -> dict:
     return {
         "model_state": state,
         "sdp_rank": smp.sdp_rank(),
+        "tp_rank": smp.tp_rank(),
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
     }
 

@@ -14,6 +14,7 @@ import pytest
 
 from smsdp.planner import ModelSpec, plan
 from smsdp.planner import memory as mem
+from smsdp.planner.tensor_parallel import tp_piece
 from tests.distributed.planner_worker import CASES
 from tests.mpi_harness import requires_mpi, run_cases
 
@@ -44,9 +45,10 @@ def _plan(case: str):
 def test_each_rank_holds_exactly_the_predicted_model_state(results, case):
     p = _plan(case)
     params = p.runtime.parameters
-    groups = mem.layout(p.model, params.sharded_data_parallel_degree, params.sdp_param_persistence_threshold)
     c = 2 if params.bf16 else 4
     for rank, result in enumerate(results[case]):
+        piece = tp_piece(p.model, params.tensor_parallel_degree, result["tp_rank"])
+        groups = mem.layout(piece, params.sharded_data_parallel_degree, params.sdp_param_persistence_threshold)
         predicted = mem.model_state(groups, c, 8, sdp_rank=result["sdp_rank"])
         measured = result["model_state"]
         assert (measured["params"], measured["grads"], measured["optimizer"]) == (

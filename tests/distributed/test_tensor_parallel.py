@@ -58,7 +58,7 @@ SHAPES = {"gpt": (30, 2, 2), "gpt_untied": (30, 2, 2), "hf_gpt2": (30, 2, 2), "h
 
 @pytest.mark.parametrize("case", CASES)
 def test_tensor_parallel_bytes_equal_the_formula(results, case):
-    from smsdp.tensor_parallel.comm_formula import tp_bytes_per_micro_step
+    from smsdp.planner.tensor_parallel import tp_bytes_per_micro_step
     from tests.distributed.tensor_parallel_worker import BATCH, STEPS
     from tests.models import SEQ_LEN
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from smsdp.tensor_parallel.comm_formula import tp_bytes_per_micro_step
+from smsdp.planner.tensor_parallel import tp_bytes_per_micro_step
 from tests.distributed.test_equivalence import _by_kind, _formula
 from tests.distributed.test_tensor_parallel import SHAPES, assert_same_training
 from tests.distributed.tp_sharded_worker import BATCH, STEPS

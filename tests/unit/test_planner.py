@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from smsdp.config import ConfigError
-from smsdp.planner import Assumptions, ModelSpec, ParamTensor, PlanError, TransformerShape, plan
+from smsdp.planner import Assumptions, ModelSpec, ParamTensor, TransformerShape, plan
 from smsdp.planner import comm as comm_model
 from smsdp.planner import memory as mem
 from smsdp.planner.hardware import GiB, Hardware
@@ -356,9 +356,9 @@ def test_invalid_inputs_are_refused():
     spec = ModelSpec.gpt(2, 32, 2, 64, 16)
     with pytest.raises(ConfigError, match="sharded_data_parallel_degree"):
         plan(spec, instance_count=2, processes_per_host=2, parameters={"sharded_data_parallel_degree": 3})
-    with pytest.raises(PlanError):
-        plan(spec, instance_count=2, processes_per_host=2,
-             parameters={"tensor_parallel_degree": 2, "prescaled_batch": True})
+    with pytest.raises(ValueError, match="does not divide the model's 2 attention heads"):
+        plan(spec, instance_count=2, processes_per_host=4,
+             parameters={"tensor_parallel_degree": 4, "prescaled_batch": True})
     with pytest.raises(ValueError, match="batch_size"):
         plan(spec, batch_size=0)
     with pytest.raises(ValueError, match="optimizer"):
