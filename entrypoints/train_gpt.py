@@ -66,6 +66,7 @@ import smsdp as smp  # noqa: E402
 from entrypoints.data import TokenDataset  # noqa: E402
 from entrypoints.gpt import GPT, GPTConfig  # noqa: E402
 from smsdp.metrics import ProgressLogger, write_summary  # noqa: E402
+from smsdp.tensor_parallel import batch_arithmetic  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -181,6 +182,8 @@ def main(argv=None) -> dict:
         dropout=args.dropout,
     )
     gpt = GPT(config)
+    if smp.tp_size() > 1:  # blocks, embedding and head split over tp_group (Megatron layout)
+        smp.set_tensor_parallelism(gpt, True)
     n_params = gpt.num_params()
     flops_per_token = gpt.flops_per_token(args.seq_len)
     # Declaring the accumulation lets the replica all-reduce overlap the last backward.
@@ -200,11 +203,17 @@ def main(argv=None) -> dict:
         world_size=smp.size(),
     )
     log.info(
-        f"GPT {n_params / 1e6:.2f}M params, {smp.size()} ranks (sharded degree {smp.sdp_size()}, "
+        f"GPT {n_params / 1e6:.2f}M params, {smp.size()} ranks ("
+        + (f"tensor-parallel degree {smp.tp_size()}, " if smp.tp_size() > 1 else "")
+        + f"sharded degree {smp.sdp_size()}, "
         f"{dp_size} data-parallel), {tokens_per_step} tokens/step, "
         f"data {data.num_tokens('train'):,} train / {data.num_tokens('val'):,} val tokens "
         f"from {len(data.files)} file(s)"
     )
+    if smp.tp_size() > 1:  # the TP ranks of a group read one batch (prescaled_batch): say what a step reads
+        arithmetic = batch_arithmetic(smp.size(), smp.tp_size(), smp.sdp_size(), args.batch_size, args.seq_len)
+        for line in arithmetic.lines():
+            log.info(line)
 
     @torch.no_grad()
     def evaluate() -> torch.Tensor:

@@ -24,6 +24,7 @@ from estimator.backends.slurm.options import check_slurm_options, check_slurm_ou
 from estimator.job import Job, JobFailedError
 from estimator.naming import MAX_NAME_TRIES, JobNameTakenError, base_name_for, unique_job_name
 from estimator.source_tree import scan_source_dir
+from estimator.tensor_parallel_check import check_tensor_parallel_job
 from estimator.spec import CheckpointSpec, Hyperparameter, JobSpec
 from estimator.validation import (
     check_checkpoint_local_path, check_checkpoint_uri, check_code, check_collective_timeout, check_environment,
@@ -114,10 +115,13 @@ class Estimator:
             lambda: check_max_retry_attempts(max_retry_attempts),
             lambda: check_slurm_options(slurm_options, instance_type),
         )
+        python_files = [code.script_path]
         if code.source_dir is not None:  # every problem of the tree now, not at the copy
-            scan_source_dir(code.source_dir, exclude=[Path(output), _local_dir(checkpoint_uri)],
-                            entry_point=code.entry_point)
+            tree = scan_source_dir(code.source_dir, exclude=[Path(output), _local_dir(checkpoint_uri)],
+                                   entry_point=code.entry_point)
+            python_files = tree.python_files()
         runtime = job.runtime
+        check_tensor_parallel_job(runtime, code.script_path, python_files, hps)
         if timeout_s is not None:
             runtime = runtime.model_copy(update={"collective_timeout_s": timeout_s})
         base = check_job_name(base_job_name, "base_job_name") if base_job_name else base_name_for(code.entry_point)

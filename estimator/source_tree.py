@@ -56,6 +56,9 @@ class SourceTree:
     def total_bytes(self) -> int:
         return sum(e.size for e in self.entries)
 
+    def python_files(self) -> list[Path]:
+        return [self.root / e.relative for e in self.entries if e.kind == "file" and e.relative.endswith(".py")]
+
     def copy_to(self, target: Path) -> None:
         """Recreate the tree under ``target`` (which must not exist); entries come parents first."""
         target.mkdir()

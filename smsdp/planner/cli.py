@@ -61,6 +61,8 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     cluster.add_argument("--persistence-threshold", type=float, default=1e6,
                          help="sdp_param_persistence_threshold (default 1e6)")
     cluster.add_argument("--max-live-parameters", type=float, default=1e9, help="sdp_max_live_parameters")
+    cluster.add_argument("--tensor-parallel-degree", type=int, default=1,
+                         help="tensor_parallel_degree (default 1); --batch-size is then per TP group")
     cluster.add_argument("--no-hierarchical-allgather", action="store_true")
     cluster.add_argument("--no-reshard-after-forward", action="store_true",
                          help="sdp_reshard_after_forward=False: keep every unit gathered until its backward")
@@ -139,10 +141,12 @@ def _run_plan(args: argparse.Namespace) -> int:
         ppn = args.processes_per_host
         if ppn is None:
             ppn = 1 if args.instance_type == LOCAL else lookup(args.instance_type).default_processes_per_host
-        degree = args.sharded_degree or args.instance_count * ppn
+        degree = args.sharded_degree or args.instance_count * ppn // args.tensor_parallel_degree
         kwargs["processes_per_host"] = ppn
         kwargs["parameters"] = {
             "sharded_data_parallel_degree": degree,
+            "tensor_parallel_degree": args.tensor_parallel_degree,
+            "prescaled_batch": args.tensor_parallel_degree > 1,
             "bf16": args.precision == "bf16",
             "fp16": args.precision == "fp16",
             "activation_checkpointing": args.activation_checkpointing,

@@ -141,7 +141,8 @@ class Plan:
                 name: {"intra_host": link.intra, "inter_host": link.inter}
                 for name, link in (("all_gather", self.comm.all_gather), ("reduce_scatter", self.comm.reduce_scatter),
                                    ("replica_all_reduce", self.comm.replica_all_reduce),
-                                   ("persistent_all_reduce", self.comm.persistent_all_reduce))
+                                   ("persistent_all_reduce", self.comm.persistent_all_reduce),
+                                   ("tensor_parallel_all_reduce", self.comm.tensor_parallel))
             },
             "recommendation": asdict(self.recommendation),
             "warnings": list(self.warnings),

@@ -64,9 +64,10 @@ def _header_lines(plan: "Plan") -> list[str]:
     lines = [
         f"smsdp plan: {plan.model.describe()}",
         f"  cluster   {rt.instance_count} x {hw.name}, {rt.processes_per_host} ranks/host = {rt.world_size} ranks; "
-        f"sharded degree {p.sharded_data_parallel_degree} x {rt.topology.replication_degree} replicas",
+        + (f"tensor-parallel degree {p.tensor_parallel_degree} x " if p.tensor_parallel_degree > 1 else "")
+        + f"sharded degree {p.sharded_data_parallel_degree} x {rt.topology.replication_degree} replicas",
         f"  training  batch {plan.batch_size}" + (f" x seq {seq}" if seq else "")
-        + f" per {word} per micro-step, {plan.grad_accum} micro-step{'s' if plan.grad_accum > 1 else ''} per step; "
+        + (" per TP group (prescaled_batch)" if p.tensor_parallel_degree > 1 else f" per {word}") + f" per micro-step, {plan.grad_accum} micro-step{'s' if plan.grad_accum > 1 else ''} per step; "
         + ", ".join(switches),
         "",
         f"memory per {word}",
@@ -133,6 +134,9 @@ def _comm_lines(plan: "Plan") -> list[str]:
          human_bytes(cm.replica_all_reduce.inter)],
         ["all-reduce of replicated params", human_bytes(cm.persistent_all_reduce.intra),
          human_bytes(cm.persistent_all_reduce.inter)],
+        *([[f"all-reduce of activations (tp_group of {plan.runtime.parameters.tensor_parallel_degree})",
+            human_bytes(cm.tensor_parallel.intra), human_bytes(cm.tensor_parallel.inter)]]
+          if plan.runtime.parameters.tensor_parallel_degree > 1 else []),
         ["total", human_bytes(cm.intra_host_bytes), human_bytes(cm.inter_host_bytes)],
     ]
     lines.append(table(comm_rows, ["", "intra-host", "inter-host"]))
