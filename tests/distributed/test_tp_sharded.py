@@ -20,7 +20,8 @@ CASES = ["gpt", "hf_gpt2", "hf_llama"]
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    return run_cases("tests/distributed/tp_sharded_worker.py", CASES, nprocs=4, timeout=400,
+    return run_cases("tests/distributed/tp_sharded_worker.py", [*CASES, "gpt_checkpointed", "gpt_bf16"], nprocs=4,
+                     timeout=400,
                      out_dir=tmp_path_factory.mktemp("tp_sharded"))
 
 
@@ -33,6 +34,19 @@ def replicated(tmp_path_factory):
 @pytest.mark.parametrize("case", CASES)
 def test_tp_and_sharding_match_single_process(results, case):
     _assert_matches(results[case], case)
+
+
+def test_activation_checkpointing_at_t2_matches_single_process(results):
+    _assert_matches(results["gpt_checkpointed"], "gpt with activation checkpointing")
+
+
+def test_bf16_at_t2_is_as_close_to_fp32_as_bf16_without_tensor_parallelism(results):
+    """Splitting the matmuls over tp_group adds no more bf16 rounding than sharding alone has."""
+    for result in results["gpt_bf16"]:
+        fp32 = torch.tensor(result["reference"]["losses"])
+        with_tp = (torch.tensor(result["t2"]["losses"]) - fp32).abs().max().item()
+        without = (torch.tensor(result["t1"]["losses"]) - fp32).abs().max().item()
+        assert 0 < with_tp <= max(2 * without, 1e-3), (with_tp, without)
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -45,14 +45,15 @@ def reference(name: str, rdp: int) -> dict:
     return {"losses": losses, "params": {k: v.detach().clone() for k, v in model.state_dict().items()}}
 
 
-def sharded(name: str) -> dict:
+def sharded(name: str, tp: int = 2, readers: int | None = None, **extra) -> dict:
+    """``readers``: the model replicas the global batch is made for (default: this job's)."""
     case = MODELS[name]
     runtime_state.reset_for_tests()
-    smp.init({"ddp": True, "tensor_parallel_degree": 2, "sharded_data_parallel_degree": 2, "prescaled_batch": True,
-              "sdp_param_persistence_threshold": 0, "sdp_gradient_clipping": 1.0})
+    smp.init({"ddp": True, "tensor_parallel_degree": tp, "sharded_data_parallel_degree": 2, "prescaled_batch": tp > 1,
+              "sdp_param_persistence_threshold": 0, "sdp_gradient_clipping": 1.0, **extra})
     rdp, rdp_rank = smp.rdp_size(), smp.rdp_rank()
     if name == "gpt":  # as SMP scripts do
-        with smp.model_creation(tensor_parallelism=True):
+        with smp.model_creation(tensor_parallelism=tp > 1):
             plain = case.build(seed=7)
     else:
         plain = case.build(seed=7)
@@ -62,7 +63,7 @@ def sharded(name: str) -> dict:
     losses, per_step_bytes = [], []
     for step in range(STEPS):
         before = smp.comm_stats()
-        x, y = (t.chunk(rdp)[rdp_rank] for t in _batch(case, step, rdp))
+        x, y = (t.chunk(rdp)[rdp_rank] for t in _batch(case, step, readers or rdp))
         loss = case.loss(model, x, y)
         model.backward(loss)
         opt.step()
@@ -73,7 +74,7 @@ def sharded(name: str) -> dict:
         per_step_bytes.append({k: v - before.get(k, 0) for k, v in smp.comm_stats().items()})
     out = {"losses": losses, "params": model.state_dict(), "comm": smp.comm_stats(), "bytes": per_step_bytes,
            "layout": {**_layout(model, kept=True), "reshard_after_forward": True}}
-    if name == "gpt":
+    if name == "gpt" and tp == 2 and not extra:
         out["checkpoint"] = _full_checkpoint_round_trip(model, case)
     return out
 
@@ -94,11 +95,19 @@ def _full_checkpoint_round_trip(model, case) -> dict:
     return {"refusal": refusal, "resumed": fresh.state_dict(), "saved": saved}
 
 
-def run(name: str) -> dict:
-    ours = sharded(name)
+def run(name: str, **extra) -> dict:
+    ours = sharded(name, **extra)
     return {"sharded": ours, "reference": reference(name, smp.rdp_size())}
 
 
+def bf16_against_t1() -> dict:
+    """bf16 at t=2, d=2 and at t=1, d=2 (4 ranks, so r=2), same global batch, and the fp32 reference."""
+    return {"t2": sharded("gpt", bf16=True), "t1": sharded("gpt", tp=1, readers=2, bf16=True),
+            "reference": reference("gpt", 2)}
+
+
 if __name__ == "__main__":
-    worker_main({name: (lambda name=name: run(name)) for name in ("gpt", "hf_gpt2", "hf_llama")},
+    worker_main({**{name: (lambda name=name: run(name)) for name in ("gpt", "hf_gpt2", "hf_llama")},
+                 "gpt_checkpointed": lambda: run("gpt", activation_checkpointing=True),
+                 "gpt_bf16": bf16_against_t1},
                 setup=init_gloo_from_env)
