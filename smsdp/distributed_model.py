@@ -55,6 +55,8 @@ from smsdp.delayed_materialize import materialize_units
 from smsdp.flat_param_group import FlatParamGroup
 from smsdp.model_state import full_state_dict, load_full_state_dict, model_state_bytes
 from smsdp.model_surface import PARTIAL_KEY, SMPModelMethods
+from smsdp.quantization import BlockQuantizer
+from smsdp.quantized_collectives import QuantizedAllGather, QuantizedReduceScatter
 from smsdp.tensor_parallel.runtime import convert_for_job, cut_tp_pieces, merge_tp_pieces, split_names
 from smsdp.unit import Unit, UnitComm
 from smsdp.units import GroupPolicy, build_units, find_unit_modules
@@ -434,9 +436,15 @@ class DistributedModel(SMPModelMethods, nn.Module):
 
 def _unit_comm(rt) -> UnitComm:
     """The collectives every unit of this model uses, bound to this rank's groups now."""
+    quantizer = BlockQuantizer(rt.params.sdp_quantization_block)
+    gather, reduce_scatter = rt.all_gather, rt.reduce_scatter_shards
+    if rt.params.sdp_quantized_allgather:
+        gather = QuantizedAllGather(rt.groups.shard_group, rt.stats, quantizer, exact=rt.all_gather)
+    if rt.params.sdp_quantized_gradients:
+        reduce_scatter = QuantizedReduceScatter(rt.groups.shard_group, rt.stats, quantizer)
     return UnitComm(
-        gather=rt.all_gather,
-        reduce_scatter=rt.reduce_scatter_shards,
+        gather=gather,
+        reduce_scatter=reduce_scatter,
         all_reduce_replicas=rt.all_reduce_replicas,
         all_reduce_dp=rt.all_reduce_dp,
         replica_degree=rt.topology.replication_degree,

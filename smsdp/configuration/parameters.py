@@ -104,6 +104,15 @@ class SMPParameters(ConfigModel):
     sdp_reduce_dtype: Literal["fp32", "bf16"] = "fp32"
     """smsdp's own (FSDP2's ``reduce_dtype``): dtype of the gradient reduce-scatter and the
     replica/data-parallel all-reduces; shards accumulate in fp32."""
+    sdp_quantized_allgather: StrictBool = False
+    """smsdp's own (DeepSpeed ZeRO++'s qwZ): parameter shards cross the wire as int8 blocks with one
+    fp32 scale per ``sdp_quantization_block`` elements (about 1/4 of fp32's bytes); each element of
+    the gathered parameters is within max|block| / 254 of the master's. Off: exact."""
+    sdp_quantized_gradients: StrictBool = False
+    """smsdp's own (ZeRO++'s qgZ): the gradient reduce-scatter sends int8 blocks through an
+    all-to-all and sums the decoded chunks in fp32. Off: exact."""
+    sdp_quantization_block: WholeNumber = Field(256, ge=16)
+    """Elements per quantization block (one fp32 scale each) of the two options above."""
     sdp_gradient_clipping: Number = Field(1.0, ge=0)
     """Clip the global gradient L2 norm to this in DistributedOptimizer.step(); 0 disables clipping."""
 
