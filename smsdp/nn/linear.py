@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from smsdp.tensor_parallel.collectives import TPGroup, copy_to_tp, gather_from_tp, reduce_from_tp
+from smsdp.tensor_parallel.overlap import column_linear_overlapped
 from smsdp.tensor_parallel.partition import Even, Partition
 from smsdp.tensor_parallel.split_params import split_parameter
 
@@ -94,7 +95,10 @@ class DistributedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.parallel is Parallel.COLUMN:
-            y = self._matmul(x if self.input_copied else copy_to_tp(x, self.tp), self.bias)
+            if self.tp.size > 1 and not self.input_copied:  # the input gradient's all-reduce overlaps
+                y = column_linear_overlapped(x, self.weight, self.bias, self.tp, self.transposed)
+            else:
+                y = self._matmul(x if self.input_copied else copy_to_tp(x, self.tp), self.bias)
             return gather_from_tp(y, self.tp) if self.gather_output else y
         y = reduce_from_tp(self._matmul(x, None), self.tp)
         return y if self.bias is None else y + self.bias

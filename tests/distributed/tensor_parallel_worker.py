@@ -121,6 +121,49 @@ def regions() -> dict:
     return out
 
 
+def overlap() -> dict:
+    """A column-parallel linear's backward: input gradient, its all-reduce started asynchronously,
+    the weight gradient while it travels, then the wait (recorded around torch's own calls)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from smsdp.nn.linear import ColumnParallelLinear
+
+    events: list[str] = []
+
+    class Matmuls(TorchDispatchMode):  # dispatch modes reach the autograd engine's backward
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm):
+                events.append("matmul")
+            return func(*args, **(kwargs or {}))
+
+    real_all_reduce = dist.all_reduce
+
+    def recording_all_reduce(tensor, *args, **kwargs):
+        events.append("all_reduce async" if kwargs.get("async_op") else "all_reduce sync")
+        work = real_all_reduce(tensor, *args, **kwargs)
+        return None if work is None else RecordedWait(work)
+
+    class RecordedWait:
+        def __init__(self, work):
+            self.work = work
+
+        def wait(self, *args, **kwargs):
+            events.append("wait")
+            return self.work.wait(*args, **kwargs)
+
+    torch.manual_seed(3)
+    layer = ColumnParallelLinear(torch.nn.Linear(8, 6), TPGroup.of(dist.group.WORLD))
+    x = torch.randn(4, 8, requires_grad=True)
+    y = layer(x)
+    dist.all_reduce = recording_all_reduce
+    try:
+        with Matmuls():
+            y.sum().backward()
+    finally:
+        dist.all_reduce = real_all_reduce
+    return {"events": events}
+
+
 def dropout_rng_check() -> dict:
     """A model with dropout converts only when the TP ranks share torch's RNG state."""
     from smsdp.tensor_parallel import TensorParallelError
@@ -147,4 +190,5 @@ CASES = {"gpt": ("gpt", True), "gpt_untied": ("gpt_untied", False), "hf_gpt2": (
 
 if __name__ == "__main__":
     cases = {name: (lambda args=args: run(*args)) for name, args in CASES.items()}
-    worker_main({**cases, "regions": regions, "dropout_rng_check": dropout_rng_check}, setup=init_gloo_from_env)
+    worker_main({**cases, "regions": regions, "overlap": overlap, "dropout_rng_check": dropout_rng_check},
+                setup=init_gloo_from_env)

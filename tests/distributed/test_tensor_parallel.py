@@ -14,7 +14,7 @@ CASES = ["gpt", "gpt_untied", "hf_gpt2", "hf_llama", "hf_neox"]
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    return run_cases("tests/distributed/tensor_parallel_worker.py", [*CASES, "regions", "dropout_rng_check"], nprocs=2, timeout=300,
+    return run_cases("tests/distributed/tensor_parallel_worker.py", [*CASES, "regions", "overlap", "dropout_rng_check"], nprocs=2, timeout=300,
                      out_dir=tmp_path_factory.mktemp("tp"))
 
 
@@ -86,6 +86,11 @@ def test_autograd_regions_forward_and_backward(results):
         grad, y = out["scatter"]  # forward keeps this rank's part, backward all-gathers
         assert torch.equal(y, full.chunk(2, dim=-1)[rank])
         assert torch.equal(grad, torch.cat([torch.full((2, 2), 1.0), torch.full((2, 2), 2.0)], dim=-1))
+
+
+def test_the_input_gradient_all_reduce_overlaps_the_weight_gradient(results):
+    for out in results["overlap"]:
+        assert out["events"] == ["matmul", "all_reduce async", "matmul", "wait"]
 
 
 def test_dropout_needs_one_rng_state_per_tensor_parallel_group(results):
