@@ -137,10 +137,9 @@ class ModelSpec:
         """A GPT laid out like ``entrypoints.gpt.GPT`` (pre-LN blocks, learned positions).
 
         Per block: ``ln_1``, ``attn.c_attn`` (3h x h), ``attn.c_proj`` (h x h),
-        ``ln_2``, ``mlp.c_fc`` (4h x h), ``mlp.c_proj`` (h x 4h), with biases when
-        ``bias``. Root: ``wte`` (V x h), ``wpe`` (s x h), ``ln_f``, and
-        ``lm_head`` (V x h) unless tied to ``wte``. ``seq_len`` is also the
-        position table's length (``block_size``).
+        ``ln_2``, ``mlp.c_fc`` (4h x h), ``mlp.c_proj`` (h x 4h), with biases when ``bias``.
+        Root: ``wte`` (V x h), ``wpe`` (s x h), ``ln_f``, and ``lm_head`` (V x h) unless
+        tied to ``wte``. ``seq_len`` is also the position table's length (``block_size``).
         """
         shape = TransformerShape(n_layer, d_model, n_head, seq_len, vocab_size, ffn_mult, dropout, attention)
         if d_model % n_head:
