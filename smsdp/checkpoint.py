@@ -92,7 +92,6 @@ def save_checkpoint(
         raise ValueError(f"num_kept_partial_checkpoints={num_kept_partial_checkpoints} must be >= 1 or None")
     model = _the_model(model)
     if partial:
-        _refuse_tensor_parallel_partial(model)
         _save_partial(Path(path), tag, model, optimizer, user_content, num_kept_partial_checkpoints)
     else:
         _save_full(Path(path), tag, model, user_content)
@@ -130,7 +129,6 @@ def resume_from_checkpoint(
     found = _select(Path(path), tag, kind)
     logger.info("resuming from %s", found.describe())
     if partial:
-        _refuse_tensor_parallel_partial(model)
         return _load_partial(found, model, optimizer, strict, load_optimizer, load_sharded_optimizer_state)
     return _load_full(found, model, strict, translate_function)
 
@@ -152,17 +150,6 @@ def _the_model(model: Any) -> Any:
     if not models:
         raise CheckpointError("no smp.DistributedModel exists yet: wrap the model before saving or resuming")
     return models[-1]
-
-
-def _refuse_tensor_parallel_partial(model: Any) -> None:
-    """Partial checkpoints key chunks by parameter name, and every TP rank's piece has the same
-    name: without TP-aware chunking the pieces would overwrite each other."""
-    if getattr(model, "tensor_parallel_splits", None):
-        raise CheckpointError(
-            f"partial checkpoints of a tensor-parallel model (tensor_parallel_degree={runtime_state.get().topology.tp_degree}) "
-            "are not supported yet; use partial=False: the full checkpoint is the plain (unsplit) model, "
-            "which resumes at any tensor-parallel degree"
-        )
 
 
 def _find_optimizer(model: Any) -> Any:

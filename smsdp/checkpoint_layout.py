@@ -1,11 +1,16 @@
-"""Checkpoint layout: which chunk of each parameter (and of its optimizer state) a rank holds.
+"""Checkpoint layout: which chunks of each parameter (and of its optimizer state) a rank holds.
 
-A partial checkpoint stores every parameter unsharded, as 1-D chunks
-(``smsdp.checkpoint_dcp``): this rank's chunk of a parameter is the part of the
-parameter that falls in its shard, as the group's ``ShardLayout`` says. Saving
-hands DCP this rank's chunks; loading asks DCP for the chunks this rank's
-shards need now, whatever sharded degree, replication degree or world size
-wrote them, and copies them into the master shards and the optimizer state.
+A partial checkpoint stores every parameter with its plain (unsplit) shape, as
+boxes (``smsdp.checkpoint_dcp``): this rank's part of a parameter is the run of
+its tensor-parallel piece that falls in its shard, as the group's
+``ShardLayout`` says, cut into boxes of the plain tensor
+(``smsdp.checkpoint_regions``). Saving hands DCP this rank's boxes; loading
+asks DCP for the boxes this rank's shards need now, whatever tensor-parallel
+degree, sharded degree, replication degree or world size wrote them, and
+copies them into the master shards and the optimizer state.
+
+Format 1 (before tensor parallelism) stored each parameter as one flat 1-D
+tensor; it still loads wherever the parameter is not cut by tensor parallelism.
 """
 
 from __future__ import annotations
@@ -15,11 +20,13 @@ from typing import Any
 import torch
 
 from smsdp.checkpoint_agree import rank, short, world
-from smsdp.checkpoint_dcp import Chunk
+from smsdp.checkpoint_dcp import Chunk, Chunks
 from smsdp.checkpoint_files import CheckpointError
+from smsdp.checkpoint_regions import checkpoint_shape, plain_regions
 
 
-STATE_FORMAT_VERSION = 1
+STATE_FORMAT_VERSION = 2
+FLAT_FORMAT_VERSION = 1  # parameters as 1-D tensors of numel: readable where they are not TP pieces
 
 
 def local_range(group: Any, info: Any) -> tuple[int, int, int]:
@@ -28,12 +35,56 @@ def local_range(group: Any, info: Any) -> tuple[int, int, int]:
     return part.start, part.stop, part.local
 
 
+def tp_split(model: Any, info: Any) -> Any:
+    """How this parameter was cut by tensor parallelism, or None (it is whole on every TP rank)."""
+    splits = model.tensor_parallel_splits
+    return next((splits[n] for n in info.names if n in splits), None)
+
+
+def plain_shape(model: Any, info: Any) -> tuple[int, ...]:
+    split = tp_split(model, info)
+    shape = list(info.shape)
+    if split is not None:
+        shape[split.partition.dim] = split.length
+    return tuple(shape)
+
+
+def param_chunks(model: Any, info: Any, run: torch.Tensor, lo: int, hi: int, flat: bool = False) -> list[Chunk]:
+    """Chunks of the plain tensor for ``run``, this rank's flat elements ``[lo, hi)`` of the parameter.
+
+    ``flat``: as format 1 stored it, one 1-D chunk (only for a parameter that is not a TP piece).
+    """
+    split = tp_split(model, info)
+    if flat:
+        if split is not None and split.tp.size > 1:
+            raise CheckpointError(
+                f"{info.names[0]}: this checkpoint was written before tensor parallelism (format "
+                f"{FLAT_FORMAT_VERSION}) and stores it flat; resume it at tensor_parallel_degree=1 and save again"
+            )
+        return [Chunk(run, (lo,), (info.numel,))]
+    shape = checkpoint_shape(plain_shape(model, info))
+    if split is None:
+        dim, ranges = 0, [(0, shape[0])]
+    else:
+        dim, ranges = split.partition.dim, split.partition.bounds(split.length, split.tp.size)[split.tp.rank]
+    return [Chunk(r.view(run, lo), r.plain_offsets, shape)
+            for r in plain_regions(info.shape, lo, hi, dim, ranges)]
+
+
+def writes(model: Any, group: Any, info: Any, rt: Any) -> bool:
+    """One rank writes each element: replica 0, shard 0 for unsharded groups, TP rank 0 for whole tensors."""
+    coords = rt.coords
+    split = tp_split(model, info)
+    return (coords.replica_rank == 0 and (group.sharded or coords.shard_rank == 0)
+            and (split is not None or coords.tp_rank == 0))
+
+
 def param_layout(model: Any) -> dict[str, dict]:
     layout = {}
     for group in model.flat_groups():
         for info in group.infos:
             layout[info.names[0]] = {
-                "shape": list(info.shape),
+                "shape": list(plain_shape(model, info)),
                 "aliases": list(info.names[1:]),
                 "sharded": group.sharded,
                 "trainable": group.trainable,
@@ -41,15 +92,15 @@ def param_layout(model: Any) -> dict[str, dict]:
     return layout
 
 
-def optim_params(model: Any) -> list[tuple[str, torch.nn.Parameter, int, int, Any, int]]:
-    """(name, optimizer parameter, chunk start, chunk stop, group, numel) of every trainable parameter."""
+def optim_params(model: Any) -> list[tuple[str, torch.nn.Parameter, int, int, Any, Any]]:
+    """(name, optimizer parameter, chunk start, chunk stop, group, ParamInfo) of every trainable parameter."""
     out = []
     for group in model.flat_groups():
         if not group.trainable:
             continue
         for info, (name, param) in zip(group.infos, group.optim_params):
             lo, hi, _ = local_range(group, info)
-            out.append((name, param, lo, hi, group, info.numel))
+            out.append((name, param, lo, hi, group, info))
     return out
 
 
@@ -58,25 +109,21 @@ def is_chunked_state(value: Any, param: torch.Tensor) -> bool:
     return isinstance(value, torch.Tensor) and value.dim() == 1 and value.numel() == param.numel()
 
 
-def save_chunks(model: Any, optimizer: Any, rt: Any) -> tuple[dict[str, Chunk], dict]:
+def save_chunks(model: Any, optimizer: Any, rt: Any) -> tuple[Chunks, dict]:
     """This rank's chunks for DCP, and its per-parameter optimizer facts for rank 0."""
-    writes_shards = rt.coords.replica_rank == 0
-    writes_replicated = rank() == 0
-    chunks: dict[str, Chunk] = {}
+    chunks: Chunks = {}
     for group in model.flat_groups():
-        if not (writes_shards if group.sharded else writes_replicated):
-            continue
         for info in group.infos:
             lo, hi, m = local_range(group, info)
-            if hi > lo:
-                chunks[f"model/{info.names[0]}"] = Chunk(group.master[m : m + hi - lo], lo, info.numel)
-    if writes_replicated:
+            if hi > lo and writes(model, group, info, rt):
+                chunks[f"model/{info.names[0]}"] = param_chunks(model, info, group.master[m : m + hi - lo], lo, hi)
+    if rank() == 0:
         for name, buf in model.persistent_buffers().items():
-            chunks[f"buffer/{name}"] = Chunk(buf.detach().reshape(-1), 0, buf.numel())
+            chunks[f"buffer/{name}"] = [Chunk(buf.detach().reshape(-1), (0,), (buf.numel(),))]
     optim_info: dict[str, dict] = {}
     if optimizer is not None:
         state = optimizer.optimizer.state
-        for name, param, lo, hi, group, numel in optim_params(model):
+        for name, param, lo, hi, group, info in optim_params(model):
             per_param = state.get(param)
             if not per_param:
                 continue
@@ -84,9 +131,8 @@ def save_chunks(model: Any, optimizer: Any, rt: Any) -> tuple[dict[str, Chunk], 
             for key, value in per_param.items():
                 if is_chunked_state(value, param):
                     chunked[key] = value.dtype
-                    writes = writes_shards if group.sharded else writes_replicated
-                    if writes and value.numel():
-                        chunks[f"optim/{name}/{key}"] = Chunk(value, lo, numel)
+                    if value.numel() and writes(model, group, info, rt):
+                        chunks[f"optim/{name}/{key}"] = param_chunks(model, info, value, lo, hi)
                 else:
                     scalars[key] = value.detach().cpu().clone() if isinstance(value, torch.Tensor) else value
             optim_info[name] = {"start": lo, "n": hi - lo, "chunked": chunked, "scalars": scalars}
@@ -97,6 +143,7 @@ def small_state(model: Any, optimizer: Any, per_rank_optim: list[dict] | None, r
     state = {
         "format_version": STATE_FORMAT_VERSION,
         "world_size": world(),
+        "tensor_parallel_degree": rt.topology.tp_degree,
         "sdp_degree": rt.topology.shard_degree,
         "replication_degree": rt.topology.replication_degree,
         "params": param_layout(model),
@@ -170,9 +217,10 @@ def check_fit(saved: dict, model: Any, optimizer: Any, saved_optim: dict | None,
                 )
 
 
-def load_chunks(model: Any, optimizer: Any, saved: dict, load_state: bool) -> tuple[dict[str, Chunk], dict]:
+def load_chunks(model: Any, optimizer: Any, saved: dict, load_state: bool) -> tuple[Chunks, dict]:
     """CPU buffers for everything this rank needs (every replica reads its own chunks)."""
-    chunks: dict[str, Chunk] = {}
+    flat = saved.get("format_version", FLAT_FORMAT_VERSION) <= FLAT_FORMAT_VERSION
+    chunks: Chunks = {}
     pending: dict[str, list] = {"model": [], "buffers": [], "optim": {}}
     for group in model.flat_groups():
         for info in group.infos:
@@ -181,22 +229,22 @@ def load_chunks(model: Any, optimizer: Any, saved: dict, load_state: bool) -> tu
                 continue
             lo, hi, m = local_range(group, info)
             buf = torch.empty(hi - lo, dtype=torch.float32)
-            chunks[f"model/{name}"] = Chunk(buf, lo, info.numel)
+            chunks[f"model/{name}"] = param_chunks(model, info, buf, lo, hi, flat)
             pending["model"].append((group, m, buf))
     for name, target in model.persistent_buffers().items():
         if name in saved["buffers"]:
             buf = torch.empty(target.numel(), dtype=saved["buffers"][name]["dtype"])
-            chunks[f"buffer/{name}"] = Chunk(buf, 0, target.numel())
+            chunks[f"buffer/{name}"] = [Chunk(buf, (0,), (target.numel(),))]
             pending["buffers"].append((target, buf))
     if load_state:
         saved_state = saved["optimizer"]["state"]
-        for name, param, lo, hi, group, numel in optim_params(model):
+        for name, param, lo, hi, group, info in optim_params(model):
             if name not in saved_state:
                 continue
             bufs = {}
             for key, dtype in saved_state[name]["chunked"].items():
                 buf = torch.empty(hi - lo, dtype=dtype)
-                chunks[f"optim/{name}/{key}"] = Chunk(buf, lo, numel)
+                chunks[f"optim/{name}/{key}"] = param_chunks(model, info, buf, lo, hi, flat)
                 bufs[key] = buf
             pending["optim"][name] = bufs
     return chunks, pending
