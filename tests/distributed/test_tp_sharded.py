@@ -87,11 +87,11 @@ def test_bytes_per_step_equal_the_sharded_formula_plus_the_tensor_parallel_all_r
             assert {**_by_kind(step_bytes), "all_reduce.tp": step_bytes["all_reduce.tp"]} == expected, (case, step)
 
 
-def test_full_checkpoint_is_the_plain_model_and_partial_is_refused(results):
+def test_full_checkpoint_is_the_plain_model(results):
+    """(Partial checkpoints at t=2: test_tp_checkpoint.py.)"""
     per_rank = results["gpt"]
     for result in per_rank:
         trained, checkpoint = result["sharded"]["params"], result["sharded"]["checkpoint"]
-        assert "use partial=False" in checkpoint["refusal"]
         assert list(checkpoint["resumed"]) == list(trained)
         assert all(torch.equal(checkpoint["resumed"][k], v) for k, v in trained.items())
     saved = per_rank[0]["sharded"]["checkpoint"]["saved"]
