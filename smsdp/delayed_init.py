@@ -201,8 +201,10 @@ def delay_param_initialization(enabled: bool = True) -> Iterator[None]:
 
 
 def recording_for(module: nn.Module) -> Recording:
-    """The recording that built ``module``'s (meta) parameters."""
-    keys = {storage_key(p) for p in module.parameters()}
+    """The recording that built ``module``'s (meta) parameters (or, for TP pieces, their sources)."""
+    from smsdp.tensor_parallel.split_params import source_of
+
+    keys = {storage_key(source_of(p)) for p in module.parameters()}
     for recording, _ in reversed(_RECORDINGS):
         if keys <= recording.storages:
             return recording
@@ -377,8 +379,8 @@ def model_creation(tensor_parallelism: bool = False, dtype: torch.dtype | None =
     """SMP's model-creation context: delayed initialization when the job's config asks for it.
 
     ``tensor_parallelism=True`` marks the modules built inside, so that ``smp.DistributedModel``
-    converts the registered ones to their tensor-parallel versions (``smsdp.tensor_parallel``);
-    with ``tensor_parallel_degree > 1`` that cannot yet be combined with delayed initialization.
+    converts the registered ones to their tensor-parallel versions (``smsdp.tensor_parallel``),
+    with delayed initialization or without.
     ``dtype`` is accepted for compatibility: parameters are kept in fp32 masters whatever it says.
     """
     from smsdp import state as runtime_state
@@ -386,11 +388,6 @@ def model_creation(tensor_parallelism: bool = False, dtype: torch.dtype | None =
 
     rt = runtime_state.get()
     enabled = rt.params.delayed_parameter_initialization
-    if tensor_parallelism and enabled and rt.topology.tp_degree > 1:
-        raise NotImplementedError(
-            f"smp.model_creation(tensor_parallelism=True) with tensor_parallel_degree={rt.topology.tp_degree} and "
-            "delayed_parameter_initialization=True: build the model eagerly (delayed_parameter_initialization=False)"
-        )
     with delay_param_initialization(enabled), mark_tensor_parallel(tensor_parallelism):
         yield
 

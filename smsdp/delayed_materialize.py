@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from smsdp import delayed_init
+from smsdp.tensor_parallel.split_params import carry_marks, initial_values, source_of
 from smsdp.units import GroupPolicy, Unit, make_groups, plan_units
 
 logger = logging.getLogger("smsdp")
@@ -24,17 +25,19 @@ def materialize_units(root: nn.Module, unit_modules: list[tuple[str, nn.Module]]
     recording = delayed_init.recording_for(root)
     planned = plan_units(root, unit_modules)
     buffers = [(module, name, buf) for module in root.modules() for name, buf in module._buffers.items() if buf is not None]
-    kept = {delayed_init.storage_key(info.original) for _, infos in planned for info in infos}
+    # A tensor-parallel piece's values are cut from the plain tensor its construction made.
+    kept = {delayed_init.storage_key(source_of(info.original)) for _, infos in planned for info in infos}
     kept |= {delayed_init.storage_key(buf) for _, _, buf in buffers if buf.is_meta}
-    groups = [{delayed_init.storage_key(info.original) for info in infos} for _, infos in planned]
+    groups = [{delayed_init.storage_key(source_of(info.original)) for info in infos} for _, infos in planned]
 
     def shard_unit(index: int, storages: dict[int, torch.Tensor]) -> None:
         unit, infos = planned[index]
         for info in infos:
-            key = delayed_init.storage_key(info.original)
+            source = source_of(info.original)
+            key = delayed_init.storage_key(source)
             if key not in storages:
                 raise delayed_init.DelayedInitError(f"{info.names[0]} was never initialized during construction")
-            info.initial = delayed_init.real_view(info.original, storages[key])
+            info.initial = initial_values(info.original, delayed_init.real_view(source, storages[key]))
             _replace_meta_parameter(info)
         unit.groups = make_groups(unit.name, infos, policy)
 
@@ -51,6 +54,7 @@ def materialize_units(root: nn.Module, unit_modules: list[tuple[str, nn.Module]]
 def _replace_meta_parameter(info) -> None:
     """A meta tensor cannot become a CPU one in place: register a real placeholder instead."""
     placeholder = nn.Parameter(torch.empty(0), requires_grad=info.original.requires_grad)
+    carry_marks(info.original, placeholder)
     for module, attr in info.locations:
         module._parameters[attr] = placeholder
     info.original = placeholder

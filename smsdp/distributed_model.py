@@ -139,11 +139,7 @@ class DistributedModel(SMPModelMethods, nn.Module):
         if broadcast_init and rt.cluster.world_size > 1 and not delayed:
             _broadcast_from_rank0(self.module, rt)
         if rt.topology.tp_degree > 1:  # [Note: tensor parallelism inside the sharded step]
-            if delayed:
-                raise NotImplementedError(
-                    f"tensor_parallel_degree={rt.topology.tp_degree} with delayed parameter initialization: "
-                    "build the model eagerly (delayed_parameter_initialization=False)"
-                )
+            # on the meta device too: the pieces are cut from the replayed plain tensors
             self.module = convert_for_job(self.module, rt.groups.tp_group, rt.stats)
         self._tp_splits = split_names(self.module)
         classes = (layer_cls,) if isinstance(layer_cls, type) else layer_cls

@@ -25,7 +25,7 @@ from torch import nn
 from smsdp.tensor_parallel.collectives import TPGroup, copy_to_tp, gather_from_tp, reduce_from_tp
 from smsdp.tensor_parallel.overlap import column_linear_overlapped
 from smsdp.tensor_parallel.partition import Even, Partition
-from smsdp.tensor_parallel.split_params import split_parameter
+from smsdp.tensor_parallel.split_params import replicated_parameter, split_parameter
 
 __all__ = ["ColumnParallelLinear", "RowParallelLinear", "DistributedLinear", "Parallel", "is_conv1d"]
 
@@ -83,7 +83,7 @@ class DistributedLinear(nn.Module):
         if bias is None:
             self.bias = None
         elif bias_partition is None:  # replicated: every rank holds it whole
-            self.bias = nn.Parameter(bias.detach().clone(), requires_grad=bias.requires_grad)
+            self.bias = replicated_parameter(bias)
         else:
             self.bias = split_parameter(bias, bias_partition, tp)
 

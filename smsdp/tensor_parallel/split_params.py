@@ -23,6 +23,7 @@ from smsdp.tensor_parallel.collectives import TPGroup
 from smsdp.tensor_parallel.partition import Partition
 
 _ATTR = "_smsdp_tp_split"
+_SOURCE = "_smsdp_tp_source"
 
 
 @dataclass(frozen=True)
@@ -43,11 +44,46 @@ def split_parameter(full: torch.Tensor, partition: Partition, tp: TPGroup, requi
     grad = full.requires_grad if requires_grad is None else requires_grad
     param = nn.Parameter(piece, requires_grad=grad)
     setattr(param, _ATTR, TPSplit(partition, full.shape[partition.dim], tp))
+    _remember_source(param, full)
     return param
+
+
+def replicated_parameter(full: torch.Tensor) -> nn.Parameter:
+    """A copy of ``full`` that every TP rank holds whole (a row-parallel bias)."""
+    param = nn.Parameter(full.detach().clone(), requires_grad=full.requires_grad)
+    _remember_source(param, full)
+    return param
+
+
+def _remember_source(param: nn.Parameter, full: torch.Tensor) -> None:
+    # A model built on the meta device (delayed initialization) gets its values later by
+    # replaying its construction, which made ``full``, not this new tensor: the replay
+    # looks the source up and cuts the piece from its replayed values (``initial_values``).
+    if full.is_meta:
+        setattr(param, _SOURCE, full)
 
 
 def split_of(tensor: torch.Tensor) -> TPSplit | None:
     return getattr(tensor, _ATTR, None)
+
+
+def source_of(tensor: torch.Tensor) -> torch.Tensor:
+    """The meta tensor whose replayed values this parameter is made from (itself if none)."""
+    return getattr(tensor, _SOURCE, tensor)
+
+
+def initial_values(tensor: torch.Tensor, source_values: torch.Tensor) -> torch.Tensor:
+    """This parameter's values from its source's replayed values (its piece, when it is one)."""
+    split = split_of(tensor)
+    if split is None or source_of(tensor) is tensor:
+        return source_values
+    return split.partition.piece(source_values, split.tp.rank, split.tp.size)
+
+
+def carry_marks(old: torch.Tensor, new: torch.Tensor) -> None:
+    """Keep the cut on a parameter that takes ``old``'s place."""
+    if split_of(old) is not None:
+        setattr(new, _ATTR, split_of(old))
 
 
 def is_replicated(tensor: torch.Tensor) -> bool:

@@ -20,7 +20,7 @@ CASES = ["gpt", "hf_gpt2", "hf_llama"]
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    return run_cases("tests/distributed/tp_sharded_worker.py", [*CASES, "gpt_checkpointed", "gpt_bf16"], nprocs=4,
+    return run_cases("tests/distributed/tp_sharded_worker.py", [*CASES, "gpt_checkpointed", "gpt_delayed", "hf_llama_delayed", "gpt_bf16"], nprocs=4,
                      timeout=400,
                      out_dir=tmp_path_factory.mktemp("tp_sharded"))
 
@@ -38,6 +38,12 @@ def test_tp_and_sharding_match_single_process(results, case):
 
 def test_activation_checkpointing_at_t2_matches_single_process(results):
     _assert_matches(results["gpt_checkpointed"], "gpt with activation checkpointing")
+
+
+@pytest.mark.parametrize("case", ["gpt", "hf_llama"])
+def test_delayed_initialization_at_t2_matches_single_process(results, case):
+    """Built on the meta device, each TP rank's pieces are cut from the replayed plain tensors."""
+    _assert_matches(results[f"{case}_delayed"], f"{case} with delayed initialization")
 
 
 def test_bf16_at_t2_is_as_close_to_fp32_as_bf16_without_tensor_parallelism(results):

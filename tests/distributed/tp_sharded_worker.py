@@ -56,7 +56,8 @@ def sharded(name: str, tp: int = 2, readers: int | None = None, **extra) -> dict
         with smp.model_creation(tensor_parallelism=tp > 1):
             plain = case.build(seed=7)
     else:
-        plain = case.build(seed=7)
+        with smp.delay_param_initialization(enabled=bool(extra.get("delayed_parameter_initialization"))):
+            plain = case.build(seed=7)
         set_tensor_parallelism(plain, True)
     model = smp.DistributedModel(plain)
     opt = smp.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1, eps=ADAM_EPS))
@@ -104,5 +105,7 @@ def bf16_against_t1() -> dict:
 if __name__ == "__main__":
     worker_main({**{name: (lambda name=name: run(name)) for name in ("gpt", "hf_gpt2", "hf_llama")},
                  "gpt_checkpointed": lambda: run("gpt", activation_checkpointing=True),
+                 **{f"{name}_delayed": (lambda name=name: run(name, delayed_parameter_initialization=True))
+                    for name in ("gpt", "hf_llama")},
                  "gpt_bf16": bf16_against_t1},
                 setup=init_gloo_from_env)
