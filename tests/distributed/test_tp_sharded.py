@@ -20,7 +20,8 @@ CASES = ["gpt", "hf_gpt2", "hf_llama"]
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    return run_cases("tests/distributed/tp_sharded_worker.py", [*CASES, "gpt_checkpointed", "gpt_delayed", "hf_llama_delayed", "gpt_bf16"], nprocs=4,
+    return run_cases("tests/distributed/tp_sharded_worker.py", [*CASES, "gpt_checkpointed", "gpt_delayed", "hf_llama_delayed", "gpt_accum2",
+                                                               "gpt_bf16", "gpt_fp16"], nprocs=4,
                      timeout=400,
                      out_dir=tmp_path_factory.mktemp("tp_sharded"))
 
@@ -46,13 +47,19 @@ def test_delayed_initialization_at_t2_matches_single_process(results, case):
     _assert_matches(results[f"{case}_delayed"], f"{case} with delayed initialization")
 
 
-def test_bf16_at_t2_is_as_close_to_fp32_as_bf16_without_tensor_parallelism(results):
-    """Splitting the matmuls over tp_group adds no more bf16 rounding than sharding alone has."""
-    for result in results["gpt_bf16"]:
+def test_gradient_accumulation_at_t2_matches_single_process(results):
+    """Two backward passes per step on halves of each rank's batch: the whole batch's step."""
+    _assert_matches(results["gpt_accum2"], "gpt with 2 backward passes per step")
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_half_precision_at_t2_is_as_close_to_fp32_as_without_tensor_parallelism(results, precision):
+    """Splitting the matmuls over tp_group adds no more rounding than sharding alone has."""
+    for result in results[f"gpt_{precision}"]:
         fp32 = torch.tensor(result["reference"]["losses"])
         with_tp = (torch.tensor(result["t2"]["losses"]) - fp32).abs().max().item()
         without = (torch.tensor(result["t1"]["losses"]) - fp32).abs().max().item()
-        assert 0 < with_tp <= max(2 * without, 1e-3), (with_tp, without)
+        assert 0 < with_tp <= max(2 * without, 1e-3), (precision, with_tp, without)
 
 
 @pytest.mark.parametrize("case", CASES)

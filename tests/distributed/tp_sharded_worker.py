@@ -45,8 +45,9 @@ def reference(name: str, rdp: int) -> dict:
     return {"losses": losses, "params": {k: v.detach().clone() for k, v in model.state_dict().items()}}
 
 
-def sharded(name: str, tp: int = 2, readers: int | None = None, **extra) -> dict:
-    """``readers``: the model replicas the global batch is made for (default: this job's)."""
+def sharded(name: str, tp: int = 2, readers: int | None = None, accum: int = 1, **extra) -> dict:
+    """``readers``: the model replicas the global batch is made for (default: this job's);
+    ``accum``: backward passes per step, each on an equal part of this rank's batch."""
     case = MODELS[name]
     runtime_state.reset_for_tests()
     smp.init({"ddp": True, "tensor_parallel_degree": tp, "sharded_data_parallel_degree": 2, "prescaled_batch": tp > 1,
@@ -65,17 +66,19 @@ def sharded(name: str, tp: int = 2, readers: int | None = None, **extra) -> dict
     for step in range(STEPS):
         before = smp.comm_stats()
         x, y = (t.chunk(rdp)[rdp_rank] for t in _batch(case, step, readers or rdp))
-        loss = case.loss(model, x, y)
-        model.backward(loss)
+        value = torch.zeros(())
+        for xm, ym in zip(x.chunk(accum), y.chunk(accum)):
+            loss = case.loss(model, xm, ym) / accum
+            model.backward(loss)
+            value += loss.detach().float()
         opt.step()
         opt.zero_grad()
-        value = loss.detach().clone()
         dist.all_reduce(value, group=smp.get_rdp_process_group())
         losses.append(value.item() / rdp)
         per_step_bytes.append({k: v - before.get(k, 0) for k, v in smp.comm_stats().items()})
     out = {"losses": losses, "params": model.state_dict(), "comm": smp.comm_stats(), "bytes": per_step_bytes,
            "layout": {**_layout(model, kept=True), "reshard_after_forward": True}}
-    if name == "gpt" and tp == 2 and not extra:
+    if name == "gpt" and tp == 2 and accum == 1 and not extra:
         out["checkpoint"] = _full_checkpoint_round_trip(model, case)
     return out
 
@@ -96,9 +99,9 @@ def run(name: str, **extra) -> dict:
     return {"sharded": ours, "reference": reference(name, smp.rdp_size())}
 
 
-def bf16_against_t1() -> dict:
-    """bf16 at t=2, d=2 and at t=1, d=2 (4 ranks, so r=2), same global batch, and the fp32 reference."""
-    return {"t2": sharded("gpt", bf16=True), "t1": sharded("gpt", tp=1, readers=2, bf16=True),
+def low_precision_against_t1(precision: str) -> dict:
+    """bf16 or fp16 at t=2, d=2 and at t=1, d=2 (4 ranks, so r=2), same global batch, and the fp32 reference."""
+    return {"t2": sharded("gpt", **{precision: True}), "t1": sharded("gpt", tp=1, readers=2, **{precision: True}),
             "reference": reference("gpt", 2)}
 
 
@@ -107,5 +110,7 @@ if __name__ == "__main__":
                  "gpt_checkpointed": lambda: run("gpt", activation_checkpointing=True),
                  **{f"{name}_delayed": (lambda name=name: run(name, delayed_parameter_initialization=True))
                     for name in ("gpt", "hf_llama")},
-                 "gpt_bf16": bf16_against_t1},
+                 "gpt_accum2": lambda: {"sharded": sharded("gpt", accum=2), "reference": reference("gpt", 2)},
+                 "gpt_bf16": lambda: low_precision_against_t1("bf16"),
+                 "gpt_fp16": lambda: low_precision_against_t1("fp16")},
                 setup=init_gloo_from_env)
