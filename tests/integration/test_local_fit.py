@@ -180,6 +180,33 @@ def test_run_example_trains_the_bundled_gpt(tmp_path, capsys):
     assert "[smsdp] training job gpt: Completed" in out
 
 
+@pytest.mark.skipif(not BUNDLED_SCRIPT.exists(), reason="entrypoints/train_gpt.py is not in the repo yet")
+def test_the_bundled_gpt_trains_with_tensor_parallelism(tmp_path, capsys):
+    """t=2, d=2 on 4 ranks: the script marks its GPT, prints the batch arithmetic, and its
+    model.pt is the plain GPT (unsplit shapes) that loads without smsdp."""
+    import torch
+
+    from entrypoints.gpt import GPT, GPTConfig
+    from estimator.cli import main
+
+    parameters = {"ddp": True, "tensor_parallel_degree": 2, "sharded_data_parallel_degree": 2,
+                  "prescaled_batch": True}
+    distribution = {"smdistributed": {"modelparallel": {"enabled": True, "parameters": parameters}},
+                    "mpi": {"enabled": True, "processes_per_host": 2}}
+    argv = ["run-example", "--max-steps", "2", *TINY_GPT, "--output-path", str(tmp_path), "--job-name", "tp",
+            "--instance-count", "2", "--distribution", json.dumps(distribution)]
+    assert main(argv) == 0, capsys.readouterr().out
+    log = (tmp_path / "tp" / "logs" / "job.log").read_text()
+    assert "tensor-parallel degree 2, sharded degree 2" in log
+    assert "(4 GPUs) / (2 tensor parallel degree) = (2 tensor parallelism groups)" in log
+    assert "(2 groups) * (2 batches per tensor parallelism group (prescaled_batch)) = (4 global batches)" in log
+    with tarfile.open(tmp_path / "tp" / "output" / "model.tar.gz") as tar:
+        tar.extractall(tmp_path / "model", filter="data")
+    config = json.loads((tmp_path / "model" / "config.json").read_text())
+    plain = GPT(GPTConfig(**config))
+    plain.load_state_dict(torch.load(tmp_path / "model" / "model.pt", weights_only=True))  # strict: the plain shapes
+
+
 def test_max_run_stops_the_job(tmp_path, user_scripts):
     est = Estimator("allreduce.py", source_dir=str(user_scripts), hyperparameters={"sleep": 120},
                     output_path=str(tmp_path), max_run=3)
