@@ -23,6 +23,7 @@ from tests.models import lm_batch
 from tests.mpi_harness import OUT_ENV, init_gloo_from_env, worker_main
 
 STEPS = 20
+SHORT = 8  # steps of the cases that add a feature to a configuration the 20-step cases already cover
 BATCH = 2  # sequences per TP group
 
 
@@ -30,12 +31,12 @@ def _batch(case, step: int, rdp: int):
     return lm_batch(BATCH * rdp, seq_len=case.seq_len, vocab_size=case.vocab_size, seed=700 + step)
 
 
-def reference(name: str, rdp: int) -> dict:
+def reference(name: str, rdp: int, steps: int = STEPS) -> dict:
     case = MODELS[name]
     model = case.build(seed=7)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1, eps=ADAM_EPS)
     losses = []
-    for step in range(STEPS):
+    for step in range(steps):
         loss = case.loss(model, *_batch(case, step, rdp))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -45,7 +46,8 @@ def reference(name: str, rdp: int) -> dict:
     return {"losses": losses, "params": {k: v.detach().clone() for k, v in model.state_dict().items()}}
 
 
-def sharded(name: str, tp: int = 2, readers: int | None = None, accum: int = 1, **extra) -> dict:
+def sharded(name: str, tp: int = 2, readers: int | None = None, accum: int = 1, steps: int = STEPS,
+            **extra) -> dict:
     """``readers``: the model replicas the global batch is made for (default: this job's);
     ``accum``: backward passes per step, each on an equal part of this rank's batch."""
     case = MODELS[name]
@@ -63,7 +65,7 @@ def sharded(name: str, tp: int = 2, readers: int | None = None, accum: int = 1, 
     model = smp.DistributedModel(plain)
     opt = smp.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1, eps=ADAM_EPS))
     losses, per_step_bytes = [], []
-    for step in range(STEPS):
+    for step in range(steps):
         before = smp.comm_stats()
         x, y = (t.chunk(rdp)[rdp_rank] for t in _batch(case, step, readers or rdp))
         value = torch.zeros(())
@@ -94,23 +96,25 @@ def _full_checkpoint_round_trip(model, case) -> dict:
     return {"resumed": fresh.state_dict(), "saved": saved}
 
 
-def run(name: str, **extra) -> dict:
-    ours = sharded(name, **extra)
-    return {"sharded": ours, "reference": reference(name, smp.rdp_size())}
+def run(name: str, steps: int = STEPS, **extra) -> dict:
+    ours = sharded(name, steps=steps, **extra)
+    return {"sharded": ours, "reference": reference(name, smp.rdp_size(), steps)}
 
 
-def low_precision_against_t1(precision: str) -> dict:
+def low_precision_against_t1(precision: str, steps: int = STEPS) -> dict:
     """bf16 or fp16 at t=2, d=2 and at t=1, d=2 (4 ranks, so r=2), same global batch, and the fp32 reference."""
-    return {"t2": sharded("gpt", **{precision: True}), "t1": sharded("gpt", tp=1, readers=2, **{precision: True}),
-            "reference": reference("gpt", 2)}
+    flag = {precision: True}
+    return {"t2": sharded("gpt", steps=steps, **flag), "t1": sharded("gpt", tp=1, readers=2, steps=steps, **flag),
+            "reference": reference("gpt", 2, steps)}
 
 
 if __name__ == "__main__":
     worker_main({**{name: (lambda name=name: run(name)) for name in ("gpt", "hf_gpt2", "hf_llama")},
                  "gpt_checkpointed": lambda: run("gpt", activation_checkpointing=True),
-                 **{f"{name}_delayed": (lambda name=name: run(name, delayed_parameter_initialization=True))
+                 **{f"{name}_delayed": (lambda name=name: run(name, SHORT, delayed_parameter_initialization=True))
                     for name in ("gpt", "hf_llama")},
-                 "gpt_accum2": lambda: {"sharded": sharded("gpt", accum=2), "reference": reference("gpt", 2)},
+                 "gpt_accum2": lambda: {"sharded": sharded("gpt", accum=2, steps=SHORT),
+                                        "reference": reference("gpt", 2, SHORT)},
                  "gpt_bf16": lambda: low_precision_against_t1("bf16"),
-                 "gpt_fp16": lambda: low_precision_against_t1("fp16")},
+                 "gpt_fp16": lambda: low_precision_against_t1("fp16", SHORT)},
                 setup=init_gloo_from_env)
