@@ -48,7 +48,8 @@ class Case:
     lr: float = 1e-3
     declare_accumulation: bool = False  # pass backward_passes_per_step=accum (early replica sync)
     keep_gathered: bool = True  # DistributedModel(keep_gathered_for_backward=...)
-    reshard_after_forward: bool = True  # sdp_reshard_after_forward
+    reshard_after_forward: bool | int = True  # sdp_reshard_after_forward
+    reference: bool = True  # also train the single-process reference (not needed by bit-for-bit pairs)
 
 
 CASES = {
@@ -69,6 +70,13 @@ CASES = {
     # ZeRO-2 style: every unit gathered from its forward to its backward, (d-1)/d Psi per micro-step
     "no_reshard": Case(sdp=2, threshold=100, reshard_after_forward=False),
     "no_reshard_accum2": Case(sdp=2, accum=2, reshard_after_forward=False),
+    # hpZ: d=4 over the 2 simulated hosts, a 1/2 slice kept per unit, the backward's gather inside
+    # each host (the forward's is hierarchical); compared bit for bit with d4_hierarchical
+    "hpz_d4": Case(sdp=4, reshard_after_forward=2, reference=False),
+    # accumulation, small parameters replicated, the root and last unit sliced too; and its k=True twin
+    "hpz_d4_accum2": Case(sdp=4, accum=2, threshold=100, keep_gathered=False, steps=5, reshard_after_forward=2,
+                          reference=False),
+    "d4_accum2_short": Case(sdp=4, accum=2, threshold=100, keep_gathered=False, steps=5),
 }
 
 
@@ -177,7 +185,9 @@ def _layout(model, kept: bool) -> dict:
 
 def run_case(name: str):
     case = CASES[name]
-    return {"sharded": train_sharded(case), "reference": train_reference(case, smp.dp_size()), "clip": case.clip}
+    sharded = train_sharded(case)
+    reference = train_reference(case, smp.dp_size()) if case.reference else None
+    return {"sharded": sharded, "reference": reference, "clip": case.clip}
 
 
 def fp16_overflow() -> dict:
