@@ -143,13 +143,14 @@ def _formula(layout: dict, micro_steps: int, first_step: bool) -> dict:
     last_kept = micro_steps - 1 if first_step else micro_steps
     gathered = 2 * micro_steps * psi - micro_steps * layout["root_padded"] - last_kept * layout["last_unit_padded"]
     k = layout["reshard_after_forward"]
-    regathered_in_k = 0
+    in_reshard_groups = 0
     if not k:  # every unit kept from its forward to its backward
         gathered = micro_steps * psi
     elif k is not True:  # hpZ: the backward gathers what was not kept whole from 1/k slices, in groups of k
-        gathered, regathered_in_k = micro_steps * psi, gathered - micro_steps * psi
+        gathered, regathered = micro_steps * psi, gathered - micro_steps * psi
+        in_reshard_groups = (k - 1) * regathered * b // k
     return {
-        "all_gather": (d - 1) * gathered * b // d + (k - 1) * regathered_in_k * b // k,
+        "all_gather": (d - 1) * gathered * b // d + in_reshard_groups,
         "reduce_scatter": micro_steps * (d - 1) * psi * b // d,
         "all_reduce.replica": 2 * (r - 1) * (psi // d) * b // r,
         "all_reduce.dp": 2 * (n - 1) * psi_p * b // n,
