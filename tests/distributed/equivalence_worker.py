@@ -155,14 +155,29 @@ def train_sharded(case: Case) -> dict:
         losses.append(total.item() / n)
         norms.append(opt.last_grad_norm)
         per_step_bytes.append(_diff(smp.comm_stats(), before))
+    params = model.state_dict()
     return {
         "losses": losses,
         "grad_norms": norms,
-        "params": model.state_dict(),
+        "params": params,
+        "stray_forwards": _stray_forwards(model, case, n, rank),
         "bytes": per_step_bytes,
         "layout": {**_layout(model, kept=case.keep_gathered), "reshard_after_forward": case.reshard_after_forward},
         "model_state": model_state,  # after the last step, before zero_grad frees the gradients
     }
+
+
+def _stray_forwards(model, case: Case, n: int, rank: int) -> dict | None:
+    """Under sdp_reshard_after_forward=k: what a forward with grad and no backward leaves (its 1/k
+    slices), and what the next forward without grad leaves (nothing: it frees every unit)."""
+    if isinstance(case.reshard_after_forward, bool):
+        return None
+    x, y = global_batch(0, 0, n)
+    model(x.chunk(n)[rank], y.chunk(n)[rank])
+    after_grad = model.compute_copy_bytes()
+    with torch.no_grad():
+        model(x.chunk(n)[rank], y.chunk(n)[rank])
+    return {"after_forward_with_grad": after_grad, "after_forward_without_grad": model.compute_copy_bytes()}
 
 
 def _diff(after: dict, before: dict) -> dict:

@@ -116,6 +116,18 @@ def test_sdp_reshard_after_forward_int_regathers_inside_the_host(results, hpz):
             assert step_bytes["all_gather.inter_host"] == micro_steps * (hosts - 1) * layout["sharded_padded"] * 4 // layout["sdp"]
 
 
+@pytest.mark.parametrize("hpz", list(HPZ_CASES))
+def test_a_forward_without_grad_frees_the_kept_slices(results, hpz):
+    """A forward with grad and no backward keeps its slices (4 bytes x 1/k of each unit not kept
+    whole); the next forward frees them, and a forward without grad keeps nothing at all."""
+    for result in results[hpz]:
+        layout, stray = result["sharded"]["layout"], result["sharded"]["stray_forwards"]
+        k, kept_whole = layout["reshard_after_forward"], layout["root_padded"] + layout["last_unit_padded"]
+        assert stray["after_forward_with_grad"] == {"gathered": 4 * kept_whole,
+                                                    "kept_slices": 4 * (layout["sharded_padded"] - kept_whole) // k}
+        assert stray["after_forward_without_grad"] == {"gathered": 0, "kept_slices": 0}
+
+
 def test_clipping_was_active(results):
     norms = results["clip_active"][0]["sharded"]["grad_norms"]
     clip = results["clip_active"][0]["clip"]
