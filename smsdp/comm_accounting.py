@@ -1,8 +1,9 @@
 """Bytes sent and calls per collective, with ring-algorithm accounting.
 
 Keys are ``"<kind>"`` or ``"<kind>.<label>"``: the label tells apart the
-hierarchical stages (``all_gather.inter_host``, ``all_gather.intra_host``)
-and the two all-reduces of a MiCS step (``all_reduce.replica`` across the
+hierarchical stages (``all_gather.inter_host``, ``all_gather.intra_host``),
+the backward's all-gather inside a reshard group (``all_gather.hpz``, under
+``sdp_reshard_after_forward=k``) and the two all-reduces of a MiCS step (``all_reduce.replica`` across the
 replication group, ``all_reduce.dp`` for persistent parameters). Totals by
 kind sum all labels of a kind.
 
@@ -53,6 +54,7 @@ class CollectiveKind(enum.Enum):
 #: Sub-labels used by smsdp itself (others are allowed).
 INTER_HOST = "inter_host"
 INTRA_HOST = "intra_host"
+HPZ = "hpz"
 REPLICA = "replica"
 DP = "dp"
 

@@ -10,10 +10,12 @@ forward:  the root unit is gathered first (it stays gathered for the whole
           unit's pre-forward waits for its gather (issued earlier as a prefetch
           when possible), exposes the parameter views and prefetches the next
           unit(s) in the recorded forward order within
-          ``sdp_max_live_parameters``; its post-forward frees it and hooks its
+          ``sdp_max_live_parameters``; its post-forward frees it (or keeps a
+          1/k slice under ``sdp_reshard_after_forward=k``) and hooks its
           outputs so backward can find it.
 backward: a hook on a unit's outputs fires when their gradient is ready, that
-          is just before the unit's own backward: gather again, prefetch the
+          is just before the unit's own backward: gather again (from the kept
+          slices, inside the reshard group, under ``k``), prefetch the
           unit that backward reaches next. When the unit's flat gradient is
           complete (post-accumulate-grad hook on its flat parameter), it is
           reduce-scattered inside the shard group asynchronously and the
@@ -53,7 +55,7 @@ from smsdp.activation_checkpointing import set_activation_checkpointing
 from smsdp.collectives import broadcast
 from smsdp.delayed_materialize import materialize_units
 from smsdp.flat_param_group import FlatParamGroup
-from smsdp.model_state import full_state_dict, load_full_state_dict, model_state_bytes
+from smsdp.model_state import compute_copy_bytes, full_state_dict, load_full_state_dict, model_state_bytes
 from smsdp.model_surface import PARTIAL_KEY, SMPModelMethods
 from smsdp.quantization import BlockQuantizer
 from smsdp.quantized_collectives import QuantizedAllGather, QuantizedReduceScatter
@@ -245,7 +247,7 @@ class DistributedModel(SMPModelMethods, nn.Module):
             if recording:
                 self._state = TrainingState.IDLE
         if not (grad and (self._keep_for_backward or not self._reshard_after_forward)):
-            self._root.post_forward()
+            self._root.post_forward(keep_slice=grad)
         return output
 
     def reshard_all(self) -> None:
@@ -286,7 +288,7 @@ class DistributedModel(SMPModelMethods, nn.Module):
             self._hook_outputs(unit, output)
             if self._backward_starts_with(unit):
                 return output
-        unit.post_forward()
+        unit.post_forward(keep_slice=torch.is_grad_enabled())  # a 1/k slice only when a backward may follow
         return output
 
     def _backward_starts_with(self, unit: Unit) -> bool:
@@ -305,6 +307,8 @@ class DistributedModel(SMPModelMethods, nn.Module):
 
         ``sdp_reshard_after_forward=False`` keeps every unit (ZeRO-2 style): no backward
         all-gather, ``(d-1)/d Psi`` per micro-step, the whole model gathered at the peak.
+        ``sdp_reshard_after_forward=k`` keeps the same two whole; every other unit keeps a
+        ``1/k`` slice (``Unit.post_forward``) and its backward gathers inside the reshard group.
         """
         if not self._reshard_after_forward:
             return True
@@ -429,6 +433,10 @@ class DistributedModel(SMPModelMethods, nn.Module):
         """Bytes this rank holds for parameters and gradients (optimizer state: see the optimizer)."""
         return model_state_bytes(self.flat_groups())
 
+    def compute_copy_bytes(self) -> dict[str, int]:
+        """Bytes of gathered parameters and kept 1/k slices this rank holds right now."""
+        return compute_copy_bytes(self.flat_groups())
+
 
 def _unit_comm(rt) -> UnitComm:
     """The collectives every unit of this model uses, bound to this rank's groups now."""
@@ -438,6 +446,7 @@ def _unit_comm(rt) -> UnitComm:
         gather = QuantizedAllGather(rt.groups.shard_group, rt.stats, quantizer, exact=rt.all_gather)
     if rt.params.sdp_quantized_gradients:
         reduce_scatter = QuantizedReduceScatter(rt.groups.shard_group, rt.stats, quantizer)
+    reshard_group = rt.groups.reshard_group
     return UnitComm(
         gather=gather,
         reduce_scatter=reduce_scatter,
@@ -448,6 +457,9 @@ def _unit_comm(rt) -> UnitComm:
         bucket_numel=max(1, rt.params.sdp_reduce_bucket_size),
         reduce_dtype=torch.bfloat16 if rt.params.sdp_reduce_dtype == "bf16" else torch.float32,
         mean_scale=1.0 / rt.dp_size,
+        regather=rt.all_gather_reshard_group if reshard_group is not None else None,
+        slice_degree=reshard_group.size if reshard_group is not None else 1,
+        slice_position=reshard_group.rank_of(rt.coords.rank) if reshard_group is not None else 0,
     )
 
 

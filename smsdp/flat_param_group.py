@@ -31,6 +31,17 @@ back and writes into the same storage, so the views autograd saved in forward
 see the parameters again. ``.data`` assignment keeps ``flat_param``'s own
 version counter, and the all-gather writes into ``unsharded`` (a different
 tensor), so autograd's in-place checks on the saved views never trip.
+
+[Note: kept slices (hpZ)]
+Under ``sdp_reshard_after_forward=k`` the end of a unit's forward keeps a copy of
+this rank's ``1/k`` of the gathered buffer (position ``p`` in its reshard group
+of ``k`` consecutive shard ranks keeps elements ``[p P/k, (p+1) P/k)``) and
+frees the rest. The ``k`` slices of one reshard group tile the buffer, so the
+backward all-gathers them inside that group (on one host) into the same storage
+and gets back exactly the values the forward computed with, whatever path the
+forward's gather took (hierarchical, quantized): the same bits as gathering in
+the whole shard group again. A copy rather than a view, because the gathered
+buffer's storage is what is freed.
 """
 
 from __future__ import annotations
@@ -50,6 +61,7 @@ class ParamState(enum.Enum):
     SHARDED = "sharded"  # only this rank's shard exists
     GATHERING = "gathering"  # an all-gather into ``unsharded`` is in flight
     UNSHARDED = "unsharded"  # ``unsharded`` holds the whole flat buffer
+    KEPT_SLICE = "kept_slice"  # between forward and backward: ``kept`` holds 1/k of it (hpZ)
 
 
 @dataclass
@@ -88,6 +100,7 @@ class FlatParamGroup:
     optim_params: list[tuple[str, nn.Parameter]] = field(default_factory=list)
     state: ParamState = ParamState.SHARDED
     _gather_handle: object = None
+    kept: torch.Tensor | None = None  # this rank's 1/k of the gathered buffer, in state KEPT_SLICE
     _split_sizes: list[int] = field(default_factory=list)
     _optim_slices: list[tuple[int, int]] = field(default_factory=list)  # (offset in master, length)
 
@@ -184,7 +197,20 @@ class FlatParamGroup:
         """Elements this group adds to the live unsharded budget while gathered."""
         return self.padded_numel if self.sharded else 0
 
-    def unshard(self, gather: GatherFn, async_op: bool) -> None:
+    @property
+    def live_numel(self) -> int:
+        """Elements held in compute copies now (counted against the live budget)."""
+        if self.state is ParamState.SHARDED:
+            return 0
+        return self.kept.numel() if self.state is ParamState.KEPT_SLICE else self.gathered_numel
+
+    def unshard(self, gather: GatherFn, async_op: bool, regather: GatherFn | None = None) -> None:
+        """Gather in the shard group, or from the kept slices with ``regather`` (see [Note: kept slices])."""
+        if self.state is ParamState.KEPT_SLICE:
+            self.unsharded.untyped_storage().resize_(self.padded_numel * self.unsharded.element_size())
+            self._gather_handle = regather(self.unsharded, self.kept, async_op)
+            self.state = ParamState.GATHERING
+            return
         if self.state is not ParamState.SHARDED:
             return
         if self.unsharded is self.master:
@@ -205,6 +231,7 @@ class FlatParamGroup:
             if self._gather_handle is not None:
                 self._gather_handle.wait()
             self._gather_handle = None
+            self.kept = None  # the regather that read it is done
             self.state = ParamState.UNSHARDED
 
     def expose_views(self) -> None:
@@ -221,7 +248,22 @@ class FlatParamGroup:
             for module, attr in info.locations:
                 module.__dict__.pop(attr, None)
 
+    def keep_slice(self, degree: int, position: int) -> None:
+        """Keep this rank's ``1/degree`` of the gathered buffer for the backward, free the rest."""
+        if not self.sharded or self.state in (ParamState.SHARDED, ParamState.KEPT_SLICE):
+            self.reshard()  # replicated: nothing was gathered, a cast copy is remade from the master
+            return
+        self.wait_unshard()
+        self.hide_views()
+        size = self.padded_numel // degree
+        self.kept = self.unsharded[position * size : (position + 1) * size].clone()
+        self.unsharded.untyped_storage().resize_(0)
+        self.state = ParamState.KEPT_SLICE
+
     def reshard(self) -> None:
+        if self.state is ParamState.KEPT_SLICE:
+            self.kept = None
+            self.state = ParamState.SHARDED
         if self.state is ParamState.SHARDED:
             return
         self.wait_unshard()

@@ -82,3 +82,14 @@ def model_state_bytes(groups: Iterable[FlatParamGroup]) -> dict[str, int]:
         if group.grad_acc is not None:
             grads += group.grad_acc.numel() * group.grad_acc.element_size()
     return {"params": params, "grads": grads}
+
+
+def compute_copy_bytes(groups: Iterable[FlatParamGroup]) -> dict[str, int]:
+    """Bytes of sharded parameters held in compute copies now: whole gathered buffers, and the
+    1/k slices ``sdp_reshard_after_forward=k`` keeps from a unit's forward to its backward."""
+    gathered = kept = 0
+    for group in groups:
+        if group.sharded:
+            gathered += group.unsharded.untyped_storage().nbytes()
+            kept += 0 if group.kept is None else group.kept.numel() * group.kept.element_size()
+    return {"gathered": gathered, "kept_slices": kept}

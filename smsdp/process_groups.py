@@ -65,6 +65,7 @@ class ProcessGroups:
     shard_group: RankGroup
     replica_group: RankGroup
     hierarchical: HierarchicalGroups | None
+    reshard_group: RankGroup | None = None  # sdp_reshard_after_forward=k: the k ranks of this one's slices
 
     @property
     def dp_group(self) -> RankGroup:
@@ -83,6 +84,7 @@ def _all_groups_in_creation_order(topology: Topology) -> Iterator[Group]:
         if layout is not None:
             yield from layout.stage1_groups
             yield from layout.stage2_groups
+    yield from topology.reshard_groups()
 
 
 def build_process_groups(
@@ -127,6 +129,7 @@ def build_process_groups(
         shard_group=mine(coords.shard_group),
         replica_group=mine(coords.replica_group),
         hierarchical=hierarchical,
+        reshard_group=mine(coords.reshard_group) if coords.reshard_group else None,
     )
 
 

@@ -31,7 +31,7 @@ from smsdp.activation_offload import ActivationOffloader
 from smsdp.cluster import ClusterInfo
 from smsdp.all_gather_strategy import AllGatherStrategy
 from smsdp.collectives import Handle, all_gather_flat, all_reduce, reduce_scatter_flat
-from smsdp.comm_accounting import CommStats
+from smsdp.comm_accounting import HPZ, CommStats
 from smsdp.config import ConfigError, RuntimeConfig, SMPParameters
 from smsdp.process_groups import ProcessGroups, build_process_groups
 from smsdp.rendezvous import init_distributed
@@ -77,6 +77,10 @@ class RuntimeState:
     def gather_shards_fp32(self, output: torch.Tensor, shard: torch.Tensor) -> None:
         """Whole-parameter gathers for state dicts: flat, uncounted as training traffic."""
         all_gather_flat(output, shard, self.groups.shard_group, None).wait()
+
+    def all_gather_reshard_group(self, output: torch.Tensor, kept: torch.Tensor, async_op: bool) -> Handle:
+        """The backward's gather from the 1/k slices kept in this rank's reshard group (one host)."""
+        return all_gather_flat(output, kept, self.groups.reshard_group, self.stats, async_op, label=HPZ)
 
     def reduce_scatter_shards(self, output: torch.Tensor, full: torch.Tensor, async_op: bool) -> Handle:
         return reduce_scatter_flat(output, full, self.groups.shard_group, self.stats, async_op=async_op)

@@ -15,6 +15,9 @@ Rules, with world ``W``, tensor-parallel degree ``t``, shard degree ``d``
 - Replication groups: the ranks at the same position in the shard groups
   of one RDP group (``r = rdp / d`` ranks).
 - Hosts are host-major: rank ``r`` lives on host ``r // processes_per_host``.
+- Reshard groups (``sdp_reshard_after_forward=k``, hpZ): consecutive blocks of
+  ``k`` inside each shard group (shard ranks ``jk .. jk+k-1``); each must lie on
+  one host, because the backward's all-gather runs inside it.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ Group = tuple[int, ...]
 class TopologyProblem:
     """One factor that does not fit: its name, value, and the values that would."""
 
-    factor: str  # "world_size", "processes_per_host", "tp_degree" or "shard_degree"
+    factor: str  # "world_size", "processes_per_host", "tp_degree", "shard_degree" or "reshard_degree"
     value: object
     message: str  # in the topology's own words, e.g. "tp 3 does not divide world 8"
     fits: tuple[int, ...] = ()  # values of ``factor`` that would work with the others, if any
@@ -59,6 +62,7 @@ class RankCoords:
     rdp_group: Group
     shard_group: Group
     replica_group: Group
+    reshard_group: Group | None = None  # the k ranks this rank's 1/k slices regather in (hpZ)
 
     @property
     def dp_rank(self) -> int:
@@ -152,6 +156,7 @@ class Topology:
     processes_per_host: int
     tp_degree: int = 1
     shard_degree: int = 1
+    reshard_degree: int | None = None  # k of sdp_reshard_after_forward=k, when 1 < k < shard_degree
 
     def __post_init__(self) -> None:
         problems = self._problems()
@@ -180,7 +185,31 @@ class Topology:
                 f"tp {t} x sdp {d} does not divide world {w} (sdp must divide rdp = world / tp = {w // t})",
                 _divisors(w // t),
             ))
+        if not problems and self.reshard_degree is not None:
+            problems.extend(self._reshard_problems())
         return tuple(problems)
+
+    def _reshard_problems(self) -> list[TopologyProblem]:
+        """k must split every shard group into blocks that each lie on one host."""
+        k, d = self.reshard_degree, self.shard_degree
+        fits = tuple(j for j in _divisors(d)[1:-1] if self._reshard_groups_fit(j))
+        if not (isinstance(k, int) and 1 < k < d and d % k == 0):
+            return [TopologyProblem("reshard_degree", k, f"reshard degree {k!r} must divide sdp {d} and lie "
+                                    f"strictly between 1 and {d}", fits)]
+        if self._reshard_groups_fit(k):
+            return []
+        spread = next(g for g in self._blocks_of_shard_groups(k) if not self._on_one_host(g))
+        return [TopologyProblem("reshard_degree", k, f"reshard group {spread} of {k} consecutive shard ranks "
+                                f"spans hosts {sorted({self.host_of(r) for r in spread})}", fits)]
+
+    def _blocks_of_shard_groups(self, k: int) -> tuple[Group, ...]:
+        return tuple(g[s:s + k] for g in self._shard_groups for s in range(0, len(g), k))
+
+    def _on_one_host(self, group: Group) -> bool:
+        return len({self.host_of(r) for r in group}) == 1
+
+    def _reshard_groups_fit(self, k: int) -> bool:
+        return all(self._on_one_host(g) for g in self._blocks_of_shard_groups(k))
 
     def describe(self) -> str:
         """Every factor on one line, e.g. for errors and start-up logs."""
@@ -189,7 +218,7 @@ class Topology:
             f"world {w} = hosts {_quotient(w, p)} x processes_per_host {p}; "
             f"tp {t} x sdp {d} x replicas {_quotient(w, t * d if _positive(t, d) else 0)} "
             f"(rdp = world / tp = {_quotient(w, t)})"
-        )
+        ) + (f"; reshard to {self.reshard_degree} after forward" if self.reshard_degree else "")
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -259,6 +288,10 @@ class Topology:
         """The ranks of each host, host-major."""
         return self._host_groups
 
+    def reshard_groups(self) -> tuple[Group, ...]:
+        """Consecutive blocks of ``reshard_degree`` inside each shard group; none without one."""
+        return self._blocks_of_shard_groups(self.reshard_degree) if self.reshard_degree else ()
+
     # ------------------------------------------------------------ per rank
     def host_of(self, rank: int) -> int:
         return rank // self.processes_per_host
@@ -282,7 +315,13 @@ class Topology:
             rdp_group=self._rdp_groups[tp_rank],
             shard_group=self._shard_groups[tp_rank * self.replication_degree + rdp_rank // d],
             replica_group=self._replica_groups[tp_rank * d + rdp_rank % d],
+            reshard_group=self._reshard_group_of(rank),
         )
+
+    def _reshard_group_of(self, rank: int) -> Group | None:
+        if not self.reshard_degree:
+            return None
+        return _group_containing(self.reshard_groups(), rank)
 
     # ------------------------------------------------------------ hierarchy
     def hierarchical_layout(self, shard_group: Group) -> HierarchicalLayout | None:

@@ -5,8 +5,10 @@ everything that happens to its flat groups (``smsdp.flat_param_group``) during
 a micro-step, in the order the hooks of ``DistributedModel`` call it:
 
 * ``pre_forward`` / ``post_forward``: gather (or find the prefetched gather),
-  expose the parameter views; free the gathered buffer.
-* ``pre_backward``: gather again for the backward (once per backward).
+  expose the parameter views; free the gathered buffer, or keep this rank's
+  ``1/k`` of it for the backward under ``sdp_reshard_after_forward=k``.
+* ``pre_backward``: gather again for the backward (once per backward), from the
+  kept slices inside the reshard group when there are any.
 * ``post_backward(group)``: the group's flat gradient is complete: reduce-scatter
   it inside the shard group, asynchronously, in buckets of at most
   ``bucket_numel`` elements per rank-row, and free the gathered buffer.
@@ -54,6 +56,11 @@ class UnitComm:
     # would see; applied to the 1/d-sized shard as it is accumulated, not to the whole flat
     # gradient before the reduce-scatter.
     mean_scale: float
+    # sdp_reshard_after_forward=k (hpZ): the all-gather inside this rank's reshard group,
+    # k and this rank's position in it; None without reshard groups.
+    regather: GatherFn | None = None
+    slice_degree: int = 1
+    slice_position: int = 0
 
 
 @dataclass
@@ -80,8 +87,8 @@ class Unit:
 
     @property
     def live_numel(self) -> int:
-        """Sharded elements this unit holds gathered right now (counted against the live budget)."""
-        return sum(g.gathered_numel for g in self.groups if g.state is not ParamState.SHARDED)
+        """Sharded elements this unit holds in compute copies now (gathered, or kept 1/k slices)."""
+        return sum(g.live_numel for g in self.groups)
 
     @property
     def unsharded_numel(self) -> int:
@@ -90,13 +97,13 @@ class Unit:
 
     @property
     def is_unsharded(self) -> bool:
-        return any(g.state is not ParamState.SHARDED for g in self.groups)
+        return any(g.state in (ParamState.GATHERING, ParamState.UNSHARDED) for g in self.groups)
 
     # ---- gathering ---------------------------------------------------------------------
 
     def unshard(self, async_op: bool) -> None:
         for group in self.groups:
-            group.unshard(self.comm.gather, async_op)
+            group.unshard(self.comm.gather, async_op, self.comm.regather)
         if not async_op:
             self.wait_unshard()
 
@@ -118,8 +125,14 @@ class Unit:
         self.unshard(async_op=False)
         self.expose_views()
 
-    def post_forward(self) -> None:
-        self.reshard()
+    def post_forward(self, keep_slice: bool = False) -> None:
+        """Free the gathered buffer; with ``keep_slice`` and reshard groups, keep this rank's 1/k."""
+        comm = self.comm
+        if not keep_slice or comm.regather is None:
+            self.reshard()
+            return
+        for group in self.groups:
+            group.keep_slice(comm.slice_degree, comm.slice_position)
 
     # ---- backward ------------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ from typing import Annotated, Any, ClassVar, Literal, Union
 from pydantic import AliasChoices, BeforeValidator, Field, StrictBool, model_validator
 from pydantic_core import PydanticCustomError
 
-from smsdp.configuration.errors import ConfigError, ConfigProblem
+from smsdp.configuration.errors import ConfigError, ConfigProblem, or_list
 from smsdp.configuration.models import ConfigModel, Number, WholeNumber
 
 def _bool_or_whole(value: Any) -> Any:
@@ -100,7 +100,9 @@ class SMPParameters(ConfigModel):
     sdp_reshard_after_forward: _BoolOrWhole = True
     """smsdp's own (FSDP2's ``reshard_after_forward``). True: free each unit's gathered parameters
     after its forward and gather again for its backward. False (ZeRO-2 style): keep every unit
-    gathered from its forward to its backward."""
+    gathered from its forward to its backward. An int ``k`` dividing the shard degree (DeepSpeed
+    ZeRO++'s hpZ): keep ``1/k`` of each gathered unit, and gather the backward's copy from those
+    inside a group of ``k`` ranks on one host; ``k`` = the shard degree is True."""
     sdp_reduce_dtype: Literal["fp32", "bf16"] = "fp32"
     """smsdp's own (FSDP2's ``reduce_dtype``): dtype of the gradient reduce-scatter and the
     replica/data-parallel all-reduces; shards accumulate in fp32."""
@@ -281,15 +283,36 @@ def _precision_problems(p: SMPParameters) -> list[ConfigProblem]:
 
 
 def _reshard_problems(p: SMPParameters) -> list[ConfigProblem]:
-    """Only the two strategies the runtime implements (FSDP2's int form is not built)."""
-    value = p.sdp_reshard_after_forward
-    if isinstance(value, bool):
+    """An int ``k`` must be a divisor of the shard degree from 2 up (FSDP2's and ZeRO++'s rule).
+
+    ``1`` is refused rather than read as False (as FSDP2 does, with a warning): written in
+    JSON or a hyperparameter string, ``1`` is too easily meant as ``true``. ``k == d`` is
+    True. Whether each group of ``k`` ranks lies on one host needs the job's hosts: it is
+    checked with the topology (``smsdp.topology.Topology.reshard_degree``).
+    """
+    k, d = p.sdp_reshard_after_forward, p.sharded_data_parallel_degree
+    if isinstance(k, bool) or (k > 1 and d % k == 0):
         return []
-    rule = (
-        "as an int (reshard to a sub-group of that many ranks after forward) is not implemented; "
-        "use True (reshard every unit after its forward) or False (keep every unit gathered until its backward)"
-    )
-    return [ConfigProblem(("sdp_reshard_after_forward",), rule, value)]
+    divisors = [j for j in range(2, d + 1) if d % j == 0]
+    if k == 1:
+        why = ("would keep every unit whole until its backward, which is False written as a bool "
+               "(an int 1 is too easily meant as True to be read as False)")
+    elif k < 1:
+        why = "must be at least 2 (the ranks a unit's parameters stay spread over after its forward)"
+    else:
+        why = (f"does not divide sharded_data_parallel_degree={d} (each shard group is split into "
+               f"groups of that many ranks)")
+    ints = f", or a divisor of {d} from 2 up: {or_list(divisors)}" if divisors else (
+        f" (sharded_data_parallel_degree={d} leaves no int to choose)")
+    rule = (f"{why}; use True (reshard every unit after its forward), False (keep every unit gathered "
+            f"until its backward){ints}")
+    return [ConfigProblem(("sdp_reshard_after_forward",), rule, k)]
+
+
+def reshard_degree(p: SMPParameters) -> int | None:
+    """``k`` of ``sdp_reshard_after_forward=k`` when it makes reshard groups (``1 < k < d``), else None."""
+    k, d = p.sdp_reshard_after_forward, p.sharded_data_parallel_degree
+    return None if isinstance(k, bool) or not 1 < k < d else k
 
 
 def _tensor_parallel_problems(p: SMPParameters) -> list[ConfigProblem]:

@@ -23,7 +23,7 @@ from pydantic import Field, model_validator
 from smsdp.configuration.errors import ConfigError, ConfigProblem, or_list
 from smsdp.configuration.instances import capacity_problems, instance_type_problems
 from smsdp.configuration.models import ConfigModel, Number, WholeNumber, plain
-from smsdp.configuration.parameters import SMPParameters
+from smsdp.configuration.parameters import SMPParameters, reshard_degree
 from smsdp.configuration.smddp import SMDDPBuffers
 from smsdp.instance_types import LOCAL
 from smsdp.topology import Topology, TopologyError, TopologyProblem
@@ -59,6 +59,7 @@ def build_topology(parameters: SMPParameters, words: JobWords) -> Topology:
             processes_per_host=ppn,
             tp_degree=parameters.tensor_parallel_degree,
             shard_degree=parameters.sharded_data_parallel_degree,
+            reshard_degree=reshard_degree(parameters),
         )
     except TopologyError as exc:
         raise ConfigError.from_problems(
@@ -67,7 +68,7 @@ def build_topology(parameters: SMPParameters, words: JobWords) -> Topology:
 
 def _in_config_words(problem: TopologyProblem, p: SMPParameters, words: JobWords, factors: str) -> ConfigProblem:
     world = words.instance_count * words.processes_per_host
-    fits = or_list(problem.fits)
+    fits = or_list(problem.fits) if problem.fits else ""
     if problem.factor == "tp_degree":
         rule = f"does not divide the {words.shape()}; use {fits} (topology: {factors})"
         return ConfigProblem(words.params_path + ("tensor_parallel_degree",), rule, problem.value)
@@ -76,6 +77,12 @@ def _in_config_words(problem: TopologyProblem, p: SMPParameters, words: JobWords
         how = words.shape() + (f", divided by tensor_parallel_degree {t}" if t > 1 else "")
         rule = f"does not divide the data-parallel degree {world // t}; use {fits} ({how}; topology: {factors})"
         return ConfigProblem(words.params_path + ("sharded_data_parallel_degree",), rule, problem.value)
+    if problem.factor == "reshard_degree":
+        ints = f", or {or_list(problem.fits)}, whose groups each lie on one host" if problem.fits else ""
+        rule = (f"does not fit the hosts: {problem.message} ({words.shape()}); the backward's all-gather runs "
+                f"inside each group of {problem.value} consecutive shard ranks, so each must lie on one host; "
+                f"use True, False{ints}")
+        return ConfigProblem(words.params_path + ("sdp_reshard_after_forward",), rule, problem.value)
     if problem.factor == "processes_per_host":
         rule = f"does not divide the world size {world}; use {fits}"
         return ConfigProblem(words.ppn_path, rule, problem.value)

@@ -64,8 +64,12 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     cluster.add_argument("--tensor-parallel-degree", type=int, default=1,
                          help="tensor_parallel_degree (default 1); --batch-size is then per TP group")
     cluster.add_argument("--no-hierarchical-allgather", action="store_true")
-    cluster.add_argument("--no-reshard-after-forward", action="store_true",
+    reshard = cluster.add_mutually_exclusive_group()
+    reshard.add_argument("--no-reshard-after-forward", action="store_true",
                          help="sdp_reshard_after_forward=False: keep every unit gathered until its backward")
+    reshard.add_argument("--reshard-after-forward", type=int, metavar="K", default=None,
+                         help="sdp_reshard_after_forward=K (hpZ): keep 1/K of each unit after its forward and "
+                              "gather the backward's copy inside groups of K ranks on one host")
     cluster.add_argument("--reduce-dtype", choices=("fp32", "bf16"), default="fp32", help="sdp_reduce_dtype")
     cluster.add_argument("--delayed-init", action="store_true", help="delayed_parameter_initialization")
     cluster.add_argument("--distribution", type=json_object_arg, default=None,
@@ -155,7 +159,8 @@ def _run_plan(args: argparse.Namespace) -> int:
             "sdp_param_persistence_threshold": int(args.persistence_threshold),
             "sdp_max_live_parameters": int(args.max_live_parameters),
             "sdp_hierarchical_allgather": not args.no_hierarchical_allgather,
-            "sdp_reshard_after_forward": not args.no_reshard_after_forward,
+            "sdp_reshard_after_forward": (args.reshard_after_forward if args.reshard_after_forward is not None
+                                          else not args.no_reshard_after_forward),
             "sdp_reduce_dtype": args.reduce_dtype,
             "delayed_parameter_initialization": args.delayed_init,
         }

@@ -3,7 +3,10 @@
 Bytes follow docs/runtime.md, "Communication per optimizer step" (ring accounting, per rank, ``Psi`` sharded
 padded elements, ``m`` micro-steps), exactly what ``smp.comm_stats()`` counts:
 
-- all-gathers ``2m (d-1)/d Psi c`` inside the sharding group (forward and backward);
+- all-gathers ``m (d-1)/d (2 Psi - Psi_kept) c`` inside the sharding group (forward and backward);
+  under ``sdp_reshard_after_forward=k`` the backward's share comes from ``1/k`` slices inside a
+  group of ``k`` ranks on one host instead: ``m (d-1)/d Psi c`` + ``m (k-1)/k (Psi - Psi_kept) c``
+  (intra-host);
 - reduce-scatters ``m (d-1)/d Psi_t 4`` inside the sharding group (the runtime
   reduces in fp32; ``Psi_t`` the trainable part);
 - ``2 (r-1)/r Psi_t/d 4`` across the replication group, once per step;
@@ -47,6 +50,7 @@ class CommBreakdown:
     shard_group_hosts: int
     hierarchical: bool
     tensor_parallel: LinkBytes = LinkBytes()
+    reshard_degree: int | None = None  # k: all_gather.intra includes the backward's gathers from 1/k slices
 
     @property
     def intra_host_bytes(self) -> float:
@@ -115,18 +119,24 @@ def comm_per_step(
     kept_elems: int = 0,
     tp_degree: int = 1,
     tp_bytes_per_micro_step: float = 0.0,
+    reshard_degree: int | None = None,
 ) -> CommBreakdown:
     """The per-step volumes of docs/runtime.md, split by link (see module docstring).
 
     ``kept_elems``: sharded elements gathered once per micro-step rather than twice
     (the root and the forward's last unit stay gathered into the backward).
+    ``reshard_degree``: ``k`` of ``sdp_reshard_after_forward=k`` (None: no reshard groups).
     """
     d, m = sdp_degree, micro_steps
     dp = world // tp_degree
     r = dp // d
     span = group_span(world, processes_per_host, d, tp_degree)
     psi, psi_t, psi_p = sharded_elems, sharded_trainable_elems, persistent_trainable_elems
-    gathered = 2 * psi - kept_elems  # elements all-gathered per micro-step
+    gathered = 2 * psi - kept_elems  # elements all-gathered per micro-step in the sharding group
+    regathered = 0.0  # bytes the backward gathers inside the reshard groups (one host each)
+    if reshard_degree and d > 1:
+        k = reshard_degree
+        gathered, regathered = psi, m * (k - 1) / k * (psi - kept_elems) * compute_bytes
 
     ag_bytes = m * (d - 1) / d * gathered * compute_bytes if d > 1 else 0.0
     hierarchical = hierarchical_allgather and span.shard_hosts > 1 and span.hierarchical_ok
@@ -141,6 +151,7 @@ def comm_per_step(
         all_gather = LinkBytes(intra=stage2, inter=stage1)
     else:
         all_gather = LinkBytes(inter=ag_bytes)
+    all_gather = LinkBytes(intra=all_gather.intra + regathered, inter=all_gather.inter)
 
     rs_bytes = m * (d - 1) / d * psi_t * reduce_bytes if d > 1 else 0.0
     reduce_scatter = _on(span.shard_hosts, rs_bytes)
@@ -151,7 +162,7 @@ def comm_per_step(
     persistent = _on(span.dp_hosts, persistent_bytes)
     tensor_parallel = LinkBytes(intra=m * tp_bytes_per_micro_step)  # a TP group never leaves its host
     return CommBreakdown(all_gather, reduce_scatter, replica, persistent, span.shard_hosts, hierarchical,
-                         tensor_parallel)
+                         tensor_parallel, reshard_degree if regathered else None)
 
 
 def _on(hosts: int, nbytes: float) -> LinkBytes:

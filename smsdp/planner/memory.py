@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from smsdp.configuration.parameters import reshard_degree
 from smsdp.planner.model import ROOT, ModelSpec, TransformerShape
 
 OPTIMIZER_BYTES_PER_ELEMENT = {"adamw": 8, "adam": 8, "sgd_momentum": 4, "sgd": 0}
@@ -238,12 +239,24 @@ def unit_sizes(groups: list[GroupLayout]) -> UnitSizes:
 def kept_for_backward_elems(sizes: UnitSizes, p) -> int:
     """Sharded elements the runtime keeps gathered from forward into backward (gathered once
     per micro-step, not twice): every unit under ``sdp_reshard_after_forward=False``; else the
-    root, and the forward's last unit when the live budget allows (distributed_model.py)."""
+    root, and the forward's last unit when the live budget allows (distributed_model.py), which
+    under ``sdp_reshard_after_forward=k`` also holds the earlier units' ``1/k`` slices."""
     if p.sdp_reshard_after_forward is False:
         return sum(sizes.gathered.values())
     root = sizes.gathered.get(ROOT, 0)
     last = sizes.gathered[sizes.order[-1]] if sizes.order else 0
-    return root + last if root + last <= p.sdp_max_live_parameters else root
+    k = reshard_degree(p)
+    slices = sum(sizes.gathered[u] for u in sizes.order[:-1]) // k if k else 0
+    return root + last if root + last + slices <= p.sdp_max_live_parameters else root
+
+
+def kept_slice_elems(sizes: UnitSizes, p) -> int:
+    """Elements of the ``1/k`` slices ``sdp_reshard_after_forward=k`` holds at the end of a forward
+    (``DistributedModel.compute_copy_bytes()["kept_slices"]``): every unit not kept whole."""
+    k = reshard_degree(p)
+    if not k:
+        return 0
+    return (sum(sizes.gathered.values()) - kept_for_backward_elems(sizes, p)) // k
 
 
 def unsharded_in_flight_bytes(sizes: UnitSizes, compute_bytes: int, max_live: int,
@@ -369,6 +382,7 @@ class MemoryBreakdown:
     framework_overhead: int
     optimizer_step_temp: int
     construction: int
+    kept_slices: int = 0  # sdp_reshard_after_forward=k: 1/k of each unit, from its forward to its backward
 
     @property
     def model_state(self) -> int:
@@ -377,7 +391,7 @@ class MemoryBreakdown:
     @property
     def training_phase(self) -> int:
         return (
-            self.model_state + self.unsharded_params + self.unsharded_grads + (self.activations or 0)
+            self.model_state + self.unsharded_params + self.kept_slices + self.unsharded_grads + (self.activations or 0)
             + self.communication_buffers + self.framework_overhead
         )
 

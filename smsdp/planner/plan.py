@@ -132,6 +132,7 @@ class Plan:
             "memory": {
                 "parameters": m.parameters, "gradients": m.gradients, "optimizer_state": m.optimizer_state,
                 "model_state": m.model_state, "unsharded_params_in_flight": m.unsharded_params,
+                "kept_slices": m.kept_slices,
                 "unsharded_grads_in_flight": m.unsharded_grads, "activations": m.activations,
                 "communication_buffers": m.communication_buffers, "framework_overhead": m.framework_overhead,
                 "optimizer_step_temp": m.optimizer_step_temp, "construction": m.construction,
@@ -308,7 +309,7 @@ def _evaluate(
         sharded_elems=sharded, sharded_trainable_elems=sharded_t, persistent_trainable_elems=persistent_t,
         compute_bytes=c, sdp_degree=d, world=world, processes_per_host=ppn, micro_steps=accum,
         hierarchical_allgather=p.sdp_hierarchical_allgather, kept_elems=mem.kept_for_backward_elems(sizes, p),
-        reduce_bytes=2 if p.sdp_reduce_dtype == "bf16" else 4, tp_degree=t,
+        reduce_bytes=2 if p.sdp_reduce_dtype == "bf16" else 4, tp_degree=t, reshard_degree=mem.reshard_degree(p),
         tp_bytes_per_micro_step=0.0 if t == 1 or model.shape is None else tp_bytes_per_micro_step(
             batch * model.shape.seq_len, model.shape.d_model, model.shape.n_layer, t, bytes_per_element=c),
     )
@@ -328,6 +329,7 @@ def _evaluate(
         framework_overhead=hardware.overhead_bytes(assumptions),
         optimizer_step_temp=mem.optimizer_step_temp_bytes(groups, foreach=hardware.is_gpu),
         construction=_construction_bytes(model, state, sizes, p.delayed_parameter_initialization, hardware.is_gpu),
+        kept_slices=c * mem.kept_slice_elems(sizes, p),
     )
 
     time = _step_time(model, p, hardware, comm, batch, accum, world, assumptions, warnings)
@@ -370,11 +372,16 @@ def _flops_per_token(model: ModelSpec, checkpointing: bool) -> tuple[float, floa
 # ------------------------------------------------------------------------- recommendation
 
 
-def _with(runtime: RuntimeConfig, **params: Any) -> RuntimeConfig:
-    new_params = runtime.parameters.model_copy(update=params)
-    return RuntimeConfig(parameters=new_params, instance_type=runtime.instance_type,
-                         instance_count=runtime.instance_count, processes_per_host=runtime.processes_per_host,
-                         smddp=runtime.smddp, collective_timeout_s=runtime.collective_timeout_s)
+def _with(runtime: RuntimeConfig, instance_count: int | None = None, **params: Any) -> RuntimeConfig:
+    """``runtime`` with other parameters (an int ``sdp_reshard_after_forward`` that does not fit them: True)."""
+    new = runtime.parameters.model_copy(update=params)
+    shape = {**dict(runtime), "instance_count": instance_count or runtime.instance_count}
+    try:
+        return RuntimeConfig(**{**shape, "parameters": new})
+    except ConfigError:
+        if isinstance(new.sdp_reshard_after_forward, bool):
+            raise
+        return RuntimeConfig(**{**shape, "parameters": new.model_copy(update={"sdp_reshard_after_forward": True})})
 
 
 def _degrees(runtime: RuntimeConfig) -> list[int]:
@@ -471,10 +478,7 @@ def _instances_needed(base: Plan, switches: Mapping[str, Any]) -> int | None:
 
     def fits_at(count: int) -> bool:
         world = count * runtime.processes_per_host
-        params = runtime.parameters.model_copy(update={**switches, "sharded_data_parallel_degree": world})
-        candidate = RuntimeConfig(parameters=params, instance_type=runtime.instance_type, instance_count=count,
-                                  processes_per_host=runtime.processes_per_host, smddp=runtime.smddp)
-        return _fits(base, candidate, 1)
+        return _fits(base, _with(runtime, count, **switches, sharded_data_parallel_degree=world), 1)
 
     count = runtime.instance_count
     while count <= MAX_INSTANCES_SEARCH and not fits_at(count):

@@ -105,6 +105,8 @@ def _memory_lines(plan: "Plan") -> list[str]:
         ["gradients", size(m.gradients), "fp32 shards"],
         ["optimizer state", size(m.optimizer_state), f"{plan.optimizer}, fp32"],
         ["unsharded parameters in flight", size(m.unsharded_params), in_flight_note],
+        *([["kept 1/k slices", size(m.kept_slices), f"1/{p.sdp_reshard_after_forward} of every unit not kept "
+            "whole, from its forward to its backward (sdp_reshard_after_forward)"]] if m.kept_slices else []),
         ["unsharded gradients in flight", size(m.unsharded_grads), "root + running unit + fp32 reduce-scatter inputs"],
         ["activations", size(m.activations), act_note],
         ["communication buffers", size(m.communication_buffers), "all-gather staging"],
@@ -127,7 +129,8 @@ def _comm_lines(plan: "Plan") -> list[str]:
     lines.append(f"communication per step per {word} (sharding group spans {cm.shard_group_hosts} host(s)"
                  + (", hierarchical all-gather" if cm.hierarchical else "") + ")")
     comm_rows = [
-        ["all-gather (parameters)", human_bytes(cm.all_gather.intra), human_bytes(cm.all_gather.inter)],
+        ["all-gather (parameters" + (", backward's in reshard groups" if cm.reshard_degree else "") + ")",
+         human_bytes(cm.all_gather.intra), human_bytes(cm.all_gather.inter)],
         [f"reduce-scatter (gradients, {plan.runtime.parameters.sdp_reduce_dtype})", human_bytes(cm.reduce_scatter.intra),
          human_bytes(cm.reduce_scatter.inter)],
         ["all-reduce across replicas", human_bytes(cm.replica_all_reduce.intra),

@@ -48,7 +48,8 @@ class Case:
     lr: float = 1e-3
     declare_accumulation: bool = False  # pass backward_passes_per_step=accum (early replica sync)
     keep_gathered: bool = True  # DistributedModel(keep_gathered_for_backward=...)
-    reshard_after_forward: bool = True  # sdp_reshard_after_forward
+    reshard_after_forward: bool | int = True  # sdp_reshard_after_forward
+    reference: bool = True  # also train the single-process reference (not needed by bit-for-bit pairs)
 
 
 CASES = {
@@ -69,6 +70,13 @@ CASES = {
     # ZeRO-2 style: every unit gathered from its forward to its backward, (d-1)/d Psi per micro-step
     "no_reshard": Case(sdp=2, threshold=100, reshard_after_forward=False),
     "no_reshard_accum2": Case(sdp=2, accum=2, reshard_after_forward=False),
+    # hpZ: d=4 over the 2 simulated hosts, a 1/2 slice kept per unit, the backward's gather inside
+    # each host (the forward's is hierarchical); compared bit for bit with d4_hierarchical
+    "hpz_d4": Case(sdp=4, reshard_after_forward=2, reference=False),
+    # accumulation, small parameters replicated, the root and last unit sliced too; and its k=True twin
+    "hpz_d4_accum2": Case(sdp=4, accum=2, threshold=100, keep_gathered=False, steps=5, reshard_after_forward=2,
+                          reference=False),
+    "d4_accum2_short": Case(sdp=4, accum=2, threshold=100, keep_gathered=False, steps=5),
 }
 
 
@@ -147,14 +155,29 @@ def train_sharded(case: Case) -> dict:
         losses.append(total.item() / n)
         norms.append(opt.last_grad_norm)
         per_step_bytes.append(_diff(smp.comm_stats(), before))
+    params = model.state_dict()
     return {
         "losses": losses,
         "grad_norms": norms,
-        "params": model.state_dict(),
+        "params": params,
+        "stray_forwards": _stray_forwards(model, case, n, rank),
         "bytes": per_step_bytes,
         "layout": {**_layout(model, kept=case.keep_gathered), "reshard_after_forward": case.reshard_after_forward},
         "model_state": model_state,  # after the last step, before zero_grad frees the gradients
     }
+
+
+def _stray_forwards(model, case: Case, n: int, rank: int) -> dict | None:
+    """Under sdp_reshard_after_forward=k: what a forward with grad and no backward leaves (its 1/k
+    slices), and what the next forward without grad leaves (nothing: it frees every unit)."""
+    if isinstance(case.reshard_after_forward, bool):
+        return None
+    x, y = global_batch(0, 0, n)
+    model(x.chunk(n)[rank], y.chunk(n)[rank])
+    after_grad = model.compute_copy_bytes()
+    with torch.no_grad():
+        model(x.chunk(n)[rank], y.chunk(n)[rank])
+    return {"after_forward_with_grad": after_grad, "after_forward_without_grad": model.compute_copy_bytes()}
 
 
 def _diff(after: dict, before: dict) -> dict:
@@ -177,7 +200,9 @@ def _layout(model, kept: bool) -> dict:
 
 def run_case(name: str):
     case = CASES[name]
-    return {"sharded": train_sharded(case), "reference": train_reference(case, smp.dp_size()), "clip": case.clip}
+    sharded = train_sharded(case)
+    reference = train_reference(case, smp.dp_size()) if case.reference else None
+    return {"sharded": sharded, "reference": reference, "clip": case.clip}
 
 
 def fp16_overflow() -> dict:

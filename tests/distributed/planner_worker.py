@@ -28,6 +28,9 @@ BENCH = GPTConfig(vocab_size=1024, block_size=128, n_layer=4, n_head=4, d_model=
 # name: (model, batch per rank, SMP parameters)
 CASES = {
     "equivalence_d4": (EQUIVALENCE, 2, {"sharded_data_parallel_degree": 4, "sdp_param_persistence_threshold": 0}),
+    # sdp_reshard_after_forward=2 at d=4 on 2 hosts of 2: each host holds one reshard group
+    "equivalence_hpz_d4": (EQUIVALENCE, 2, {"sharded_data_parallel_degree": 4, "sdp_param_persistence_threshold": 0,
+                                            "sdp_reshard_after_forward": 2}),
     "equivalence_persist": (EQUIVALENCE, 2, {"sharded_data_parallel_degree": 2,
                                              "sdp_param_persistence_threshold": 100}),
     "bench_fp32": (BENCH, 4, {"sharded_data_parallel_degree": 2, "sdp_param_persistence_threshold": 10_000}),
@@ -37,6 +40,9 @@ CASES = {
                                 "prescaled_batch": True, "sdp_param_persistence_threshold": 10_000}),
 }
 STEPS = 1
+# The equivalence model's cases also take a second step: the forward's order is known from it
+# on, so its compute copies and all-gathers are the steady state the planner describes.
+MEASURED_STEADY = ("equivalence_d4", "equivalence_hpz_d4")
 
 
 def run(name: str) -> dict:
@@ -49,14 +55,20 @@ def run(name: str) -> dict:
     model = smp.DistributedModel(plain)
     opt = smp.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=1e-3))
     gen = torch.Generator().manual_seed(smp.rdp_rank())  # a TP group reads one batch
-    for _ in range(STEPS):
+    for _ in range(2 if name in MEASURED_STEADY else STEPS):
+        before = smp.comm_stats()
         tokens = torch.randint(0, config.vocab_size, (batch, config.block_size + 1), generator=gen)
         loss = model(tokens[:, :-1], tokens[:, 1:]).loss
+        copies = model.compute_copy_bytes()  # the end of the forward: what is kept for the backward
         model.backward(loss)
         opt.step()
         state = {**model.model_state_bytes(), "optimizer": opt.optimizer_state_bytes()}
         opt.zero_grad()
+        gathered = sum(v for key, v in smp.comm_stats().items() if key.startswith("all_gather")) - sum(
+            v for key, v in before.items() if key.startswith("all_gather"))
     return {
+        "compute_copies_after_forward": copies,
+        "all_gather_bytes_last_step": gathered,
         "model_state": state,
         "sdp_rank": smp.sdp_rank(),
         "tp_rank": smp.tp_rank(),

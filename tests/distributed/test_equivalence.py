@@ -30,7 +30,10 @@ EQUIVALENCE_CASES = [
     "design_count_accum2",
     "no_reshard",
     "no_reshard_accum2",
+    "d4_accum2_short",
 ]
+# sdp_reshard_after_forward=k: checked bit for bit against their k=True twins (which match one process)
+HPZ_CASES = {"hpz_d4": "d4_hierarchical", "hpz_d4_accum2": "d4_accum2_short"}
 SIMULATED_HOSTS = {"SMSDP_SIMULATED_HOSTS": "1", "SM_HOSTS": '["algo-1", "algo-2"]'}
 FP32_RTOL = 1e-5
 FP32_ATOL = 1e-6  # parameters that pass near zero have no meaningful relative error
@@ -40,7 +43,7 @@ FP32_ATOL = 1e-6  # parameters that pass near zero have no meaningful relative e
 def results(tmp_path_factory):
     return run_cases(
         "tests/distributed/equivalence_worker.py",
-        EQUIVALENCE_CASES + ["fp16_overflow", "misdeclared_accumulation"],
+        EQUIVALENCE_CASES + list(HPZ_CASES) + ["fp16_overflow", "misdeclared_accumulation"],
         NPROCS,
         env=SIMULATED_HOSTS,
         timeout=400,
@@ -92,6 +95,39 @@ def test_sdp_reshard_after_forward_false_changes_no_bit(results, kept_all, resha
     _assert_same_bits(results[kept_all], results[resharded])
 
 
+@pytest.mark.parametrize("hpz, twin", list(HPZ_CASES.items()))
+def test_sdp_reshard_after_forward_int_changes_no_bit(results, hpz, twin):
+    """Kept 1/k slices regathered in each host give the backward the forward's own values."""
+    _assert_same_bits(results[hpz], results[twin])
+
+
+@pytest.mark.parametrize("hpz", list(HPZ_CASES))
+def test_sdp_reshard_after_forward_int_regathers_inside_the_host(results, hpz):
+    """The backward's all-gather is all under all_gather.hpz, in a group of k, never across hosts."""
+    for result in results[hpz]:
+        layout, k = result["sharded"]["layout"], result["sharded"]["layout"]["reshard_after_forward"]
+        micro_steps = 2 if "accum2" in hpz else 1
+        for step, step_bytes in enumerate(result["sharded"]["bytes"]):
+            last_kept = micro_steps - (step == 0)
+            regathered = micro_steps * layout["sharded_padded"] - micro_steps * layout["root_padded"] \
+                - last_kept * layout["last_unit_padded"]
+            assert step_bytes["all_gather.hpz"] == (k - 1) * regathered * 4 // k > 0
+            hosts = 2  # the forward's hierarchical gather alone crosses hosts: (H-1)/d of each unit once
+            assert step_bytes["all_gather.inter_host"] == micro_steps * (hosts - 1) * layout["sharded_padded"] * 4 // layout["sdp"]
+
+
+@pytest.mark.parametrize("hpz", list(HPZ_CASES))
+def test_a_forward_without_grad_frees_the_kept_slices(results, hpz):
+    """A forward with grad and no backward keeps its slices (4 bytes x 1/k of each unit not kept
+    whole); the next forward frees them, and a forward without grad keeps nothing at all."""
+    for result in results[hpz]:
+        layout, stray = result["sharded"]["layout"], result["sharded"]["stray_forwards"]
+        k, kept_whole = layout["reshard_after_forward"], layout["root_padded"] + layout["last_unit_padded"]
+        assert stray["after_forward_with_grad"] == {"gathered": 4 * kept_whole,
+                                                    "kept_slices": 4 * (layout["sharded_padded"] - kept_whole) // k}
+        assert stray["after_forward_without_grad"] == {"gathered": 0, "kept_slices": 0}
+
+
 def test_clipping_was_active(results):
     norms = results["clip_active"][0]["sharded"]["grad_norms"]
     clip = results["clip_active"][0]["clip"]
@@ -111,16 +147,22 @@ def _formula(layout: dict, micro_steps: int, first_step: bool) -> dict:
     """The formula of docs/runtime.md ("Communication per optimizer step"), fp32 (4 bytes for
     compute and reduce), ring accounting, with the root and the forward's last unit kept gathered
     into the backward (distributed_model.py, [Note: kept for backward]); the last unit is known
-    from the second forward on."""
+    from the second forward on. Under sdp_reshard_after_forward=k the forward gathers every unit
+    in the shard group and the backward gathers the rest from 1/k slices in groups of k."""
     d, n = layout["sdp"], layout["dp"]
     r = n // d
     psi, psi_p, b = layout["sharded_padded"], layout["replicated"], 4
     last_kept = micro_steps - 1 if first_step else micro_steps
     gathered = 2 * micro_steps * psi - micro_steps * layout["root_padded"] - last_kept * layout["last_unit_padded"]
-    if not layout["reshard_after_forward"]:  # every unit kept from its forward to its backward
+    k = layout["reshard_after_forward"]
+    in_reshard_groups = 0
+    if not k:  # every unit kept from its forward to its backward
         gathered = micro_steps * psi
+    elif k is not True:  # hpZ: the backward gathers what was not kept whole from 1/k slices, in groups of k
+        gathered, regathered = micro_steps * psi, gathered - micro_steps * psi
+        in_reshard_groups = (k - 1) * regathered * b // k
     return {
-        "all_gather": (d - 1) * gathered * b // d,
+        "all_gather": (d - 1) * gathered * b // d + in_reshard_groups,
         "reduce_scatter": micro_steps * (d - 1) * psi * b // d,
         "all_reduce.replica": 2 * (r - 1) * (psi // d) * b // r,
         "all_reduce.dp": 2 * (n - 1) * psi_p * b // n,
@@ -141,7 +183,8 @@ def _by_kind(step_bytes: dict) -> dict:
 @pytest.mark.parametrize(
     "case,micro_steps",
     [("persist_small_params", 1), ("accum2", 2), ("early_sync", 1), ("early_sync_accum2", 2),
-     ("design_count", 1), ("design_count_accum2", 2), ("no_reshard", 1), ("no_reshard_accum2", 2)],
+     ("design_count", 1), ("design_count_accum2", 2), ("no_reshard", 1), ("no_reshard_accum2", 2),
+     ("hpz_d4", 1), ("hpz_d4_accum2", 2), ("d4_accum2_short", 2)],
 )
 def test_bytes_per_step_match_the_formula(results, case, micro_steps):
     for result in results[case]:

@@ -15,7 +15,7 @@ import pytest
 from smsdp.planner import ModelSpec, plan
 from smsdp.planner import memory as mem
 from smsdp.planner.tensor_parallel import tp_piece
-from tests.distributed.planner_worker import CASES
+from tests.distributed.planner_worker import CASES, MEASURED_STEADY
 from tests.mpi_harness import requires_mpi, run_cases
 
 pytestmark = [pytest.mark.distributed, requires_mpi]
@@ -61,3 +61,25 @@ def test_per_gpu_model_state_within_ten_percent(results, case):
     measured = max(sum(r["model_state"].values()) for r in results[case])
     predicted = p.memory.model_state
     assert abs(predicted - measured) <= 0.10 * measured, (case, predicted, measured)
+
+
+@pytest.mark.parametrize("case", MEASURED_STEADY)
+def test_kept_copies_and_gathered_bytes_are_exactly_the_planned_ones(results, case):
+    """At the end of a steady-state forward each rank holds the root and the last unit gathered (the
+    planner's kept-for-backward elements) and, under sdp_reshard_after_forward=k, a 1/k slice of every
+    other unit (the planner's kept slices); a step all-gathers the planner's bytes, to the byte."""
+    p = _plan(case)
+    params = p.runtime.parameters
+    sizes = mem.unit_sizes(mem.layout(p.model, params.sharded_data_parallel_degree,
+                                      params.sdp_param_persistence_threshold))
+    kept_whole = 4 * mem.kept_for_backward_elems(sizes, params)
+    for rank, result in enumerate(results[case]):
+        copies = result["compute_copies_after_forward"]
+        assert (copies["gathered"], copies["kept_slices"]) == (kept_whole, p.memory.kept_slices), f"rank {rank}"
+        assert result["all_gather_bytes_last_step"] == p.comm.all_gather.total, f"rank {rank}"
+    if isinstance(params.sdp_reshard_after_forward, bool):
+        assert p.memory.kept_slices == 0
+    else:
+        k = params.sdp_reshard_after_forward
+        assert p.memory.kept_slices == 4 * (sum(sizes.gathered.values()) - mem.kept_for_backward_elems(
+            sizes, params)) // k > 0

@@ -213,13 +213,81 @@ def test_sdp_reshard_after_forward_accepts_the_two_strategies():
     assert SMPParameters.model_validate({"sdp_reshard_after_forward": False}).sdp_reshard_after_forward is False
 
 
-@pytest.mark.parametrize("bad", [2, 0, "false", 1.5])
+@pytest.mark.parametrize("bad", [3, 0, "false", 1.5])
 def test_sdp_reshard_after_forward_rejects_what_is_not_built(bad):
     message = error_of(SMPParameters.model_validate, {"sharded_data_parallel_degree": 4,
                                                       "sdp_reshard_after_forward": bad})
     assert "sdp_reshard_after_forward" in message, message
     if isinstance(bad, int):
         assert "use True" in message and "False" in message, message
+
+
+@pytest.mark.parametrize("k, reshard_degree", [(2, 2), (4, None)])
+def test_sdp_reshard_after_forward_accepts_a_divisor_of_the_shard_degree(k, reshard_degree):
+    """k splits each shard group into groups of k ranks; k = d is True (no groups to make)."""
+    config = resolve_job_config(dist({"sharded_data_parallel_degree": 4, "sdp_reshard_after_forward": k},
+                                     mpi={"enabled": True, "processes_per_host": 2}), instance_count=4)
+    assert config.parameters.sdp_reshard_after_forward == k
+    topology = config.topology
+    assert topology.reshard_degree == reshard_degree
+    if reshard_degree:
+        assert topology.reshard_groups() == ((0, 1), (2, 3), (4, 5), (6, 7))
+        assert topology.coords(3).reshard_group == (2, 3)
+        assert "reshard to 2 after forward" in topology.describe()
+
+
+@pytest.mark.parametrize(
+    "k, d, says",
+    [
+        (3, 4, "does not divide sharded_data_parallel_degree=4"),
+        (8, 4, "does not divide sharded_data_parallel_degree=4"),
+        (1, 4, "would keep every unit whole until its backward, which is False written as a bool"),
+        (0, 4, "must be at least 2"),
+        (-2, 4, "must be at least 2"),
+        (2, 1, "does not divide sharded_data_parallel_degree=1"),
+    ],
+)
+def test_sdp_reshard_after_forward_int_rules_name_field_value_why_and_fix(k, d, says):
+    message = error_of(SMPParameters.model_validate, {"sharded_data_parallel_degree": d,
+                                                      "sdp_reshard_after_forward": k})
+    assert message.startswith(f"sdp_reshard_after_forward={k!r} {says}"), message
+    assert "use True (reshard every unit after its forward), False (keep every unit gathered" in message
+    if d == 4:
+        assert message.endswith("or a divisor of 4 from 2 up: 2 or 4"), message
+    else:
+        assert message.endswith("(sharded_data_parallel_degree=1 leaves no int to choose)"), message
+
+
+def test_sdp_reshard_after_forward_groups_must_each_lie_on_one_host():
+    """d=6 over hosts of 3: the group of shard ranks 2-3 would straddle two hosts; 3 fits."""
+    distribution = dist({"sharded_data_parallel_degree": 6, "sdp_reshard_after_forward": 2},
+                        mpi={"enabled": True, "processes_per_host": 3})
+    message = error_of(resolve_job_config, distribution, instance_count=2)
+    assert message == (
+        f"{PARAMS}.sdp_reshard_after_forward=2 does not fit the hosts: reshard group (2, 3) of 2 consecutive "
+        "shard ranks spans hosts [0, 1] (world size 6 = 2 instances x 3 processes per host); the backward's "
+        "all-gather runs inside each group of 2 consecutive shard ranks, so each must lie on one host; "
+        "use True, False, or 3, whose groups each lie on one host"
+    )
+    fits = dist({"sharded_data_parallel_degree": 6, "sdp_reshard_after_forward": 3},
+                mpi={"enabled": True, "processes_per_host": 3})
+    assert resolve_job_config(fits, instance_count=2).topology.reshard_groups() == ((0, 1, 2), (3, 4, 5))
+
+
+def test_sdp_reshard_after_forward_groups_across_hosts_without_a_fit_offer_only_the_bools():
+    distribution = dist({"sharded_data_parallel_degree": 4, "sdp_reshard_after_forward": 2},
+                        mpi={"enabled": True, "processes_per_host": 1})
+    message = error_of(resolve_job_config, distribution, instance_count=4)
+    assert message.endswith("so each must lie on one host; use True, False"), message
+
+
+def test_sdp_reshard_after_forward_is_checked_on_the_ranks_too():
+    """smp.init({...}) builds its config with for_world: the same host rule holds there."""
+    message = error_of(RuntimeConfig.for_world, 4, 1, {"sharded_data_parallel_degree": 4,
+                                                       "sdp_reshard_after_forward": 2})
+    assert message.startswith("parameters.sdp_reshard_after_forward=2 does not fit the hosts"), message
+    config = RuntimeConfig.for_world(4, 2, {"sharded_data_parallel_degree": 4, "sdp_reshard_after_forward": 2})
+    assert RuntimeConfig.model_validate_json(config.to_env_value()).topology.reshard_degree == 2
 
 
 def test_bounds_accept_edge_values():

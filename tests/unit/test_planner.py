@@ -202,6 +202,46 @@ def test_plan_without_reshard_after_forward_gathers_once_and_holds_the_whole_mod
     assert kept.memory.unsharded_params > resharded.memory.unsharded_params
 
 
+def test_plan_with_reshard_to_k_gathers_the_backward_inside_the_host_and_keeps_slices():
+    """d=8 over 2 hosts of 4, k=4 (one reshard group per host), bf16: the forward gathers all of Psi in
+    the shard group (hierarchically); the backward regathers what was not kept whole, (k-1)/k of it, on
+    the intra-host links; 1/k of each such unit is held from its forward to its backward."""
+    spec = ModelSpec.gpt(4, 256, 4, 1024, 128)
+    kwargs = dict(batch_size=4, instance_count=2, processes_per_host=4, recommend=False)
+    base = {"sharded_data_parallel_degree": 8, "sdp_param_persistence_threshold": 10_000, "bf16": True}
+    hpz = plan(spec, parameters={**base, "sdp_reshard_after_forward": 4}, **kwargs)
+    full = plan(spec, parameters=base, **kwargs)
+    psi, kept = 3_440_640, 294_912 + 786_432  # sharded elements; the root and the last block
+    assert hpz.comm.all_gather.inter == 1 / 8 * psi * 2  # stage 1 of the forward's gather only
+    assert hpz.comm.all_gather.intra == 3 * 2 / 8 * psi * 2 + 3 / 4 * (psi - kept) * 2
+    assert full.comm.all_gather.inter == 1 / 8 * (2 * psi - kept) * 2
+    assert hpz.comm.all_gather.total < full.comm.all_gather.total and hpz.comm.reshard_degree == 4
+    assert hpz.comm.reduce_scatter == full.comm.reduce_scatter
+    assert hpz.memory.kept_slices == 2 * (psi - kept) // 4 and full.memory.kept_slices == 0
+    assert hpz.memory.peak == full.memory.peak + hpz.memory.kept_slices
+    assert hpz.to_dict()["memory"]["kept_slices"] == hpz.memory.kept_slices
+    assert "kept 1/k slices" in str(hpz) and "kept 1/k slices" not in str(full)
+    # k = d is True, and a recommendation at other sharded degrees plans them resharding fully
+    assert plan(spec, parameters={**base, "sdp_reshard_after_forward": 8}, **kwargs).comm == full.comm
+    assert plan(spec, parameters={**base, "sdp_reshard_after_forward": 4}, batch_size=4, instance_count=2,
+                processes_per_host=4).recommendation.sharded_degree == 1
+
+
+def test_plan_cli_takes_a_reshard_degree(capsys):
+    from estimator.cli import main
+
+    argv = ["plan", "--layers", "4", "--hidden", "256", "--heads", "4", "--vocab", "1024", "--seq-len", "128",
+            "--instance-type", "local", "--instance-count", "2", "--processes-per-host", "4", "--persistence-threshold",
+            "10000", "--json"]
+    assert main(argv + ["--reshard-after-forward", "4"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["memory"]["kept_slices"] > 0
+    assert main(argv + ["--reshard-after-forward", "3"]) == 2
+    assert "sdp_reshard_after_forward=3 does not divide sharded_data_parallel_degree=8" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(argv + ["--reshard-after-forward", "4", "--no-reshard-after-forward"])
+
+
 def test_plan_with_bf16_reduction_halves_the_gradient_bytes():
     spec = ModelSpec.gpt(4, 256, 4, 1024, 128)
     kwargs = dict(batch_size=4, instance_count=2, processes_per_host=2, recommend=False)

@@ -219,3 +219,32 @@ def test_coords_agree_with_groups(topo):
         assert c.host * topo.processes_per_host + c.local_rank == rank
         # a sharding group and a replication group meet in exactly this rank
         assert set(c.shard_group) & set(c.replica_group) == {rank}
+
+
+# --------------------------------------------------------------------------- #
+# Reshard groups (sdp_reshard_after_forward=k, hpZ)
+# --------------------------------------------------------------------------- #
+def test_reshard_groups_are_consecutive_shard_ranks_also_under_tensor_parallelism():
+    topo = Topology(world_size=8, processes_per_host=4, tp_degree=2, shard_degree=4, reshard_degree=2)
+    assert topo.shard_groups() == ((0, 2, 4, 6), (1, 3, 5, 7))
+    assert topo.reshard_groups() == ((0, 2), (4, 6), (1, 3), (5, 7))
+    assert [topo.coords(r).reshard_group for r in (0, 5, 6)] == [(0, 2), (5, 7), (4, 6)]
+    assert Topology(world_size=8, processes_per_host=4, shard_degree=4).reshard_groups() == ()
+
+
+@pytest.mark.parametrize("k, says", [(3, "must divide sdp 4"), (4, "strictly between 1 and 4"),
+                                     (1, "strictly between 1 and 4")])
+def test_reshard_degree_must_be_a_proper_divisor(k, says):
+    with pytest.raises(TopologyError) as info:
+        Topology(world_size=8, processes_per_host=4, shard_degree=4, reshard_degree=k)
+    (problem,) = info.value.problems
+    assert (problem.factor, problem.value, problem.fits) == ("reshard_degree", k, (2,))
+    assert says in problem.message
+
+
+def test_a_reshard_group_across_hosts_is_refused_with_the_degrees_that_fit():
+    with pytest.raises(TopologyError) as info:
+        Topology(world_size=8, processes_per_host=2, shard_degree=8, reshard_degree=4)
+    (problem,) = info.value.problems
+    assert problem.fits == (2,)
+    assert "reshard group (0, 1, 2, 3) of 4 consecutive shard ranks spans hosts [0, 1]" in problem.message
