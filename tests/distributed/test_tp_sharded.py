@@ -20,7 +20,7 @@ CASES = ["gpt", "hf_gpt2", "hf_llama"]
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    return run_cases("tests/distributed/tp_sharded_worker.py", [*CASES, "gpt_checkpointed", "gpt_delayed", "hf_llama_delayed", "gpt_accum2",
+    return run_cases("tests/distributed/tp_sharded_worker.py", [*CASES, "gpt_checkpointed", "gpt_delayed", "hf_llama_delayed", "gpt_persistent", "gpt_accum2",
                                                                "gpt_bf16", "gpt_fp16"], nprocs=4,
                      timeout=400,
                      out_dir=tmp_path_factory.mktemp("tp_sharded"))
@@ -45,6 +45,14 @@ def test_activation_checkpointing_at_t2_matches_single_process(results):
 def test_delayed_initialization_at_t2_matches_single_process(results, case):
     """Built on the meta device, each TP rank's pieces are cut from the replayed plain tensors."""
     _assert_matches(results[f"{case}_delayed"], f"{case} with delayed initialization")
+
+
+def test_unsharded_small_parameters_at_t2_match_single_process(results):
+    """Layer norms and biases below the persistence threshold stay whole, all-reduced over the
+    data-parallel ranks of their TP rank; the matrices are sharded."""
+    _assert_matches(results["gpt_persistent"], "gpt with persistent small parameters")
+    for result in results["gpt_persistent"]:
+        assert result["sharded"]["comm"]["all_reduce.dp"] > 0
 
 
 def test_gradient_accumulation_at_t2_matches_single_process(results):

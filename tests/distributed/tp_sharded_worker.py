@@ -113,6 +113,7 @@ if __name__ == "__main__":
                  "gpt_checkpointed": lambda: run("gpt", activation_checkpointing=True),
                  **{f"{name}_delayed": (lambda name=name: run(name, SHORT, delayed_parameter_initialization=True))
                     for name in ("gpt", "hf_llama")},
+                 "gpt_persistent": lambda: run("gpt", SHORT, sdp_param_persistence_threshold=1000),
                  "gpt_accum2": lambda: {"sharded": sharded("gpt", accum=2, steps=SHORT),
                                         "reference": reference("gpt", 2, SHORT)},
                  "gpt_bf16": lambda: low_precision_against_t1("bf16"),
