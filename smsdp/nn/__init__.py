@@ -7,7 +7,8 @@ tensor-parallel layers smsdp builds from plain modules live in their own files
 (``linear``, ``embedding``, ``cross_entropy``, ``transformer``; see
 docs/tensor_parallelism.md). SMP's other tensor-parallel names, built from
 configuration arguments in SMP, are classes nothing is an instance of (scripts
-use them in ``isinstance`` checks), and building one says what to use.
+use them in ``isinstance`` checks), and building one says what to use: the plain
+model, marked for tensor parallelism, whose registered blocks are converted.
 """
 
 from torch import nn
@@ -21,11 +22,15 @@ class FusedLayerNorm(nn.LayerNorm):
     """SMP's ``FusedLayerNorm`` (apex's signature): a ``torch.nn.LayerNorm``."""
 
 
+USE_INSTEAD = ("build the plain model and mark it with smp.model_creation(tensor_parallelism=True) or "
+               "smp.set_tensor_parallelism(model): registered blocks become tensor-parallel when wrapped")
+
+
 class _TensorParallelOnly(nn.Module):
     def __init__(self, *args, **kwargs):
         raise NotImplementedError(
-            f"smp.nn.{type(self).__name__} is a tensor-parallel layer, and smsdp has none yet; "
-            "use tensor_parallel_degree=1 with the plain torch or Hugging Face modules"
+            f"smp.nn.{type(self).__name__}, SMP's layer built from configuration arguments, is not supported "
+            f"by smsdp; {USE_INSTEAD}"
         )
 
 
