@@ -39,6 +39,8 @@ Conventions (why they exist):
   whole job (``os._exit``): the other ranks may be blocked in a collective the
   failing rank will never join, and a test must never hang. Cases after the
   failing one are reported as "not run".
+- ``computed_once`` lets rank 0 alone compute what every rank needs (the
+  single-process reference run) and hands it to the others through a file.
 - ``init_gloo_from_env`` joins a gloo group through a ``FileStore`` in the
   output directory, so no TCP port has to be picked (no port races between
   concurrent test runs). Production code uses ``smsdp.rendezvous`` instead.
@@ -320,6 +322,33 @@ def run_cases(
     extra = {CASES_ENV: ",".join(cases), **(env or {})}
     mpi = run_mpi(args, nprocs, env=extra, timeout=timeout, out_dir=out_dir, check=False)
     return CaseResults(mpi, list(cases))
+
+
+def computed_once(key: object, compute: Callable[[], Any]) -> Any:
+    """``compute()`` run by world rank 0 alone; every rank gets its value.
+
+    For the single-process references the distributed tests compare with: a
+    deterministic computation that every rank would otherwise repeat, 4 to 8
+    copies competing for 2 cores. The value travels through a file, not a
+    collective, so the other ranks wait without a collective timeout; if rank 0
+    fails, ``worker_main`` aborts the job and the waiting ranks with it.
+    ``key`` names the computation (its arguments included) within one launch.
+    """
+    import hashlib
+    import time
+
+    import torch
+
+    path = Path(os.environ[OUT_ENV]) / f"once-{hashlib.sha1(repr(key).encode()).hexdigest()}.pt"
+    if world_rank() == 0:
+        value = compute()
+        staging = path.with_name(path.name + ".tmp")
+        torch.save(value, staging)
+        os.replace(staging, path)
+        return value
+    while not path.exists():
+        time.sleep(0.05)
+    return torch.load(path, weights_only=False)
 
 
 def worker_main(

@@ -20,7 +20,7 @@ import torch.distributed as dist
 import smsdp as smp
 from entrypoints.gpt import GPT, GPTConfig
 from smsdp import state as runtime_state
-from tests.mpi_harness import init_gloo_from_env, worker_main
+from tests.mpi_harness import computed_once, init_gloo_from_env, worker_main
 
 STEPS = 20
 # Adam divides by sqrt(v) + eps: where a gradient is ~1e-8, any reduction order turns into
@@ -201,7 +201,8 @@ def _layout(model, kept: bool) -> dict:
 def run_case(name: str):
     case = CASES[name]
     sharded = train_sharded(case)
-    reference = train_reference(case, smp.dp_size()) if case.reference else None
+    n = smp.dp_size()
+    reference = computed_once(("equivalence", case, n), lambda: train_reference(case, n)) if case.reference else None
     return {"sharded": sharded, "reference": reference, "clip": case.clip}
 
 

@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 import smsdp as smp
 from smsdp import state as runtime_state
-from tests.mpi_harness import init_gloo_from_env, worker_main
+from tests.mpi_harness import computed_once, init_gloo_from_env, worker_main
 from tests.models import TINY_MODELS, lm_batch
 
 STEPS = 6
@@ -128,7 +128,9 @@ def sharded(case: Case) -> dict:
 
 def run_case(name: str) -> dict:
     case = CASES[name]
-    return {"sharded": sharded(case), "reference": reference(case, smp.dp_size())}
+    ours = sharded(case)  # initializes smsdp for this case
+    n = smp.dp_size()
+    return {"sharded": ours, "reference": computed_once(("models", case, n), lambda: reference(case, n))}
 
 
 def bf16_against_fsdp2() -> dict:
@@ -166,7 +168,7 @@ def _against_fsdp2(smp_params: dict, policy) -> tuple[list[float], list[float], 
     case = Case("gpt")
     n = dist.get_world_size()
     rank = dist.get_rank()
-    fp32 = reference(case, n)["losses"]
+    fp32 = computed_once(("models", case, n), lambda: reference(case, n))["losses"]
 
     runtime_state.reset_for_tests()
     smp.init(smp_params)

@@ -20,7 +20,7 @@ from smsdp.tensor_parallel import set_tensor_parallelism
 from tests.distributed.equivalence_worker import _layout
 from tests.distributed.tensor_parallel_worker import ADAM_EPS, MODELS
 from tests.models import lm_batch
-from tests.mpi_harness import OUT_ENV, init_gloo_from_env, worker_main
+from tests.mpi_harness import OUT_ENV, computed_once, init_gloo_from_env, worker_main
 
 STEPS = 20
 SHORT = 8  # steps of the cases that add a feature to a configuration the 20-step cases already cover
@@ -32,6 +32,11 @@ def _batch(case, step: int, rdp: int):
 
 
 def reference(name: str, rdp: int, steps: int = STEPS) -> dict:
+    """The plain model trained by one process on the global batch (computed by rank 0, for all)."""
+    return computed_once(("tp_sharded", name, rdp, steps), lambda: _train_plain(name, rdp, steps))
+
+
+def _train_plain(name: str, rdp: int, steps: int) -> dict:
     case = MODELS[name]
     model = case.build(seed=7)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1, eps=ADAM_EPS)
