@@ -61,10 +61,9 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     cluster.add_argument("--persistence-threshold", type=float, default=1e6,
                          help="sdp_param_persistence_threshold (default 1e6)")
     cluster.add_argument("--max-live-parameters", type=float, default=1e9, help="sdp_max_live_parameters")
-    cluster.add_argument("--forward-prefetch", type=int, default=1, metavar="N",
-                         help="sdp_forward_prefetch: units gathered ahead in forward (default 1; 0 on demand)")
-    cluster.add_argument("--backward-prefetch", type=int, default=1, metavar="N",
-                         help="sdp_backward_prefetch: units gathered ahead in backward (default 1; 0 on demand)")
+    for way in ("forward", "backward"):
+        cluster.add_argument(f"--{way}-prefetch", type=int, default=1, metavar="N",
+                             help=f"sdp_{way}_prefetch: units gathered ahead in {way} (default 1; 0: on demand)")
     cluster.add_argument("--tensor-parallel-degree", type=int, default=1,
                          help="tensor_parallel_degree (default 1); --batch-size is then per TP group")
     cluster.add_argument("--no-hierarchical-allgather", action="store_true")
