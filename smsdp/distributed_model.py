@@ -202,6 +202,11 @@ class DistributedModel(SMPModelMethods, nn.Module):
         return self._state
 
     @property
+    def prefetch_depths(self) -> PrefetchDepths:
+        """Units gathered ahead per direction: the SMP parameters, or ``prefetch_units`` when given."""
+        return self._prefetch.depths
+
+    @property
     def tensor_parallel_splits(self) -> dict:
         """State-dict names of this TP rank's pieces and how they were cut (empty without TP)."""
         return dict(self._tp_splits)
@@ -328,10 +333,6 @@ class DistributedModel(SMPModelMethods, nn.Module):
             tensor.register_hook(lambda grad, unit=unit: self._pre_backward(unit))
 
     # ---- prefetching -------------------------------------------------------------------------
-
-    @property
-    def prefetch_depths(self) -> PrefetchDepths:
-        return self._prefetch.depths
 
     def _prefetch_after(self, unit: Unit | None, forward: bool) -> None:
         """Issue async gathers for the units after ``unit`` in this direction (``smsdp.prefetch``)."""
