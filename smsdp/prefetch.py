@@ -63,7 +63,7 @@ class Prefetcher:
             if candidate.is_unsharded:
                 continue  # issued by an earlier unit, or kept from the forward: still one of the depth
             if live + candidate.unsharded_numel > self.max_live:
-                break  # in order: a later, smaller unit must not overtake the one the backward needs first
+                break  # in order: a later, smaller unit must not overtake the one needed first
             candidate.unshard(async_op=True)
             live += candidate.unsharded_numel
 

@@ -278,7 +278,7 @@ def unsharded_in_flight_bytes(sizes: UnitSizes, compute_bytes: int, max_live: in
     """
     cast = compute_bytes != 4
 
-    def live(units) -> int:
+    def live(units: list[int]) -> int:
         elems = sum(sizes.gathered.get(u, 0) for u in units)
         if cast:
             elems += sum(sizes.replicated.get(u, 0) for u in units)
