@@ -1,26 +1,28 @@
 """``smp.DistributedModel``: MiCS sharding of a module, unit by unit.
 
-This file registers the hooks, keeps the recorded execution order and the
-prefetch budget, and holds the model's training state; what happens to a unit's
-parameters and gradients in each hook is the unit's job (``smsdp.unit``).
+This file registers the hooks, records the execution order (prefetching along
+it is ``smsdp.prefetch``'s) and holds the model's training state; what happens
+to a unit's parameters and gradients in each hook is the unit's job
+(``smsdp.unit``).
 
 [Note: the schedule of one micro-step]
 forward:  the root unit is gathered first (it stays gathered for the whole
           forward, because the root's forward encloses every block); each
           unit's pre-forward waits for its gather (issued earlier as a prefetch
           when possible), exposes the parameter views and prefetches the next
-          unit(s) in the recorded forward order within
+          ``sdp_forward_prefetch`` unit(s) in the recorded forward order within
           ``sdp_max_live_parameters``; its post-forward frees it (or keeps a
           1/k slice under ``sdp_reshard_after_forward=k``) and hooks its
           outputs so backward can find it.
 backward: a hook on a unit's outputs fires when their gradient is ready, that
           is just before the unit's own backward: gather again (from the kept
-          slices, inside the reshard group, under ``k``), prefetch the
-          unit that backward reaches next. When the unit's flat gradient is
-          complete (post-accumulate-grad hook on its flat parameter), it is
-          reduce-scattered inside the shard group asynchronously and the
-          gathered buffer is freed. A callback at the end of backward waits for
-          the reduce-scatters and adds the shards into the fp32 accumulators.
+          slices, inside the reshard group, under ``k``), prefetch the next
+          ``sdp_backward_prefetch`` unit(s) backward reaches (``smsdp.prefetch``).
+          When the unit's flat gradient is complete (post-accumulate-grad hook
+          on its flat parameter), it is reduce-scattered inside the shard group
+          asynchronously and the gathered buffer is freed. A callback at the end
+          of backward waits for the reduce-scatters and adds the shards into
+          the fp32 accumulators.
 step:     ``DistributedOptimizer.step`` all-reduces the accumulated shards
           across the replica group (once per optimizer step, never per
           micro-step: the 2-hop synchronization) and replicated parameters over
@@ -57,6 +59,7 @@ from smsdp.delayed_materialize import materialize_units
 from smsdp.flat_param_group import FlatParamGroup
 from smsdp.model_state import compute_copy_bytes, full_state_dict, load_full_state_dict, model_state_bytes
 from smsdp.model_surface import PARTIAL_KEY, SMPModelMethods
+from smsdp.prefetch import PrefetchDepths, Prefetcher
 from smsdp.quantization import BlockQuantizer
 from smsdp.quantized_collectives import QuantizedAllGather, QuantizedReduceScatter
 from smsdp.tensor_parallel.runtime import convert_for_job, cut_tp_pieces, merge_tp_pieces, split_names
@@ -90,6 +93,10 @@ class DistributedModel(SMPModelMethods, nn.Module):
     ``keep_gathered_for_backward`` (default True): the root and the forward's last
     unit stay gathered into the backward that needs them first (as FSDP2's root does);
     False reshards every unit at the end of its forward.
+
+    ``prefetch_units``: units gathered ahead of the running one in both directions,
+    overriding the SMP parameters ``sdp_forward_prefetch`` and ``sdp_backward_prefetch``;
+    None (default) uses them (``smsdp.prefetch``).
     """
 
     def __init__(
@@ -97,7 +104,7 @@ class DistributedModel(SMPModelMethods, nn.Module):
         module: nn.Module,
         *,
         transformer_layer_cls: type | tuple[type, ...] | None = None,
-        prefetch_units: int = 1,
+        prefetch_units: int | None = None,
         broadcast_init: bool = True,
         backward_passes_per_step: int | None = None,
         keep_gathered_for_backward: bool = True,
@@ -115,11 +122,10 @@ class DistributedModel(SMPModelMethods, nn.Module):
         self._units = self._wrap(module, rt, transformer_layer_cls, broadcast_init)
         self._root = self._units[-1]
         self._unit_of_module = {id(u.module): u for u in self._units if not u.is_root}
-        self._prefetch_units = prefetch_units
         self._keep_for_backward = keep_gathered_for_backward  # [Note: kept for backward]
         self._reshard_after_forward = params.sdp_reshard_after_forward is not False
-        self._max_live = params.sdp_max_live_parameters
-        self._forward_order: list[Unit] = []
+        self._prefetch = Prefetcher(self._units, PrefetchDepths.resolve(params, prefetch_units),
+                                    params.sdp_max_live_parameters)
         self._state = TrainingState.LEARNING_ORDER
         # [Note: early replica sync] With backward_passes_per_step declared, the backward
         # that ends the accumulation is known when it starts: each unit's replica all-reduce
@@ -196,6 +202,11 @@ class DistributedModel(SMPModelMethods, nn.Module):
         return self._state
 
     @property
+    def prefetch_depths(self) -> PrefetchDepths:
+        """Units gathered ahead per direction: the SMP parameters, or ``prefetch_units`` when given."""
+        return self._prefetch.depths
+
+    @property
     def tensor_parallel_splits(self) -> dict:
         """State-dict names of this TP rank's pieces and how they were cut (empty without TP)."""
         return dict(self._tp_splits)
@@ -231,7 +242,7 @@ class DistributedModel(SMPModelMethods, nn.Module):
         grad = torch.is_grad_enabled()
         recording = grad and self._state is TrainingState.LEARNING_ORDER
         if recording:
-            self._forward_order = []
+            self._prefetch.order = []
         if self._offloader is not None and grad:
             self._offloader.begin_forward()
         self.reshard_all()  # what an earlier forward kept for a backward that never came
@@ -277,7 +288,7 @@ class DistributedModel(SMPModelMethods, nn.Module):
         if self._state in _IN_BACKWARD:
             return  # recomputation under activation checkpointing: the backward owns the schedule
         if self._state is TrainingState.LEARNING_ORDER and torch.is_grad_enabled():
-            self._forward_order.append(unit)
+            self._prefetch.order.append(unit)
         self._prefetch_after(unit, forward=True)
 
     def _post_forward_hook(self, module: nn.Module, args: Any, output: Any) -> Any:
@@ -298,10 +309,12 @@ class DistributedModel(SMPModelMethods, nn.Module):
         the forward's last unit: resharding them at the end of the forward would gather
         the same bytes again moments later. The root is kept whenever a backward can
         follow (it stays gathered through the whole backward anyway, for the embedding);
-        the last unit when the live budget (``sdp_max_live_parameters``) allows, which is
-        when the backward would have prefetched it at once. All-gathers per micro-step:
+        the last unit when the backward would have prefetched it at once: a backward
+        prefetch depth (``sdp_backward_prefetch``) of at least 1 and room in the live budget
+        (``sdp_max_live_parameters``). All-gathers per micro-step:
         ``(d-1)/d * (2 Psi - Psi_root - Psi_last)`` rather than ``2 (d-1)/d Psi`` (see
-        docs/runtime.md, "Communication per optimizer step"). The forward's order is known
+        docs/runtime.md, "Communication per optimizer step"); with a backward depth of 0,
+        ``(d-1)/d * (2 Psi - Psi_root)``. The forward's order is known
         from the second forward on. ``keep_gathered_for_backward=False`` frees both at the
         end of the forward and gathers them again (``2 (d-1)/d Psi`` exactly).
 
@@ -313,8 +326,7 @@ class DistributedModel(SMPModelMethods, nn.Module):
         if not self._reshard_after_forward:
             return True
         return (self._keep_for_backward and self._state is not TrainingState.LEARNING_ORDER
-                and self._prefetch_units > 0 and unit is self._forward_order[-1]
-                and self._live_numel() <= self._max_live)
+                and self._prefetch.keeps_for_backward(unit))
 
     def _hook_outputs(self, unit: Unit, output: Any) -> None:
         for tensor in _tensors_requiring_grad(output):
@@ -322,23 +334,10 @@ class DistributedModel(SMPModelMethods, nn.Module):
 
     # ---- prefetching -------------------------------------------------------------------------
 
-    def _live_numel(self) -> int:
-        return sum(u.live_numel for u in self._units)
-
     def _prefetch_after(self, unit: Unit | None, forward: bool) -> None:
-        """Issue async gathers for the next units in execution order, within the live budget."""
-        if self._state is TrainingState.LEARNING_ORDER or self._prefetch_units <= 0:
-            return
-        order = self._forward_order if forward else self._forward_order[::-1]
-        start = 0 if unit is None else order.index(unit) + 1 if unit in order else len(order)
-        live = self._live_numel()
-        for candidate in order[start : start + self._prefetch_units]:
-            if candidate.is_unsharded:
-                continue
-            if live + candidate.unsharded_numel > self._max_live:
-                break
-            candidate.unshard(async_op=True)
-            live += candidate.unsharded_numel
+        """Issue async gathers for the units after ``unit`` in this direction (``smsdp.prefetch``)."""
+        if self._state is not TrainingState.LEARNING_ORDER:
+            self._prefetch.issue_after(unit, forward)
 
     # ---- backward ----------------------------------------------------------------------------
 
@@ -350,7 +349,7 @@ class DistributedModel(SMPModelMethods, nn.Module):
             return
         if not unit.is_root:
             self._prefetch_after(unit, forward=False)
-        elif self._forward_order:
+        elif self._prefetch.order:
             self._prefetch_after(None, forward=False)
 
     def _begin_backward(self) -> None:

@@ -95,6 +95,13 @@ class SMPParameters(ConfigModel):
     """Parameters with fewer elements are kept whole on every rank, not sharded."""
     sdp_max_live_parameters: WholeNumber = Field(int(1e9), gt=0)
     """Most unsharded parameter elements alive at once; bounds all-gather prefetch."""
+    sdp_forward_prefetch: WholeNumber = 1
+    """smsdp's own: units whose all-gather is issued ahead of the unit running its forward, in the
+    recorded forward order; 0 gathers each unit when its forward starts. Within
+    ``sdp_max_live_parameters``; changes when gathers are issued, never the values."""
+    sdp_backward_prefetch: WholeNumber = 1
+    """smsdp's own: the same for the backward, in reverse forward order; 0 gathers each unit when its
+    backward starts, and also frees the forward's last unit instead of keeping it for the backward."""
     sdp_hierarchical_allgather: StrictBool = True
     """All-gather across hosts first, then inside each host, when a shard group spans hosts."""
     sdp_reshard_after_forward: _BoolOrWhole = True
@@ -232,6 +239,7 @@ def _parameter_problems(p: SMPParameters) -> list[ConfigProblem]:
         *_unsupported_features(p),
         *_precision_problems(p),
         *_reshard_problems(p),
+        *_prefetch_problems(p),
         *_tensor_parallel_problems(p),
         *_partition_problems(p),
     ]
@@ -307,6 +315,20 @@ def _reshard_problems(p: SMPParameters) -> list[ConfigProblem]:
     rule = (f"{why}; use True (reshard every unit after its forward), False (keep every unit gathered "
             f"until its backward){ints}")
     return [ConfigProblem(("sdp_reshard_after_forward",), rule, k)]
+
+
+def _prefetch_problems(p: SMPParameters) -> list[ConfigProblem]:
+    """A depth counts units, so it cannot be negative; there is no upper bound (a depth past
+    the model's units prefetches all of them, within ``sdp_max_live_parameters``)."""
+    problems = []
+    for key, direction in (("sdp_forward_prefetch", "forward"), ("sdp_backward_prefetch", "backward")):
+        depth = getattr(p, key)
+        if depth < 0:
+            rule = (f"is a number of units to gather ahead of the one running its {direction}, so it "
+                    f"cannot be negative; use 0 (gather each unit on demand), 1 (the default: the next "
+                    f"unit) or more (bounded by sdp_max_live_parameters)")
+            problems.append(ConfigProblem((key,), rule, depth))
+    return problems
 
 
 def reshard_degree(p: SMPParameters) -> int | None:

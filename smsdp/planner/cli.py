@@ -61,6 +61,9 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     cluster.add_argument("--persistence-threshold", type=float, default=1e6,
                          help="sdp_param_persistence_threshold (default 1e6)")
     cluster.add_argument("--max-live-parameters", type=float, default=1e9, help="sdp_max_live_parameters")
+    for way in ("forward", "backward"):
+        cluster.add_argument(f"--{way}-prefetch", type=int, default=1, metavar="N",
+                             help=f"sdp_{way}_prefetch: units gathered ahead in {way} (default 1; 0: on demand)")
     cluster.add_argument("--tensor-parallel-degree", type=int, default=1,
                          help="tensor_parallel_degree (default 1); --batch-size is then per TP group")
     cluster.add_argument("--no-hierarchical-allgather", action="store_true")
@@ -158,6 +161,8 @@ def _run_plan(args: argparse.Namespace) -> int:
             "activation_loading_horizon": args.activation_loading_horizon,
             "sdp_param_persistence_threshold": int(args.persistence_threshold),
             "sdp_max_live_parameters": int(args.max_live_parameters),
+            "sdp_forward_prefetch": args.forward_prefetch,
+            "sdp_backward_prefetch": args.backward_prefetch,
             "sdp_hierarchical_allgather": not args.no_hierarchical_allgather,
             "sdp_reshard_after_forward": (args.reshard_after_forward if args.reshard_after_forward is not None
                                           else not args.no_reshard_after_forward),

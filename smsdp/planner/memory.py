@@ -239,15 +239,17 @@ def unit_sizes(groups: list[GroupLayout]) -> UnitSizes:
 def kept_for_backward_elems(sizes: UnitSizes, p) -> int:
     """Sharded elements the runtime keeps gathered from forward into backward (gathered once
     per micro-step, not twice): every unit under ``sdp_reshard_after_forward=False``; else the
-    root, and the forward's last unit when the live budget allows (distributed_model.py), which
-    under ``sdp_reshard_after_forward=k`` also holds the earlier units' ``1/k`` slices."""
+    root, and the forward's last unit as the backward's first prefetch (distributed_model.py):
+    with ``sdp_backward_prefetch`` >= 1 and room in the live budget, which under
+    ``sdp_reshard_after_forward=k`` also holds the earlier units' ``1/k`` slices."""
     if p.sdp_reshard_after_forward is False:
         return sum(sizes.gathered.values())
     root = sizes.gathered.get(ROOT, 0)
     last = sizes.gathered[sizes.order[-1]] if sizes.order else 0
     k = reshard_degree(p)
     slices = sum(sizes.gathered[u] for u in sizes.order[:-1]) // k if k else 0
-    return root + last if root + last + slices <= p.sdp_max_live_parameters else root
+    fits = root + last + slices <= p.sdp_max_live_parameters
+    return root + last if fits and p.sdp_backward_prefetch > 0 else root
 
 
 def kept_slice_elems(sizes: UnitSizes, p) -> int:
@@ -260,17 +262,19 @@ def kept_slice_elems(sizes: UnitSizes, p) -> int:
 
 
 def unsharded_in_flight_bytes(sizes: UnitSizes, compute_bytes: int, max_live: int,
-                              reshard_after_forward: bool = True) -> int:
-    """Gathered parameters alive at once (``DistributedModel._prefetch_after``).
+                              reshard_after_forward: bool = True, forward_prefetch: int = 1,
+                              backward_prefetch: int = 1) -> int:
+    """Gathered parameters alive at once (``smsdp.prefetch``).
 
     ``reshard_after_forward=False``: every unit stays gathered from its forward to its
     backward, so at the end of the forward the whole model is gathered.
 
     The root unit stays gathered for the whole forward and backward; the unit
-    running is gathered whatever the budget; the next unit is prefetched only if
-    root + current + next <= ``sdp_max_live_parameters`` elements. Replicated
-    groups add a compute-dtype cast of their whole buffer while gathered when
-    ``c != 4`` (in fp32 they compute from the master directly).
+    running is gathered whatever the budget; up to ``forward_prefetch`` units after
+    it (``backward_prefetch`` before it, in the backward) are gathered ahead, in
+    order, while root + running + those <= ``sdp_max_live_parameters`` elements.
+    Replicated groups add a compute-dtype cast of their whole buffer while gathered
+    when ``c != 4`` (in fp32 they compute from the master directly).
     """
     cast = compute_bytes != 4
 
@@ -283,20 +287,31 @@ def unsharded_in_flight_bytes(sizes: UnitSizes, compute_bytes: int, max_live: in
     root = [ROOT] if ROOT in sizes.gathered else []
     if reshard_after_forward is False:
         return live(root + list(sizes.order))
-    if not sizes.order:
-        return live(root)
-    worst = 0
-    for i, unit in enumerate(sizes.order):
-        units = root + [unit]
-        # Prefetch neighbours in forward (i+1) and backward (i-1) order.
-        for j in (i + 1, i - 1):
-            if 0 <= j < len(sizes.order):
-                nxt = sizes.order[j]
-                budget = sum(sizes.gathered.get(u, 0) for u in units + [nxt])
-                if budget <= max_live:
-                    worst = max(worst, live(units + [nxt]))
-        worst = max(worst, live(units))
-    return worst
+    passes = ((sizes.order, forward_prefetch), (sizes.order[::-1], backward_prefetch))
+    return max(live(root + held) for order, depth in passes
+               for held in _gathered_during_pass(sizes, order, depth, max_live))
+
+
+def _gathered_during_pass(sizes: UnitSizes, order: list[int], depth: int, max_live: int) -> list[list[int]]:
+    """The block units gathered after each gather of one pass (the root's at its start, then each
+    unit's), replaying ``Prefetcher.issue_after``: the running unit whatever the budget, then the
+    next ``depth`` in order until one does not fit beside the root and those already held."""
+    size = [sizes.gathered[u] for u in order]
+    held: list[int] = []  # positions in ``order``
+    moments = []
+    for running in range(-1, len(order)):
+        if running >= 0:  # the unit before it was freed at the end of its own forward/backward
+            held = [i for i in held if i > running] + [running]
+        live = sizes.gathered.get(ROOT, 0) + sum(size[i] for i in held)
+        for ahead in range(running + 1, min(running + 1 + depth, len(order))):
+            if ahead in held:
+                continue
+            if live + size[ahead] > max_live:
+                break
+            held.append(ahead)
+            live += size[ahead]
+        moments.append([order[i] for i in held])
+    return moments
 
 
 def gradient_buffer_bytes(sizes: UnitSizes, compute_bytes: int, pending_units: int | None) -> int:

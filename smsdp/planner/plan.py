@@ -320,8 +320,9 @@ def _evaluate(
         parameters=state.params,
         gradients=state.grads,
         optimizer_state=state.optimizer,
-        unsharded_params=mem.unsharded_in_flight_bytes(sizes, c, p.sdp_max_live_parameters,
-                                                       reshard_after_forward=p.sdp_reshard_after_forward),
+        unsharded_params=mem.unsharded_in_flight_bytes(
+            sizes, c, p.sdp_max_live_parameters, p.sdp_reshard_after_forward, p.sdp_forward_prefetch,
+            p.sdp_backward_prefetch),
         unsharded_grads=mem.gradient_buffer_bytes(sizes, c, pending),
         activations=activations,
         communication_buffers=mem.comm_buffer_bytes(

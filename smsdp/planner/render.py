@@ -82,8 +82,12 @@ def _memory_lines(plan: "Plan") -> list[str]:
     lines: list[str] = []
     master = "fp32 master" + (f", cast to {precision} per gather" if c != 4 else "")
     live = f"sdp_max_live_parameters={p.sdp_max_live_parameters:.3g}"
-    in_flight_note = (f"root + running unit + next (prefetched within {live})" if plan.prefetches_next_unit
+    forward, backward = p.sdp_forward_prefetch, p.sdp_backward_prefetch
+    ahead = "next" if (forward, backward) == (1, 1) else f"up to {forward} ahead in forward, {backward} in backward"
+    in_flight_note = (f"root + running unit + {ahead} (prefetched within {live})" if plan.prefetches_next_unit
                       else f"root + running unit (no room to prefetch within {live})")
+    if not forward and not backward:
+        in_flight_note = "root + running unit (sdp_forward_prefetch=0, sdp_backward_prefetch=0: gathered on demand)"
     if p.sdp_reshard_after_forward is False:
         in_flight_note = "every unit: kept gathered from its forward to its backward (sdp_reshard_after_forward=False)"
     if not plan.comm.all_gather.total:

@@ -50,6 +50,12 @@ class Case:
     keep_gathered: bool = True  # DistributedModel(keep_gathered_for_backward=...)
     reshard_after_forward: bool | int = True  # sdp_reshard_after_forward
     reference: bool = True  # also train the single-process reference (not needed by bit-for-bit pairs)
+    forward_prefetch: int = 1  # sdp_forward_prefetch
+    backward_prefetch: int = 1  # sdp_backward_prefetch
+    max_live: int = int(1e9)  # sdp_max_live_parameters
+    n_layer: int = MODEL.n_layer
+    prefetch_units: int | None = None  # DistributedModel(prefetch_units=...): both directions
+    record_depths: bool = False  # log the units gathered ahead at each gather (_record_depths)
 
 
 CASES = {
@@ -90,6 +96,9 @@ def smp_parameters(case: Case) -> dict:
         "bf16": case.bf16,
         "fp16": case.fp16,
         "sdp_reshard_after_forward": case.reshard_after_forward,
+        "sdp_forward_prefetch": case.forward_prefetch,
+        "sdp_backward_prefetch": case.backward_prefetch,
+        "sdp_max_live_parameters": case.max_live,
     }
 
 
@@ -102,7 +111,7 @@ def global_batch(step: int, micro: int, n_ranks: int) -> tuple[torch.Tensor, tor
 
 def build_model(case: Case) -> GPT:
     torch.manual_seed(1234)
-    return GPT(replace(MODEL, tie_embeddings=case.tie))
+    return GPT(replace(MODEL, tie_embeddings=case.tie, n_layer=case.n_layer))
 
 
 def param_groups(named, weight_decay: float = 0.1) -> list[dict]:
@@ -137,11 +146,13 @@ def train_sharded(case: Case) -> dict:
     rank, n = smp.rank(), smp.dp_size()
     bpps = case.accum if case.declare_accumulation else None
     model = smp.DistributedModel(build_model(case), backward_passes_per_step=bpps,
-                                 keep_gathered_for_backward=case.keep_gathered)
+                                 keep_gathered_for_backward=case.keep_gathered, prefetch_units=case.prefetch_units)
+    depths = _record_depths(model) if case.record_depths else []
     opt = smp.DistributedOptimizer(torch.optim.AdamW(param_groups(model.named_parameters()), lr=case.lr, eps=ADAM_EPS))
-    losses, norms, per_step_bytes = [], [], []
+    losses, norms, per_step_bytes, passes = [], [], [], []
     for step in range(case.steps):
         before = smp.comm_stats()
+        depths.clear()
         total = torch.zeros(())
         for micro in range(case.accum):
             x, y = global_batch(step, micro, n)
@@ -155,6 +166,8 @@ def train_sharded(case: Case) -> dict:
         losses.append(total.item() / n)
         norms.append(opt.last_grad_norm)
         per_step_bytes.append(_diff(smp.comm_stats(), before))
+        passes.append({direction: [ahead for d, ahead in depths if d == direction]
+                       for direction in ("forward", "backward")})
     params = model.state_dict()
     return {
         "losses": losses,
@@ -162,9 +175,36 @@ def train_sharded(case: Case) -> dict:
         "params": params,
         "stray_forwards": _stray_forwards(model, case, n, rank),
         "bytes": per_step_bytes,
-        "layout": {**_layout(model, kept=case.keep_gathered), "reshard_after_forward": case.reshard_after_forward},
+        "layout": {**_layout(model, kept=case.keep_gathered, last_kept=_last_unit_kept(model, case)),
+                   "reshard_after_forward": case.reshard_after_forward},
         "model_state": model_state,  # after the last step, before zero_grad frees the gradients
+        "depths": passes if case.record_depths else None,
+        "unit_numel": [u.unsharded_numel for u in model.units],  # the root last
     }
+
+
+def _last_unit_kept(model, case: Case) -> bool:
+    """The forward's last unit stays gathered into the backward as the backward's first prefetch:
+    not with a backward depth of 0, nor when the root and it exceed sdp_max_live_parameters."""
+    depth = case.backward_prefetch if case.prefetch_units is None else case.prefetch_units
+    root, last = model.units[-1].unsharded_numel, model.units[-2].unsharded_numel
+    return depth > 0 and root + last <= case.max_live
+
+
+def _record_depths(model) -> list[tuple[str, int]]:
+    """After each gather the schedule makes room for (every unit's pre-forward and pre-backward,
+    and the root's at the start of each pass), log how many units ahead of the running one in
+    that direction are gathering or gathered: what the prefetch depth and the budget allow."""
+    log: list[tuple[str, int]] = []
+    schedule = model._prefetch_after
+
+    def probe(unit, forward: bool) -> None:
+        schedule(unit, forward)
+        ahead = model._prefetch.ahead(unit, forward)
+        log.append(("forward" if forward else "backward", sum(u.is_unsharded for u in ahead)))
+
+    model._prefetch_after = probe
+    return log
 
 
 def _stray_forwards(model, case: Case, n: int, rank: int) -> dict | None:
@@ -184,12 +224,13 @@ def _diff(after: dict, before: dict) -> dict:
     return {k: after[k] - before.get(k, 0) for k in after}
 
 
-def _layout(model, kept: bool) -> dict:
+def _layout(model, kept: bool, last_kept: bool = True) -> dict:
     groups = list(model.flat_groups())
     root, last_block = model.units[-1], model.units[-2]  # the GPT's forward ends with its last block
     return {
         "root_padded": sum(g.padded_numel for g in root.groups if g.sharded) if kept else 0,
-        "last_unit_padded": sum(g.padded_numel for g in last_block.groups if g.sharded) if kept else 0,
+        # the backward's first prefetch, done by not freeing: none with sdp_backward_prefetch=0
+        "last_unit_padded": sum(g.padded_numel for g in last_block.groups if g.sharded) if kept and last_kept else 0,
         "sharded_padded": sum(g.padded_numel for g in groups if g.sharded),
         "sharded_unpadded": sum(g.numel for g in groups if g.sharded),
         "replicated": sum(g.numel for g in groups if not g.sharded),
@@ -204,6 +245,37 @@ def run_case(name: str):
     n = smp.dp_size()
     reference = computed_once(("equivalence", case, n), lambda: train_reference(case, n)) if case.reference else None
     return {"sharded": sharded, "reference": reference, "clip": case.clip}
+
+
+# The prefetch depths, on a 4-block GPT so that 2 units ahead shows inside a pass, not only at
+# its start; 2 steps each (the first forward learns the order, the second runs the schedule after
+# an optimizer step). Every run is compared bit for bit with the default's, and its bytes with the
+# formula.
+PREFETCH_RUN = Case(sdp=2, n_layer=4, steps=2, reference=False, record_depths=True)
+PREFETCH_SETTINGS = {
+    "f1_b1": {},
+    "f0_b0": {"forward_prefetch": 0, "backward_prefetch": 0},
+    "f2_b2": {"forward_prefetch": 2, "backward_prefetch": 2},
+    "f0_b2": {"forward_prefetch": 0, "backward_prefetch": 2},
+    "f2_b0": {"forward_prefetch": 2, "backward_prefetch": 0},
+    "f3_b3": {"forward_prefetch": 3, "backward_prefetch": 3},
+    # sdp_max_live_parameters = the root + 2 blocks: room for the running block and one more
+    "f2_b2_budget_one_ahead": {"forward_prefetch": 2, "backward_prefetch": 2, "max_live": "root+2"},
+    "f2_b2_budget_none": {"forward_prefetch": 2, "backward_prefetch": 2, "max_live": 1},
+    "prefetch_units_0_overrides": {"forward_prefetch": 2, "backward_prefetch": 2, "prefetch_units": 0},
+}
+
+
+def prefetch_depths() -> dict:
+    runs, root_and_two = {}, None
+    for name, setting in PREFETCH_SETTINGS.items():
+        if setting.get("max_live") == "root+2":
+            setting = {**setting, "max_live": root_and_two}
+        runs[name] = train_sharded(replace(PREFETCH_RUN, **setting))
+        if root_and_two is None:
+            numel = runs[name]["unit_numel"]
+            root_and_two = numel[-1] + 2 * max(numel[:-1])
+    return runs
 
 
 def fp16_overflow() -> dict:
@@ -251,6 +323,7 @@ def main() -> None:
     cases = {name: (lambda name=name: run_case(name)) for name in CASES}
     cases["misdeclared_accumulation"] = misdeclared_accumulation
     cases["fp16_overflow"] = fp16_overflow
+    cases["prefetch_depths"] = prefetch_depths
     worker_main(cases, setup=init_gloo_from_env)
 
 

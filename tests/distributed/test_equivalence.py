@@ -43,7 +43,7 @@ FP32_ATOL = 1e-6  # parameters that pass near zero have no meaningful relative e
 def results(tmp_path_factory):
     return run_cases(
         "tests/distributed/equivalence_worker.py",
-        EQUIVALENCE_CASES + list(HPZ_CASES) + ["fp16_overflow", "misdeclared_accumulation"],
+        EQUIVALENCE_CASES + list(HPZ_CASES) + ["fp16_overflow", "misdeclared_accumulation", "prefetch_depths"],
         NPROCS,
         env=SIMULATED_HOSTS,
         timeout=400,
@@ -215,3 +215,48 @@ def test_fp16_overflow_skips_the_step_on_every_rank_together(results):
 def test_a_backward_beyond_the_declared_count_is_refused(results):
     for message in results["misdeclared_accumulation"]:
         assert "backward_passes_per_step=1" in message and "optimizer.step()" in message, message
+
+
+# Units gathering or gathered ahead of the running one, logged after each gather: the root's at
+# the start of the pass, then each of the 4 blocks' (equivalence_worker.prefetch_depths).
+NONE_AHEAD = [0, 0, 0, 0, 0]
+PREFETCH_AHEAD = {  # setting: (forward, backward)
+    "f1_b1": ([1, 1, 1, 1, 0], [1, 1, 1, 1, 0]),
+    "f0_b0": (NONE_AHEAD, NONE_AHEAD),
+    "f2_b2": ([2, 2, 2, 1, 0], [2, 2, 2, 1, 0]),
+    "f0_b2": (NONE_AHEAD, [2, 2, 2, 1, 0]),
+    "f2_b0": ([2, 2, 2, 1, 0], NONE_AHEAD),
+    "f3_b3": ([3, 3, 2, 1, 0], [3, 3, 2, 1, 0]),  # never more than the units left in the pass
+    # room for the root and 2 blocks: 2 ahead of the root alone, 1 ahead of a running block
+    "f2_b2_budget_one_ahead": ([2, 1, 1, 1, 0], [2, 1, 1, 1, 0]),
+    "f2_b2_budget_none": (NONE_AHEAD, NONE_AHEAD),  # sdp_max_live_parameters=1
+    "prefetch_units_0_overrides": (NONE_AHEAD, NONE_AHEAD),  # the constructor's 0 over the parameters' 2
+}
+
+
+@pytest.mark.parametrize("setting", list(PREFETCH_AHEAD))
+def test_prefetch_depth_is_the_number_of_units_gathered_ahead(results, setting):
+    forward, backward = PREFETCH_AHEAD[setting]
+    for rank, runs in enumerate(results["prefetch_depths"]):
+        first, *later = runs[setting]["depths"]
+        assert first["forward"] == NONE_AHEAD, f"rank {rank}: the first forward learns the order"
+        for step, passes in enumerate(later, start=1):
+            assert passes == {"forward": forward, "backward": backward}, f"rank {rank} step {step}"
+
+
+@pytest.mark.parametrize("setting", [s for s in PREFETCH_AHEAD if s != "f1_b1"])
+def test_prefetch_depth_changes_no_bit(results, setting):
+    for runs in results["prefetch_depths"]:
+        _assert_same_bits([{"sharded": runs[setting]}], [{"sharded": runs["f1_b1"]}])
+
+
+@pytest.mark.parametrize("setting", list(PREFETCH_AHEAD))
+def test_prefetch_depth_bytes_per_step_match_the_formula(results, setting):
+    """The same all-gathers whatever the depth, but for the forward's last unit: kept into the
+    backward as its first prefetch, so gathered again there with a backward depth of 0 or no room."""
+    for runs in results["prefetch_depths"]:
+        sharded = runs[setting]
+        kept_last = sharded["layout"]["last_unit_padded"] > 0
+        assert kept_last == (PREFETCH_AHEAD[setting][1] != NONE_AHEAD), setting
+        for step, step_bytes in enumerate(sharded["bytes"]):
+            assert _by_kind(step_bytes) == _formula(sharded["layout"], 1, first_step=step == 0)

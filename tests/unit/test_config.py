@@ -290,6 +290,29 @@ def test_sdp_reshard_after_forward_is_checked_on_the_ranks_too():
     assert RuntimeConfig.model_validate_json(config.to_env_value()).topology.reshard_degree == 2
 
 
+def test_prefetch_depths_default_to_one_unit_ahead_and_accept_zero_and_more():
+    assert (SMPParameters().sdp_forward_prefetch, SMPParameters().sdp_backward_prefetch) == (1, 1)
+    p = SMPParameters.model_validate({"sdp_forward_prefetch": 0, "sdp_backward_prefetch": 3.0})
+    assert (p.sdp_forward_prefetch, p.sdp_backward_prefetch) == (0, 3)
+    assert type(p.sdp_backward_prefetch) is int
+
+
+@pytest.mark.parametrize("key, direction", [("sdp_forward_prefetch", "forward"),
+                                            ("sdp_backward_prefetch", "backward")])
+def test_a_negative_prefetch_depth_names_field_value_why_and_fix(key, direction):
+    message = error_of(SMPParameters.model_validate, {key: -1})
+    assert message == (f"{key}=-1 is a number of units to gather ahead of the one running its {direction}, so it "
+                       "cannot be negative; use 0 (gather each unit on demand), 1 (the default: the next unit) "
+                       "or more (bounded by sdp_max_live_parameters)"), message
+
+
+@pytest.mark.parametrize("bad", [True, 1.5, "2", None])
+def test_a_prefetch_depth_is_a_whole_number(bad):
+    message = error_of(SMPParameters.model_validate, {"sdp_backward_prefetch": bad})
+    assert message.startswith(f"sdp_backward_prefetch={bad!r} is invalid"), message
+    assert "use e.g. 1 (the default)" in message, message
+
+
 def test_bounds_accept_edge_values():
     p = SMPParameters(sdp_param_persistence_threshold=0, sdp_gradient_clipping=0, activation_loading_horizon=0)
     assert p.sdp_gradient_clipping == 0.0

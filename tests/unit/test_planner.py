@@ -136,6 +136,62 @@ def test_unsharded_in_flight_respects_the_live_budget():
     assert mem.unsharded_in_flight_bytes(replicated, 2, 10**9) == 2 * (40 + 100 + 100)
 
 
+def test_unsharded_in_flight_follows_each_direction_prefetch_depth():
+    """4 blocks of 100 and a root of 40, bf16: root + running block + the blocks gathered ahead."""
+    spec = ModelSpec("units", tuple(ParamTensor(f"u{i}", 100, i) for i in range(4)) + (ParamTensor("r", 40, ROOT),))
+    sizes = mem.unit_sizes(mem.layout(spec, 4, 0))
+
+    def in_flight(forward, backward, max_live=10**9):
+        return mem.unsharded_in_flight_bytes(sizes, 2, max_live, forward_prefetch=forward, backward_prefetch=backward)
+
+    assert in_flight(1, 1) == mem.unsharded_in_flight_bytes(sizes, 2, 10**9) == 2 * (40 + 200)
+    assert in_flight(0, 0) == 2 * (40 + 100)  # each block gathered when it runs
+    assert in_flight(2, 0) == in_flight(0, 2) == 2 * (40 + 300)  # the deeper direction sets the peak
+    assert in_flight(3, 1) == in_flight(5, 1) == 2 * (40 + 400)  # no deeper than the blocks there are
+    assert in_flight(2, 2, max_live=40 + 299) == 2 * (40 + 200)  # the budget caps the depth
+    assert in_flight(2, 2, max_live=1) == in_flight(0, 0)
+
+
+def test_plan_follows_the_prefetch_depths():
+    """d=2, fp32: the in-flight row counts the blocks gathered ahead; a backward depth of 0 also
+    gathers the forward's last block again in the backward instead of keeping it."""
+    spec = ModelSpec.gpt(4, 256, 4, 1024, 128)
+    kwargs = dict(batch_size=4, instance_count=2, processes_per_host=2, recommend=False)
+    base = {"sharded_data_parallel_degree": 2, "sdp_param_persistence_threshold": 10_000}
+    psi, root, block = 3_440_640, 294_912, 786_432
+
+    def planned(**depths):
+        return plan(spec, parameters={**base, **depths}, **kwargs)
+
+    default = planned()
+    assert default.memory.unsharded_params == 4 * (root + 2 * block)
+    assert default.comm.all_gather.total == (2 * psi - root - block) * 4 // 2
+    on_demand = planned(sdp_forward_prefetch=0, sdp_backward_prefetch=0)
+    assert on_demand.memory.unsharded_params == 4 * (root + block)
+    assert on_demand.comm.all_gather.total == (2 * psi - root) * 4 // 2
+    assert "sdp_forward_prefetch=0, sdp_backward_prefetch=0: gathered on demand" in str(on_demand)
+    deep = planned(sdp_forward_prefetch=2, sdp_backward_prefetch=0)
+    assert deep.memory.unsharded_params == 4 * (root + 3 * block)
+    assert deep.comm.all_gather == on_demand.comm.all_gather
+    assert "up to 2 ahead in forward, 0 in backward" in str(deep)
+    assert planned(sdp_forward_prefetch=0, sdp_backward_prefetch=2).comm.all_gather == default.comm.all_gather
+    capped = planned(sdp_forward_prefetch=2, sdp_backward_prefetch=2, sdp_max_live_parameters=root + 2 * block)
+    assert capped.memory.unsharded_params == default.memory.unsharded_params
+
+
+def test_plan_cli_takes_the_prefetch_depths(capsys):
+    from estimator.cli import main
+
+    argv = ["plan", "--layers", "4", "--hidden", "256", "--heads", "4", "--vocab", "1024", "--seq-len", "128",
+            "--instance-type", "local", "--instance-count", "2", "--processes-per-host", "2", "--json"]
+    assert main(argv) == 0
+    default = json.loads(capsys.readouterr().out)["memory"]["unsharded_params_in_flight"]
+    assert main(argv + ["--forward-prefetch", "3", "--backward-prefetch", "0"]) == 0
+    assert json.loads(capsys.readouterr().out)["memory"]["unsharded_params_in_flight"] > default
+    assert main(argv + ["--backward-prefetch", "-1"]) == 2
+    assert "sdp_backward_prefetch=-1 is a number of units" in capsys.readouterr().err
+
+
 def test_gradient_buffers_by_hand():
     spec = ModelSpec("units", tuple(ParamTensor(f"u{i}", 100, i) for i in range(3)) + (ParamTensor("r", 40, ROOT),))
     sizes = mem.unit_sizes(mem.layout(spec, 4, 0))
