@@ -518,6 +518,10 @@ def main() -> None:
         COUNTER.name_group(range(rank % d, world, d), "replica")
     elif d == world:
         COUNTER.name_group(range(world), "world=shard")
+    hosts = len(json.loads(os.environ.get("SM_HOSTS", "[]"))) if os.environ.get("SMSDP_SIMULATED_HOSTS") else 1
+    if hosts > 1 and d == world:
+        per_host = world // hosts
+        COUNTER.name_group(range(rank % per_host, world, per_host), "inter_host")
     k = json.loads(args.smsdp_config).get("sdp_reshard_after_forward")
     if isinstance(k, int) and not isinstance(k, bool) and 1 < k < d:
         # The same ranks carry hpZ's backward all-gather (smsdp and FSDP2 int reshard) and, on
