@@ -531,7 +531,8 @@ def main() -> None:
     p.add_argument("--strategies", default=DEFAULT_STRATEGIES,
                    help="comma-separated, from " + ",".join(STRATEGIES) + ": per strategy an smsdp row and the "
                         "FSDP2 row with the matching setting, same launch (empty: none)")
-    p.add_argument("--timeout", type=float, default=300, help="seconds per mpirun launch")
+    p.add_argument("--timeout", type=float, default=600,
+                   help="seconds per mpirun launch (the main launch interleaves up to 12 systems)")
     p.add_argument("--out", default=str(RESULTS))
     args = p.parse_args()
 
@@ -677,7 +678,7 @@ def main() -> None:
                    "the × DDP column) in the same interleaved launch: " + "; ".join(
                        [f"{st}: {'the launch above (d=2, r=2)' if STRATEGIES[st]['launch'] == 'main' else STRATEGY_LAUNCHES[STRATEGIES[st]['launch']]['describe']}"
                         for st in strategies]) + ". Bytes counted by the torch.distributed wrapper; the "
-                   "counter labels groups by their ranks, so under k2 `hpz|intra_host` is both smsdp's "
+                   "counter labels groups by their ranks, so under k2 `hpz/intra_host` is both smsdp's "
                    "backward gather inside a host and its hierarchical all-gather's intra-host stage, which "
                    "smsdp's own split tells apart:", "", strategy_table(pairs), "",
                f"Targets (smsdp >= {TARGET_VS_FSDP2}x FSDP2 at equal settings; >= {TARGET_KEEP_VS_DDP}x DDP with "

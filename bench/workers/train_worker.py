@@ -526,7 +526,7 @@ def main() -> None:
     if isinstance(k, int) and not isinstance(k, bool) and 1 < k < d:
         # The same ranks carry hpZ's backward all-gather (smsdp and FSDP2 int reshard) and, on
         # simulated hosts, smsdp's intra-host stage: the counter sees ranks, so one label says both.
-        COUNTER.name_group(range(rank // k * k, rank // k * k + k), "hpz|intra_host")
+        COUNTER.name_group(range(rank // k * k, rank // k * k + k), "hpz/intra_host")
 
     systems = []
     for name in names:
