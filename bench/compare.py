@@ -2,8 +2,8 @@
 
 One command, from the repository root::
 
-    /work/venv/bin/python bench/compare.py                 # fp32 and bf16 + the smsdp scaling table
-    /work/venv/bin/python bench/compare.py --precision fp32 --no-scaling --warmup 2 --steps 5   # quick
+    .venv/bin/python bench/compare.py                 # fp32 and bf16 + the smsdp scaling table
+    .venv/bin/python bench/compare.py --precision fp32 --no-scaling --warmup 2 --steps 5   # quick
 
 How it runs (every launch is ``mpirun -np 4`` of ``bench/workers/train_worker.py``:
 gloo, one thread per rank, ``OMP_NUM_THREADS=1``):

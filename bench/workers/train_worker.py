@@ -339,13 +339,15 @@ class Fsdp2(_TorchSystem):
         elif variant.startswith("k") and variant[1:].isdigit():
             reshard = int(variant[1:])
         elif variant in ("", "rbf16"):
-            reshard = True
+            reshard = None  # FSDP2's default: True for the blocks
         else:
             raise SystemExit(f"unknown fsdp2 variant {variant!r}")
         model = build_gpt()
         for block in model.transformer.h:
             fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
-        fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
+        # The root keeps FSDP2's default (None: not resharded after forward, as its docs advise)
+        # in every variant; True here would make FSDP2 gather the root twice, which smsdp never does.
+        fully_shard(model, mesh=mesh, mp_policy=mp)
         self.model = model
         self.opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
 
