@@ -2,8 +2,8 @@
 
 One command, from the repository root::
 
-    /work/venv/bin/python bench/compare.py                 # fp32 and bf16 + the smsdp scaling table
-    /work/venv/bin/python bench/compare.py --precision fp32 --no-scaling --warmup 2 --steps 5   # quick
+    .venv/bin/python bench/compare.py                 # fp32 and bf16 + the smsdp scaling table
+    .venv/bin/python bench/compare.py --precision fp32 --no-scaling --warmup 2 --steps 5   # quick
 
 How it runs (every launch is ``mpirun -np 4`` of ``bench/workers/train_worker.py``:
 gloo, one thread per rank, ``OMP_NUM_THREADS=1``):
@@ -17,7 +17,18 @@ gloo, one thread per rank, ``OMP_NUM_THREADS=1``):
 2. memory: per precision and system a short launch of that system alone
    (peak RSS is per process), two launches at a time;
 3. scaling: smsdp alone at d = 1, 2, 4 with accumulation 1 and 4 (separate
-   launches: the runtime has one configuration per process).
+   launches: the runtime has one configuration per process);
+4. strategies (``--strategies``): per resharding/precision strategy an smsdp row and the
+   FSDP2 row with the matching setting, in the SAME interleaved launch as the rows above
+   (same data, same weights, same machine state). ``keep``: smsdp
+   ``sdp_reshard_after_forward=False`` vs FSDP2 ``reshard_after_forward=False``; ``rbf16``:
+   ``sdp_reduce_dtype="bf16"`` vs ``MixedPrecisionPolicy(reduce_dtype=bf16)``; ``qwz``/``qgz``:
+   smsdp's int8 all-gather / gradients, no FSDP2 counterpart. ``k2`` cannot share that
+   launch: hpZ needs a shard group wider than its reshard groups, and d=2 allows only k=2=d,
+   which is plain True. So ``k2`` is its own interleaved launch at d=4 on 2 simulated hosts
+   of 2 ranks (``SMSDP_SIMULATED_HOSTS``): smsdp ``sdp_reshard_after_forward=2`` (the backward
+   gathers inside a host) vs FSDP2 ``fully_shard(reshard_after_forward=2)`` on a 1-D mesh of 4,
+   with DDP in the same launch for the × DDP ratio.
 
 Same GPT (4 layers, d_model 256, 4 heads, vocab 1024, seq 128), batch 4
 sequences per rank, AdamW (lr 1e-3), global-norm clipping 1.0, the same
@@ -94,6 +105,36 @@ LABELS = {
     "ddp_accnorm": "DDP, accurate clip norm",
     "ddp_f64sum": "DDP, float64 gradient sum",
 }
+# --strategies: name -> the smsdp and FSDP2 systems of train_worker.py compared, and the launch
+# they run in ("main": the interleaved launch of SYSTEMS; another name: a launch of its own).
+STRATEGIES = {
+    "default": {"smsdp": "smsdp", "fsdp2": "fsdp2", "launch": "main",
+                "smsdp_label": "smsdp d=2 r=2, defaults", "fsdp2_label": "FSDP2 HSDP 2x2, defaults"},
+    "keep": {"smsdp": "smsdp_keep", "fsdp2": "fsdp2_keep", "launch": "main",
+             "smsdp_label": "smsdp, sdp_reshard_after_forward=False",
+             "fsdp2_label": "FSDP2 HSDP, reshard_after_forward=False"},
+    "rbf16": {"smsdp": "smsdp_rbf16", "fsdp2": "fsdp2_rbf16", "launch": "main",
+              "smsdp_label": 'smsdp, sdp_reduce_dtype="bf16"',
+              "fsdp2_label": "FSDP2 HSDP, reduce_dtype=bf16"},
+    "qwz": {"smsdp": "smsdp_qwz", "fsdp2": None, "launch": "main",
+            "smsdp_label": "smsdp, sdp_quantized_allgather (int8)", "fsdp2_label": None},
+    "qgz": {"smsdp": "smsdp_qgz", "fsdp2": None, "launch": "main",
+            "smsdp_label": "smsdp, sdp_quantized_gradients (int8)", "fsdp2_label": None},
+    "k2": {"smsdp": "smsdp", "fsdp2": "fsdp2_k2", "launch": "k2",
+           "smsdp_label": "smsdp d=4, sdp_reshard_after_forward=2", "fsdp2_label": "FSDP2 d=4, reshard_after_forward=2"},
+}
+DEFAULT_STRATEGIES = "default,keep,rbf16,k2"
+# Launches other than "main": worker arguments and environment. The 2 simulated hosts make the
+# reshard groups {0,1} and {2,3} host-local, as hpZ means them, while the shard group spans both.
+STRATEGY_LAUNCHES = {
+    "k2": {"args": ["--sdp", "4", "--smsdp-config", json.dumps({"sdp_reshard_after_forward": 2})],
+           "env": {"SMSDP_SIMULATED_HOSTS": "1", "SM_HOSTS": '["algo-1", "algo-2"]'},
+           "systems": ["smsdp", "fsdp2_k2", "ddp"],
+           "describe": "d=4 on 2 simulated hosts x 2 ranks"},
+}
+# Targets of the issue, checked (not tuned for) in the strategy summary.
+TARGET_VS_FSDP2 = 1.4
+TARGET_KEEP_VS_DDP = 0.95
 # Loss references, launched with the systems of fp32 (the precision the 1e-6 target is set in),
 # left out of the speed and memory tables: see bench/workers/train_worker.py's DdpAccurateNorm.
 LOSS_REFERENCES = {"fp32": ["ddp_accnorm"]}
@@ -112,7 +153,7 @@ def _mpirun() -> str:
     return found
 
 
-def run_config(worker_args: list[str], timeout: float, log) -> dict:
+def run_config(worker_args: list[str], timeout: float, log, env_extra: dict | None = None) -> dict:
     """One ``mpirun -np 4`` of the worker; returns the per-rank results and the launch facts."""
     out = Path(tempfile.mkdtemp(prefix="smsdp-bench-"))
     argv = [
@@ -121,6 +162,7 @@ def run_config(worker_args: list[str], timeout: float, log) -> dict:
     ]
     env = dict(os.environ)
     env.update(MPI_ENV)
+    env.update(env_extra or {})
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     load_before = os.getloadavg()[0]
     t0 = time.perf_counter()
@@ -354,6 +396,90 @@ def scaling_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def strategy_pairs(rows: list[dict], strategies: list[str]) -> list[dict]:
+    """Per precision and strategy: its smsdp row, the matching FSDP2 row and DDP of the same launch.
+
+    ``rows`` are summarized rows carrying ``launch`` (the launch they ran in) and ``system``
+    (the worker's system name). A pair's ratios are tokens/s quotients: both systems of a
+    pair shared one launch, so they saw the same data, weights and machine load.
+    """
+    index = {(r.get("precision"), r.get("launch"), r.get("system")): r for r in rows}
+    pairs = []
+    for precision in dict.fromkeys(r.get("precision") for r in rows):
+        for name in strategies:
+            spec = STRATEGIES[name]
+            launch = spec["launch"]
+            smsdp = index.get((precision, launch, spec["smsdp"]))
+            fsdp2 = index.get((precision, launch, spec["fsdp2"])) if spec["fsdp2"] else None
+            ddp = index.get((precision, launch, "ddp"))
+            if smsdp is None:
+                continue
+            pairs.append({"strategy": name, "precision": precision, "launch": launch, "smsdp": smsdp,
+                          "fsdp2": fsdp2, "ddp": ddp,
+                          "smsdp_vs_fsdp2": _ratio(smsdp, fsdp2), "smsdp_vs_ddp": _ratio(smsdp, ddp),
+                          "fsdp2_vs_ddp": _ratio(fsdp2, ddp)})
+    return pairs
+
+
+def _ratio(a: dict | None, b: dict | None) -> float | None:
+    if a is None or b is None or "error" in a or "error" in b:
+        return None
+    return a["tokens_per_s"] / b["tokens_per_s"]
+
+
+def _x(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
+
+
+def strategy_table(pairs: list[dict]) -> str:
+    """One smsdp row and its FSDP2 row per strategy; bytes are counted (as in the main table),
+    plus smsdp's own all-gather split, which names what the counter's group labels cannot."""
+    lines = ["| strategy | precision | system | tokens/s | × matching FSDP2 | × DDP | step (ms) | "
+             "peak RSS/rank (MiB) | model state/rank (MiB) | all-gather MiB/step | reduce-scatter MiB/step | "
+             "all-reduce MiB/step | all-to-all MiB/step | smsdp all-gather split (smp.comm_stats) | "
+             "final loss | load |", "|" + "|".join(["---"] * 16) + "|"]
+    for pair in pairs:
+        spec = STRATEGIES[pair["strategy"]]
+        for role, label, ratio in (("smsdp", spec["smsdp_label"], pair["smsdp_vs_fsdp2"]),
+                                   ("fsdp2", spec["fsdp2_label"], None)):
+            r = pair[role]
+            if label is None:
+                continue
+            head = f"| {pair['strategy']} | {pair['precision']} | {label} |"
+            if r is None or "error" in r:
+                why = "not run" if r is None else f"failed: {r['error'][:60]!r}"
+                lines.append(head + f" {why} |" + " |" * 12)
+                continue
+            vs_ddp = pair["smsdp_vs_ddp"] if role == "smsdp" else pair["fsdp2_vs_ddp"]
+            kinds = by_kind(r["bytes_per_step"])
+            split = by_kind(r["bytes_smsdp_stats"]).get("all_gather", "0") if r.get("bytes_smsdp_stats") else "–"
+            rss = r.get("peak_rss_mib", float("nan"))
+            lines.append(
+                head + f" {r['tokens_per_s']:,.0f} | {_x(ratio) if role == 'smsdp' else '1.00'} | {_x(vs_ddp)} | "
+                f"{r['step_s'] * 1e3:.0f} | {'n/a' if rss != rss else f'{rss:.0f}'} | {mib(r['model_state_total'])} | "
+                f"{kinds.get('all_gather', '0')} | {kinds.get('reduce_scatter', '0')} | "
+                f"{kinds.get('all_reduce', '0')} | {kinds.get('all_to_all', '0')} | {split} | "
+                f"{r['final_loss']:.4f} | {r['load_before']:.1f} |")
+    return "\n".join(lines)
+
+
+def target_lines(pairs: list[dict]) -> list[str]:
+    """The issue's targets, each stated as reached or not, with the measured ratio."""
+    out = []
+    for pair in pairs:
+        if pair["fsdp2"] is not None:
+            ratio = pair["smsdp_vs_fsdp2"]
+            verdict = "n/a" if ratio is None else ("reached" if ratio >= TARGET_VS_FSDP2 else "NOT reached")
+            out.append(f"- {pair['precision']} {pair['strategy']}: smsdp / FSDP2 = {_x(ratio)} "
+                       f"(target >= {TARGET_VS_FSDP2}): {verdict}")
+        if pair["strategy"] == "keep":
+            ratio = pair["smsdp_vs_ddp"]
+            verdict = "n/a" if ratio is None else ("reached" if ratio >= TARGET_KEEP_VS_DDP else "NOT reached")
+            out.append(f"- {pair['precision']} keep: smsdp / DDP = {_x(ratio)} (target >= {TARGET_KEEP_VS_DDP}): "
+                       f"{verdict}")
+    return out
+
+
 def code_line() -> str:
     """The commit benchmarked, and whether smsdp/ had uncommitted changes (the runtime moves fast)."""
     def git(*argv: str) -> str:
@@ -402,12 +528,27 @@ def main() -> None:
     p.add_argument("--memory-steps", type=int, default=2,
                    help="timed steps of the one-system launches that measure peak RSS")
     p.add_argument("--memory-parallel", type=int, default=2, help="memory launches run at a time")
-    p.add_argument("--timeout", type=float, default=300, help="seconds per mpirun launch")
+    p.add_argument("--strategies", default=DEFAULT_STRATEGIES,
+                   help="comma-separated, from " + ",".join(STRATEGIES) + ": per strategy an smsdp row and the "
+                        "FSDP2 row with the matching setting, same launch (empty: none)")
+    p.add_argument("--timeout", type=float, default=600,
+                   help="seconds per mpirun launch (the main launch interleaves up to 12 systems)")
     p.add_argument("--out", default=str(RESULTS))
     args = p.parse_args()
 
     precisions = [x for x in args.precision.split(",") if x]
     systems = [x for x in args.systems.split(",") if x]
+    strategies = [x for x in args.strategies.split(",") if x]
+    unknown = [x for x in strategies if x not in STRATEGIES]
+    if unknown:
+        raise SystemExit(f"unknown strategies {unknown}; choose from {','.join(STRATEGIES)}")
+    # Strategy systems of the main launch that the main table does not show: interleaved with
+    # SYSTEMS (so the pairs share their machine state) but reported in the strategy table only.
+    extras = [name for st in strategies if STRATEGIES[st]["launch"] == "main"
+              for name in (STRATEGIES[st]["smsdp"], STRATEGIES[st]["fsdp2"], "ddp") if name]
+    extras = [name for name in dict.fromkeys(extras) if name not in systems]
+    own_launches = list(dict.fromkeys(STRATEGIES[st]["launch"] for st in strategies
+                                      if STRATEGIES[st]["launch"] != "main"))
     started = datetime.datetime.now().astimezone()
     t_start = time.perf_counter()
 
@@ -417,43 +558,66 @@ def main() -> None:
     common = ["--threshold", str(args.threshold)]
     rows: list[dict] = []
     reference_rows: list[dict] = []  # loss references: in the loss table only
-    for precision in precisions:
-        # Speed: every system in ONE launch, steps interleaved, so all see the same machine load.
-        references = [x for x in LOSS_REFERENCES.get(precision, []) if "ddp" in systems]
-        log(f"[bench] {precision}: {', '.join(systems + references)} interleaved (warm-up {args.warmup}, "
+    extra_rows: list[dict] = []  # strategy systems outside SYSTEMS: in the strategy table only
+
+    def interleaved(names: list[str], precision: str, launch: str, launch_args: list[str],
+                    env: dict | None) -> tuple[dict, list[dict]]:
+        log(f"[bench] {precision} ({launch}): {', '.join(names)} interleaved (warm-up {args.warmup}, "
             f"timed {args.steps}) ...")
-        run = run_config(["--system", ",".join(systems + references), "--precision", precision, "--sdp", "2",
+        run = run_config(["--system", ",".join(names), "--precision", precision, *launch_args,
                           "--warmup", str(args.warmup), "--steps", str(args.steps), *common],
-                         args.timeout, log)
-        for system in systems:
+                         args.timeout, log, env)
+        out = []
+        for system in names:
             row = summarize(run, system)
             row.setdefault("system", system)
             row.setdefault("precision", precision)
+            row["launch"] = launch
             if "error" not in row:
                 log(f"  {system}: {row['tokens_per_s']:,.0f} tokens/s, step {row['step_s'] * 1e3:.0f} ms, "
                     f"CPU {row['cpu_s'] * 1e3:.0f} ms/step/rank, loss {row['final_loss']:.4f}")
-            rows.append(row)
-        reference_rows += [summarize(run, name) for name in references]
+            out.append(row)
         log(f"  launch {run['wall_s']:.0f} s, load {run.get('load_before', 0):.1f} -> {run.get('load_after', 0):.1f}")
-        # Memory: peak RSS is per process, so each system alone, a few steps. RSS does not
-        # depend on CPU contention, so two of these launches run at a time.
+        return run, out
+
+    def peak_rss(targets: list[dict], precision: str, launch_args: list[str], env: dict | None) -> None:
+        # Peak RSS is per process, so each system alone, a few steps. RSS does not depend on
+        # CPU contention, so two of these launches run at a time.
         log(f"  peak RSS: each system alone ({args.memory_parallel} launches at a time) ...")
         with concurrent.futures.ThreadPoolExecutor(max_workers=args.memory_parallel) as pool:
-            solos = dict(zip(systems, pool.map(
-                lambda system: run_config(["--system", system, "--precision", precision, "--sdp", "2",
-                                           "--warmup", "1", "--steps", str(args.memory_steps), *common],
-                                          args.timeout, log),
-                systems)))
-        for system in systems:
-            row = next(r for r in rows if r["system"] == system and r["precision"] == precision)
-            solo = solos[system]
+            solos = list(pool.map(
+                lambda row: run_config(["--system", row["system"], "--precision", precision, *launch_args,
+                                        "--warmup", "1", "--steps", str(args.memory_steps), *common],
+                                       args.timeout, log, env),
+                targets))
+        for row, solo in zip(targets, solos):
             if "error" in row or "error" in solo:
                 row["peak_rss_mib"] = float("nan")
                 continue
-            alone = summarize(solo, system)
+            alone = summarize(solo, row["system"])
             row["peak_rss_mib"], row["start_rss_mib"] = alone["peak_rss_mib"], alone["start_rss_mib"]
             row["solo_model_state_total"] = alone["model_state_total"]
-            log(f"  {system} alone: peak RSS {alone['peak_rss_mib']:.0f} MiB/rank")
+            log(f"  {row['system']} alone: peak RSS {alone['peak_rss_mib']:.0f} MiB/rank")
+
+    for precision in precisions:
+        # Speed: every system in ONE launch, steps interleaved, so all see the same machine load.
+        references = [x for x in LOSS_REFERENCES.get(precision, []) if "ddp" in systems]
+        run, launched = interleaved(systems + extras + references, precision, "main", ["--sdp", "2"], None)
+        rows += launched[:len(systems)]
+        extra_rows += launched[len(systems):len(systems) + len(extras)]
+        reference_rows += launched[len(systems) + len(extras):]
+        peak_rss(launched[:len(systems) + len(extras)], precision, ["--sdp", "2"], None)
+        for launch in own_launches:
+            spec = STRATEGY_LAUNCHES[launch]
+            _, launched = interleaved(spec["systems"], precision, launch, spec["args"], spec["env"])
+            extra_rows += launched
+            # DDP's memory does not depend on d: its RSS is the main launch's.
+            peak_rss([r for r in launched if r["system"] != "ddp"], precision, spec["args"], spec["env"])
+            ddp_main = next((r for r in rows + extra_rows if r["system"] == "ddp" and r["precision"] == precision
+                             and r["launch"] == "main"), None)
+            for r in launched:
+                if r["system"] == "ddp" and ddp_main is not None:
+                    r["peak_rss_mib"] = ddp_main.get("peak_rss_mib", float("nan"))
 
     scaling_rows: list[dict] = []
     if args.scaling:
@@ -473,7 +637,8 @@ def main() -> None:
                 scaling_rows.append(row)
 
     elapsed = time.perf_counter() - t_start
-    loads = [r["load_before"] for r in rows + scaling_rows if "load_before" in r]
+    loads = [r["load_before"] for r in rows + extra_rows + scaling_rows if "load_before" in r]
+    pairs = strategy_pairs(rows + extra_rows, strategies)
     agreement_md, agreement = loss_agreement(rows + [r for r in reference_rows if "error" not in r])
     md = [
         f"Run {started:%Y-%m-%d %H:%M %Z} on {code_line()}, {elapsed:.0f} s in all. Machine: {machine_line()}. "
@@ -508,6 +673,16 @@ def main() -> None:
         "",
         agreement_md,
     ]
+    if pairs:
+        md += ["", "Strategies: each smsdp row against FSDP2 with the matching setting, both (and the DDP of "
+                   "the × DDP column) in the same interleaved launch: " + "; ".join(
+                       [f"{st}: {'the launch above (d=2, r=2)' if STRATEGIES[st]['launch'] == 'main' else STRATEGY_LAUNCHES[STRATEGIES[st]['launch']]['describe']}"
+                        for st in strategies]) + ". Bytes counted by the torch.distributed wrapper; the "
+                   "counter labels groups by their ranks, so under k2 `hpz/intra_host` is both smsdp's "
+                   "backward gather inside a host and its hierarchical all-gather's intra-host stage, which "
+                   "smsdp's own split tells apart:", "", strategy_table(pairs), "",
+               f"Targets (smsdp >= {TARGET_VS_FSDP2}x FSDP2 at equal settings; >= {TARGET_KEEP_VS_DDP}x DDP with "
+               f"sdp_reshard_after_forward=False):", "", *target_lines(pairs)]
     if scaling_rows:
         md += ["", f"smsdp scaling ({args.scaling_precision}, 4 ranks, batch 4 per rank per micro-step; "
                    f"bytes from smp.comm_stats()):", "", scaling_table(scaling_rows)]
@@ -519,6 +694,8 @@ def main() -> None:
     stamp = started.strftime("%Y%m%d-%H%M%S")
     payload = {"started": started.isoformat(), "elapsed_s": elapsed, "machine": machine_line(), "code": code_line(),
                "args": vars(args), "rows": rows, "loss_references": reference_rows, "scaling": scaling_rows,
+               "strategy_rows": extra_rows,
+               "strategies": [{k: v for k, v in pair.items() if k not in ("smsdp", "fsdp2", "ddp")} for pair in pairs],
                "loss_agreement": agreement,
                "markdown": text}
     (out / f"compare-{stamp}.json").write_text(json.dumps(payload, indent=1, default=str))

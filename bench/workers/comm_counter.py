@@ -15,6 +15,7 @@ all-gather         the output           ``(n-1)/n * N``
 reduce-scatter     the input            ``(n-1)/n * N``
 all-reduce         the tensor           ``2(n-1)/n * N``
 broadcast          the tensor           ``(n-1)/n * N``
+all-to-all         the input            ``(n-1)/n * N`` (own block kept)
 =================  ===================  ==============================
 
 DDP is the one system this cannot see: its reducer calls the process group
@@ -46,8 +47,10 @@ _WRAPPED = {
     "_reduce_scatter_base": ("reduce_scatter", "input"),
     "all_reduce": ("all_reduce", "tensor"),
     "broadcast": ("broadcast", "tensor"),
+    # smsdp's int8 gradient reduce-scatter (sdp_quantized_gradients) exchanges blocks this way.
+    "all_to_all_single": ("all_to_all", "input"),
 }
-_FACTOR = {"all_gather": 1, "reduce_scatter": 1, "all_reduce": 2, "broadcast": 1}
+_FACTOR = {"all_gather": 1, "reduce_scatter": 1, "all_reduce": 2, "broadcast": 1, "all_to_all": 1}
 
 
 class CommCounter:

@@ -130,6 +130,16 @@ class System:
         return None
 
 
+# Strategies compare.py sets against FSDP2 with the matching setting: each is read by
+# DistributedModel when it is built, so it can differ between models of one runtime.
+CONFIG_VARIANTS = {
+    "keep": {"sdp_reshard_after_forward": False},
+    "rbf16": {"sdp_reduce_dtype": "bf16"},
+    "qwz": {"sdp_quantized_allgather": True},
+    "qgz": {"sdp_quantized_gradients": True},
+}
+
+
 class Smsdp(System):
     """smsdp; ``variant`` builds a second model in the same runtime with one setting changed.
 
@@ -142,7 +152,11 @@ class Smsdp(System):
     - ``thr<N>``: its DistributedModel is built while the runtime's config says
       ``sdp_param_persistence_threshold=N``;
     - ``latesync``: ``backward_passes_per_step`` not declared, so the replica all-reduce
-      waits for ``step()`` instead of overlapping the step-ending backward.
+      waits for ``step()`` instead of overlapping the step-ending backward;
+    - ``keep`` / ``rbf16`` / ``qwz`` / ``qgz``: built while the config says
+      ``sdp_reshard_after_forward=False`` / ``sdp_reduce_dtype="bf16"`` /
+      ``sdp_quantized_allgather`` / ``sdp_quantized_gradients`` (see ``CONFIG_VARIANTS``).
+      The model reads these when it is built, so one runtime serves every variant.
     """
 
     name = "smsdp"
@@ -167,8 +181,11 @@ class Smsdp(System):
         })
         self.rt = runtime_state.get()
         base_config = self.rt.config
+        update = dict(CONFIG_VARIANTS.get(variant, {}))
         if variant.startswith("thr"):
-            params = base_config.parameters.model_copy(update={"sdp_param_persistence_threshold": int(float(variant[3:]))})
+            update["sdp_param_persistence_threshold"] = int(float(variant[3:]))
+        if update:
+            params = base_config.parameters.model_copy(update=update)
             self.rt.config = base_config.model_copy(update={"parameters": params})
         # Declared as the bundled training script does: the step-ending backward then starts
         # each unit's replica all-reduce as soon as its reduce-scatter is done.
@@ -183,7 +200,7 @@ class Smsdp(System):
             from dataclasses import replace
 
             self._settings = replace(self.rt.all_gather.settings, ddp_dist_backend="gloo")
-        elif variant not in ("", "latesync") and not variant.startswith("thr"):
+        elif variant not in ("", "latesync", *CONFIG_VARIANTS) and not variant.startswith("thr"):
             raise SystemExit(f"unknown smsdp variant {variant!r}")
         if self.timers is not None:
             import smsdp_timers
@@ -298,18 +315,38 @@ def hsdp_mesh(args, world):
 
 
 class Fsdp2(_TorchSystem):
+    """``variant``: the FSDP2 setting matching an smsdp strategy of compare.py.
+
+    ``keep``: ``reshard_after_forward=False``; ``rbf16``: ``reduce_dtype=bf16``; ``k<N>``:
+    ``reshard_after_forward=N``. At ``--sdp`` = world the mesh is 1-D (plain FSDP): FSDP2 wants
+    its int reshard on a shard-only mesh, and a replicate dimension of 1 would be HSDP in name only.
+    """
+
     name = "fsdp2"
 
-    def __init__(self, args, world):
+    def __init__(self, args, world, variant: str = ""):
         super().__init__(args)
+        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        mesh = hsdp_mesh(args, world)
-        mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-              if args.precision == "bf16" else MixedPrecisionPolicy())
+        mesh = (init_device_mesh("cpu", (world,), mesh_dim_names=("shard",)) if args.sdp == world
+                else hsdp_mesh(args, world))
+        reduce_dtype = torch.bfloat16 if variant == "rbf16" else torch.float32
+        mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce_dtype)
+              if args.precision == "bf16" else MixedPrecisionPolicy(reduce_dtype=reduce_dtype if variant else None))
+        if variant == "keep":
+            reshard = False
+        elif variant.startswith("k") and variant[1:].isdigit():
+            reshard = int(variant[1:])
+        elif variant in ("", "rbf16"):
+            reshard = None  # FSDP2's default: True for the blocks
+        else:
+            raise SystemExit(f"unknown fsdp2 variant {variant!r}")
         model = build_gpt()
         for block in model.transformer.h:
-            fully_shard(block, mesh=mesh, mp_policy=mp)
+            fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
+        # The root keeps FSDP2's default (None: not resharded after forward, as its docs advise)
+        # in every variant; True here would make FSDP2 gather the root twice, which smsdp never does.
         fully_shard(model, mesh=mesh, mp_policy=mp)
         self.model = model
         self.opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
@@ -437,6 +474,8 @@ SYSTEMS = ["smsdp", "fsdp2", "fsdp1", "ddp", "nocomm"]
 def make_system(name: str, args, world: int) -> System:
     if name == "smsdp" or name.startswith("smsdp_"):
         system = Smsdp(args, name.partition("_")[2])
+    elif name.startswith("fsdp2_"):
+        system = Fsdp2(args, world, name.partition("_")[2])
     else:
         system = {"fsdp2": Fsdp2, "fsdp1": Fsdp1, "ddp": Ddp, "ddp_accnorm": DdpAccurateNorm,
                   "ddp_f64sum": DdpWideSum, "nocomm": NoComm}[name](args, world)
@@ -481,6 +520,15 @@ def main() -> None:
         COUNTER.name_group(range(rank % d, world, d), "replica")
     elif d == world:
         COUNTER.name_group(range(world), "world=shard")
+    hosts = len(json.loads(os.environ.get("SM_HOSTS", "[]"))) if os.environ.get("SMSDP_SIMULATED_HOSTS") else 1
+    if hosts > 1 and d == world:
+        per_host = world // hosts
+        COUNTER.name_group(range(rank % per_host, world, per_host), "inter_host")
+    k = json.loads(args.smsdp_config).get("sdp_reshard_after_forward")
+    if isinstance(k, int) and not isinstance(k, bool) and 1 < k < d:
+        # The same ranks carry hpZ's backward all-gather (smsdp and FSDP2 int reshard) and, on
+        # simulated hosts, smsdp's intra-host stage: the counter sees ranks, so one label says both.
+        COUNTER.name_group(range(rank // k * k, rank // k * k + k), "hpz/intra_host")
 
     systems = []
     for name in names:
