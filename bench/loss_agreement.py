@@ -2,7 +2,7 @@
 
 One command, from the repository root (about 4 minutes)::
 
-    /work/venv/bin/python bench/loss_agreement.py
+    .venv/bin/python bench/loss_agreement.py
 
 Two ``mpirun -np 4`` launches of ``bench/workers/train_worker.py`` (the benchmark GPT, fp32,
 AdamW lr 1e-3, warm-up 5 + 20 steps, every system's steps interleaved in one process), one with

@@ -1,7 +1,7 @@
 """Where smsdp spends a step, and what changing one setting buys (4 ranks, same GPT as compare.py).
 
-    /work/venv/bin/python bench/profile_smsdp.py                  # breakdown fp32 + bf16, cProfile, A/B
-    /work/venv/bin/python bench/profile_smsdp.py --no-ab --no-cprofile
+    .venv/bin/python bench/profile_smsdp.py                  # breakdown fp32 + bf16, cProfile, A/B
+    .venv/bin/python bench/profile_smsdp.py --no-ab --no-cprofile
 
 1. Breakdown: smsdp (d=2, r=2) with exclusive timers around its runtime methods
    (``bench/workers/smsdp_timers.py``): milliseconds per step per category,
