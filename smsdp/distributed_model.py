@@ -45,7 +45,8 @@ from __future__ import annotations
 import enum
 import logging
 from collections import OrderedDict
-from typing import Any, Iterator
+from types import MappingProxyType
+from typing import Any, Iterator, Mapping
 
 import torch
 from torch import nn
@@ -207,9 +208,11 @@ class DistributedModel(SMPModelMethods, nn.Module):
         return self._prefetch.depths
 
     @property
-    def tensor_parallel_splits(self) -> dict:
-        """State-dict names of this TP rank's pieces and how they were cut (empty without TP)."""
-        return dict(self._tp_splits)
+    def tensor_parallel_splits(self) -> Mapping[str, Any]:
+        """State-dict names of this TP rank's pieces and how they were cut (empty without TP).
+
+        A read-only view, not a copy: checkpointing looks a parameter up in it per chunk."""
+        return MappingProxyType(self._tp_splits)
 
     @property
     def state_dict_keys(self) -> tuple[str, ...]:
