@@ -24,8 +24,14 @@ def results(tmp_path_factory):
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("resumed", sorted(RESUMED))
 def test_a_checkpoint_saved_at_t2_d2_resumes_at_another_layout(results, case, resumed):
+    """With ``-s`` it prints how far each resumed run is from the uninterrupted one."""
     for rank, result in enumerate(results[case]):
         ours, whole = result[resumed], result["uninterrupted"]
+        if rank == 0:
+            loss = (torch.tensor(ours["losses"]) - torch.tensor(whole["losses"][SAVE_AT:])).abs().max().item()
+            params = max((ours["params"][k] - v).abs().max().item() for k, v in whole["params"].items())
+            print(f"\n[tp checkpoint] {case} resumed at {resumed}: losses {loss:.2g}, parameters {params:.2g} "
+                  "from the uninterrupted run (rank 0)")
         assert ours["layout"] == RESUMED[resumed]
         assert len(ours["losses"]) == STEPS - SAVE_AT
         torch.testing.assert_close(torch.tensor(ours["losses"]), torch.tensor(whole["losses"][SAVE_AT:]),
