@@ -25,8 +25,10 @@ backward: a hook on a unit's outputs fires when their gradient is ready, that
           the fp32 accumulators.
 step:     ``DistributedOptimizer.step`` all-reduces the accumulated shards
           across the replica group (once per optimizer step, never per
-          micro-step: the 2-hop synchronization) and replicated parameters over
-          the data-parallel group, then clips and steps the local shards.
+          micro-step: the 2-hop synchronization) and the replicated parameters'
+          gradients over the data-parallel group, coalesced into as few
+          all-reduces as ``sdp_reduce_bucket_size`` allows
+          (``smsdp.replicated_grad_sync``), then clips and steps the local shards.
 
 [Note: tensor parallelism inside the sharded step]
 With ``tensor_parallel_degree > 1`` the plain model (equal on every rank after
@@ -63,6 +65,7 @@ from smsdp.model_surface import PARTIAL_KEY, SMPModelMethods
 from smsdp.prefetch import PrefetchDepths, Prefetcher
 from smsdp.quantization import BlockQuantizer
 from smsdp.quantized_collectives import QuantizedAllGather, QuantizedReduceScatter
+from smsdp.replicated_grad_sync import ReplicatedGradSync
 from smsdp.tensor_parallel.runtime import convert_for_job, cut_tp_pieces, merge_tp_pieces, split_names
 from smsdp.unit import Unit, UnitComm
 from smsdp.units import GroupPolicy, build_units, find_unit_modules
@@ -122,6 +125,8 @@ class DistributedModel(SMPModelMethods, nn.Module):
         self._gather_fp32 = rt.gather_shards_fp32
         self._units = self._wrap(module, rt, transformer_layer_cls, broadcast_init)
         self._root = self._units[-1]
+        self._replicated_sync = ReplicatedGradSync(list(self.flat_groups()), rt.all_reduce_dp, rt.dp_size,
+                                                   self._units[0].comm.reduce_dtype, params.sdp_reduce_bucket_size)
         self._unit_of_module = {id(u.module): u for u in self._units if not u.is_root}
         self._keep_for_backward = keep_gathered_for_backward  # [Note: kept for backward]
         self._reshard_after_forward = params.sdp_reshard_after_forward is not False
@@ -278,6 +283,7 @@ class DistributedModel(SMPModelMethods, nn.Module):
             (loss * scale if scale != 1.0 else loss).backward(*args, **kwargs)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        self._replicated_sync.wait()
         for unit in self._units:
             unit.zero_grad()
         if self._state is TrainingState.SYNCING:
@@ -390,6 +396,8 @@ class DistributedModel(SMPModelMethods, nn.Module):
         boundary = self._state is TrainingState.BOUNDARY_BACKWARD
         for unit in self._units:
             unit.finalize_backward(sync=boundary)
+        if boundary:
+            self._replicated_sync.start()
         self._state = TrainingState.SYNCING if boundary else TrainingState.IDLE
         self._backwards_since_step += 1
 
@@ -404,8 +412,10 @@ class DistributedModel(SMPModelMethods, nn.Module):
         self.reshard_all()  # the step changes the masters: no gathered copy may outlive it
         for unit in self._units:
             unit.start_sync()  # no-op for groups started during the boundary backward
+        self._replicated_sync.start()  # likewise
         for unit in self._units:
             unit.wait_sync()
+        self._replicated_sync.wait()
         self._backwards_since_step = 0
         if self._state is TrainingState.SYNCING:
             self._state = TrainingState.IDLE
@@ -453,9 +463,7 @@ def _unit_comm(rt) -> UnitComm:
         gather=gather,
         reduce_scatter=reduce_scatter,
         all_reduce_replicas=rt.all_reduce_replicas,
-        all_reduce_dp=rt.all_reduce_dp,
         replica_degree=rt.topology.replication_degree,
-        dp_size=rt.dp_size,
         bucket_numel=max(1, rt.params.sdp_reduce_bucket_size),
         reduce_dtype=torch.bfloat16 if rt.params.sdp_reduce_dtype == "bf16" else torch.float32,
         mean_scale=1.0 / rt.dp_size,

@@ -16,8 +16,8 @@ a micro-step, in the order the hooks of ``DistributedModel`` call it:
   groups' fp32 gradient shards.
 * ``finalize_backward``: the end of backward for this unit.
 * ``start_sync`` / ``wait_sync``: the second hop (once per optimizer step): the
-  replica all-reduce of the gradient shards, the data-parallel all-reduce of
-  replicated gradients.
+  replica all-reduce of the gradient shards. Replicated gradients are summed
+  over the data-parallel group for all units at once (``smsdp.replicated_grad_sync``).
 
 ``UnitComm`` is what a unit sends with, bound to this rank's groups once, when
 the model is built: no hook looks anything up in a global.
@@ -47,9 +47,7 @@ class UnitComm:
     gather: GatherFn  # parameter all-gather in the shard group (output, input, async_op)
     reduce_scatter: Callable[[torch.Tensor, torch.Tensor, bool], Any]  # (shard out, full in, async_op)
     all_reduce_replicas: Callable[[torch.Tensor, bool], Any]
-    all_reduce_dp: Callable[[torch.Tensor, bool], Any]
     replica_degree: int
-    dp_size: int
     bucket_numel: int
     reduce_dtype: torch.dtype  # what the gradient collectives send; shards accumulate in fp32
     # Gradients are a mean over the data-parallel ranks, as one process on the global batch
@@ -81,7 +79,7 @@ class Unit:
     comm: UnitComm | None = None  # set by DistributedModel before the first hook
     backward_state: BackwardState = BackwardState.IDLE
     _pending: list[_PendingReduce] = field(default_factory=list)
-    _sync: dict[int, Any] = field(default_factory=dict)  # id(group) -> replica/dp all-reduce in flight
+    _sync: dict[int, Any] = field(default_factory=dict)  # id(group) -> replica all-reduce in flight
 
     # ---- sizes -------------------------------------------------------------------------
 
@@ -204,26 +202,21 @@ class Unit:
     # ---- the step boundary -----------------------------------------------------------------
 
     def start_sync(self) -> None:
-        """Start the second hop for every trainable group not started yet (once per step)."""
+        """Start the replica all-reduce of every sharded, trainable group not started yet (once per step)."""
         for group in self.groups:
             self._start_group_sync(group)
 
     def _start_group_sync(self, group: FlatParamGroup) -> None:
-        if not group.trainable or id(group) in self._sync:
+        if not (group.trainable and group.sharded) or id(group) in self._sync:
             return
         comm = self.comm
-        grad = group.grad_for_sync()
-        reduce = None
-        if group.sharded and comm.replica_degree > 1:
-            reduce = comm.all_reduce_replicas
-        elif not group.sharded and comm.dp_size > 1:
-            reduce = comm.all_reduce_dp
-        if reduce is None:
+        if comm.replica_degree == 1:
             self._sync[id(group)] = None
             return
+        grad = group.grad_for_sync()
         # In a lower reduce dtype the sum travels as a cast copy and lands back in the fp32 shard.
         sent = grad if comm.reduce_dtype == grad.dtype else grad.to(comm.reduce_dtype)
-        self._sync[id(group)] = (reduce(sent, True), sent, grad)
+        self._sync[id(group)] = (comm.all_reduce_replicas(sent, True), sent, grad)
 
     @property
     def sync_started(self) -> bool:

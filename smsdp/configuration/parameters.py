@@ -90,7 +90,7 @@ class SMPParameters(ConfigModel):
     sharded_data_parallel_degree: WholeNumber = Field(1, ge=1)
     """Ranks over which parameters, gradients and optimizer state are sharded; 1 = plain data parallel."""
     sdp_reduce_bucket_size: WholeNumber = Field(int(5e8), gt=0)
-    """Largest reduce-scatter bucket, in elements."""
+    """Largest reduce-scatter bucket, and largest coalesced all-reduce of replicated gradients, in elements."""
     sdp_param_persistence_threshold: WholeNumber = Field(int(1e6), ge=0)
     """Parameters with fewer elements are kept whole on every rank, not sharded."""
     sdp_max_live_parameters: WholeNumber = Field(int(1e9), gt=0)

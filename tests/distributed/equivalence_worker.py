@@ -56,6 +56,7 @@ class Case:
     n_layer: int = MODEL.n_layer
     prefetch_units: int | None = None  # DistributedModel(prefetch_units=...): both directions
     record_depths: bool = False  # log the units gathered ahead at each gather (_record_depths)
+    bucket: int = int(5e8)  # sdp_reduce_bucket_size
 
 
 CASES = {
@@ -67,6 +68,8 @@ CASES = {
     "clip_active": Case(sdp=2, clip=0.05),
     "persist_small_params": Case(sdp=2, threshold=100),
     "persist_everything": Case(sdp=2, threshold=10**9),
+    # replicated gradients in buckets of 100 elements: [root's 32, last block's 64], [first block's 64]
+    "persist_two_buckets": Case(sdp=2, threshold=100, bucket=100),
     "untied": Case(sdp=4, tie=False),
     "early_sync": Case(sdp=2, threshold=100, declare_accumulation=True),
     "early_sync_accum2": Case(sdp=2, accum=2, threshold=100, declare_accumulation=True),
@@ -99,6 +102,7 @@ def smp_parameters(case: Case) -> dict:
         "sdp_forward_prefetch": case.forward_prefetch,
         "sdp_backward_prefetch": case.backward_prefetch,
         "sdp_max_live_parameters": case.max_live,
+        "sdp_reduce_bucket_size": case.bucket,
     }
 
 
@@ -149,9 +153,11 @@ def train_sharded(case: Case) -> dict:
                                  keep_gathered_for_backward=case.keep_gathered, prefetch_units=case.prefetch_units)
     depths = _record_depths(model) if case.record_depths else []
     opt = smp.DistributedOptimizer(torch.optim.AdamW(param_groups(model.named_parameters()), lr=case.lr, eps=ADAM_EPS))
-    losses, norms, per_step_bytes, passes = [], [], [], []
+    losses, norms, per_step_bytes, passes, dp_calls = [], [], [], [], []
+    stats = runtime_state.get().stats
     for step in range(case.steps):
         before = smp.comm_stats()
+        calls_before = stats.calls("all_reduce.dp")
         depths.clear()
         total = torch.zeros(())
         for micro in range(case.accum):
@@ -166,6 +172,7 @@ def train_sharded(case: Case) -> dict:
         losses.append(total.item() / n)
         norms.append(opt.last_grad_norm)
         per_step_bytes.append(_diff(smp.comm_stats(), before))
+        dp_calls.append(stats.calls("all_reduce.dp") - calls_before)
         passes.append({direction: [ahead for d, ahead in depths if d == direction]
                        for direction in ("forward", "backward")})
     params = model.state_dict()
@@ -180,6 +187,8 @@ def train_sharded(case: Case) -> dict:
         "model_state": model_state,  # after the last step, before zero_grad frees the gradients
         "depths": passes if case.record_depths else None,
         "unit_numel": [u.unsharded_numel for u in model.units],  # the root last
+        "dp_all_reduce_calls": dp_calls,  # per step
+        "replicated_per_unit": [sum(g.numel for g in u.groups if not g.sharded) for u in model.units],
     }
 
 

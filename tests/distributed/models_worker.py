@@ -52,6 +52,10 @@ CASES = {
                                              "sdp_reshard_after_forward": False}),
     "no_reshard_forward_without_backward": Case("gpt", {"sharded_data_parallel_degree": 4,
                                                         "sdp_reshard_after_forward": False}, stray_forward=True),
+    # hpZ with recomputation: the backward regathers each unit from its kept 1/2 slices inside a
+    # host, then reruns its forward on them
+    "hpz_checkpointing": Case("gpt", {"sharded_data_parallel_degree": 4, "activation_checkpointing": True,
+                                      "sdp_reshard_after_forward": 2}),
 }
 
 

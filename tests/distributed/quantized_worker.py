@@ -24,6 +24,9 @@ CASES = {
     "weights": {"sdp_quantized_allgather": True},
     "gradients": {"sdp_quantized_gradients": True},
     "both": {"sdp_quantized_allgather": True, "sdp_quantized_gradients": True},
+    # hpZ over the int8 all-gather: the backward regathers the forward's dequantized values from
+    # 1/2 slices (all 4 ranks are on one host, so each pair of shard ranks is a reshard group)
+    "weights_hpz": {"sdp_quantized_allgather": True, "sdp_reshard_after_forward": 2},
 }
 
 

@@ -23,6 +23,7 @@ EQUIVALENCE_CASES = [
     "clip_active",
     "persist_small_params",
     "persist_everything",
+    "persist_two_buckets",
     "untied",
     "early_sync",
     "early_sync_accum2",
@@ -184,13 +185,24 @@ def _by_kind(step_bytes: dict) -> dict:
     "case,micro_steps",
     [("persist_small_params", 1), ("accum2", 2), ("early_sync", 1), ("early_sync_accum2", 2),
      ("design_count", 1), ("design_count_accum2", 2), ("no_reshard", 1), ("no_reshard_accum2", 2),
-     ("hpz_d4", 1), ("hpz_d4_accum2", 2), ("d4_accum2_short", 2)],
+     ("hpz_d4", 1), ("hpz_d4_accum2", 2), ("d4_accum2_short", 2), ("persist_two_buckets", 1)],
 )
 def test_bytes_per_step_match_the_formula(results, case, micro_steps):
     for result in results[case]:
         sharded = result["sharded"]
         for step, step_bytes in enumerate(sharded["bytes"]):
             assert _by_kind(step_bytes) == _formula(sharded["layout"], micro_steps, first_step=step == 0)
+
+
+@pytest.mark.parametrize("case,buckets", [("persist_small_params", 1), ("early_sync", 1), ("early_sync_accum2", 1),
+                                          ("hpz_d4_accum2", 1), ("persist_two_buckets", 2)])
+def test_replicated_gradients_are_summed_in_one_all_reduce_per_bucket(results, case, buckets):
+    """Every unit has replicated layer norms; their gradients cross the data-parallel group in one
+    all-reduce per step (per bucket of sdp_reduce_bucket_size elements), not one per unit."""
+    for result in results[case]:
+        sharded = result["sharded"]
+        assert sharded["replicated_per_unit"] == [64, 64, 32]  # ln_1 + ln_2 per block; ln_f in the root
+        assert sharded["dp_all_reduce_calls"] == [buckets] * len(sharded["losses"])
 
 
 def test_model_state_memory_is_the_sharded_share(results):

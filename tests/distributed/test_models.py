@@ -24,6 +24,7 @@ CASES = [
     "forward_without_backward",
     "no_reshard_checkpointing",
     "no_reshard_forward_without_backward",
+    "hpz_checkpointing",
 ]
 
 
@@ -58,6 +59,7 @@ def test_activation_checkpointing_recomputes_in_backward(results):
     assert results["small_reduce_buckets"][0]["sharded"]["inner_calls_per_step"] == 1
     assert results["activation_checkpointing"][0]["sharded"]["inner_calls_per_step"] == 2
     assert results["activation_checkpointing_hf_gpt2"][0]["sharded"]["inner_calls_per_step"] == 2
+    assert results["hpz_checkpointing"][0]["sharded"]["inner_calls_per_step"] == 2
 
 
 def test_activation_offloading_changes_no_bit(results):

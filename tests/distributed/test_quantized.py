@@ -48,3 +48,14 @@ def test_quantized_collectives_send_about_a_quarter_of_the_bytes(results):
     assert "all_gather" not in both and "reduce_scatter" not in both
     assert 0.25 < both["all_gather.quantized"] / exact["all_gather"] < 0.27  # 1 byte + 4 per 64-element block
     assert 0.25 < both["reduce_scatter.quantized"] / exact["reduce_scatter"] < 0.27
+
+
+def test_hpz_over_the_quantized_all_gather_changes_no_bit(results):
+    """The True run's backward quantizes the unchanged master again and gets the forward's values;
+    k=2 regathers those same values from the kept slices: the runs agree bit for bit."""
+    for plain, sliced in zip(results["weights"], results["weights_hpz"]):
+        assert plain["losses"] == sliced["losses"]
+        assert all(torch.equal(plain["params"][k], sliced["params"][k]) for k in plain["params"])
+    plain, sliced = results["weights"][0]["comm"], results["weights_hpz"][0]["comm"]
+    assert sliced["all_gather.hpz"] > 0  # the backward's gathers, inside each reshard group
+    assert sliced["all_gather.quantized"] < plain["all_gather.quantized"]  # only the forward's are int8

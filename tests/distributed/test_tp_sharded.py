@@ -28,7 +28,7 @@ def results(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def replicated(tmp_path_factory):
-    return run_cases("tests/distributed/tp_sharded_worker.py", CASES, nprocs=8, timeout=400,
+    return run_cases("tests/distributed/tp_sharded_worker.py", [*CASES, "gpt_hpz_d4"], nprocs=8, timeout=400,
                      out_dir=tmp_path_factory.mktemp("tp_sharded_r2"))
 
 
@@ -75,6 +75,14 @@ def test_tp_sharding_and_replication_match_single_process(replicated, case):
     _assert_matches(replicated[case], f"{case} (8 ranks)")
     for result in replicated[case]:
         assert result["sharded"]["comm"]["all_reduce.replica"] > 0  # r = 2: the replica all-reduce ran
+
+
+def test_hpz_at_t2_matches_single_process(replicated):
+    """t=2, d=4, sdp_reshard_after_forward=2: each TP rank's units keep 1/2 slices after forward and
+    the backward regathers them in groups of 2 of that TP rank's shard ranks."""
+    _assert_matches(replicated["gpt_hpz_d4"], "gpt at t=2 d=4 with sdp_reshard_after_forward=2")
+    for result in replicated["gpt_hpz_d4"]:
+        assert result["sharded"]["comm"]["all_gather.hpz"] > 0
 
 
 def _assert_matches(per_rank: list, case: str) -> None:

@@ -119,6 +119,8 @@ if __name__ == "__main__":
                  **{f"{name}_delayed": (lambda name=name: run(name, SHORT, delayed_parameter_initialization=True))
                     for name in ("gpt", "hf_llama")},
                  "gpt_persistent": lambda: run("gpt", SHORT, sdp_param_persistence_threshold=1000),
+                 # 8 ranks: t=2, d=4, each TP rank's backward regathering from 1/2 slices (hpZ)
+                 "gpt_hpz_d4": lambda: run("gpt", SHORT, sharded_data_parallel_degree=4, sdp_reshard_after_forward=2),
                  "gpt_accum2": lambda: {"sharded": sharded("gpt", accum=2, steps=SHORT),
                                         "reference": reference("gpt", 2, SHORT)},
                  "gpt_bf16": lambda: low_precision_against_t1("bf16"),
