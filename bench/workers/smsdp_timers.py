@@ -15,7 +15,7 @@ Categories:
 - ``reduce-scatter issue``: ``_reduce_grad`` (grad cast/divide, bucket copy, issuing);
 - ``reduce-scatter wait + accumulate``: ``Unit.complete_reduces`` (earlier units' reduce-scatters,
   collected at each post-backward and at the end of backward);
-- ``replica/dp all-reduce issue``: ``Unit._start_group_sync`` (the second hop, started during the
+- ``replica/dp all-reduce issue``: ``Unit._start_group_sync`` and ``ReplicatedGradSync.start`` (the second hop, started during the
   step-ending backward when ``backward_passes_per_step`` is declared, else in ``step()``);
 - ``replica/dp all-reduce wait at step``: the rest of ``synchronize_gradients`` (exposed waiting);
 - ``grad norm + clip``: ``DistributedOptimizer.clip_master_grads``;
@@ -104,6 +104,9 @@ def install() -> Timers:
     wrap(Unit, "_reduce_grad", "reduce-scatter issue")
     wrap(Unit, "complete_reduces", "reduce-scatter wait + accumulate")
     wrap(Unit, "_start_group_sync", "replica/dp all-reduce issue")
+    from smsdp.replicated_grad_sync import ReplicatedGradSync
+
+    wrap(ReplicatedGradSync, "start", "replica/dp all-reduce issue")
     wrap(dm, "synchronize_gradients", "replica/dp all-reduce wait at step")
     wrap(dm, "refresh_compute_copies", "refresh compute copy")
     wrap(do, "clip_master_grads", "grad norm + clip")

@@ -13,7 +13,9 @@ padded elements, ``m`` micro-steps), exactly what ``smp.comm_stats()`` counts:
 - ``2 (n-1)/n Psi_p 4`` for replicated (persistent) trainable parameters over the
   ``n`` data-parallel ranks;
 - at tensor-parallel degree ``t``, the activation all-reduces in ``tp_group``
-  (``smsdp.planner.tensor_parallel``), ``m`` times; ``Psi`` is then one TP rank's pieces.
+  (``smsdp.planner.tensor_parallel``), ``m`` times; ``Psi`` is then one TP rank's pieces;
+- under ``sdp_quantized_allgather`` / ``sdp_quantized_gradients`` the in-group all-gathers /
+  reduce-scatters send int8 blocks instead (``smsdp.planner.quantized``), the all-gather flat.
 
 Which link carries them: a collective whose group lies inside one host runs on
 the intra-host links; one whose group spans hosts is a ring paced by its
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from smsdp.planner.quantized import QuantizedBytes
 from smsdp.topology import Topology, TopologyError
 
 
@@ -120,12 +123,14 @@ def comm_per_step(
     tp_degree: int = 1,
     tp_bytes_per_micro_step: float = 0.0,
     reshard_degree: int | None = None,
+    quantized: QuantizedBytes = QuantizedBytes(),
 ) -> CommBreakdown:
     """The per-step volumes of docs/runtime.md, split by link (see module docstring).
 
     ``kept_elems``: sharded elements gathered once per micro-step rather than twice
     (the root and the forward's last unit stay gathered into the backward).
     ``reshard_degree``: ``k`` of ``sdp_reshard_after_forward=k`` (None: no reshard groups).
+    ``quantized``: per micro-step bytes of the int8 collectives, replacing the exact ones.
     """
     d, m = sdp_degree, micro_steps
     dp = world // tp_degree
@@ -140,6 +145,8 @@ def comm_per_step(
 
     ag_bytes = m * (d - 1) / d * gathered * compute_bytes if d > 1 else 0.0
     hierarchical = hierarchical_allgather and span.shard_hosts > 1 and span.hierarchical_ok
+    if quantized.all_gather is not None:
+        ag_bytes, hierarchical = m * quantized.all_gather, False
     if d <= 1:
         all_gather = LinkBytes()
     elif span.shard_hosts == 1:
@@ -154,6 +161,8 @@ def comm_per_step(
     all_gather = LinkBytes(intra=all_gather.intra + regathered, inter=all_gather.inter)
 
     rs_bytes = m * (d - 1) / d * psi_t * reduce_bytes if d > 1 else 0.0
+    if quantized.reduce_scatter is not None:
+        rs_bytes = m * quantized.reduce_scatter
     reduce_scatter = _on(span.shard_hosts, rs_bytes)
     replica_bytes = 2 * (r - 1) / r * psi_t / d * reduce_bytes if r > 1 else 0.0
     replica = _on(span.replica_hosts, replica_bytes)

@@ -23,7 +23,8 @@ from smsdp.instance_types import LOCAL, lookup
 from smsdp.planner import comm as comm_model
 from smsdp.planner import memory as mem
 from smsdp.planner.hardware import Assumptions, GiB, Hardware
-from smsdp.planner.model import ROOT, ModelSpec
+from smsdp.planner.model import ModelSpec
+from smsdp.planner.quantized import quantized_bytes
 from smsdp.planner.tensor_parallel import tp_bytes_per_micro_step, tp_piece
 
 MAX_BATCH_SEARCH = 1 << 16
@@ -301,7 +302,6 @@ def _evaluate(
     act_detail = _activations(model, p, batch, c, warnings)
     activations = None if act_detail is None else act_detail.total
 
-    # Communication (also tells whether the all-gather is hierarchical)
     sharded = sum(g.padded for g in groups if g.sharded)
     sharded_t = sum(g.padded for g in groups if g.sharded and g.trainable)
     persistent_t = sum(g.numel for g in groups if not g.sharded and g.trainable)
@@ -310,6 +310,7 @@ def _evaluate(
         compute_bytes=c, sdp_degree=d, world=world, processes_per_host=ppn, micro_steps=accum,
         hierarchical_allgather=p.sdp_hierarchical_allgather, kept_elems=mem.kept_for_backward_elems(sizes, p),
         reduce_bytes=2 if p.sdp_reduce_dtype == "bf16" else 4, tp_degree=t, reshard_degree=mem.reshard_degree(p),
+        quantized=quantized_bytes(groups, sizes, p, d),
         tp_bytes_per_micro_step=0.0 if t == 1 or model.shape is None else tp_bytes_per_micro_step(
             batch * model.shape.seq_len, model.shape.d_model, model.shape.n_layer, t, bytes_per_element=c),
     )

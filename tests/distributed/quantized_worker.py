@@ -38,8 +38,9 @@ def run(name: str) -> dict:
     n, rank = smp.dp_size(), smp.dp_rank()
     model = smp.DistributedModel(case.build(seed=7))
     opt = smp.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1))
-    losses = []
+    losses, before = [], {}
     for step in range(STEPS):
+        before = smp.comm_stats()
         # two batches in turn: data a 20-step run can learn, so "still learning" can fail
         x, y = lm_batch(BATCH * n, seq_len=case.seq_len, vocab_size=case.vocab_size, seed=300 + step % 2)
         loss = case.loss(model, x.chunk(n)[rank], y.chunk(n)[rank])
@@ -49,7 +50,8 @@ def run(name: str) -> dict:
         value = loss.detach().clone()
         dist.all_reduce(value)
         losses.append(value.item() / n)
-    return {"losses": losses, "params": model.state_dict(), "comm": smp.comm_stats()}
+    last_step = {key: value - before.get(key, 0) for key, value in smp.comm_stats().items()}
+    return {"losses": losses, "params": model.state_dict(), "comm": smp.comm_stats(), "last_step": last_step}
 
 
 if __name__ == "__main__":

@@ -10,7 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.distributed.quantized_worker import CASES
+from smsdp.planner import ModelSpec, plan
+from tests.distributed.quantized_worker import BATCH, BLOCK, CASES
+from tests.models import TINY_MODELS
 from tests.mpi_harness import requires_mpi, run_cases
 
 pytestmark = [pytest.mark.distributed, requires_mpi]
@@ -59,3 +61,17 @@ def test_hpz_over_the_quantized_all_gather_changes_no_bit(results):
     plain, sliced = results["weights"][0]["comm"], results["weights_hpz"][0]["comm"]
     assert sliced["all_gather.hpz"] > 0  # the backward's gathers, inside each reshard group
     assert sliced["all_gather.quantized"] < plain["all_gather.quantized"]  # only the forward's are int8
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_planner_predicts_the_bytes_of_a_step(results, case):
+    """The planner's in-group all-gather and reduce-scatter bytes per step, quantized or not, equal
+    what the runtime counted in the last step, to the byte."""
+    p = plan(ModelSpec.from_module(TINY_MODELS["gpt"].build(seed=7)), batch_size=BATCH, instance_type="local",
+             instance_count=1, processes_per_host=4, recommend=False,
+             parameters={"sharded_data_parallel_degree": 4, "sdp_param_persistence_threshold": 0,
+                         "sdp_quantization_block": BLOCK, **CASES[case]})
+    counted = results[case][0]["last_step"]
+    gathered = sum(v for k, v in counted.items() if k.startswith("all_gather"))
+    reduced = sum(v for k, v in counted.items() if k.startswith("reduce_scatter"))
+    assert (p.comm.all_gather.total, p.comm.reduce_scatter.total) == (gathered, reduced)

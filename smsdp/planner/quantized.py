@@ -1,0 +1,69 @@
+"""Bytes the int8 block-quantized collectives send (``sdp_quantized_allgather``, ``sdp_quantized_gradients``).
+
+What ``smsdp.quantized_collectives`` puts on the wire, group by group, in ring
+accounting (as ``smp.comm_stats()`` counts it):
+
+- a packed tensor of ``s`` elements is ``4 ceil(s / B)`` bytes of fp32 scales
+  plus ``s`` int8 values padded to a multiple of 4 bytes (``smsdp.quantization``,
+  ``B = sdp_quantization_block``);
+- the all-gather of a flat group gathers the ``d`` packed shards: ``(d-1)``
+  packed shards per gather, flat over the shard group (the hierarchical
+  all-gather is not used with quantization). The forward gathers every sharded
+  group; the backward gathers again those not kept from the forward, except
+  under ``sdp_reshard_after_forward=k``, whose backward regathers the forward's
+  values from ``1/k`` slices in the compute dtype (``smsdp.planner.comm``);
+- the gradient reduce-scatter packs the ``d`` chunks of each bucket
+  (``sdp_reduce_bucket_size / d`` elements per chunk) and all-to-alls them:
+  ``(d-1)`` packed chunks per bucket.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from smsdp.configuration.parameters import reshard_degree
+from smsdp.planner.memory import GroupLayout, UnitSizes, kept_for_backward_elems
+from smsdp.planner.model import ROOT
+
+
+@dataclass(frozen=True)
+class QuantizedBytes:
+    """Bytes per micro-step of the quantized collectives; None where that collective is exact."""
+
+    all_gather: float | None = None
+    reduce_scatter: float | None = None
+
+
+def packed_nbytes(numel: int, block: int) -> int:
+    return 4 * math.ceil(numel / block) + 4 * math.ceil(numel / 4)
+
+
+def quantized_bytes(groups: list[GroupLayout], sizes: UnitSizes, p, sdp_degree: int) -> QuantizedBytes:
+    """Per micro-step, for the parameters ``p`` (an ``SMPParameters``) at shard degree ``sdp_degree``."""
+    d, block = sdp_degree, p.sdp_quantization_block
+    if d <= 1:
+        return QuantizedBytes()
+    sharded = [g for g in groups if g.sharded]
+    gather = None
+    if p.sdp_quantized_allgather:
+        kept = _units_kept_for_backward(sizes, p)
+        gather = float(sum((d - 1) * packed_nbytes(g.shard, block) * (1 if g.unit in kept else 2)
+                           for g in sharded))
+    reduce = None
+    if p.sdp_quantized_gradients:
+        columns = max(1, p.sdp_reduce_bucket_size // d)
+        reduce = 0.0
+        for g in (g for g in sharded if g.trainable):
+            full, rest = divmod(g.shard, columns)
+            reduce += (d - 1) * (full * packed_nbytes(columns, block) + (packed_nbytes(rest, block) if rest else 0))
+    return QuantizedBytes(gather, reduce)
+
+
+def _units_kept_for_backward(sizes: UnitSizes, p) -> set[int]:
+    """Units whose backward sends no quantized gather (see the module docstring)."""
+    if p.sdp_reshard_after_forward is False or reshard_degree(p):
+        return set(sizes.gathered)
+    root = sizes.gathered.get(ROOT, 0)
+    last_kept = sizes.order and kept_for_backward_elems(sizes, p) > root
+    return {ROOT, sizes.order[-1]} if last_kept else {ROOT}
