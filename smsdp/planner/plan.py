@@ -329,7 +329,8 @@ def _evaluate(
             sizes, c, d, hierarchical_hosts=comm.shard_group_hosts if comm.hierarchical else 1),
         framework_overhead=hardware.overhead_bytes(assumptions),
         optimizer_step_temp=mem.optimizer_step_temp_bytes(groups, foreach=hardware.is_gpu),
-        construction=_construction_bytes(model, state, sizes, p.delayed_parameter_initialization, hardware.is_gpu),
+        construction=mem.construction_bytes(model.num_params, state, sizes, p.delayed_parameter_initialization,
+                                          hardware.is_gpu),
         kept_slices=c * mem.kept_slice_elems(sizes, p),
     )
 
@@ -342,20 +343,6 @@ def _evaluate(
         activation_detail=act_detail,
         prefetches_next_unit=memory.unsharded_params > mem.unsharded_in_flight_bytes(sizes, c, max_live=0),
     )
-
-
-def _construction_bytes(model: ModelSpec, state: mem.ModelState, sizes: mem.UnitSizes, delayed: bool,
-                        is_gpu: bool) -> int:
-    """Building the model: eagerly, the whole fp32 model is moved to the device before it is
-    sharded (``4N`` + the shards). With delayed initialization (``smsdp/delayed_init.py``) the
-    construction is replayed on the CPU one unit at a time: the device only ever holds shards,
-    and a CPU rank holds the shards plus one unit in fp32."""
-    if not delayed:
-        return 4 * model.num_params + state.params
-    if is_gpu:
-        return state.params
-    largest = max((sizes.gathered.get(u, 0) + sizes.replicated.get(u, 0) for u in sizes.gathered), default=0)
-    return state.params + 4 * largest
 
 
 def _flops_per_token(model: ModelSpec, checkpointing: bool) -> tuple[float, float]:
