@@ -16,7 +16,7 @@ together for one configuration and searches degrees and batch sizes.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from smsdp.config import ConfigError, ConfigProblem, RuntimeConfig, SMPParameters, resolve_job_config
 from smsdp.instance_types import LOCAL, lookup
@@ -25,6 +25,9 @@ from smsdp.planner import memory as mem
 from smsdp.planner.hardware import Assumptions, GiB, Hardware
 from smsdp.planner.model import ROOT, ModelSpec
 from smsdp.planner.tensor_parallel import tp_bytes_per_micro_step, tp_piece
+
+if TYPE_CHECKING:  # pragma: no cover
+    from smsdp.planner.strategies import StrategyFit
 
 MAX_BATCH_SEARCH = 1 << 16
 MAX_INSTANCES_SEARCH = 4096
@@ -88,6 +91,7 @@ class Plan:
     warnings: tuple[str, ...] = ()
     activation_detail: mem.Activations | None = None
     prefetches_next_unit: bool = True
+    strategies: tuple[StrategyFit, ...] = ()  # each sdp_reshard_after_forward; empty when recommend=False
 
     # ------------------------------------------------------------------ facts
     @property
@@ -146,6 +150,7 @@ class Plan:
                                    ("tensor_parallel_all_reduce", self.comm.tensor_parallel))
             },
             "recommendation": asdict(self.recommendation),
+            "strategies": [s.to_dict() for s in self.strategies],
             "warnings": list(self.warnings),
             "assumptions": asdict(self.assumptions),
         }
@@ -207,7 +212,9 @@ def plan_runtime(
     base = _evaluate(model, runtime, batch_size, grad_accum, optimizer, assumptions)
     if not recommend:
         return base
-    return replace(base, recommendation=_recommend(base))
+    from smsdp.planner.strategies import strategy_fits  # here: that module builds on this one
+
+    return replace(base, recommendation=_recommend(base), strategies=strategy_fits(base))
 
 
 # ------------------------------------------------------------------------------ internals
