@@ -65,6 +65,7 @@ class StrategyFit:
 
 def strategy_fits(base: Plan) -> tuple[StrategyFit, ...]:
     """Every strategy the runtime accepts at the plan's sharded degree, True and False first."""
+
     def evaluate(runtime: RuntimeConfig) -> Plan:
         return _evaluate(base.model, runtime, base.batch_size, base.grad_accum, base.optimizer, base.assumptions)
 

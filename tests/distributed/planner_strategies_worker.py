@@ -115,7 +115,6 @@ def run(name: str) -> dict:
 
 
 def main() -> None:
-    runtime_state.reset_for_tests()
     _warm_up_locally()
     worker_main({name: (lambda name=name: run(name)) for name in STRATEGIES})
 
