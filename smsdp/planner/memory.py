@@ -371,6 +371,19 @@ def optimizer_step_temp_bytes(groups: list[GroupLayout], foreach: bool) -> int:
     return 4 * (sum(trainable) if foreach else max(trainable))
 
 
+def construction_bytes(num_params: int, state: ModelState, sizes: UnitSizes, delayed: bool, is_gpu: bool) -> int:
+    """Building the model: eagerly, the whole fp32 model is moved to the device before it is
+    sharded (``4N`` + the shards). With delayed initialization (``smsdp/delayed_init.py``) the
+    construction is replayed on the CPU one unit at a time: the device only ever holds shards,
+    and a CPU rank holds the shards plus one unit in fp32."""
+    if not delayed:
+        return 4 * num_params + state.params
+    if is_gpu:
+        return state.params
+    largest = max((sizes.gathered.get(u, 0) + sizes.replicated.get(u, 0) for u in sizes.gathered), default=0)
+    return state.params + 4 * largest
+
+
 # ------------------------------------------------------------------------------ result
 
 
@@ -384,7 +397,7 @@ class MemoryBreakdown:
     - optimizer step: model state + step temporaries;
     - construction: without delayed parameter initialization the whole model
       is built in fp32 on every rank before it is sharded (``4N``); with it,
-      one unit at a time on the CPU (see ``plan._construction_bytes``).
+      one unit at a time on the CPU (see :func:`construction_bytes`).
     """
 
     parameters: int

@@ -16,7 +16,7 @@ together for one configuration and searches degrees and batch sizes.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from smsdp.config import ConfigError, ConfigProblem, RuntimeConfig, SMPParameters, resolve_job_config
 from smsdp.instance_types import LOCAL, lookup
@@ -26,6 +26,9 @@ from smsdp.planner.hardware import Assumptions, GiB, Hardware
 from smsdp.planner.model import ModelSpec
 from smsdp.planner.quantized import quantized_bytes
 from smsdp.planner.tensor_parallel import tp_bytes_per_micro_step, tp_piece
+
+if TYPE_CHECKING:  # pragma: no cover
+    from smsdp.planner.strategies import StrategyFit
 
 MAX_BATCH_SEARCH = 1 << 16
 MAX_INSTANCES_SEARCH = 4096
@@ -89,6 +92,7 @@ class Plan:
     warnings: tuple[str, ...] = ()
     activation_detail: mem.Activations | None = None
     prefetches_next_unit: bool = True
+    strategies: tuple[StrategyFit, ...] = ()  # each sdp_reshard_after_forward; empty when recommend=False
 
     # ------------------------------------------------------------------ facts
     @property
@@ -147,6 +151,7 @@ class Plan:
                                    ("tensor_parallel_all_reduce", self.comm.tensor_parallel))
             },
             "recommendation": asdict(self.recommendation),
+            "strategies": [s.to_dict() for s in self.strategies],
             "warnings": list(self.warnings),
             "assumptions": asdict(self.assumptions),
         }
@@ -208,7 +213,9 @@ def plan_runtime(
     base = _evaluate(model, runtime, batch_size, grad_accum, optimizer, assumptions)
     if not recommend:
         return base
-    return replace(base, recommendation=_recommend(base))
+    from smsdp.planner.strategies import strategy_fits  # here: that module builds on this one
+
+    return replace(base, recommendation=_recommend(base), strategies=strategy_fits(base))
 
 
 # ------------------------------------------------------------------------------ internals
@@ -330,7 +337,8 @@ def _evaluate(
             sizes, c, d, hierarchical_hosts=comm.shard_group_hosts if comm.hierarchical else 1),
         framework_overhead=hardware.overhead_bytes(assumptions),
         optimizer_step_temp=mem.optimizer_step_temp_bytes(groups, foreach=hardware.is_gpu),
-        construction=_construction_bytes(model, state, sizes, p.delayed_parameter_initialization, hardware.is_gpu),
+        construction=mem.construction_bytes(model.num_params, state, sizes, p.delayed_parameter_initialization,
+                                          hardware.is_gpu),
         kept_slices=c * mem.kept_slice_elems(sizes, p),
     )
 
@@ -343,20 +351,6 @@ def _evaluate(
         activation_detail=act_detail,
         prefetches_next_unit=memory.unsharded_params > mem.unsharded_in_flight_bytes(sizes, c, max_live=0),
     )
-
-
-def _construction_bytes(model: ModelSpec, state: mem.ModelState, sizes: mem.UnitSizes, delayed: bool,
-                        is_gpu: bool) -> int:
-    """Building the model: eagerly, the whole fp32 model is moved to the device before it is
-    sharded (``4N`` + the shards). With delayed initialization (``smsdp/delayed_init.py``) the
-    construction is replayed on the CPU one unit at a time: the device only ever holds shards,
-    and a CPU rank holds the shards plus one unit in fp32."""
-    if not delayed:
-        return 4 * model.num_params + state.params
-    if is_gpu:
-        return state.params
-    largest = max((sizes.gathered.get(u, 0) + sizes.replicated.get(u, 0) for u in sizes.gathered), default=0)
-    return state.params + 4 * largest
 
 
 def _flops_per_token(model: ModelSpec, checkpointing: bool) -> tuple[float, float]:

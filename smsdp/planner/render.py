@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
+from smsdp.configuration.parameters import reshard_degree
 from smsdp.planner.hardware import GiB
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -126,6 +127,28 @@ def _memory_lines(plan: "Plan") -> list[str]:
     return lines
 
 
+def _strategy_lines(plan: "Plan") -> list[str]:
+    """One row per ``sdp_reshard_after_forward`` the runtime accepts here (``smsdp/planner/strategies.py``)."""
+    if not plan.strategies:
+        return []
+    # the memory table's unit, so the two tables read together
+    unit_name, scale, digits = ("MiB", 2**20, 1) if plan.memory.peak < 4 * GiB else ("GiB", GiB, 2)
+    p = plan.runtime.parameters
+    current = p.sdp_reshard_after_forward
+    if not isinstance(current, bool) and reshard_degree(p) is None:
+        current = True  # k = the sharded degree: the runtime reshards fully
+    rows = []
+    for s in plan.strategies:
+        kind = s.kind.value.replace("1/k", f"1/{s.setting}")
+        mine = " (this plan)" if s.label == str(current) else ""
+        rows.append([f"{s.label}: {kind}{mine}", f"{s.peak_bytes / scale:.{digits}f}", "yes" if s.fits else "no",
+                     "none" if s.smallest_degree is None else str(s.smallest_degree)])
+    header = ["", f"peak {unit_name}", "fits", "smallest sharded degree that fits"]
+    title = (f"resharding strategies (sdp_reshard_after_forward) at sharded degree {plan.sharded_degree}, "
+             f"batch {plan.batch_size}")
+    return [title, table(rows, header), ""]
+
+
 def _comm_lines(plan: "Plan") -> list[str]:
     word = plan.device_word
     lines: list[str] = []
@@ -179,7 +202,8 @@ def _time_lines(plan: "Plan") -> list[str]:
 
 
 def render_plan(plan: "Plan") -> str:
-    lines = _header_lines(plan) + _memory_lines(plan) + _comm_lines(plan) + _time_lines(plan)
+    lines = (_header_lines(plan) + _memory_lines(plan) + _strategy_lines(plan) + _comm_lines(plan)
+             + _time_lines(plan))
     lines.append("recommendation")
     lines.append("  " + plan.recommendation.summary())
     if plan.warnings:

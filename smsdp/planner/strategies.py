@@ -1,0 +1,100 @@
+"""Which resharding strategy fits: ``sdp_reshard_after_forward`` True, False and each valid ``k``.
+
+For a plan's configuration, each strategy's peak per rank at the plan's sharded degree,
+whether it fits the plan's budget, and the smallest sharded degree at which it fits (at the
+plan's batch size)::
+
+    >>> for s in plan(...).strategies:
+    ...     s.label, s.peak_bytes, s.fits, s.smallest_degree
+
+A ``k`` is offered where the runtime would accept it: a divisor of the sharded degree from
+2 up, below it, whose reshard groups each lie on one host. ``k`` equal to a degree is True
+there, so a ``k``'s smallest degree is searched only among degrees above ``k``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from smsdp.config import ConfigError, RuntimeConfig
+from smsdp.configuration.parameters import reshard_degree
+from smsdp.planner.plan import Plan, _degrees, _evaluate
+
+
+class Resharding(enum.Enum):
+    """What a unit keeps from its forward to its backward."""
+
+    NOTHING = "reshard after forward"  # True: gathered again for the backward
+    WHOLE_UNIT = "keep gathered"  # False (ZeRO-2 style)
+    SLICE = "keep 1/k slices"  # int k (hpZ): regathered inside a host
+
+    @classmethod
+    def of(cls, setting: bool | int) -> "Resharding":
+        if setting is True:
+            return cls.NOTHING
+        if setting is False:
+            return cls.WHOLE_UNIT
+        return cls.SLICE
+
+
+@dataclass(frozen=True)
+class StrategyFit:
+    """One ``sdp_reshard_after_forward`` setting, planned for the plan's cluster, model and batch."""
+
+    setting: bool | int
+    peak_bytes: int
+    peak_phase: str
+    fits: bool
+    smallest_degree: int | None  # the smallest sharded degree at which it fits; None: none does
+
+    @property
+    def kind(self) -> Resharding:
+        return Resharding.of(self.setting)
+
+    @property
+    def label(self) -> str:
+        """How the setting is written: ``True``, ``False`` or ``k``."""
+        return str(self.setting)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"sdp_reshard_after_forward": self.setting, "kind": self.kind.value, "peak": self.peak_bytes,
+                "peak_phase": self.peak_phase, "fits": self.fits, "smallest_sharded_degree": self.smallest_degree}
+
+
+def strategy_fits(base: Plan) -> tuple[StrategyFit, ...]:
+    """Every strategy the runtime accepts at the plan's sharded degree, True and False first."""
+
+    def evaluate(runtime: RuntimeConfig) -> Plan:
+        return _evaluate(base.model, runtime, base.batch_size, base.grad_accum, base.optimizer, base.assumptions)
+
+    result = []
+    for setting, runtime in strategy_runtimes(base.runtime):
+        here = evaluate(runtime)
+        elsewhere = (_runtime_with(base.runtime, setting, degree) for degree in _degrees(base.runtime))
+        smallest = next((c.parameters.sharded_data_parallel_degree for c in elsewhere
+                         if c is not None and evaluate(c).fits), None)
+        result.append(StrategyFit(setting, here.memory.peak, here.memory.peak_phase, here.fits, smallest))
+    return tuple(result)
+
+
+def strategy_runtimes(runtime: RuntimeConfig) -> list[tuple[bool | int, RuntimeConfig]]:
+    """True, False, then each ``k`` the runtime accepts at ``runtime``'s sharded degree, with the
+    configuration each makes."""
+    d = runtime.parameters.sharded_data_parallel_degree
+    candidates = ((setting, _runtime_with(runtime, setting, d)) for setting in (True, False, *range(2, d)))
+    return [(setting, built) for setting, built in candidates if built is not None]
+
+
+def _runtime_with(runtime: RuntimeConfig, setting: bool | int, degree: int) -> RuntimeConfig | None:
+    """``runtime`` at ``degree`` with ``setting``, validated as an Estimator would; None where the
+    runtime refuses it, or where an int ``k`` would make no reshard groups (``k`` = the degree is True)."""
+    params = runtime.parameters.model_copy(
+        update={"sharded_data_parallel_degree": degree, "sdp_reshard_after_forward": setting})
+    if not isinstance(setting, bool) and reshard_degree(params) is None:
+        return None  # k = degree: the runtime reads it as True, which is listed already
+    try:
+        return RuntimeConfig(**{**dict(runtime), "parameters": params})
+    except ConfigError:
+        return None
