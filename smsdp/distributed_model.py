@@ -63,11 +63,10 @@ from smsdp.flat_param_group import FlatParamGroup
 from smsdp.model_state import compute_copy_bytes, full_state_dict, load_full_state_dict, model_state_bytes
 from smsdp.model_surface import PARTIAL_KEY, SMPModelMethods
 from smsdp.prefetch import PrefetchDepths, Prefetcher
-from smsdp.quantization import BlockQuantizer
-from smsdp.quantized_collectives import QuantizedAllGather, QuantizedReduceScatter
 from smsdp.replicated_grad_sync import ReplicatedGradSync
 from smsdp.tensor_parallel.runtime import convert_for_job, cut_tp_pieces, merge_tp_pieces, split_names
-from smsdp.unit import Unit, UnitComm
+from smsdp.unit import Unit
+from smsdp.unit_comm import bind_unit_comm
 from smsdp.units import GroupPolicy, build_units, find_unit_modules
 
 logger = logging.getLogger("smsdp")
@@ -125,8 +124,9 @@ class DistributedModel(SMPModelMethods, nn.Module):
         self._gather_fp32 = rt.gather_shards_fp32
         self._units = self._wrap(module, rt, transformer_layer_cls, broadcast_init)
         self._root = self._units[-1]
-        self._replicated_sync = ReplicatedGradSync(list(self.flat_groups()), rt.all_reduce_dp, rt.dp_size,
-                                                   self._units[0].comm.reduce_dtype, params.sdp_reduce_bucket_size)
+        backward_order = [g for u in reversed(self._units[:-1]) for g in u.groups] + self._root.groups
+        self._replicated_sync = ReplicatedGradSync(backward_order, rt.all_reduce_dp, rt.dp_size,
+                                                   self._root.comm.reduce_dtype, params.sdp_reduce_bucket_size)
         self._unit_of_module = {id(u.module): u for u in self._units if not u.is_root}
         self._keep_for_backward = keep_gathered_for_backward  # [Note: kept for backward]
         self._reshard_after_forward = params.sdp_reshard_after_forward is not False
@@ -174,7 +174,7 @@ class DistributedModel(SMPModelMethods, nn.Module):
         if rt.params.activation_checkpointing:
             for unit in units[:-1]:
                 set_activation_checkpointing(unit.module)
-        comm = _unit_comm(rt)
+        comm = bind_unit_comm(rt)
         for unit in units:
             unit.comm = comm
         return units
@@ -389,6 +389,8 @@ class DistributedModel(SMPModelMethods, nn.Module):
             for other in self._units:
                 other.complete_reduces(keep=group, sync=sync)
             unit.post_backward(group)
+            if sync and not group.sharded:
+                self._replicated_sync.group_ready(group)
 
         return post_backward
 
@@ -448,29 +450,6 @@ class DistributedModel(SMPModelMethods, nn.Module):
     def compute_copy_bytes(self) -> dict[str, int]:
         """Bytes of gathered parameters and kept 1/k slices this rank holds right now."""
         return compute_copy_bytes(self.flat_groups())
-
-
-def _unit_comm(rt) -> UnitComm:
-    """The collectives every unit of this model uses, bound to this rank's groups now."""
-    quantizer = BlockQuantizer(rt.params.sdp_quantization_block)
-    gather, reduce_scatter = rt.all_gather, rt.reduce_scatter_shards
-    if rt.params.sdp_quantized_allgather:
-        gather = QuantizedAllGather(rt.groups.shard_group, rt.stats, quantizer, exact=rt.all_gather)
-    if rt.params.sdp_quantized_gradients:
-        reduce_scatter = QuantizedReduceScatter(rt.groups.shard_group, rt.stats, quantizer)
-    reshard_group = rt.groups.reshard_group
-    return UnitComm(
-        gather=gather,
-        reduce_scatter=reduce_scatter,
-        all_reduce_replicas=rt.all_reduce_replicas,
-        replica_degree=rt.topology.replication_degree,
-        bucket_numel=max(1, rt.params.sdp_reduce_bucket_size),
-        reduce_dtype=torch.bfloat16 if rt.params.sdp_reduce_dtype == "bf16" else torch.float32,
-        mean_scale=1.0 / rt.dp_size,
-        regather=rt.all_gather_reshard_group if reshard_group is not None else None,
-        slice_degree=reshard_group.size if reshard_group is not None else 1,
-        slice_position=reshard_group.rank_of(rt.coords.rank) if reshard_group is not None else 0,
-    )
 
 
 def _broadcast_from_rank0(module: nn.Module, rt) -> None:

@@ -10,10 +10,15 @@ copied into flat buffers of at most ``sdp_reduce_bucket_size`` elements (a
 group is never split), one all-reduce each, and copied back when it is done.
 The copies are cheap because only small parameters are replicated.
 
-The sum is started once every replicated gradient of the step is final: at
-the end of the backward that ends the accumulation when the script declared
-``backward_passes_per_step`` (overlapping the replica all-reduces still in
-flight and whatever the script does before ``step()``), else in ``step()``.
+A bucket's sum starts as soon as every gradient in it is final, as DDP's
+buckets do: in the backward that ends the accumulation, when the script
+declared ``backward_passes_per_step``, each replicated group reports when its
+gradient is complete (``group_ready``), and the bucket goes when its last group
+does, overlapping the rest of that backward; what has not gone by the end of
+that backward (a group that took no gradient) goes then. Undeclared, every
+bucket goes in ``step()``. With the default ``sdp_reduce_bucket_size`` (5e8
+elements) every replicated gradient of a model fits one bucket, which then goes
+when the root's (complete last) is.
 """
 
 from __future__ import annotations
@@ -29,10 +34,11 @@ AllReduce = Callable[[torch.Tensor, bool], Any]  # (tensor, async_op) -> handle
 
 
 @dataclass
-class _InFlight:
-    handle: Any
-    flat: torch.Tensor
+class _Bucket:
     groups: list[FlatParamGroup]
+    waiting: int = 0  # groups not yet reported complete in this backward
+    handle: Any = None  # the all-reduce in flight, None before it starts
+    flat: torch.Tensor | None = None
 
 
 class ReplicatedGradSync:
@@ -40,41 +46,46 @@ class ReplicatedGradSync:
 
     def __init__(self, groups: list[FlatParamGroup], all_reduce_dp: AllReduce, dp_size: int,
                  reduce_dtype: torch.dtype, bucket_numel: int):
+        """``groups`` in the order their gradients complete (backward's), so the first bucket fills first."""
         replicated = [g for g in groups if not g.sharded and g.trainable] if dp_size > 1 else []
-        # Backward finishes the last units first; their gradients lead the first bucket.
-        self.buckets = _buckets(list(reversed(replicated)), bucket_numel)
+        self.buckets = [_Bucket(b, len(b)) for b in _pack(replicated, bucket_numel)]
+        self._bucket_of = {id(g): bucket for bucket in self.buckets for g in bucket.groups}
         self._all_reduce = all_reduce_dp
         self._reduce_dtype = reduce_dtype
-        self._in_flight: list[_InFlight] | None = None
 
-    @property
-    def started(self) -> bool:
-        return self._in_flight is not None
+    def group_ready(self, group: FlatParamGroup) -> None:
+        """``group``'s gradient is final for this step: start its bucket if it was the last one out."""
+        bucket = self._bucket_of.get(id(group))
+        if bucket is not None and bucket.handle is None:
+            bucket.waiting -= 1
+            if bucket.waiting == 0:
+                self._start(bucket)
 
     def start(self) -> None:
-        """Start the sums (once per step: a second call before ``wait`` does nothing)."""
-        if self._in_flight is not None:
-            return
-        self._in_flight = []
+        """Start every bucket not started yet (a second call before ``wait`` does nothing)."""
         for bucket in self.buckets:
-            flat = torch.cat([g.grad_for_sync() for g in bucket])
-            if flat.dtype != self._reduce_dtype:
-                flat = flat.to(self._reduce_dtype)
-            self._in_flight.append(_InFlight(self._all_reduce(flat, True), flat, bucket))
+            if bucket.handle is None:
+                self._start(bucket)
+
+    def _start(self, bucket: _Bucket) -> None:
+        flat = torch.cat([g.grad_for_sync() for g in bucket.groups])
+        bucket.flat = flat if flat.dtype == self._reduce_dtype else flat.to(self._reduce_dtype)
+        bucket.handle = self._all_reduce(bucket.flat, True)
 
     def wait(self) -> None:
-        """Wait for the sums and put each group's part back into its fp32 gradient."""
-        for pending in self._in_flight or ():
-            pending.handle.wait()
-            offset = 0
-            for group in pending.groups:
-                grad = group.grad_for_sync()
-                grad.copy_(pending.flat[offset : offset + grad.numel()])
-                offset += grad.numel()
-        self._in_flight = None
+        """Wait for the sums, put each group's part back into its fp32 gradient, and rearm."""
+        for bucket in self.buckets:
+            if bucket.handle is not None:
+                bucket.handle.wait()
+                offset = 0
+                for group in bucket.groups:
+                    grad = group.grad_for_sync()
+                    grad.copy_(bucket.flat[offset : offset + grad.numel()])
+                    offset += grad.numel()
+            bucket.handle, bucket.flat, bucket.waiting = None, None, len(bucket.groups)
 
 
-def _buckets(groups: list[FlatParamGroup], bucket_numel: int) -> list[list[FlatParamGroup]]:
+def _pack(groups: list[FlatParamGroup], bucket_numel: int) -> list[list[FlatParamGroup]]:
     """Consecutive groups packed into buckets of at most ``bucket_numel`` elements (a larger group alone)."""
     buckets: list[list[FlatParamGroup]] = []
     size = 0

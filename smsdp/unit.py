@@ -19,46 +19,26 @@ a micro-step, in the order the hooks of ``DistributedModel`` call it:
   replica all-reduce of the gradient shards. Replicated gradients are summed
   over the data-parallel group for all units at once (``smsdp.replicated_grad_sync``).
 
-``UnitComm`` is what a unit sends with, bound to this rank's groups once, when
-the model is built: no hook looks anything up in a global.
+``UnitComm`` (``smsdp.unit_comm``) is what a unit sends with, bound to this
+rank's groups once, when the model is built: no hook looks anything up in a global.
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
 
-from smsdp.flat_param_group import FlatParamGroup, GatherFn, ParamState
+from smsdp.flat_param_group import FlatParamGroup, ParamState
+from smsdp.unit_comm import UnitComm
 
 
 class BackwardState(enum.Enum):
     IDLE = "idle"  # no backward has reached this unit yet
     GATHERED = "gathered"  # pre-backward ran: parameters gathered for this backward
-
-
-@dataclass(frozen=True)
-class UnitComm:
-    """The collectives and constants of a unit's micro-step, captured at construction."""
-
-    gather: GatherFn  # parameter all-gather in the shard group (output, input, async_op)
-    reduce_scatter: Callable[[torch.Tensor, torch.Tensor, bool], Any]  # (shard out, full in, async_op)
-    all_reduce_replicas: Callable[[torch.Tensor, bool], Any]
-    replica_degree: int
-    bucket_numel: int
-    reduce_dtype: torch.dtype  # what the gradient collectives send; shards accumulate in fp32
-    # Gradients are a mean over the data-parallel ranks, as one process on the global batch
-    # would see; applied to the 1/d-sized shard as it is accumulated, not to the whole flat
-    # gradient before the reduce-scatter.
-    mean_scale: float
-    # sdp_reshard_after_forward=k (hpZ): the all-gather inside this rank's reshard group,
-    # k and this rank's position in it; None without reshard groups.
-    regather: GatherFn | None = None
-    slice_degree: int = 1
-    slice_position: int = 0
 
 
 @dataclass

@@ -57,6 +57,7 @@ class Case:
     prefetch_units: int | None = None  # DistributedModel(prefetch_units=...): both directions
     record_depths: bool = False  # log the units gathered ahead at each gather (_record_depths)
     bucket: int = int(5e8)  # sdp_reduce_bucket_size
+    record_bucket_starts: bool = False  # log which units had finished their backward at each start
 
 
 CASES = {
@@ -68,8 +69,11 @@ CASES = {
     "clip_active": Case(sdp=2, clip=0.05),
     "persist_small_params": Case(sdp=2, threshold=100),
     "persist_everything": Case(sdp=2, threshold=10**9),
-    # replicated gradients in buckets of 100 elements: [root's 32, last block's 64], [first block's 64]
+    # replicated gradients in buckets of 100 elements, in backward order: [last block's 64],
+    # [first block's 64, the root's 32]; summed in step(), or (declared) as each bucket fills
     "persist_two_buckets": Case(sdp=2, threshold=100, bucket=100),
+    "early_sync_two_buckets": Case(sdp=2, accum=2, threshold=100, bucket=100, declare_accumulation=True,
+                                   record_bucket_starts=True),
     "untied": Case(sdp=4, tie=False),
     "early_sync": Case(sdp=2, threshold=100, declare_accumulation=True),
     "early_sync_accum2": Case(sdp=2, accum=2, threshold=100, declare_accumulation=True),
@@ -152,6 +156,7 @@ def train_sharded(case: Case) -> dict:
     model = smp.DistributedModel(build_model(case), backward_passes_per_step=bpps,
                                  keep_gathered_for_backward=case.keep_gathered, prefetch_units=case.prefetch_units)
     depths = _record_depths(model) if case.record_depths else []
+    finished, bucket_starts = _record_bucket_starts(model) if case.record_bucket_starts else ([], [])
     opt = smp.DistributedOptimizer(torch.optim.AdamW(param_groups(model.named_parameters()), lr=case.lr, eps=ADAM_EPS))
     losses, norms, per_step_bytes, passes, dp_calls = [], [], [], [], []
     stats = runtime_state.get().stats
@@ -160,7 +165,9 @@ def train_sharded(case: Case) -> dict:
         calls_before = stats.calls("all_reduce.dp")
         depths.clear()
         total = torch.zeros(())
+        bucket_starts.clear()
         for micro in range(case.accum):
+            finished.clear()
             x, y = global_batch(step, micro, n)
             loss = model(x.chunk(n)[rank], y.chunk(n)[rank]).loss / case.accum
             model.backward(loss)
@@ -188,6 +195,7 @@ def train_sharded(case: Case) -> dict:
         "depths": passes if case.record_depths else None,
         "unit_numel": [u.unsharded_numel for u in model.units],  # the root last
         "dp_all_reduce_calls": dp_calls,  # per step
+        "bucket_starts": list(bucket_starts),  # the last step's
         "replicated_per_unit": [sum(g.numel for g in u.groups if not g.sharded) for u in model.units],
     }
 
@@ -214,6 +222,26 @@ def _record_depths(model) -> list[tuple[str, int]]:
 
     model._prefetch_after = probe
     return log
+
+
+def _record_bucket_starts(model) -> tuple[list[str], list[list[str]]]:
+    """At each start of a replicated-gradient bucket's all-reduce, log the units that had completed
+    a group's backward so far (the caller clears that list before each micro-step)."""
+    finished, starts = [], []
+    for unit in model.units:
+        def post_backward(group, unit=unit, original=unit.post_backward):
+            original(group)
+            finished.append(unit.name)
+        unit.post_backward = post_backward
+    sync = model._replicated_sync
+    start = sync._start
+
+    def probe(bucket) -> None:
+        starts.append(sorted(set(finished)))
+        start(bucket)
+
+    sync._start = probe
+    return finished, starts
 
 
 def _stray_forwards(model, case: Case, n: int, rank: int) -> dict | None:

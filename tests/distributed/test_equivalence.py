@@ -24,6 +24,7 @@ EQUIVALENCE_CASES = [
     "persist_small_params",
     "persist_everything",
     "persist_two_buckets",
+    "early_sync_two_buckets",
     "untied",
     "early_sync",
     "early_sync_accum2",
@@ -185,7 +186,8 @@ def _by_kind(step_bytes: dict) -> dict:
     "case,micro_steps",
     [("persist_small_params", 1), ("accum2", 2), ("early_sync", 1), ("early_sync_accum2", 2),
      ("design_count", 1), ("design_count_accum2", 2), ("no_reshard", 1), ("no_reshard_accum2", 2),
-     ("hpz_d4", 1), ("hpz_d4_accum2", 2), ("d4_accum2_short", 2), ("persist_two_buckets", 1)],
+     ("hpz_d4", 1), ("hpz_d4_accum2", 2), ("d4_accum2_short", 2), ("persist_two_buckets", 1),
+     ("early_sync_two_buckets", 2)],
 )
 def test_bytes_per_step_match_the_formula(results, case, micro_steps):
     for result in results[case]:
@@ -195,7 +197,8 @@ def test_bytes_per_step_match_the_formula(results, case, micro_steps):
 
 
 @pytest.mark.parametrize("case,buckets", [("persist_small_params", 1), ("early_sync", 1), ("early_sync_accum2", 1),
-                                          ("hpz_d4_accum2", 1), ("persist_two_buckets", 2)])
+                                          ("hpz_d4_accum2", 1), ("persist_two_buckets", 2),
+                                          ("early_sync_two_buckets", 2)])
 def test_replicated_gradients_are_summed_in_one_all_reduce_per_bucket(results, case, buckets):
     """Every unit has replicated layer norms; their gradients cross the data-parallel group in one
     all-reduce per step (per bucket of sdp_reduce_bucket_size elements), not one per unit."""
@@ -203,6 +206,17 @@ def test_replicated_gradients_are_summed_in_one_all_reduce_per_bucket(results, c
         sharded = result["sharded"]
         assert sharded["replicated_per_unit"] == [64, 64, 32]  # ln_1 + ln_2 per block; ln_f in the root
         assert sharded["dp_all_reduce_calls"] == [buckets] * len(sharded["losses"])
+
+
+def test_a_declared_step_sums_each_bucket_of_replicated_gradients_as_soon_as_it_fills(results):
+    """backward_passes_per_step declared: in the step-ending backward the last block's bucket goes
+    when that block's backward is done, before the first block and the root run theirs; the
+    second bucket goes when the root, the last to finish, is done."""
+    for result in results["early_sync_two_buckets"]:
+        first, second = result["sharded"]["bucket_starts"]
+        assert "<root>" not in first and any(name.endswith(".1") for name in first), first
+        assert not any(name.endswith(".0") for name in first), first
+        assert "<root>" in second, second
 
 
 def test_model_state_memory_is_the_sharded_share(results):
