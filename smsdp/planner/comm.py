@@ -143,21 +143,10 @@ def comm_per_step(
         k = reshard_degree
         gathered, regathered = psi, m * (k - 1) / k * (psi - kept_elems) * compute_bytes
 
-    ag_bytes = m * (d - 1) / d * gathered * compute_bytes if d > 1 else 0.0
-    hierarchical = hierarchical_allgather and span.shard_hosts > 1 and span.hierarchical_ok
-    if quantized.all_gather is not None:
-        ag_bytes, hierarchical = m * quantized.all_gather, False
-    if d <= 1:
-        all_gather = LinkBytes()
-    elif span.shard_hosts == 1:
-        all_gather = LinkBytes(intra=ag_bytes)
-    elif hierarchical:
-        h, per_host = span.shard_hosts, span.shard_per_host
-        stage1 = m * (h - 1) / d * gathered * compute_bytes
-        stage2 = m * (per_host - 1) * h / d * gathered * compute_bytes
-        all_gather = LinkBytes(intra=stage2, inter=stage1)
-    else:
-        all_gather = LinkBytes(inter=ag_bytes)
+    hierarchical = (hierarchical_allgather and span.shard_hosts > 1 and span.hierarchical_ok
+                    and quantized.all_gather is None)  # the int8 gather is flat
+    int8_sent = None if quantized.all_gather is None else m * quantized.all_gather
+    all_gather = _all_gather_links(span, d, m * gathered * compute_bytes, hierarchical, int8_sent)
     all_gather = LinkBytes(intra=all_gather.intra + regathered, inter=all_gather.inter)
 
     rs_bytes = m * (d - 1) / d * psi_t * reduce_bytes if d > 1 else 0.0
@@ -172,6 +161,20 @@ def comm_per_step(
     tensor_parallel = LinkBytes(intra=m * tp_bytes_per_micro_step)  # a TP group never leaves its host
     return CommBreakdown(all_gather, reduce_scatter, replica, persistent, span.shard_hosts, hierarchical,
                          tensor_parallel, reshard_degree if regathered else None)
+
+
+def _all_gather_links(span: GroupSpan, d: int, gathered_bytes: float, hierarchical: bool,
+                      int8_sent: float | None) -> LinkBytes:
+    """The shard group's all-gathers of ``gathered_bytes`` per step (their outputs), by link;
+    ``int8_sent``: what the int8 all-gather sends instead, when it is on."""
+    if d <= 1:
+        return LinkBytes()
+    if int8_sent is not None:
+        return _on(span.shard_hosts, int8_sent)
+    if hierarchical:
+        h, per_host = span.shard_hosts, span.shard_per_host
+        return LinkBytes(intra=(per_host - 1) * h / d * gathered_bytes, inter=(h - 1) / d * gathered_bytes)
+    return _on(span.shard_hosts, (d - 1) / d * gathered_bytes)
 
 
 def _on(hosts: int, nbytes: float) -> LinkBytes:
