@@ -198,10 +198,6 @@ class Unit:
         sent = grad if comm.reduce_dtype == grad.dtype else grad.to(comm.reduce_dtype)
         self._sync[id(group)] = (comm.all_reduce_replicas(sent, True), sent, grad)
 
-    @property
-    def sync_started(self) -> bool:
-        return bool(self._sync)
-
     def wait_sync(self) -> None:
         """Wait for the second hop (never free a buffer a collective still writes)."""
         for pending in self._sync.values():
