@@ -14,8 +14,9 @@ A bucket's sum starts as soon as every gradient in it is final, as DDP's
 buckets do: in the backward that ends the accumulation, when the script
 declared ``backward_passes_per_step``, each replicated group reports when its
 gradient is complete (``group_ready``), and the bucket goes when its last group
-does, overlapping the rest of that backward; what has not gone by the end of
-that backward (a group that took no gradient) goes then. Undeclared, every
+does and every bucket before it has gone, overlapping the rest of that
+backward; what has not gone by the end of that backward (a group that took no
+gradient) goes then, in bucket order. Undeclared, every
 bucket goes in ``step()``. With the default ``sdp_reduce_bucket_size`` (5e8
 elements) every replicated gradient of a model fits one bucket, which then goes
 when the root's (complete last) is.
@@ -54,11 +55,17 @@ class ReplicatedGradSync:
         self._reduce_dtype = reduce_dtype
 
     def group_ready(self, group: FlatParamGroup) -> None:
-        """``group``'s gradient is final for this step: start its bucket if it was the last one out."""
+        """``group``'s gradient is final for this step: start the buckets that are full, in order."""
         bucket = self._bucket_of.get(id(group))
-        if bucket is not None and bucket.handle is None:
-            bucket.waiting -= 1
-            if bucket.waiting == 0:
+        if bucket is None or bucket.handle is not None:
+            return
+        bucket.waiting -= 1
+        # In bucket order only, as DDP does: a rank where some group took no gradient (its bucket
+        # never fills) must still issue the same all-reduces in the same order as the others.
+        for bucket in self.buckets:
+            if bucket.handle is None:
+                if bucket.waiting > 0:
+                    return
                 self._start(bucket)
 
     def start(self) -> None:

@@ -250,6 +250,69 @@ def delayed_initialization(model: str, sdp: int) -> dict:
     return {"eager": eager, "delayed": distributed.state_dict(), "built_on_meta": on_meta, "loss": loss.item()}
 
 
+class _GatedBlock(torch.nn.Module):
+    """A unit: a sharded matrix and a replicated gate that a rank may leave out of its graph."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(16, 16, bias=False)  # 256 elements: sharded at threshold 100
+        self.gate = torch.nn.Parameter(torch.ones(16))  # 16: replicated, its flat group alone
+        self.use_gate = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.tanh(self.linear(x))
+        return y * self.gate if self.use_gate else y
+
+
+class _GatedNet(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(3)
+        self.blocks = torch.nn.ModuleList([_GatedBlock(), _GatedBlock()])
+        self.head = torch.nn.Linear(16, 1, bias=False)  # the root's replicated group
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def unused_gate_on_odd_ranks() -> dict:
+    """Replicated gradients in 3 buckets of one group each (sdp_reduce_bucket_size=20), started as
+    they fill (backward_passes_per_step=1). On odd ranks the last block's gate takes no gradient,
+    so its bucket, the first, never fills there: every rank must still sum the buckets in the same
+    order. Against one process summing the four ranks' gradients (SGD, no clipping)."""
+    n, rank = dist.get_world_size(), dist.get_rank()
+    gen = torch.Generator().manual_seed(8)
+    x, y = torch.randn(4 * n, 16, generator=gen), torch.randn(4 * n, 1, generator=gen)
+    runtime_state.reset_for_tests()
+    smp.init({"sharded_data_parallel_degree": 2, "sdp_param_persistence_threshold": 100,
+              "sdp_reduce_bucket_size": 20, "sdp_gradient_clipping": 0.0})
+    net = _GatedNet()
+    net.blocks[1].use_gate = rank % 2 == 0
+    model = smp.DistributedModel(net, backward_passes_per_step=1)
+    opt = smp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model=model)
+    for _ in range(3):
+        model.backward(torch.nn.functional.mse_loss(model(x.chunk(n)[rank]), y.chunk(n)[rank]))
+        opt.step()
+        opt.zero_grad()
+    buckets = [[g.numel for g in bucket.groups] for bucket in model._replicated_sync.buckets]
+    return {"sharded": model.state_dict(), "buckets": buckets,
+            "reference": computed_once(("unused_gate", n), lambda: _gated_reference(x, y, n))}
+
+
+def _gated_reference(x: torch.Tensor, y: torch.Tensor, n: int) -> dict:
+    net = _GatedNet()
+    sgd = torch.optim.SGD(net.parameters(), lr=0.1)
+    for _ in range(3):
+        for r in range(n):  # each rank's mean loss, averaged over the ranks, as data parallelism does
+            net.blocks[1].use_gate = r % 2 == 0
+            (torch.nn.functional.mse_loss(net(x.chunk(n)[r]), y.chunk(n)[r]) / n).backward()
+        sgd.step()
+        sgd.zero_grad()
+    return {k: v.detach().clone() for k, v in net.state_dict().items()}
+
+
 DELAYED = {"delayed_init_gpt_d2": ("gpt", 2), "delayed_init_gpt_d4": ("gpt", 4), "delayed_init_hf_gpt2_d4": ("hf_gpt2", 4)}
 
 
@@ -259,4 +322,5 @@ if __name__ == "__main__":
     cases["bf16_against_fsdp2"] = bf16_against_fsdp2
     cases["bf16_reduce_against_fsdp2"] = bf16_reduce_against_fsdp2
     cases["clip_norm_of_large_tensors"] = clip_norm_of_large_tensors
+    cases["unused_gate_on_odd_ranks"] = unused_gate_on_odd_ranks
     worker_main(cases, setup=init_gloo_from_env)

@@ -35,7 +35,8 @@ DELAYED = ["delayed_init_gpt_d2", "delayed_init_gpt_d4", "delayed_init_hf_gpt2_d
 def results(tmp_path_factory):
     return run_cases(
         "tests/distributed/models_worker.py",
-        CASES + DELAYED + ["bf16_against_fsdp2", "bf16_reduce_against_fsdp2", "clip_norm_of_large_tensors"],
+        CASES + DELAYED + ["bf16_against_fsdp2", "bf16_reduce_against_fsdp2", "clip_norm_of_large_tensors",
+                           "unused_gate_on_odd_ranks"],
         4,
         env={"SMSDP_SIMULATED_HOSTS": "1", "SM_HOSTS": '["algo-1", "algo-2"]'},
         timeout=400,
@@ -145,3 +146,13 @@ def test_clip_norm_is_the_accurately_summed_one(results):
         relative = abs(result["smsdp"] - result["float64"]) / result["float64"]
         assert relative <= 5e-7, (f"rank {rank}: smsdp norm {result['smsdp']!r}, float64 {result['float64']!r} "
                                   f"(torch vector_norm {result['torch_vector_norm']!r})")
+
+
+def test_replicated_buckets_are_summed_in_order_when_a_rank_leaves_a_group_out(results):
+    """The odd ranks' first bucket never fills in their backward; the later buckets, full, wait for
+    it, so every rank sums the same buckets in the same order: the gates match one process."""
+    for rank, result in enumerate(results["unused_gate_on_odd_ranks"]):
+        assert result["buckets"] == [[16], [16], [16]]
+        for name, expected in result["reference"].items():
+            torch.testing.assert_close(result["sharded"][name], expected, rtol=1e-5, atol=1e-6,
+                                       msg=lambda m: f"rank {rank} {name}: {m}")
