@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 EXAMPLE_ENTRY_POINT = "train_gpt.py"
+EXAMPLE_PERSISTENCE_THRESHOLD = 10_000
 
 
 def example_source_dir() -> str:
@@ -18,9 +19,15 @@ def example_source_dir() -> str:
 
 
 def example_distribution(processes_per_host: int = 2, sharded_degree: int = 2) -> dict[str, Any]:
-    """A SageMaker ``distribution=`` dict with MiCS sharding, as the SageMaker docs write it."""
+    """A SageMaker ``distribution=`` dict with MiCS sharding, as the SageMaker docs write it.
+
+    The persistence threshold is set because SMP's default (1e6 elements) exceeds every tensor
+    of the bundled GPT (the largest has 262,144): it would replicate everything and shard nothing.
+    At 1e4 the weight matrices and embeddings are sharded; layer norms and biases are replicated.
+    """
     return {
         "smdistributed": {"modelparallel": {"enabled": True, "parameters": {
-            "ddp": True, "sharded_data_parallel_degree": sharded_degree}}},
+            "ddp": True, "sharded_data_parallel_degree": sharded_degree,
+            "sdp_param_persistence_threshold": EXAMPLE_PERSISTENCE_THRESHOLD}}},
         "mpi": {"enabled": True, "processes_per_host": processes_per_host},
     }
