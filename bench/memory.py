@@ -43,7 +43,7 @@ def construct(delayed: bool) -> dict:
     smp.init({"sharded_data_parallel_degree": 4, "sdp_param_persistence_threshold": 0,
               "delayed_parameter_initialization": delayed})
     config = GPTConfig(vocab_size=1024, block_size=128, n_layer=12, n_head=8, d_model=512)
-    from smsdp.delayed_init import warm_up
+    from smsdp.core.delayed_init import warm_up
 
     warm_up()  # one-time imports of Python dispatch, in both modes, before the baseline
     before = _peak_rss()
@@ -89,7 +89,7 @@ def train(mode: str, steps: int = 6) -> dict:
         times.append(time.perf_counter() - start)
         if step == 0:
             before = _peak_rss()  # after one step: weights, optimizer state and allocator warm
-    from smsdp import state
+    from smsdp.comm import world as state
 
     offloader = state.get().activation_offloader
     return {"rss_growth": _peak_rss() - before, "peak_rss": _peak_rss(), "step_s": sorted(times[1:])[len(times[1:]) // 2],

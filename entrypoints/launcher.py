@@ -5,8 +5,8 @@
 Every rank runs this module. It
 
 0. under ``srun`` (a Slurm job), turns ``SLURM_*`` into the torchrun
-   variables and this rank's ``SM_CURRENT_HOST`` (``smsdp.cluster.slurm_rank_env``),
-1. joins the torch.distributed world (``smsdp.rendezvous.init_distributed``;
+   variables and this rank's ``SM_CURRENT_HOST`` (``smsdp.config.cluster.slurm_rank_env``),
+1. joins the torch.distributed world (``smsdp.comm.rendezvous.init_distributed``;
    the collective timeout comes from the job config),
 2. exports this rank's host for simulated hosts (``SM_CURRENT_HOST``) and
    torchrun-style ``RANK``/``LOCAL_RANK`` for scripts that read them,
@@ -41,7 +41,7 @@ import time
 import traceback
 from pathlib import Path
 
-from smsdp.cluster import slurm_rank_env
+from smsdp.config.cluster import slurm_rank_env
 
 USAGE = "usage: python -m entrypoints.launcher SCRIPT [--name value ...]"
 FAILURE_FILE = "failure"
@@ -152,7 +152,7 @@ def _is_launch_machinery(filename: str) -> bool:
 
 
 def _join_world() -> None:
-    from smsdp.rendezvous import init_distributed
+    from smsdp.comm.rendezvous import init_distributed
 
     cluster = init_distributed()
     # Simulated hosts: every rank got the same SM_CURRENT_HOST from mpirun.

@@ -65,7 +65,7 @@ import torch.distributed as dist  # noqa: E402
 import smsdp as smp  # noqa: E402
 from entrypoints.data import TokenDataset  # noqa: E402
 from entrypoints.gpt import GPT, GPTConfig  # noqa: E402
-from smsdp.metrics import ProgressLogger, write_summary  # noqa: E402
+from smsdp.util.metrics import ProgressLogger, write_summary  # noqa: E402
 from smsdp.tensor_parallel import batch_arithmetic  # noqa: E402
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from smsdp.config import ConfigError, Distribution, RuntimeConfig, resolve_job
-from smsdp.instance_types import LOCAL
+from smsdp.config.instance_types import LOCAL
 
 from estimator.backends import SLURM, Backend, backend_for, backend_named
 from estimator.backends.slurm.options import check_slurm_options, check_slurm_output_path

@@ -1,7 +1,7 @@
 """Show a job's output: log lines as they come, progress lines as a progress bar.
 
 Progress lines (``[smsdp] step 10/50 loss=... tokens/s=... tflops=... mem=...``,
-format owned by ``smsdp.metric_format``) become one bar redrawn in place when
+format owned by ``smsdp.util.metric_format``) become one bar redrawn in place when
 the output is a terminal or a notebook, and one compact line each otherwise
 (CI logs, pipes), so that nothing is lost when ``\\r`` means nothing.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from typing import Mapping, TextIO
 
-from smsdp.metric_format import parse_progress_line
+from smsdp.util.metric_format import parse_progress_line
 
 BAR_WIDTH = 24
 

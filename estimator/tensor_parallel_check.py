@@ -22,7 +22,7 @@ from smsdp.config import ConfigError, ConfigProblem, RuntimeConfig
 
 TP_CALLS = ("tensor_parallelism", "tp_register", "DistributedLinear", "DistributedTransformer",
             "distribute_embedding", "to_tensor_parallel")
-"""Names whose use marks or builds tensor-parallel modules (``smp.*``, ``smsdp.nn``, ``smsdp.tensor_parallel``)."""
+"""Names whose use marks or builds tensor-parallel modules (``smp.*``, ``smsdp.smp.nn``, ``smsdp.tensor_parallel``)."""
 _MAX_SCANNED_FILE_BYTES = 2 * 2**20
 
 _T_PATH = ("smdistributed", "modelparallel", "parameters", "tensor_parallel_degree")

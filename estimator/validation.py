@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from smsdp.config import ConfigError, ConfigProblem
-from smsdp.instance_types import LOCAL
+from smsdp.config.instance_types import LOCAL
 
 from estimator.redact import REDACTED, is_secret
 from estimator.spec import FILE_SCHEME, S3_SCHEME, Channel, CodeSpec, Hyperparameter

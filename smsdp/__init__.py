@@ -10,14 +10,14 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "DistributedModel": "smsdp.distributed_model",
-    "DistributedOptimizer": "smsdp.distributed_optimizer",
-    "step": "smsdp.step",
-    "StepOutput": "smsdp.step",
-    **{name: "smsdp.checkpoint" for name in ("save_checkpoint", "resume_from_checkpoint", "CheckpointError")},
-    "set_activation_checkpointing": "smsdp.activation_checkpointing",
-    "delay_param_initialization": "smsdp.delayed_init",
-    "model_creation": "smsdp.delayed_init",
+    "DistributedModel": "smsdp.core.model",
+    "DistributedOptimizer": "smsdp.core.optimizer",
+    "step": "smsdp.smp.step",
+    "StepOutput": "smsdp.smp.step",
+    **{name: "smsdp.checkpoint.save_resume" for name in ("save_checkpoint", "resume_from_checkpoint", "CheckpointError")},
+    "set_activation_checkpointing": "smsdp.core.activation_checkpointing",
+    "delay_param_initialization": "smsdp.core.delayed_init",
+    "model_creation": "smsdp.core.delayed_init",
     **{name: "smsdp.tensor_parallel.registry" for name in ("tp_register", "tp_register_with_module", "set_tensor_parallelism")},
 }
 _API = (
@@ -25,16 +25,16 @@ _API = (
     "sdp_rank sdp_size pp_rank pp_size get_world_process_group get_dp_process_group get_rdp_process_group "
     "get_tp_process_group get_sdp_process_group get_replica_process_group comm_stats reset_comm_stats"
 ).split()
-_EXPORTS.update({name: "smsdp.api" for name in _API})
+_EXPORTS.update({name: "smsdp.smp.api" for name in _API})
 _GROUPS = (
     "CommGroup RankType WORLD DP_GROUP RDP_GROUP MP_GROUP TP_GROUP PP_GROUP barrier dp_barrier mp_barrier "
     "rdp_barrier tp_barrier pp_barrier "
     "mp_rank mp_size get_mp_process_group get_pp_process_group get_world_group get_dp_group get_rdp_group "
     "get_tp_group get_pp_group get_mp_group is_tracing"
 ).split()
-_EXPORTS.update({name: "smsdp.groups" for name in _GROUPS})
-_EXPORTS.update({name: "smsdp.comm_objects" for name in ("broadcast", "send", "recv_from", "allgather")})
-_EXPORTS.update({"save": "smsdp.partial_io", "load": "smsdp.partial_io"})
+_EXPORTS.update({name: "smsdp.smp.groups" for name in _GROUPS})
+_EXPORTS.update({name: "smsdp.smp.objects" for name in ("broadcast", "send", "recv_from", "allgather")})
+_EXPORTS.update({"save": "smsdp.smp.partial_io", "load": "smsdp.smp.partial_io"})
 _SUBMODULES = {"amp", "nn", "optimizers", "state"}  # smp.amp.GradScaler, smp.nn.FusedLayerNorm, smp.state.cfg
 
 __all__ = sorted(set(_EXPORTS) | _SUBMODULES)
@@ -43,10 +43,10 @@ __version__ = "0.1.0"
 
 def __getattr__(name: str) -> Any:
     if name in _SUBMODULES:
-        return importlib.import_module(f"smsdp.{name}")
+        return importlib.import_module(f"smsdp.smp.{name}")
     module = _EXPORTS.get(name)
     if module is None:
-        from smsdp.refused import REFUSED, refused
+        from smsdp.smp.refused import REFUSED, refused
 
         if name in REFUSED:
             return refused(name)

@@ -43,7 +43,7 @@ Conventions (why they exist):
   single-process reference run) and hands it to the others through a file.
 - ``init_gloo_from_env`` joins a gloo group through a ``FileStore`` in the
   output directory, so no TCP port has to be picked (no port races between
-  concurrent test runs). Production code uses ``smsdp.rendezvous`` instead.
+  concurrent test runs). Production code uses ``smsdp.comm.rendezvous`` instead.
 """
 
 from __future__ import annotations

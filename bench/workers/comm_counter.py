@@ -6,7 +6,7 @@ A thin wrapper over the Python-level collective functions of
 ``broadcast``, list ``all_gather``), installed before any system is built.
 FSDP1, FSDP2 and smsdp all reach gloo through these functions, so what they
 send is counted from the tensors they actually pass, with the same ring
-accounting smsdp uses (``smsdp.comm_accounting``):
+accounting smsdp uses (``smsdp.comm.accounting``):
 
 =================  ===================  ==============================
 collective         N is the size of     bytes one rank sends (group n)

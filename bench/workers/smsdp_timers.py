@@ -79,8 +79,8 @@ class Timers:
 
 def install() -> Timers:
     """Wrap the runtime's methods (those that exist in this version of smsdp; see ``Timers.wrapped``)."""
-    from smsdp.distributed_model import DistributedModel
-    from smsdp.distributed_optimizer import DistributedOptimizer
+    from smsdp.core.model import DistributedModel
+    from smsdp.core.optimizer import DistributedOptimizer
 
     t = Timers()
     t.wrapped = []
@@ -91,7 +91,7 @@ def install() -> Timers:
             t.wrapped.append(f"{cls.__name__}.{attr}")
 
     dm, do = DistributedModel, DistributedOptimizer
-    from smsdp.unit import BackwardState, Unit
+    from smsdp.core.unit import BackwardState, Unit
 
     wrap(Unit, "unshard",
          lambda a: "all-gather (backward)" if a[0].backward_state is BackwardState.GATHERED else "all-gather (forward)")
@@ -104,7 +104,7 @@ def install() -> Timers:
     wrap(Unit, "_reduce_grad", "reduce-scatter issue")
     wrap(Unit, "complete_reduces", "reduce-scatter wait + accumulate")
     wrap(Unit, "_start_group_sync", "replica/dp all-reduce issue")
-    from smsdp.replicated_grad_sync import ReplicatedGradSync
+    from smsdp.core.replicated_grad_sync import ReplicatedGradSync
 
     wrap(ReplicatedGradSync, "start", "replica/dp all-reduce issue")
     wrap(dm, "synchronize_gradients", "replica/dp all-reduce wait at step")

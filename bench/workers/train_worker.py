@@ -54,7 +54,7 @@ import torch.distributed as dist  # noqa: E402
 
 from comm_counter import CommCounter, ddp_bytes_per_step, diff  # noqa: E402
 
-# The counter must wrap torch.distributed before smsdp.collectives binds its functions.
+# The counter must wrap torch.distributed before smsdp.comm.collectives binds its functions.
 COUNTER = CommCounter()
 COUNTER.install()
 
@@ -163,7 +163,7 @@ class Smsdp(System):
 
     def __init__(self, args, variant: str = ""):
         import smsdp as smp
-        from smsdp import state as runtime_state
+        from smsdp.comm import world as runtime_state
 
         self.smp = smp
         self.variant = variant

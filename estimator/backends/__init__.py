@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 
-from smsdp.instance_types import LOCAL
+from smsdp.config.instance_types import LOCAL
 
 from estimator.backends.base import AttachedJob, Backend
 

@@ -137,7 +137,7 @@ def run_plan(args: argparse.Namespace) -> int:
 
 
 def _run_plan(args: argparse.Namespace) -> int:
-    from smsdp.instance_types import LOCAL, lookup
+    from smsdp.config.instance_types import LOCAL, lookup
     from smsdp.planner.plan import plan
 
     model = model_from_args(args)

@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from smsdp.planner.quantized import QuantizedBytes
-from smsdp.topology import Topology, TopologyError
+from smsdp.config.topology import Topology, TopologyError
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,7 @@ class GroupSpan:
 
 
 def group_span(world: int, processes_per_host: int, sdp_degree: int, tp_degree: int = 1) -> GroupSpan:
-    """From the real topology (``smsdp.topology``): how many hosts each group spans."""
+    """From the real topology (``smsdp.config.topology``): how many hosts each group spans."""
     topo = Topology(world, processes_per_host, tp_degree, sdp_degree)
 
     def hosts(group) -> int:

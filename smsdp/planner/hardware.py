@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from smsdp.instance_types import LOCAL, InstanceType, lookup
+from smsdp.config.instance_types import LOCAL, InstanceType, lookup
 
 GiB = 1024**3
 MiB = 1024**2

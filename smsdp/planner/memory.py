@@ -5,7 +5,7 @@ and fp16, 4 for fp32), ``b`` sequences per micro-step, ``s`` sequence length,
 ``h`` hidden size, ``a`` heads, ``V`` vocabulary, ``L`` layers, ``f`` MLP
 multiplier.
 
-Model state (``smsdp/flat_param_group.py``): each unit's parameters are split
+Model state (``smsdp/core/flat_param_group.py``): each unit's parameters are split
 into flat groups by (sharded?, trainable?). A parameter with fewer than
 ``sdp_param_persistence_threshold`` elements, or any parameter when ``d == 1``,
 is replicated. A sharded group of ``n`` elements is padded to
@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from smsdp.configuration.parameters import reshard_degree
+from smsdp.config.parameters import reshard_degree
 from smsdp.planner.model import ROOT, ModelSpec, TransformerShape
 
 OPTIMIZER_BYTES_PER_ELEMENT = {"adamw": 8, "adam": 8, "sgd_momentum": 4, "sgd": 0}
@@ -56,7 +56,7 @@ class GroupLayout:
 
 
 def layout(spec: ModelSpec, sdp_degree: int, persistence_threshold: int) -> list[GroupLayout]:
-    """The flat groups the runtime builds, unit by unit (``smsdp/units.py: _make_groups``)."""
+    """The flat groups the runtime builds, unit by unit (``smsdp/core/cutting.py: _make_groups``)."""
     groups: list[GroupLayout] = []
     for unit in spec.unit_ids():
         buckets: dict[tuple[bool, bool], int] = {}
@@ -264,7 +264,7 @@ def kept_slice_elems(sizes: UnitSizes, p) -> int:
 def unsharded_in_flight_bytes(sizes: UnitSizes, compute_bytes: int, max_live: int,
                               reshard_after_forward: bool = True, forward_prefetch: int = 1,
                               backward_prefetch: int = 1) -> int:
-    """Gathered parameters alive at once (``smsdp.prefetch``).
+    """Gathered parameters alive at once (``smsdp.core.prefetch``).
 
     ``reshard_after_forward=False``: every unit stays gathered from its forward to its
     backward, so at the end of the forward the whole model is gathered.
@@ -344,7 +344,7 @@ def comm_buffer_bytes(
     *,
     hierarchical_hosts: int,
 ) -> int:
-    """Staging buffers of the parameter all-gather (``smsdp/collectives.py``).
+    """Staging buffers of the parameter all-gather (``smsdp/comm/collectives.py``).
 
     - Hierarchical (the sharding group spans ``H`` hosts): stage 1 gathers ``H``
       shards of the largest unit, stage 2 a whole unit before the re-layout:
@@ -373,7 +373,7 @@ def optimizer_step_temp_bytes(groups: list[GroupLayout], foreach: bool) -> int:
 
 def construction_bytes(num_params: int, state: ModelState, sizes: UnitSizes, delayed: bool, is_gpu: bool) -> int:
     """Building the model: eagerly, the whole fp32 model is moved to the device before it is
-    sharded (``4N`` + the shards). With delayed initialization (``smsdp/delayed_init.py``) the
+    sharded (``4N`` + the shards). With delayed initialization (``smsdp/core/delayed_init.py``) the
     construction is replayed on the CPU one unit at a time: the device only ever holds shards,
     and a CPU rank holds the shards plus one unit in fp32."""
     if not delayed:

@@ -230,7 +230,7 @@ class ModelSpec:
         ``n_positions``) gives the activation shape unless ``shape`` is passed;
         ``seq_len`` overrides the sequence length taken from it.
         """
-        from smsdp.units import find_unit_modules  # lazy: imports torch
+        from smsdp.core.cutting import find_unit_modules  # lazy: imports torch
 
         classes = (transformer_layer_cls,) if isinstance(transformer_layer_cls, type) else transformer_layer_cls
         unit_modules = find_unit_modules(module, classes)

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any, Mapping
 
 from smsdp.config import ConfigError, ConfigProblem, RuntimeConfig, SMPParameters, resolve_job_config
-from smsdp.instance_types import LOCAL, lookup
+from smsdp.config.instance_types import LOCAL, lookup
 from smsdp.planner import comm as comm_model
 from smsdp.planner import memory as mem
 from smsdp.planner.hardware import Assumptions, GiB, Hardware

@@ -1,10 +1,10 @@
 """Bytes the int8 block-quantized collectives send (``sdp_quantized_allgather``, ``sdp_quantized_gradients``).
 
-What ``smsdp.quantized_collectives`` puts on the wire, group by group, in ring
+What ``smsdp.comm.quantized`` puts on the wire, group by group, in ring
 accounting (as ``smp.comm_stats()`` counts it):
 
 - a packed tensor of ``s`` elements is ``4 ceil(s / B)`` bytes of fp32 scales
-  plus ``s`` int8 values padded to a multiple of 4 bytes (``smsdp.quantization``,
+  plus ``s`` int8 values padded to a multiple of 4 bytes (``smsdp.comm.quantization``,
   ``B = sdp_quantization_block``);
 - the all-gather of a flat group gathers the ``d`` packed shards: ``(d-1)``
   packed shards per gather, flat over the shard group (the hierarchical
@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from smsdp.configuration.parameters import reshard_degree
+from smsdp.config.parameters import reshard_degree
 from smsdp.planner.memory import GroupLayout, UnitSizes, kept_for_backward_elems
 from smsdp.planner.model import ROOT
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
-from smsdp.configuration.parameters import reshard_degree
+from smsdp.config.parameters import reshard_degree
 from smsdp.planner.hardware import GiB
 
 if TYPE_CHECKING:  # pragma: no cover

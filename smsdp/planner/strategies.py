@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from smsdp.config import ConfigError, RuntimeConfig
-from smsdp.configuration.parameters import reshard_degree
+from smsdp.config.parameters import reshard_degree
 from smsdp.planner.plan import Plan, _degrees, _evaluate
 
 

@@ -1,7 +1,7 @@
 """What one tensor-parallel rank holds and sends, for the planner (pure Python, no torch).
 
 At ``tensor_parallel_degree`` t the runtime replaces each block by its Megatron-style
-version (``smsdp.nn``): column-parallel layers keep ``1/t`` of their output rows (and
+version (``smsdp.smp.nn``): column-parallel layers keep ``1/t`` of their output rows (and
 biases), row-parallel layers ``1/t`` of their input columns (their bias stays whole),
 the vocab-parallel embedding and LM head ``ceil(V/t)`` rows (the last rank fewer when
 t does not divide V); layer norms and position embeddings stay whole on every TP rank.
@@ -24,7 +24,7 @@ separate ``q/k/v`` and ``gate/up`` projections share one ``copy_to_tp`` per modu
 - backward: one per column-parallel input (``c L N h``) and the LM head's input (``N h``).
 
 Each all-reduce of ``E`` elements of ``b`` bytes sends ``2 (t-1)/t E b`` (ring
-accounting, ``smsdp.comm_accounting``): what ``TPGroup.counting(stats)`` records under
+accounting, ``smsdp.comm.accounting``): what ``TPGroup.counting(stats)`` records under
 ``all_reduce.tp``.
 """
 
@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from smsdp.comm_accounting import CollectiveKind, ring_bytes
+from smsdp.comm.accounting import CollectiveKind, ring_bytes
 from smsdp.planner.model import ROOT, ModelSpec
 
 __all__ = ["piece_length", "tp_all_reduce_elements", "tp_bytes_per_micro_step", "tp_piece"]

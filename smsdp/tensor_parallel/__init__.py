@@ -5,7 +5,7 @@ See ``smsdp.tensor_parallel.registry`` for how a model is converted and
 """
 
 from smsdp.tensor_parallel.batch import BatchArithmetic, batch_arithmetic
-from smsdp.tensor_parallel.collectives import TPGroup, copy_to_tp, gather_from_tp, reduce_from_tp, scatter_to_tp
+from smsdp.tensor_parallel.tp_group import TPGroup, copy_to_tp, gather_from_tp, reduce_from_tp, scatter_to_tp
 from smsdp.tensor_parallel.partition import Even, Partition, PartitionError, Ranges, Sections
 from smsdp.tensor_parallel.registry import (
     TensorParallelError,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from smsdp.topology import TopologyError
+from smsdp.config.topology import TopologyError
 
 __all__ = ["BatchArithmetic", "batch_arithmetic"]
 

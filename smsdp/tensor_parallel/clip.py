@@ -3,7 +3,7 @@
 A split parameter's pieces partition the plain parameter, so their squared
 norms are summed over the TP group; a replicated one (layer norms,
 row-parallel biases, position embeddings) has the same gradient on every TP
-rank (see ``smsdp.tensor_parallel.collectives``) and is counted once, locally.
+rank (see ``smsdp.tensor_parallel.tp_group``) and is counted once, locally.
 The sums run in float64, so the norm does not depend on how the parameters
 are cut.
 """
@@ -15,7 +15,7 @@ from typing import Iterable
 import torch
 import torch.distributed as dist
 
-from smsdp.tensor_parallel.collectives import TPGroup
+from smsdp.tensor_parallel.tp_group import TPGroup
 from smsdp.tensor_parallel.split_params import split_of
 
 __all__ = ["grad_norm", "clip_grad_norm_"]

@@ -33,11 +33,11 @@ from typing import Callable
 import torch.nn.functional as F
 from torch import nn
 
-from smsdp.nn.cross_entropy import vocab_parallel_cross_entropy
-from smsdp.nn.embedding import VOCAB_PARTITION, VocabParallelEmbedding
-from smsdp.nn.linear import ColumnParallelLinear, RowParallelLinear
-from smsdp.nn.transformer import heads_per_rank
-from smsdp.tensor_parallel.collectives import TPGroup, copy_to_tp
+from smsdp.tensor_parallel.layers.cross_entropy import vocab_parallel_cross_entropy
+from smsdp.tensor_parallel.layers.embedding import VOCAB_PARTITION, VocabParallelEmbedding
+from smsdp.tensor_parallel.layers.linear import ColumnParallelLinear, RowParallelLinear
+from smsdp.tensor_parallel.layers.transformer import heads_per_rank
+from smsdp.tensor_parallel.tp_group import TPGroup, copy_to_tp
 from smsdp.tensor_parallel.partition import Sections
 
 __all__ = ["convert_gpt2_block", "convert_gpt_neox_layer", "convert_llama_layer", "convert_causal_lm"]

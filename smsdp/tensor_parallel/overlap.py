@@ -19,8 +19,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from smsdp.comm_accounting import CollectiveKind
-from smsdp.tensor_parallel.collectives import TPGroup
+from smsdp.comm.accounting import CollectiveKind
+from smsdp.tensor_parallel.tp_group import TPGroup
 
 __all__ = ["column_linear_overlapped"]
 

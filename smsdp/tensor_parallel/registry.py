@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator
 from torch import nn
 from torch.nn.modules.module import register_module_module_registration_hook
 
-from smsdp.tensor_parallel.collectives import TPGroup
+from smsdp.tensor_parallel.tp_group import TPGroup
 
 __all__ = ["tp_register", "tp_register_with_module", "set_tensor_parallelism", "tensor_parallelism",
            "to_tensor_parallel", "registered_version", "TensorParallelError"]
@@ -47,8 +47,8 @@ def _hf(module: str, name: str, converter: str) -> tuple[str, str]:
 
 
 _BUILTIN: dict[str, str] = dict([
-    ("entrypoints.gpt.Block", "smsdp.nn.transformer:DistributedTransformerLayer"),
-    ("entrypoints.gpt.GPT", "smsdp.nn.transformer:DistributedTransformerLMHead"),
+    ("entrypoints.gpt.Block", "smsdp.tensor_parallel.layers.transformer:DistributedTransformerLayer"),
+    ("entrypoints.gpt.GPT", "smsdp.tensor_parallel.layers.transformer:DistributedTransformerLMHead"),
     _hf("gpt2.modeling_gpt2", "GPT2Block", "convert_gpt2_block"),
     _hf("gpt2.modeling_gpt2", "GPT2LMHeadModel", "convert_causal_lm"),
     _hf("gpt_neox.modeling_gpt_neox", "GPTNeoXLayer", "convert_gpt_neox_layer"),

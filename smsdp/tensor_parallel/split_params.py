@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from smsdp.tensor_parallel.collectives import TPGroup
+from smsdp.tensor_parallel.tp_group import TPGroup
 from smsdp.tensor_parallel.partition import Partition
 
 _ATTR = "_smsdp_tp_split"

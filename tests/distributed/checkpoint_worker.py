@@ -25,8 +25,8 @@ import torch.distributed as dist
 
 import smsdp as smp
 from entrypoints.gpt import GPT, GPTConfig
-from smsdp import fault_injection
-from smsdp import state as runtime_state
+from smsdp.util import fault_injection
+from smsdp.comm import world as runtime_state
 from tests.mpi_harness import init_gloo_from_env, worker_main
 
 MODEL = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, d_model=32, dropout=0.1, bias=True,

@@ -13,8 +13,8 @@ import logging
 import torch
 import torch.distributed as dist
 
-from smsdp.all_gather_strategy import AllGatherSettings, AllGatherStrategy
-from smsdp.collectives import (
+from smsdp.comm.all_gather import AllGatherSettings, AllGatherStrategy
+from smsdp.comm.collectives import (
     _all_gather_single,
     all_gather_flat,
     all_reduce,
@@ -22,9 +22,9 @@ from smsdp.collectives import (
     hierarchical_all_gather,
     reduce_scatter_flat,
 )
-from smsdp.comm_accounting import CommStats
-from smsdp.process_groups import build_process_groups
-from smsdp.topology import Topology
+from smsdp.comm.accounting import CommStats
+from smsdp.comm.process_groups import build_process_groups
+from smsdp.config.topology import Topology
 from tests.mpi_harness import init_gloo_from_env, worker_main
 
 WORLD = 4

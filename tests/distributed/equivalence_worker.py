@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 import smsdp as smp
 from entrypoints.gpt import GPT, GPTConfig
-from smsdp import state as runtime_state
+from smsdp.comm import world as runtime_state
 from tests.mpi_harness import computed_once, init_gloo_from_env, worker_main
 
 STEPS = 20

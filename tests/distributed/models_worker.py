@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 import smsdp as smp
-from smsdp import state as runtime_state
+from smsdp.comm import world as runtime_state
 from tests.mpi_harness import computed_once, init_gloo_from_env, worker_main
 from tests.models import TINY_MODELS, lm_batch
 

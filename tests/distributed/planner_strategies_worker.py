@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 import smsdp as smp
 from entrypoints.gpt import GPT, GPTConfig
-from smsdp import state as runtime_state
+from smsdp.comm import world as runtime_state
 from tests.mpi_harness import OUT_ENV, PG_TIMEOUT_ENV, destroy_process_group, world_rank, world_size, worker_main
 
 # Twelve blocks of 1.23 M parameters (4.7 MiB in fp32): False keeps ten blocks gathered

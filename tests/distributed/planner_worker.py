@@ -17,7 +17,7 @@ import torch
 
 import smsdp as smp
 from entrypoints.gpt import GPT, GPTConfig
-from smsdp import state as runtime_state
+from smsdp.comm import world as runtime_state
 from tests.mpi_harness import init_gloo_from_env, worker_main
 
 # The equivalence tests' model and the benchmark's model (bench/workers/train_worker.py).

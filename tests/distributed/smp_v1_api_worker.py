@@ -8,7 +8,7 @@ import torch.distributed as dist
 from torch import nn
 
 import smsdp as smp
-from smsdp import state as runtime_state
+from smsdp.comm import world as runtime_state
 from tests.mpi_harness import init_gloo_from_env, worker_main
 
 

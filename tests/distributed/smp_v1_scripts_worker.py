@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import smsdp as smp
-from smsdp import state as runtime_state
+from smsdp.comm import world as runtime_state
 from tests.mpi_harness import computed_once, init_gloo_from_env, worker_main
 
 STEPS = 8

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from smsdp.comm_accounting import CommStats
+from smsdp.comm.accounting import CommStats
 from smsdp.tensor_parallel import TPGroup, merged_state_dict, set_tensor_parallelism, split_state_dict, tensor_parallelism
 from smsdp.tensor_parallel import copy_to_tp, gather_from_tp, reduce_from_tp, scatter_to_tp, to_tensor_parallel
 from smsdp.tensor_parallel.clip import clip_grad_norm_
@@ -126,7 +126,7 @@ def overlap() -> dict:
     the weight gradient while it travels, then the wait (recorded around torch's own calls)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from smsdp.nn.linear import ColumnParallelLinear
+    from smsdp.tensor_parallel.layers.linear import ColumnParallelLinear
 
     events: list[str] = []
 

@@ -12,8 +12,8 @@ import warnings
 import pytest
 import torch.distributed as dist
 
-from smsdp.comm_accounting import CollectiveKind, CommStats, ring_bytes
-from smsdp.topology import Topology
+from smsdp.comm.accounting import CollectiveKind, CommStats, ring_bytes
+from smsdp.config.topology import Topology
 from tests.mpi_harness import requires_mpi, run_cases
 
 WORKER = "tests/distributed/collectives_worker.py"
@@ -66,7 +66,7 @@ def test_comm_stats_rejects_unknown_kind():
 
 
 def test_version_shim_avoids_deprecated_names():
-    import smsdp.collectives as coll
+    import smsdp.comm.collectives as coll
 
     if hasattr(dist, "all_gather_single"):
         assert coll._all_gather_single is dist.all_gather_single
@@ -76,7 +76,7 @@ def test_version_shim_avoids_deprecated_names():
 
 
 def test_all_gather_settings_validate_alignment():
-    from smsdp.all_gather_strategy import AllGatherSettings
+    from smsdp.comm.all_gather import AllGatherSettings
 
     with pytest.raises(ValueError, match="SMDDP_AG_SCRATCH_BUFFER_SIZE_BYTES=1000"):
         AllGatherSettings(scratch_bytes=1000)

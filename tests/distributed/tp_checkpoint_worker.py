@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 import smsdp as smp
-from smsdp import state as runtime_state
+from smsdp.comm import world as runtime_state
 from tests.distributed.tensor_parallel_worker import ADAM_EPS, MODELS
 from tests.models import lm_batch
 from tests.mpi_harness import OUT_ENV, init_gloo_from_env, worker_main

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 import smsdp as smp
-from smsdp import state as runtime_state
+from smsdp.comm import world as runtime_state
 from smsdp.tensor_parallel import set_tensor_parallelism
 from tests.distributed.equivalence_worker import _layout
 from tests.distributed.tensor_parallel_worker import ADAM_EPS, MODELS

@@ -20,8 +20,8 @@ import torch
 
 import smsdp as smp
 from entrypoints.gpt import GPT, GPTConfig
-from smsdp import checkpoint_files as files
-from smsdp import state as runtime_state
+from smsdp.checkpoint import files as files
+from smsdp.comm import world as runtime_state
 from tests.faults.mounts import fill, remount_read_only
 from tests.mpi_harness import init_gloo_from_env, worker_main
 

@@ -1,6 +1,6 @@
 """Fault injection: a chosen rank fails at a chosen step and phase of a real local job.
 
-``SMSDP_FAULT`` (smsdp/fault_injection.py) makes the bundled ``train_gpt.py``
+``SMSDP_FAULT`` (smsdp/util/fault_injection.py) makes the bundled ``train_gpt.py``
 fail on one rank: it raises, exits non-zero outside Python, is SIGKILLed, or
 hangs, in forward, backward, the optimizer step or a checkpoint write. Every
 case asserts the job ends within a bound measured from the moment the fault
@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from estimator import Estimator, JobFailedError
-from smsdp import checkpoint_files as files
-from smsdp import fault_injection
+from smsdp.checkpoint import files as files
+from smsdp.util import fault_injection
 from tests.conftest import processes_in
 from tests.mpi_harness import requires_mpi
 

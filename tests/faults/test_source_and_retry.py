@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from estimator import Estimator, JobFailedError, JobStatus
-from smsdp import fault_injection
+from smsdp.util import fault_injection
 from smsdp.config import ConfigError
 from tests.faults.test_fault_injection import fault_time, tiny_job
 from tests.faults.test_user_hazards import BOUND_S, SCRIPTS, marked

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from estimator import JobStatus
-from smsdp import checkpoint_files as files
+from smsdp.checkpoint import files as files
 from tests.conftest import processes_in
 from tests.faults.test_fault_injection import tiny_job
 from tests.mpi_harness import requires_mpi

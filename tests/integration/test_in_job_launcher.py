@@ -26,7 +26,7 @@ import pytest
 
 from estimator import Estimator
 from estimator.example import example_distribution, example_source_dir
-from smsdp.metric_format import parse_progress_line
+from smsdp.util.metric_format import parse_progress_line
 from tests.mpi_harness import requires_mpi
 
 pytestmark = [pytest.mark.integration, requires_mpi, pytest.mark.timeout(240)]

@@ -24,7 +24,7 @@ from estimator import Estimator, JobStatus  # noqa: E402
 from estimator.backends.sagemaker import SageMakerJob  # noqa: E402
 from estimator.backends.sagemaker.cloudwatch_logs import LOG_GROUP  # noqa: E402
 from smsdp.config import ConfigError, RuntimeConfig  # noqa: E402
-from smsdp.metric_format import METRIC_DEFINITIONS, format_progress_line  # noqa: E402
+from smsdp.util.metric_format import METRIC_DEFINITIONS, format_progress_line  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -165,7 +165,7 @@ def test_the_source_tarball_is_in_s3_with_code_entry_launcher_and_requirements(s
         requirements = tar.extractfile("requirements.txt").read().decode()
         entry = tar.extractfile("smsdp_entry.py").read().decode()
     assert {"train.py", "helpers.py", "smsdp_entry.py", "requirements.txt", "smsdp_job.json",
-            "smsdp/config.py", "smsdp/rendezvous.py", "entrypoints/launcher.py",
+            "smsdp/config/__init__.py", "smsdp/comm/rendezvous.py", "entrypoints/launcher.py",
             "entrypoints/sagemaker_entry.py"} <= names
     assert not any("__pycache__" in name or name.startswith("estimator") for name in names)
     assert requirements.splitlines()[0] == "sentencepiece" and "pydantic>=2,<3" in requirements.splitlines()

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from smsdp.activation_offload import ActivationOffloader, GroupState
+from smsdp.core.activation_offload import ActivationOffloader, GroupState
 
 BLOCKS = 5
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from smsdp import checkpoint_files as cf
-from smsdp.checkpoint_files import FULL, PARTIAL
+from smsdp.checkpoint import files as cf
+from smsdp.checkpoint.files import FULL, PARTIAL
 
 TOKEN = "ourjob123"
 

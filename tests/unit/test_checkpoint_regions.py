@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from smsdp.checkpoint_regions import checkpoint_shape, flat_range_boxes, plain_regions
+from smsdp.checkpoint.regions import checkpoint_shape, flat_range_boxes, plain_regions
 from smsdp.tensor_parallel.partition import Even, Ranges, Sections
 
 

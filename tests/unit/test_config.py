@@ -1,4 +1,4 @@
-"""Unit tests for smsdp.config and smsdp.instance_types (no processes but one import check)."""
+"""Unit tests for smsdp.config and smsdp.config.instance_types (no processes but one import check)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from smsdp.config import (
     default_processes_per_host,
     resolve_job_config,
 )
-from smsdp.instance_types import INSTANCE_TYPES, InstanceType, lookup
+from smsdp.config.instance_types import INSTANCE_TYPES, InstanceType, lookup
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PARAMS = "smdistributed.modelparallel.parameters"
@@ -58,7 +58,7 @@ def paths_of(fn, *args, **kwargs) -> list[str]:
 
 
 def test_import_config_does_not_import_torch():
-    code = "import smsdp.config, smsdp.instance_types, sys; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import smsdp.config, smsdp.config.instance_types, sys; assert 'torch' not in sys.modules, 'torch imported'"
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
 
@@ -67,7 +67,7 @@ def test_import_estimator_does_not_import_torch():
     """The client side (the Estimator, its CLI, its backends' dry runs) never needs torch."""
     code = (
         "import sys, estimator, estimator.cli, estimator.estimator, estimator.spec, estimator.backends.local, "
-        "estimator.backends.sagemaker, smsdp.config, smsdp.topology, smsdp.shard_layout; "
+        "estimator.backends.sagemaker, smsdp.config, smsdp.config.topology, smsdp.config.shard_layout; "
         "from estimator import Estimator; "
         "assert 'torch' not in sys.modules, 'torch imported: ' + repr(sorted(m for m in sys.modules if 'torch' in m))"
     )

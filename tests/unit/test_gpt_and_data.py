@@ -16,7 +16,7 @@ import torch
 
 from entrypoints.data import CORPUS_PATH, ByteTokenizer, TokenDataset
 from entrypoints.gpt import GPT, Block, GPTConfig, GPTOutput, megatron_flops_per_iteration
-from smsdp.metric_format import (
+from smsdp.util.metric_format import (
     EVAL_LINE_RE,
     METRIC_DEFINITIONS,
     PROGRESS_LINE_RE,
@@ -25,7 +25,7 @@ from smsdp.metric_format import (
     parse_eval_line,
     parse_progress_line,
 )
-from smsdp.metrics import ProgressLogger, ThroughputMeter, peak_memory_bytes, write_summary
+from smsdp.util.metrics import ProgressLogger, ThroughputMeter, peak_memory_bytes, write_summary
 from tests.models import TINY_MODELS, lm_batch, tiny_gpt
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -250,7 +250,7 @@ def test_metric_definitions_pick_the_right_numbers():
 
 
 def test_metric_format_does_not_import_torch():
-    code = "import sys, smsdp.metric_format; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, smsdp.util.metric_format; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO_ROOT)
 
 

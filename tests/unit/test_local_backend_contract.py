@@ -1,5 +1,5 @@
 """The container contract end to end without processes: the environment a local job
-exports, read back by each rank's ``smsdp.cluster.ClusterInfo.from_env``."""
+exports, read back by each rank's ``smsdp.config.cluster.ClusterInfo.from_env``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from estimator import Estimator
-from smsdp.cluster import ClusterError, ClusterInfo
+from smsdp.config.cluster import ClusterError, ClusterInfo
 
 
 def _job_env(tmp_path: Path, instance_count: int, processes_per_host: int) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""smsdp.prefetch without processes: which gathers are issued ahead, per direction and budget.
+"""smsdp.core.prefetch without processes: which gathers are issued ahead, per direction and budget.
 
 The runtime's own schedule (real units, real all-gathers) is measured in
 tests/distributed/test_equivalence.py (``prefetch_depths``)."""
@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from smsdp.configuration.parameters import SMPParameters
-from smsdp.prefetch import PrefetchDepths, Prefetcher
+from smsdp.config.parameters import SMPParameters
+from smsdp.core.prefetch import PrefetchDepths, Prefetcher
 
 
 @dataclass(eq=False)

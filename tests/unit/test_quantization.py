@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from smsdp.quantization import BlockQuantizer
+from smsdp.comm.quantization import BlockQuantizer
 
 
 def _round_trip(q: BlockQuantizer, x: torch.Tensor) -> torch.Tensor:

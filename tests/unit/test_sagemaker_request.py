@@ -22,7 +22,7 @@ from estimator.backends.sagemaker.environment import CONFIG_PART_PREFIX, config_
 from estimator.backends.sagemaker.sdk_estimator import sdk_arguments
 from entrypoints.sagemaker_entry import joined_config
 from smsdp.config import CONFIG_ENV_VAR, RuntimeConfig, resolve_job_config
-from smsdp.metric_format import METRIC_DEFINITIONS
+from smsdp.util.metric_format import METRIC_DEFINITIONS
 
 ROLE = "arn:aws:iam::111122223333:role/SageMakerRole"
 IMAGE = "111122223333.dkr.ecr.us-west-2.amazonaws.com/pytorch-smsdp:latest"
@@ -191,7 +191,7 @@ def test_bundle_has_the_user_code_the_entry_the_packages_and_merged_requirements
     user = [f.arcname for f in bundle.user_files]
     assert user == ["lib/helpers.py", "train.py"]  # requirements.txt merged, __pycache__ skipped
     added = {f.arcname for f in bundle.added_files}
-    assert {"smsdp_entry.py", "requirements.txt", "smsdp_job.json", "smsdp/config.py",
+    assert {"smsdp_entry.py", "requirements.txt", "smsdp_job.json", "smsdp/config/__init__.py",
             "entrypoints/launcher.py", "entrypoints/sagemaker_entry.py", "entrypoints/data/corpus.txt"} <= added
     assert not any(name.startswith("estimator/") for name in added)  # the client stays home
     assert bundle.requirements == ["sentencepiece", "pydantic>=2,<3", "numpy"]

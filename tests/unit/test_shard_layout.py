@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from smsdp.shard_layout import ShardLayout
+from smsdp.config.shard_layout import ShardLayout
 
 
 @pytest.mark.parametrize("sizes, degree", [((5, 3, 8), 4), ((1,), 3), ((7, 7), 1), ((4, 4), 2), ((0,), 2), ((2, 9, 1, 6), 8)])

@@ -14,7 +14,7 @@ from estimator.backends.slurm.failure import slurm_failure_reason
 from estimator.backends.local.job_dir import JobDir
 from estimator.backends.slurm.options import check_slurm_options
 from estimator.backends.slurm.srun import SrunTagger, ranks_that_died
-from smsdp.cluster import ClusterError, ClusterInfo, slurm_rank_env
+from smsdp.config.cluster import ClusterError, ClusterInfo, slurm_rank_env
 from smsdp.config import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]

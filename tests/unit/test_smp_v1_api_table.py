@@ -12,10 +12,10 @@ import pytest
 import torch
 
 import smsdp as smp
-from smsdp.model_surface import SMPModelMethods
-from smsdp.smp_loss_scalers import StaticLossScaler, dynamic_scaler, scaler_for
-from smsdp.smp_model_args import check_no_effect_kwargs
-from smsdp.step import _split
+from smsdp.smp.model_methods import SMPModelMethods
+from smsdp.smp.loss_scalers import StaticLossScaler, dynamic_scaler, scaler_for
+from smsdp.smp.model_args import check_no_effect_kwargs
+from smsdp.smp.step import _split
 
 TABLE = Path(__file__).resolve().parents[2] / "docs" / "smp_v1_api.md"
 

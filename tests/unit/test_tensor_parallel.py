@@ -7,13 +7,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from smsdp.nn.cross_entropy import vocab_parallel_cross_entropy
+from smsdp.tensor_parallel.layers.cross_entropy import vocab_parallel_cross_entropy
 from smsdp.tensor_parallel import (
     Even, PartitionError, Ranges, Sections, TensorParallelError, TPGroup, batch_arithmetic, merged_state_dict,
     registered_version, set_tensor_parallelism, split_state_dict, tensor_parallelism, to_tensor_parallel,
     tp_register, tp_register_with_module,
 )
-from smsdp.topology import Topology
+from smsdp.config.topology import Topology
 from tests.models import TINY_MODELS, lm_batch
 from tests.tp_models import TP_MODELS
 
@@ -177,7 +177,7 @@ def test_builtin_versions_are_found_by_class_name():
     from transformers.models.gpt2.modeling_gpt2 import GPT2Block
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
-    from smsdp.nn.transformer import DistributedTransformerLayer, DistributedTransformerLMHead
+    from smsdp.tensor_parallel.layers.transformer import DistributedTransformerLayer, DistributedTransformerLMHead
 
     assert registered_version(Block) is DistributedTransformerLayer
     assert registered_version(GPT) is DistributedTransformerLMHead
@@ -214,7 +214,7 @@ def test_docs_example_2_batch_arithmetic():
 
 
 def test_distributed_linear_on_one_rank_is_the_plain_linear():
-    from smsdp.nn.linear import ColumnParallelLinear, DistributedLinear, RowParallelLinear
+    from smsdp.tensor_parallel.layers.linear import ColumnParallelLinear, DistributedLinear, RowParallelLinear
 
     torch.manual_seed(0)
     plain = nn.Linear(6, 4)

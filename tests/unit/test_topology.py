@@ -1,4 +1,4 @@
-"""Topology: the group rules in smsdp/topology.py's docstring and the hierarchical layout."""
+"""Topology: the group rules in smsdp/config/topology.py's docstring and the hierarchical layout."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from smsdp.topology import Topology, TopologyError
+from smsdp.config.topology import Topology, TopologyError
 
 
 # --------------------------------------------------------------------------- #

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from smsdp.config import ConfigProblem
-from smsdp.instance_types import LOCAL
-from smsdp.metric_format import METRIC_DEFINITIONS
+from smsdp.config.instance_types import LOCAL
+from smsdp.util.metric_format import METRIC_DEFINITIONS
 
 from estimator.backends.base import AttachedJob, Backend
 from estimator.backends.local.container_env import (

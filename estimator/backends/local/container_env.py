@@ -14,7 +14,7 @@ import shutil
 import subprocess
 from functools import lru_cache
 
-from smsdp.cluster import SIMULATED_HOSTS_ENV
+from smsdp.config.cluster import SIMULATED_HOSTS_ENV
 from smsdp.config import CONFIG_ENV_VAR
 
 from estimator.backends.local.job_dir import JobDir

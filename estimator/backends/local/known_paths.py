@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from smsdp.instance_types import LOCAL
+from smsdp.config.instance_types import LOCAL
 
 from estimator.validation import check_output_path
 

@@ -18,7 +18,7 @@ from typing import Callable, Mapping
 from estimator.backends.local.job_dir import JobDir, write_text_atomically
 from estimator.backends.local.status import utcnow
 
-#: The fault-injection switch (smsdp.fault_injection) simulates a one-off fault:
+#: The fault-injection switch (smsdp.util.fault_injection) simulates a one-off fault:
 #: a restarted attempt runs without it, as a real retry would not meet it again.
 ONE_OFF_FAULT_VARIABLE = "SMSDP_FAULT"
 

@@ -7,13 +7,13 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from smsdp.metric_format import GIB, parse_progress_line
+from smsdp.util.metric_format import GIB, parse_progress_line
 
 from estimator.backends.local.job_dir import JobDir
 from estimator.backends.local.rank_tags import split_prefix
 from estimator.job import JobStatus
 
-SUMMARY_FILE = "summary.json"  # written by smsdp.metrics.write_summary on rank 0
+SUMMARY_FILE = "summary.json"  # written by smsdp.util.metrics.write_summary on rank 0
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from smsdp.instance_types import lookup
-from smsdp.metric_format import METRIC_DEFINITIONS
+from smsdp.config.instance_types import lookup
+from smsdp.util.metric_format import METRIC_DEFINITIONS
 
 from estimator.backends.base import AttachedJob
 from estimator.backends.sagemaker.aws_session import split_s3_uri

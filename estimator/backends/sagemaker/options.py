@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from smsdp.config import ConfigError, ConfigProblem
-from smsdp.instance_types import lookup
+from smsdp.config.instance_types import lookup
 
 from estimator.spec import S3_SCHEME, JobSpec
 from estimator.validation import collect, problem

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from smsdp.metric_format import METRIC_DEFINITIONS
+from smsdp.util.metric_format import METRIC_DEFINITIONS
 
 from estimator.backends.sagemaker.options import RemoteOptions
 from estimator.spec import JobSpec

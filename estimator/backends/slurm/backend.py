@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from smsdp.cluster import SIMULATED_HOSTS_ENV
+from smsdp.config.cluster import SIMULATED_HOSTS_ENV
 
 from estimator.backends.base import AttachedJob, Backend
 from estimator.backends.local.backend import (

@@ -14,7 +14,7 @@ import difflib
 import re
 from typing import Any, Mapping
 
-from smsdp.instance_types import LOCAL
+from smsdp.config.instance_types import LOCAL
 
 from estimator.backends import SLURM
 from estimator.validation import check_output_path, problem

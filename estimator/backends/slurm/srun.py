@@ -4,7 +4,7 @@
 host-major (``--distribution=block``), labelled (``--label``: ``"<task>: "``),
 and ends the whole step when one rank exits non-zero (``--kill-on-bad-exit``).
 No MPI library joins the ranks: the launcher reads ``SLURM_PROCID`` /
-``SLURM_NODEID`` / ``SLURM_LOCALID`` (``smsdp.cluster.slurm_rank_env``) and
+``SLURM_NODEID`` / ``SLURM_LOCALID`` (``smsdp.config.cluster.slurm_rank_env``) and
 the ranks meet through torch.distributed's TCP store on the first node
 (``MASTER_ADDR`` from ``SLURM_LAUNCH_NODE_IPADDR``, ``MASTER_PORT`` from the
 supervisor). That needs no PMI support from Slurm, nor an MPI built for it.

@@ -1,0 +1,157 @@
+"""Join the job's torch.distributed world: ``init_distributed()``.
+
+How ranks find each other, in order of preference:
+
+1. ``torch.distributed`` is already initialized: it is kept (see ``init_distributed``).
+2. Under ``mpirun`` (``OMPI_COMM_WORLD_SIZE`` set): rank 0 opens a ``TCPStore``
+   on a free port (port 0, so there is no pick-then-bind race) on 127.0.0.1
+   when every rank is on its machine, else on its host name; mpi4py broadcasts
+   the address and port; everyone joins through that store.
+3. Under torchrun (``MASTER_ADDR``/``MASTER_PORT``/``RANK``/``WORLD_SIZE``): ``env://``.
+4. Neither: a world of one process (an in-memory store), so a training script
+   also runs as plain ``python train.py``.
+
+The backend is chosen in ``choose_backend`` only. mpi4py is imported only on
+the MPI path: importing it initializes MPI.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+
+from smsdp.config.cluster import ClusterInfo
+
+LOOPBACK = "127.0.0.1"
+
+
+def init_distributed(backend: str | None = None, timeout_s: float | None = None) -> ClusterInfo:
+    """Initialize the default process group once and return this rank's ``ClusterInfo``.
+
+    ``backend``: ``ddp_dist_backend`` ("auto", "nccl" or "gloo"); None takes the job
+    config's. ``timeout_s``: ``collective_timeout_s`` (how long a collective may wait
+    for a peer before failing, instead of hanging forever); None takes the job config's.
+
+    This is the one place the world is joined, whoever calls it first (the launcher
+    with the job config, or ``smp.init``). When the world already exists (the launcher
+    joined it, or the script or a test harness built its own), it is kept: an explicit
+    backend that differs from the world's is an error, "auto" accepts the world's, and
+    the world keeps the timeout it was made with (``smp.init`` gives its subgroups the
+    config's timeout).
+    """
+    import torch.distributed as dist
+
+    cluster = ClusterInfo.from_env()
+    config = _job_config()
+    requested = backend or _requested_backend(config)
+    if dist.is_initialized():
+        _check_running_backend(requested)
+        return cluster
+    backend = choose_backend(requested)
+    timeout = _timeout(timeout_s, config)
+    if backend == "nccl":
+        _set_cuda_device(cluster)
+    if _under_mpi():
+        store = _mpi_store(cluster, timeout)
+        dist.init_process_group(backend, store=store, rank=cluster.rank,
+                                world_size=cluster.world_size, timeout=timeout)
+    elif _under_torchrun():
+        dist.init_process_group(backend, init_method="env://", rank=cluster.rank,
+                                world_size=cluster.world_size, timeout=timeout)
+    else:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+    _export_torch_variables(cluster)
+    return cluster
+
+
+def choose_backend(requested: str = "auto") -> str:
+    """The backend for ``ddp_dist_backend`` = ``requested``: the one place this is decided.
+
+    "gloo", or no CUDA: gloo. "auto"/"nccl" with CUDA: NCCL when every rank on this
+    machine gets its own GPU (NCCL refuses two ranks on one GPU, e.g. 4 simulated-host
+    ranks on a 1-GPU box), else gloo.
+    """
+    import torch
+
+    if requested == "gloo" or not torch.cuda.is_available():
+        return "gloo"
+    ranks_here = int(os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    return "nccl" if torch.cuda.device_count() >= ranks_here else "gloo"
+
+
+def _requested_backend(config) -> str:
+    return getattr(getattr(config, "parameters", None), "ddp_dist_backend", "auto")
+
+
+def _check_running_backend(requested: str) -> None:
+    import torch.distributed as dist
+
+    running = dist.get_backend()
+    if requested != "auto" and running != choose_backend(requested):
+        raise RuntimeError(
+            f"ddp_dist_backend={requested!r} asks for {choose_backend(requested)!r}, but torch.distributed was "
+            f"already initialized with {running!r} before smsdp joined; set ddp_dist_backend='auto' "
+            f"(or {running!r}), or let smsdp initialize it"
+        )
+
+
+def _job_config():
+    from smsdp.config import RuntimeConfig
+
+    return RuntimeConfig.from_env()
+
+
+def _timeout(timeout_s: float | None, config) -> datetime.timedelta:
+    """The argument, else the job config's, else RuntimeConfig's default (not torch's 30 minutes)."""
+    if timeout_s is None and config is not None:
+        timeout_s = config.collective_timeout_s
+    if timeout_s is None:
+        from smsdp.config import RuntimeConfig
+
+        timeout_s = RuntimeConfig.model_fields["collective_timeout_s"].default
+    return datetime.timedelta(seconds=float(timeout_s))
+
+
+def _set_cuda_device(cluster: ClusterInfo) -> None:
+    import torch
+
+    # physical_local_rank, not local_rank: simulated hosts share one machine's GPUs.
+    torch.cuda.set_device(cluster.physical_local_rank % torch.cuda.device_count())
+
+
+def _under_mpi() -> bool:
+    return "OMPI_COMM_WORLD_SIZE" in os.environ or "PMI_SIZE" in os.environ
+
+
+def _under_torchrun() -> bool:
+    return all(name in os.environ for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"))
+
+
+def _mpi_store(cluster: ClusterInfo, timeout: datetime.timedelta):
+    """Rank 0 serves a TCPStore on a free port; mpi4py tells everyone where."""
+    import torch.distributed as dist
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    store_timeout = timeout
+    one_machine = len(set(comm.allgather(MPI.Get_processor_name()))) == 1
+    if cluster.rank == 0:
+        addr = LOOPBACK if one_machine else socket.gethostname()
+        store = dist.TCPStore(addr, 0, cluster.world_size, True, timeout=store_timeout,
+                              wait_for_workers=False)
+        addr, port = comm.bcast((addr, store.port), root=0)
+    else:
+        addr, port = comm.bcast(None, root=0)
+        store = dist.TCPStore(addr, port, cluster.world_size, False, timeout=store_timeout)
+    os.environ.setdefault("MASTER_ADDR", addr)
+    os.environ.setdefault("MASTER_PORT", str(port))
+    return store
+
+
+def _export_torch_variables(cluster: ClusterInfo) -> None:
+    """Set torchrun's variables too, for user code that reads them."""
+    os.environ.setdefault("RANK", str(cluster.rank))
+    os.environ.setdefault("WORLD_SIZE", str(cluster.world_size))
+    os.environ.setdefault("LOCAL_RANK", str(cluster.local_rank))
+    os.environ.setdefault("LOCAL_WORLD_SIZE", str(cluster.processes_per_host))

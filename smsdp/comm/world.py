@@ -1,0 +1,201 @@
+"""The one runtime state behind ``smp.init()`` and the rank/size/group functions.
+
+``init`` computes what a training process needs to know about its place in the
+job once, and validates it: the config, the topology, this rank's coordinates,
+its process groups, its device, the all-gather strategy. Those are not changed
+afterwards. What does change:
+
+* ``stats`` counts the bytes every collective sends (``smp.reset_comm_stats``
+  clears it);
+* ``models`` and ``optimizers`` grow as the script wraps them (checkpointing
+  finds the newest there when none is passed);
+* ``backward_scale`` is ``1/microbatches`` while an ``@smp.step`` function runs and
+  1 otherwise (``DistributedModel.backward`` reads it at each call).
+
+``DistributedModel`` and ``DistributedOptimizer`` take what they need from the
+state when they are built (the collectives bound to this rank's groups, the
+degrees, the dtype, the device), so no hook looks anything up here.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import torch
+import torch.distributed as dist
+
+from smsdp.core.activation_offload import ActivationOffloader
+from smsdp.config.cluster import ClusterInfo
+from smsdp.comm.all_gather import AllGatherStrategy
+from smsdp.comm.collectives import Handle, all_gather_flat, all_reduce, reduce_scatter_flat
+from smsdp.comm.accounting import HPZ, CommStats
+from smsdp.config import ConfigError, RuntimeConfig, SMPParameters
+from smsdp.comm.process_groups import ProcessGroups, build_process_groups
+from smsdp.comm.rendezvous import init_distributed
+from smsdp.config.topology import RankCoords, Topology
+
+logger = logging.getLogger("smsdp")
+
+
+@dataclass
+class RuntimeState:
+    config: RuntimeConfig
+    cluster: ClusterInfo
+    topology: Topology
+    coords: RankCoords
+    groups: ProcessGroups
+    device: torch.device
+    stats: CommStats
+    all_gather: AllGatherStrategy
+    models: list[Any] = field(default_factory=list)  # DistributedModels, newest last
+    optimizers: list[Any] = field(default_factory=list)  # DistributedOptimizers, newest last
+    backward_scale: float = 1.0  # 1/microbatches inside @smp.step (changes), applied by model.backward
+    activation_offloader: ActivationOffloader | None = None  # with offload_activations
+
+    @property
+    def params(self) -> SMPParameters:
+        return self.config.parameters
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        if self.params.bf16:
+            return torch.bfloat16
+        if self.params.fp16:
+            return torch.float16
+        return torch.float32
+
+    @property
+    def dp_size(self) -> int:
+        """Ranks a gradient is averaged over: every rank holding a data-parallel replica."""
+        return self.topology.dp_size
+
+    # ---- collectives bound to this rank's groups, counted in ``stats`` ------------------
+
+    def gather_shards_fp32(self, output: torch.Tensor, shard: torch.Tensor) -> None:
+        """Whole-parameter gathers for state dicts: flat, uncounted as training traffic."""
+        all_gather_flat(output, shard, self.groups.shard_group, None).wait()
+
+    def all_gather_reshard_group(self, output: torch.Tensor, kept: torch.Tensor, async_op: bool) -> Handle:
+        """The backward's gather from the 1/k slices kept in this rank's reshard group (one host)."""
+        return all_gather_flat(output, kept, self.groups.reshard_group, self.stats, async_op, label=HPZ)
+
+    def reduce_scatter_shards(self, output: torch.Tensor, full: torch.Tensor, async_op: bool) -> Handle:
+        return reduce_scatter_flat(output, full, self.groups.shard_group, self.stats, async_op=async_op)
+
+    def all_reduce_replicas(self, tensor: torch.Tensor, async_op: bool) -> Handle:
+        return all_reduce(tensor, self.groups.replica_group, self.stats, "all_reduce.replica", async_op=async_op)
+
+    def all_reduce_dp(self, tensor: torch.Tensor, async_op: bool) -> Handle:
+        return all_reduce(tensor, self.groups.dp_group, self.stats, "all_reduce.dp", async_op=async_op)
+
+    def all_reduce_shard_group(self, tensor: torch.Tensor, key: str) -> None:
+        all_reduce(tensor, self.groups.shard_group, self.stats, key).wait()
+
+    def all_reduce_tp_group(self, tensor: torch.Tensor, key: str) -> None:
+        all_reduce(tensor, self.groups.tp_group, self.stats, key).wait()
+
+    def all_reduce_world(self, tensor: torch.Tensor, key: str, op=dist.ReduceOp.SUM) -> None:
+        all_reduce(tensor, self.groups.world, self.stats, key, op=op).wait()
+
+
+_STATE: RuntimeState | None = None
+
+
+def get() -> RuntimeState:
+    if _STATE is None:
+        raise RuntimeError("smsdp is not initialized: call smp.init() first, on every rank")
+    return _STATE
+
+
+def is_initialized() -> bool:
+    return _STATE is not None
+
+
+def init(config: RuntimeConfig | SMPParameters | Mapping[str, Any] | None = None) -> RuntimeState:
+    """Join the job and build every group. Idempotent: a second call returns the first state."""
+    global _STATE
+    if _STATE is not None:
+        return _STATE
+    job_config = RuntimeConfig.from_env()
+    # Checked before the rendezvous: a config that does not fit the world that started
+    # fails on every rank at once, with no collective to hang in.
+    resolved = _resolve_config(config, job_config, ClusterInfo.from_env())
+    cluster = init_distributed(backend=resolved.parameters.ddp_dist_backend, timeout_s=resolved.collective_timeout_s)
+    topology = resolved.topology  # the same Topology the client validated, from the same config
+    _check_hosts_are_host_major(cluster, topology)
+    # Subgroups get the same timeout: new_group's default is 30 minutes, whatever the world's is.
+    timeout = datetime.timedelta(seconds=float(resolved.collective_timeout_s))
+    groups = build_process_groups(topology, cluster.rank, timeout=timeout)
+    device = _device_for(cluster)
+    stats = CommStats()
+    strategy = AllGatherStrategy(resolved, groups, stats)
+    _STATE = RuntimeState(resolved, cluster, topology, topology.coords(cluster.rank), groups, device, stats, strategy)
+    if resolved.parameters.offload_activations:
+        _STATE.activation_offloader = ActivationOffloader(device, resolved.parameters.activation_loading_horizon)
+    logger.info("smsdp initialized: %s", topology.describe())
+    return _STATE
+
+
+def _params_of(config: Any) -> SMPParameters | None:
+    if config is None:
+        return None
+    if isinstance(config, RuntimeConfig):
+        return config.parameters
+    if isinstance(config, SMPParameters):
+        return config
+    return SMPParameters.model_validate(dict(config))
+
+
+def _resolve_config(config: Any, job_config: RuntimeConfig | None, cluster: ClusterInfo) -> RuntimeConfig:
+    """The job's config, or one built from ``smp.init({...})``, checked against the real world."""
+    if isinstance(config, RuntimeConfig):
+        resolved = config
+    elif config is not None:
+        resolved = RuntimeConfig.for_world(cluster.world_size, cluster.processes_per_host, _params_of(config))
+        if job_config is not None:  # smp.init({...}) inside a job keeps the job's timeout and buffers
+            resolved = RuntimeConfig.model_validate(
+                {**dict(resolved), "collective_timeout_s": job_config.collective_timeout_s, "smddp": job_config.smddp}
+            )
+    elif job_config is not None:
+        resolved = job_config
+    else:
+        resolved = RuntimeConfig.for_world(cluster.world_size, cluster.processes_per_host, None)
+    if resolved.world_size != cluster.world_size:
+        raise ConfigError(
+            f"the job was configured for {resolved.instance_count} host(s) x {resolved.processes_per_host} "
+            f"process(es) = {resolved.world_size} ranks, but {cluster.world_size} ranks started; "
+            f"launch with mpirun -np {resolved.world_size} or fix instance_count/processes_per_host"
+        )
+    return resolved
+
+
+def _check_hosts_are_host_major(cluster: ClusterInfo, topology: Topology) -> None:
+    """Every rank reports its host; the topology assumes rank r is on host r // processes_per_host."""
+    if cluster.world_size == 1:
+        return
+    hosts: list[Any] = [None] * cluster.world_size
+    dist.all_gather_object(hosts, cluster.host)
+    expected = [r // topology.processes_per_host for r in range(cluster.world_size)]
+    index: dict[str, int] = {}
+    seen = [index.setdefault(h, len(index)) for h in hosts]
+    if seen != expected:
+        raise ConfigError(
+            f"ranks are not laid out host-major with {topology.processes_per_host} per host: "
+            f"hosts by rank {hosts}; launch with mpirun --map-by slot and processes_per_host ranks per host"
+        )
+
+
+def _device_for(cluster: ClusterInfo) -> torch.device:
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def reset_for_tests() -> None:
+    """Forget the state (the process group stays): lets one worker process run several configs."""
+    global _STATE
+    _STATE = None
+

@@ -1,1 +1,0 @@
-"""The modules behind ``smsdp.config`` (import from there): one concern each, see its docstring."""

@@ -1,0 +1,477 @@
+"""``smp.DistributedModel``: MiCS sharding of a module, unit by unit.
+
+This file registers the hooks, records the execution order (prefetching along
+it is ``smsdp.core.prefetch``'s) and holds the model's training state; what happens
+to a unit's parameters and gradients in each hook is the unit's job
+(``smsdp.core.unit``).
+
+[Note: the schedule of one micro-step]
+forward:  the root unit is gathered first (it stays gathered for the whole
+          forward, because the root's forward encloses every block); each
+          unit's pre-forward waits for its gather (issued earlier as a prefetch
+          when possible), exposes the parameter views and prefetches the next
+          ``sdp_forward_prefetch`` unit(s) in the recorded forward order within
+          ``sdp_max_live_parameters``; its post-forward frees it (or keeps a
+          1/k slice under ``sdp_reshard_after_forward=k``) and hooks its
+          outputs so backward can find it.
+backward: a hook on a unit's outputs fires when their gradient is ready, that
+          is just before the unit's own backward: gather again (from the kept
+          slices, inside the reshard group, under ``k``), prefetch the next
+          ``sdp_backward_prefetch`` unit(s) backward reaches (``smsdp.core.prefetch``).
+          When the unit's flat gradient is complete (post-accumulate-grad hook
+          on its flat parameter), it is reduce-scattered inside the shard group
+          asynchronously and the gathered buffer is freed. A callback at the end
+          of backward waits for the reduce-scatters and adds the shards into
+          the fp32 accumulators.
+step:     ``DistributedOptimizer.step`` all-reduces the accumulated shards
+          across the replica group (once per optimizer step, never per
+          micro-step: the 2-hop synchronization) and the replicated parameters'
+          gradients over the data-parallel group, coalesced into as few
+          all-reduces as ``sdp_reduce_bucket_size`` allows
+          (``smsdp.core.replicated_grad_sync``), then clips and steps the local shards.
+
+[Note: tensor parallelism inside the sharded step]
+With ``tensor_parallel_degree > 1`` the plain model (equal on every rank after
+the broadcast from rank 0) is converted to this TP rank's version before it
+is cut into units (``smsdp.tensor_parallel``): a unit flattens this TP rank's
+pieces and shards them over this TP rank's shard group, so the all-gathers,
+reduce-scatters and replica all-reduces above run in the groups of that TP
+rank unchanged, and the activation all-reduces run in ``tp_group`` inside
+the layers. A flat group never mixes pieces with replicated parameters, so the
+grad norm can add the pieces' squares over ``tp_group`` and count the rest
+once. ``state_dict()`` merges the pieces into the plain model's tensors.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections import OrderedDict
+from types import MappingProxyType
+from typing import Any, Iterator, Mapping
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten, tree_map
+
+from smsdp.util import fault_injection
+from smsdp.comm import world as runtime_state
+from smsdp.core.activation_checkpointing import set_activation_checkpointing
+from smsdp.comm.collectives import broadcast
+from smsdp.core.delayed_materialize import materialize_units
+from smsdp.core.flat_param_group import FlatParamGroup
+from smsdp.core.model_state import compute_copy_bytes, full_state_dict, load_full_state_dict, model_state_bytes
+from smsdp.smp.model_methods import PARTIAL_KEY, SMPModelMethods
+from smsdp.core.prefetch import PrefetchDepths, Prefetcher
+from smsdp.core.replicated_grad_sync import ReplicatedGradSync
+from smsdp.tensor_parallel.pieces import convert_for_job, cut_tp_pieces, merge_tp_pieces, split_names
+from smsdp.core.unit import Unit
+from smsdp.core.unit_comm import bind_unit_comm
+from smsdp.core.cutting import GroupPolicy, build_units, find_unit_modules
+
+logger = logging.getLogger("smsdp")
+
+
+class TrainingState(enum.Enum):
+    """Where the model is in its cycle of forwards, backwards and steps."""
+
+    LEARNING_ORDER = "learning_order"  # no forward with grad has finished: the unit order is unknown
+    IDLE = "idle"  # the order is known; no backward is running
+    BACKWARD = "backward"  # a backward that does not end the gradient accumulation
+    BOUNDARY_BACKWARD = "boundary_backward"  # the backward that ends it: the second hop starts inside
+    SYNCING = "syncing"  # after a boundary backward: replica all-reduces in flight until step()
+
+
+_IN_BACKWARD = (TrainingState.BACKWARD, TrainingState.BOUNDARY_BACKWARD)
+
+
+class DistributedModel(SMPModelMethods, nn.Module):
+    """Wraps ``module`` so that its parameters, gradients and optimizer state are sharded.
+
+    ``module.parameters()`` of the wrapped module become placeholders; build the
+    optimizer from ``DistributedModel.parameters()`` (or ``named_parameters()``,
+    which keeps the original names), each yielding this rank's part of that
+    parameter.
+
+    ``keep_gathered_for_backward`` (default True): the root and the forward's last
+    unit stay gathered into the backward that needs them first (as FSDP2's root does);
+    False reshards every unit at the end of its forward.
+
+    ``prefetch_units``: units gathered ahead of the running one in both directions,
+    overriding the SMP parameters ``sdp_forward_prefetch`` and ``sdp_backward_prefetch``;
+    None (default) uses them (``smsdp.core.prefetch``).
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        *,
+        transformer_layer_cls: type | tuple[type, ...] | None = None,
+        prefetch_units: int | None = None,
+        broadcast_init: bool = True,
+        backward_passes_per_step: int | None = None,
+        keep_gathered_for_backward: bool = True,
+        average_grads_across_microbatches: bool = True,
+        **smp_v1_kwargs: Any,  # SMP v1's tracing/DDP keywords: accepted, their no-effect logged
+    ):
+        super().__init__()
+        self.check_smp_v1_kwargs(smp_v1_kwargs)
+        rt = runtime_state.get()
+        params = rt.params
+        self._rt = rt  # read for backward_scale only, which @smp.step changes (see smsdp.comm.world)
+        self._compute_dtype = rt.compute_dtype
+        self._offloader = rt.activation_offloader
+        self._gather_fp32 = rt.gather_shards_fp32
+        self._units = self._wrap(module, rt, transformer_layer_cls, broadcast_init)
+        self._root = self._units[-1]
+        backward_order = [g for u in reversed(self._units[:-1]) for g in u.groups] + self._root.groups
+        self._replicated_sync = ReplicatedGradSync(backward_order, rt.all_reduce_dp, rt.dp_size,
+                                                   self._root.comm.reduce_dtype, params.sdp_reduce_bucket_size)
+        self._unit_of_module = {id(u.module): u for u in self._units if not u.is_root}
+        self._keep_for_backward = keep_gathered_for_backward  # [Note: kept for backward]
+        self._reshard_after_forward = params.sdp_reshard_after_forward is not False
+        self._prefetch = Prefetcher(self._units, PrefetchDepths.resolve(params, prefetch_units),
+                                    params.sdp_max_live_parameters)
+        self._state = TrainingState.LEARNING_ORDER
+        # [Note: early replica sync] With backward_passes_per_step declared, the backward
+        # that ends the accumulation is known when it starts: each unit's replica all-reduce
+        # is launched as soon as its reduce-scatter is done, overlapping the rest of that
+        # backward, and step() only waits. Undeclared, the sync happens in step().
+        self._backward_passes_per_step = backward_passes_per_step
+        self._average_microbatches = average_grads_across_microbatches
+        self._backwards_since_step = 0  # position in the accumulation, for the boundary
+        self._loss_scaler = None  # given by a DistributedOptimizer under fp16
+        self._warned_nothing_offloaded = False
+        self._register_hooks()
+        rt.models.append(self)
+        logger.info("DistributedModel: %s", self.describe())
+
+    def _wrap(self, module: nn.Module, rt, layer_cls, broadcast_init: bool) -> list[Unit]:
+        """Move, broadcast and cut ``module`` into units bound to this rank's collectives."""
+        delayed = any(p.is_meta for p in module.parameters())
+        self.module = module if delayed else module.to(rt.device)
+        if broadcast_init and rt.cluster.world_size > 1 and not delayed:
+            _broadcast_from_rank0(self.module, rt)
+        if rt.topology.tp_degree > 1:  # [Note: tensor parallelism inside the sharded step]
+            # on the meta device too: the pieces are cut from the replayed plain tensors
+            self.module = convert_for_job(self.module, rt.groups.tp_group, rt.stats)
+        self._tp_splits = split_names(self.module)
+        classes = (layer_cls,) if isinstance(layer_cls, type) else layer_cls
+        self._state_dict_keys = tuple(self.module.state_dict().keys())
+        unit_modules = find_unit_modules(self.module, classes)
+        policy = GroupPolicy(
+            persistence_threshold=rt.params.sdp_param_persistence_threshold,
+            shard_degree=rt.topology.shard_degree,
+            shard_rank=rt.coords.shard_rank,
+            compute_dtype=rt.compute_dtype,
+            device=rt.device,
+        )
+        if delayed:
+            units = materialize_units(self.module, unit_modules, policy)
+            self.module.to(rt.device)  # buffers
+        else:
+            units = build_units(self.module, unit_modules, policy)
+        if rt.params.activation_checkpointing:
+            for unit in units[:-1]:
+                set_activation_checkpointing(unit.module)
+        comm = bind_unit_comm(rt)
+        for unit in units:
+            unit.comm = comm
+        return units
+
+    def _register_hooks(self) -> None:
+        for unit in self._units:
+            if not unit.is_root:
+                unit.module.register_forward_pre_hook(self._pre_forward_hook)
+                unit.module.register_forward_hook(self._post_forward_hook)
+            for group in unit.groups:
+                if group.trainable:
+                    group.flat_param.register_post_accumulate_grad_hook(self._make_post_backward(unit, group))
+
+    # ---- what the user sees --------------------------------------------------------------
+
+    def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
+        for group in self.flat_groups():
+            for name, param in group.optim_params:
+                yield (f"{prefix}.{name}" if prefix else name), param
+
+    def flat_groups(self) -> Iterator[FlatParamGroup]:
+        for unit in self._units:
+            yield from unit.groups
+
+    @property
+    def units(self) -> list[Unit]:
+        return list(self._units)
+
+    @property
+    def training_state(self) -> TrainingState:
+        return self._state
+
+    @property
+    def prefetch_depths(self) -> PrefetchDepths:
+        """Units gathered ahead per direction: the SMP parameters, or ``prefetch_units`` when given."""
+        return self._prefetch.depths
+
+    @property
+    def tensor_parallel_splits(self) -> Mapping[str, Any]:
+        """State-dict names of this TP rank's pieces and how they were cut (empty without TP).
+
+        A read-only view, not a copy: checkpointing looks a parameter up in it per chunk."""
+        return MappingProxyType(self._tp_splits)
+
+    @property
+    def state_dict_keys(self) -> tuple[str, ...]:
+        """The wrapped module's ``state_dict()`` keys, in its order."""
+        return self._state_dict_keys
+
+    def persistent_buffers(self) -> dict[str, torch.Tensor]:
+        """The wrapped module's buffers that belong in a state dict (non-persistent ones excluded)."""
+        keys = set(self._state_dict_keys)
+        return {name: buf for name, buf in self.module.named_buffers() if name in keys}
+
+    def use_loss_scaler(self, scaler) -> None:
+        """Multiply the loss by ``scaler.scale`` in ``backward`` (the fp16 DistributedOptimizer's)."""
+        self._loss_scaler = scaler
+
+    def describe(self) -> str:
+        sharded = sum(g.padded_numel for g in self.flat_groups() if g.sharded)
+        replicated = sum(g.numel for g in self.flat_groups() if not g.sharded)
+        return (
+            f"{len(self._units) - 1} units + root, {sharded:,} sharded elements (padded), "
+            f"{replicated:,} replicated elements, compute dtype {str(self._compute_dtype)[6:]}"
+        )
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        fault_injection.at("forward")
+        if self._state in _IN_BACKWARD:
+            raise RuntimeError("forward called while a backward of this model is still running")
+        if self._compute_dtype != torch.float32:
+            args, kwargs = _cast_floats((args, kwargs), self._compute_dtype)
+        grad = torch.is_grad_enabled()
+        recording = grad and self._state is TrainingState.LEARNING_ORDER
+        if recording:
+            self._prefetch.order = []
+        if self._offloader is not None and grad:
+            self._offloader.begin_forward()
+        self.reshard_all()  # what an earlier forward kept for a backward that never came
+        self._root.pre_forward()
+        self._prefetch_after(None, forward=True)
+        try:
+            output = self.module(*args, **kwargs)
+        except BaseException:
+            self.reshard_all()
+            raise
+        if grad:
+            self._hook_outputs(self._root, output)
+            if recording:
+                self._state = TrainingState.IDLE
+        if not (grad and (self._keep_for_backward or not self._reshard_after_forward)):
+            self._root.post_forward(keep_slice=grad)
+        return output
+
+    def reshard_all(self) -> None:
+        """Free every gathered unit (the step, a load, or a new forward must not see old copies)."""
+        for unit in self._units:
+            unit.reshard()
+
+    def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        """``loss.backward()``, times the fp16 loss scale and 1/microbatches inside ``@smp.step``."""
+        scale = self._rt.backward_scale if self._average_microbatches else 1.0
+        if self._loss_scaler is not None:
+            scale *= self._loss_scaler.scale
+        with self.backward_through_model():  # [Note: fp16 needs model.backward] in model_surface
+            (loss * scale if scale != 1.0 else loss).backward(*args, **kwargs)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self._replicated_sync.wait()
+        for unit in self._units:
+            unit.zero_grad()
+        if self._state is TrainingState.SYNCING:
+            self._state = TrainingState.IDLE
+
+    # ---- forward hooks ---------------------------------------------------------------------
+
+    def _pre_forward_hook(self, module: nn.Module, args: Any) -> None:
+        unit = self._unit_of_module[id(module)]
+        unit.pre_forward()
+        if self._state in _IN_BACKWARD:
+            return  # recomputation under activation checkpointing: the backward owns the schedule
+        if self._state is TrainingState.LEARNING_ORDER and torch.is_grad_enabled():
+            self._prefetch.order.append(unit)
+        self._prefetch_after(unit, forward=True)
+
+    def _post_forward_hook(self, module: nn.Module, args: Any, output: Any) -> Any:
+        unit = self._unit_of_module[id(module)]
+        if self._state in _IN_BACKWARD:
+            return output
+        if torch.is_grad_enabled():
+            self._hook_outputs(unit, output)
+            if self._backward_starts_with(unit):
+                return output
+        unit.post_forward(keep_slice=torch.is_grad_enabled())  # a 1/k slice only when a backward may follow
+        return output
+
+    def _backward_starts_with(self, unit: Unit) -> bool:
+        """Whether ``unit`` stays gathered from its forward into the backward.
+
+        [Note: kept for backward] The backward needs the root first (the head) and then
+        the forward's last unit: resharding them at the end of the forward would gather
+        the same bytes again moments later. The root is kept whenever a backward can
+        follow (it stays gathered through the whole backward anyway, for the embedding);
+        the last unit when the backward would have prefetched it at once: a backward
+        prefetch depth (``sdp_backward_prefetch``) of at least 1 and room in the live budget
+        (``sdp_max_live_parameters``). All-gathers per micro-step:
+        ``(d-1)/d * (2 Psi - Psi_root - Psi_last)`` rather than ``2 (d-1)/d Psi`` (see
+        docs/runtime.md, "Communication per optimizer step"); with a backward depth of 0,
+        ``(d-1)/d * (2 Psi - Psi_root)``. The forward's order is known
+        from the second forward on. ``keep_gathered_for_backward=False`` frees both at the
+        end of the forward and gathers them again (``2 (d-1)/d Psi`` exactly).
+
+        ``sdp_reshard_after_forward=False`` keeps every unit (ZeRO-2 style): no backward
+        all-gather, ``(d-1)/d Psi`` per micro-step, the whole model gathered at the peak.
+        ``sdp_reshard_after_forward=k`` keeps the same two whole; every other unit keeps a
+        ``1/k`` slice (``Unit.post_forward``) and its backward gathers inside the reshard group.
+        """
+        if not self._reshard_after_forward:
+            return True
+        return (self._keep_for_backward and self._state is not TrainingState.LEARNING_ORDER
+                and self._prefetch.keeps_for_backward(unit))
+
+    def _hook_outputs(self, unit: Unit, output: Any) -> None:
+        for tensor in _tensors_requiring_grad(output):
+            tensor.register_hook(lambda grad, unit=unit: self._pre_backward(unit))
+
+    # ---- prefetching -------------------------------------------------------------------------
+
+    def _prefetch_after(self, unit: Unit | None, forward: bool) -> None:
+        """Issue async gathers for the units after ``unit`` in this direction (``smsdp.core.prefetch``)."""
+        if self._state is not TrainingState.LEARNING_ORDER:
+            self._prefetch.issue_after(unit, forward)
+
+    # ---- backward ----------------------------------------------------------------------------
+
+    def _pre_backward(self, unit: Unit) -> None:
+        fault_injection.at("backward")
+        if self._state not in _IN_BACKWARD:
+            self._begin_backward()
+        if not unit.pre_backward():
+            return
+        if not unit.is_root:
+            self._prefetch_after(unit, forward=False)
+        elif self._prefetch.order:
+            self._prefetch_after(None, forward=False)
+
+    def _begin_backward(self) -> None:
+        self.check_loss_scale_applied()  # before anything changes: it may raise
+        bpps = self._backward_passes_per_step
+        if self._state is TrainingState.SYNCING:
+            raise RuntimeError(
+                f"backward_passes_per_step={bpps}: a backward ran after the {bpps}-th one without "
+                f"optimizer.step(); call step() every {bpps} backward passes, or leave "
+                "backward_passes_per_step unset to synchronize in step()"
+            )
+        boundary = bpps is not None and (self._backwards_since_step + 1) % bpps == 0
+        self._state = TrainingState.BOUNDARY_BACKWARD if boundary else TrainingState.BACKWARD
+        if self._offloader is not None:
+            self._offloader.prefetch()  # the last checkpointed units' inputs, while the head's backward runs
+            if self._offloader.stats.groups == 0 and not self._warned_nothing_offloaded:
+                self._warned_nothing_offloaded = True
+                logger.warning("offload_activations=True offloads the inputs of checkpointed modules, and no "
+                               "module is checkpointed: set activation_checkpointing=True, or call "
+                               "smp.set_activation_checkpointing(module) on the modules to offload")
+        torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+
+    def _make_post_backward(self, unit: Unit, group: FlatParamGroup):
+        def post_backward(flat_param: torch.Tensor) -> None:
+            # Earlier units' reduce-scatters have had a unit's backward to finish: collecting
+            # them now keeps about one unit's fp32 gradient in flight, not the whole model's.
+            sync = self._state is TrainingState.BOUNDARY_BACKWARD
+            for other in self._units:
+                other.complete_reduces(keep=group, sync=sync)
+            unit.post_backward(group)
+            if sync and not group.sharded:
+                self._replicated_sync.group_ready(group)
+
+        return post_backward
+
+    def _end_of_backward(self) -> None:
+        boundary = self._state is TrainingState.BOUNDARY_BACKWARD
+        for unit in self._units:
+            unit.finalize_backward(sync=boundary)
+        if boundary:
+            self._replicated_sync.start()
+        self._state = TrainingState.SYNCING if boundary else TrainingState.IDLE
+        self._backwards_since_step += 1
+
+    # ---- the step boundary (called by DistributedOptimizer) ------------------------------------
+
+    def finish_pending_reduces(self) -> None:
+        for unit in self._units:
+            unit.complete_reduces()
+
+    def synchronize_gradients(self) -> None:
+        """Second hop: replica all-reduce of grad shards, dp all-reduce of replicated grads."""
+        self.reshard_all()  # the step changes the masters: no gathered copy may outlive it
+        for unit in self._units:
+            unit.start_sync()  # no-op for groups started during the boundary backward
+        self._replicated_sync.start()  # likewise
+        for unit in self._units:
+            unit.wait_sync()
+        self._replicated_sync.wait()
+        self._backwards_since_step = 0
+        if self._state is TrainingState.SYNCING:
+            self._state = TrainingState.IDLE
+
+    # ---- whole-model state ---------------------------------------------------------------------
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> "OrderedDict[str, torch.Tensor]":
+        """The full, unsharded state dict with the wrapped module's keys (every rank must call).
+
+        Parameters come back in fp32 (the master copy), on the CPU, so that plain
+        PyTorch can load them into the unwrapped model.
+        """
+        state = full_state_dict(self.flat_groups(), self.module, self._state_dict_keys, self._gather_fp32)
+        return OrderedDict(merge_tp_pieces(state, self._tp_splits)) if self._tp_splits else state
+
+    def load_state_dict(self, state_dict: dict[str, torch.Tensor], strict: bool = True):  # type: ignore[override]
+        """Load a full state dict (as ``state_dict()`` returns), or a ``local_state_dict()``, into the shards."""
+        if state_dict.get(PARTIAL_KEY):
+            return self.load_local_state_dict(state_dict)
+        self.reshard_all()
+        if self._tp_splits:  # a plain (unsplit) state dict: keep this TP rank's pieces
+            state_dict = cut_tp_pieces(state_dict, self._tp_splits)
+        load_full_state_dict(self.flat_groups(), self.module, self._state_dict_keys, state_dict, strict)
+        return None
+
+    def model_state_bytes(self) -> dict[str, int]:
+        """Bytes this rank holds for parameters and gradients (optimizer state: see the optimizer)."""
+        return model_state_bytes(self.flat_groups())
+
+    def compute_copy_bytes(self) -> dict[str, int]:
+        """Bytes of gathered parameters and kept 1/k slices this rank holds right now."""
+        return compute_copy_bytes(self.flat_groups())
+
+
+def _broadcast_from_rank0(module: nn.Module, rt) -> None:
+    """Every rank starts from rank 0's initial values, whatever each rank's RNG did."""
+    seen: set[int] = set()
+    for tensor in list(module.parameters()) + list(module.buffers()):
+        if id(tensor) in seen:
+            continue
+        seen.add(id(tensor))
+        broadcast(tensor.data, 0, rt.groups.world, None)
+
+
+def _tensors_requiring_grad(output: Any) -> list[torch.Tensor]:
+    leaves, _ = tree_flatten(output)
+    found = [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
+    if not found and not isinstance(output, torch.Tensor):
+        values = getattr(output, "__dict__", {}).values() if not isinstance(output, dict) else output.values()
+        for value in values:
+            if isinstance(value, torch.Tensor) and value.requires_grad:
+                found.append(value)
+    return found
+
+
+def _cast_floats(tree: Any, dtype: torch.dtype) -> Any:
+    return tree_map(lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t, tree)

@@ -1,0 +1,64 @@
+"""What ``smp.DistributedModel`` does differently when ``tensor_parallel_degree > 1``.
+
+- ``convert_for_job``: the plain model (identical on every rank after the
+  broadcast from rank 0) becomes this TP rank's version before it is cut into
+  units, so each unit flattens this TP rank's pieces and shards them over
+  this TP rank's shard group. The activation collectives count into the
+  job's stats under ``all_reduce.tp``.
+- ``split_names`` / ``merge_tp_pieces``: the full state dict the units gather
+  holds this TP rank's pieces; merging them over ``tp_group`` gives the plain
+  model's state dict.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import torch
+from torch import nn
+
+from smsdp.tensor_parallel.tp_group import TPGroup
+from smsdp.tensor_parallel.registry import to_tensor_parallel
+from smsdp.tensor_parallel.split_params import TPSplit, gather_full, split_of
+
+__all__ = ["convert_for_job", "split_names", "merge_tp_pieces", "cut_tp_pieces", "is_tp_split"]
+
+
+def convert_for_job(module: nn.Module, tp_group, stats=None) -> nn.Module:
+    return to_tensor_parallel(module, TPGroup.of(tp_group).counting(stats))
+
+
+def split_names(module: nn.Module) -> dict[str, TPSplit]:
+    """Every state-dict name of a split parameter (tied names included) and its cut."""
+    return {name: split_of(t) for name, t in module.state_dict(keep_vars=True).items() if split_of(t) is not None}
+
+
+def merge_tp_pieces(state: Mapping[str, torch.Tensor], splits: Mapping[str, TPSplit]) -> dict[str, torch.Tensor]:
+    """``state`` with each split entry replaced by the plain tensor (collective over the TP group)."""
+    merged: dict[str, torch.Tensor] = {}
+    done: dict[int, torch.Tensor] = {}
+    for name, value in state.items():
+        split = splits.get(name)
+        if split is None:
+            merged[name] = value
+            continue
+        key = id(value)
+        if key not in done:
+            done[key] = gather_full(value, split)
+        merged[name] = done[key]
+    return merged
+
+
+def cut_tp_pieces(state: Mapping[str, torch.Tensor], splits: Mapping[str, TPSplit]) -> dict[str, torch.Tensor]:
+    """``state`` (plain tensors) with each split entry cut to this TP rank's piece (no communication)."""
+    out = dict(state)
+    for name, split in splits.items():
+        if name in out:
+            out[name] = split.partition.piece(out[name], split.tp.rank, split.tp.size)
+    return out
+
+
+def is_tp_split(param: torch.Tensor) -> bool:
+    """A piece of a parameter cut over more than one TP rank (its norm adds up over ``tp_group``)."""
+    split = split_of(param)
+    return split is not None and split.tp.size > 1
