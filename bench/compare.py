@@ -108,29 +108,59 @@ LABELS = {
 # --strategies: name -> the smsdp and FSDP2 systems of train_worker.py compared, and the launch
 # they run in ("main": the interleaved launch of SYSTEMS; another name: a launch of its own).
 STRATEGIES = {
-    "default": {"smsdp": "smsdp", "fsdp2": "fsdp2", "launch": "main",
-                "smsdp_label": "smsdp d=2 r=2, defaults", "fsdp2_label": "FSDP2 HSDP 2x2, defaults"},
-    "keep": {"smsdp": "smsdp_keep", "fsdp2": "fsdp2_keep", "launch": "main",
-             "smsdp_label": "smsdp, sdp_reshard_after_forward=False",
-             "fsdp2_label": "FSDP2 HSDP, reshard_after_forward=False"},
-    "rbf16": {"smsdp": "smsdp_rbf16", "fsdp2": "fsdp2_rbf16", "launch": "main",
-              "smsdp_label": 'smsdp, sdp_reduce_dtype="bf16"',
-              "fsdp2_label": "FSDP2 HSDP, reduce_dtype=bf16"},
-    "qwz": {"smsdp": "smsdp_qwz", "fsdp2": None, "launch": "main",
-            "smsdp_label": "smsdp, sdp_quantized_allgather (int8)", "fsdp2_label": None},
-    "qgz": {"smsdp": "smsdp_qgz", "fsdp2": None, "launch": "main",
-            "smsdp_label": "smsdp, sdp_quantized_gradients (int8)", "fsdp2_label": None},
-    "k2": {"smsdp": "smsdp", "fsdp2": "fsdp2_k2", "launch": "k2",
-           "smsdp_label": "smsdp d=4, sdp_reshard_after_forward=2", "fsdp2_label": "FSDP2 d=4, reshard_after_forward=2"},
+    "default": {
+        "smsdp": "smsdp",
+        "fsdp2": "fsdp2",
+        "launch": "main",
+        "smsdp_label": "smsdp d=2 r=2, defaults",
+        "fsdp2_label": "FSDP2 HSDP 2x2, defaults",
+    },
+    "keep": {
+        "smsdp": "smsdp_keep",
+        "fsdp2": "fsdp2_keep",
+        "launch": "main",
+        "smsdp_label": "smsdp, sdp_reshard_after_forward=False",
+        "fsdp2_label": "FSDP2 HSDP, reshard_after_forward=False",
+    },
+    "rbf16": {
+        "smsdp": "smsdp_rbf16",
+        "fsdp2": "fsdp2_rbf16",
+        "launch": "main",
+        "smsdp_label": 'smsdp, sdp_reduce_dtype="bf16"',
+        "fsdp2_label": "FSDP2 HSDP, reduce_dtype=bf16",
+    },
+    "qwz": {
+        "smsdp": "smsdp_qwz",
+        "fsdp2": None,
+        "launch": "main",
+        "smsdp_label": "smsdp, sdp_quantized_allgather (int8)",
+        "fsdp2_label": None,
+    },
+    "qgz": {
+        "smsdp": "smsdp_qgz",
+        "fsdp2": None,
+        "launch": "main",
+        "smsdp_label": "smsdp, sdp_quantized_gradients (int8)",
+        "fsdp2_label": None,
+    },
+    "k2": {
+        "smsdp": "smsdp",
+        "fsdp2": "fsdp2_k2",
+        "launch": "k2",
+        "smsdp_label": "smsdp d=4, sdp_reshard_after_forward=2",
+        "fsdp2_label": "FSDP2 d=4, reshard_after_forward=2",
+    },
 }
 DEFAULT_STRATEGIES = "default,keep,rbf16,k2"
 # Launches other than "main": worker arguments and environment. The 2 simulated hosts make the
 # reshard groups {0,1} and {2,3} host-local, as hpZ means them, while the shard group spans both.
 STRATEGY_LAUNCHES = {
-    "k2": {"args": ["--sdp", "4", "--smsdp-config", json.dumps({"sdp_reshard_after_forward": 2})],
-           "env": {"SMSDP_SIMULATED_HOSTS": "1", "SM_HOSTS": '["algo-1", "algo-2"]'},
-           "systems": ["smsdp", "fsdp2_k2", "ddp"],
-           "describe": "d=4 on 2 simulated hosts x 2 ranks"},
+    "k2": {
+        "args": ["--sdp", "4", "--smsdp-config", json.dumps({"sdp_reshard_after_forward": 2})],
+        "env": {"SMSDP_SIMULATED_HOSTS": "1", "SM_HOSTS": '["algo-1", "algo-2"]'},
+        "systems": ["smsdp", "fsdp2_k2", "ddp"],
+        "describe": "d=4 on 2 simulated hosts x 2 ranks",
+    },
 }
 # Targets of the issue, checked (not tuned for) in the strategy summary.
 TARGET_VS_FSDP2 = 1.4
@@ -157,8 +187,18 @@ def run_config(worker_args: list[str], timeout: float, log, env_extra: dict | No
     """One ``mpirun -np 4`` of the worker; returns the per-rank results and the launch facts."""
     out = Path(tempfile.mkdtemp(prefix="smsdp-bench-"))
     argv = [
-        _mpirun(), "-np", str(NPROCS), "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
-        sys.executable, str(WORKER), "--out", str(out), *worker_args,
+        _mpirun(),
+        "-np",
+        str(NPROCS),
+        "--allow-run-as-root",
+        "--oversubscribe",
+        "--bind-to",
+        "none",
+        sys.executable,
+        str(WORKER),
+        "--out",
+        str(out),
+        *worker_args,
     ]
     env = dict(os.environ)
     env.update(MPI_ENV)
@@ -166,8 +206,15 @@ def run_config(worker_args: list[str], timeout: float, log, env_extra: dict | No
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     load_before = os.getloadavg()[0]
     t0 = time.perf_counter()
-    proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        argv,
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         output, _ = proc.communicate(timeout=timeout)
         timed_out = False
@@ -194,8 +241,14 @@ def run_config(worker_args: list[str], timeout: float, log, env_extra: dict | No
         return {"error": f"{why}: {output[-3000:]}", "argv": argv, "wall_s": wall}
     if not extras:
         shutil.rmtree(out, ignore_errors=True)
-    return {"ranks": ranks, "argv": argv, "wall_s": wall, "load_before": load_before,
-            "load_after": os.getloadavg()[0], "files": extras}
+    return {
+        "ranks": ranks,
+        "argv": argv,
+        "wall_s": wall,
+        "load_before": load_before,
+        "load_after": os.getloadavg()[0],
+        "files": extras,
+    }
 
 
 def summarize(run: dict, system: str | None = None) -> dict:
@@ -235,9 +288,11 @@ def summarize(run: dict, system: str | None = None) -> dict:
         "bytes_source": "computed" if computed else "counted",
         "bytes_smsdp_stats": r0["bytes_per_step_smsdp"],
         "counter_matches_comm_stats": (
-            None if r0["bytes_per_step_smsdp"] is None else
-            abs(sum(counted.values()) - sum(r0["bytes_per_step_smsdp"].values()))
-            <= 1e-6 * max(1.0, sum(counted.values()))),
+            None
+            if r0["bytes_per_step_smsdp"] is None
+            else abs(sum(counted.values()) - sum(r0["bytes_per_step_smsdp"].values()))
+            <= 1e-6 * max(1.0, sum(counted.values()))
+        ),
         "layout": r0["smsdp_layout"],
         "losses": losses,
         "final_loss": losses[-1],
@@ -250,9 +305,11 @@ def summarize(run: dict, system: str | None = None) -> dict:
         "files": run.get("files"),
         "interleaved": r0.get("interleaved"),
         "timers_s": r0.get("timers_s"),
-        "per_rank": {"median_step_s": [r["median_step_s"] for r in ranks],
-                     "median_cpu_s": [r["median_cpu_s"] for r in ranks],
-                     "timers_s": [r.get("timers_s") for r in ranks]},
+        "per_rank": {
+            "median_step_s": [r["median_step_s"] for r in ranks],
+            "median_cpu_s": [r["median_cpu_s"] for r in ranks],
+            "timers_s": [r.get("timers_s") for r in ranks],
+        },
     }
 
 
@@ -277,15 +334,19 @@ def by_kind(bytes_per_step: dict) -> dict[str, str]:
 
 
 def main_table(rows: list[dict]) -> str:
-    head = ("| system | precision | tokens/s | × smsdp | step (ms) | model TFLOP/s | peak RSS/rank (MiB) "
-            "| model state/rank (MiB): params + grads + optim = total | all-gather MiB/step | "
-            "reduce-scatter MiB/step | all-reduce MiB/step | bytes | final loss | load |")
+    head = (
+        "| system | precision | tokens/s | × smsdp | step (ms) | model TFLOP/s | peak RSS/rank (MiB) "
+        "| model state/rank (MiB): params + grads + optim = total | all-gather MiB/step | "
+        "reduce-scatter MiB/step | all-reduce MiB/step | bytes | final loss | load |"
+    )
     lines = [head, "|" + "|".join(["---"] * 14) + "|"]
     smsdp = {r["precision"]: r for r in rows if r.get("system") == "smsdp" and "error" not in r}
     for r in rows:
         if "error" in r:
-            lines.append(f"| {LABELS.get(r.get('system'), r.get('system'))} | {r.get('precision')} | failed: "
-                         f"{r['error'][:80]!r} |" + " |" * 11)
+            lines.append(
+                f"| {LABELS.get(r.get('system'), r.get('system'))} | {r.get('precision')} | failed: "
+                f"{r['error'][:80]!r} |" + " |" * 11
+            )
             continue
         ref = smsdp.get(r["precision"])
         ratio = f"{r['tokens_per_s'] / ref['tokens_per_s']:.2f}" if ref else "n/a"
@@ -303,10 +364,12 @@ def main_table(rows: list[dict]) -> str:
 
 
 def phase_table(rows: list[dict]) -> str:
-    lines = ["| system | precision | forward ms | backward ms | clip + optimizer + zero_grad ms | "
-             "step ms | × no-comm step | main-thread CPU ms: fwd / bwd / opt | process CPU ms/step/rank | "
-             "× no-comm CPU |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| system | precision | forward ms | backward ms | clip + optimizer + zero_grad ms | "
+        "step ms | × no-comm step | main-thread CPU ms: fwd / bwd / opt | process CPU ms/step/rank | "
+        "× no-comm CPU |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     nocomm = {r["precision"]: r for r in rows if r.get("system") == "nocomm" and "error" not in r}
     for r in rows:
         if "error" in r:
@@ -315,11 +378,13 @@ def phase_table(rows: list[dict]) -> str:
         ref = nocomm.get(r["precision"])
         rel = f"{r['step_s'] / ref['step_s']:.2f}" if ref else "n/a"
         cpu_rel = f"{r['cpu_s'] / ref['cpu_s']:.2f}" if ref else "n/a"
-        lines.append(f"| {LABELS[r['system']]} | {r['precision']} | {p.get('forward', 0) * 1e3:.0f} | "
-                     f"{p.get('backward', 0) * 1e3:.0f} | {p.get('optimizer', 0) * 1e3:.0f} | "
-                     f"{r['step_s'] * 1e3:.0f} | {rel} | {p.get('cpu:forward', 0) * 1e3:.0f} / "
-                     f"{p.get('cpu:backward', 0) * 1e3:.0f} / {p.get('cpu:optimizer', 0) * 1e3:.0f} | "
-                     f"{r['cpu_s'] * 1e3:.0f} | {cpu_rel} |")
+        lines.append(
+            f"| {LABELS[r['system']]} | {r['precision']} | {p.get('forward', 0) * 1e3:.0f} | "
+            f"{p.get('backward', 0) * 1e3:.0f} | {p.get('optimizer', 0) * 1e3:.0f} | "
+            f"{r['step_s'] * 1e3:.0f} | {rel} | {p.get('cpu:forward', 0) * 1e3:.0f} / "
+            f"{p.get('cpu:backward', 0) * 1e3:.0f} / {p.get('cpu:optimizer', 0) * 1e3:.0f} | "
+            f"{r['cpu_s'] * 1e3:.0f} | {cpu_rel} |"
+        )
     return "\n".join(lines)
 
 
@@ -333,8 +398,13 @@ def loss_agreement(rows: list[dict], references: tuple[str, ...] = ("ddp", "ddp_
     lines = [head, rule]
     figures = {}
     for precision in sorted({r["precision"] for r in rows if "error" not in r}):
-        refs = {name: next((r for r in rows if r.get("system") == name and r.get("precision") == precision
-                            and "error" not in r), None) for name in references}
+        refs = {
+            name: next(
+                (r for r in rows if r.get("system") == name and r.get("precision") == precision and "error" not in r),
+                None,
+            )
+            for name in references
+        }
         if all(ref is None for ref in refs.values()):
             continue
         for r in rows:
@@ -348,7 +418,11 @@ def loss_agreement(rows: list[dict], references: tuple[str, ...] = ("ddp", "ddp_
                     continue
                 rel = [abs(a - b) / abs(b) for a, b in zip(r["losses"], ref["losses"])]
                 figures[f"{precision}/{r['system']}/vs_{name}"] = {
-                    "first5": max(rel[:5]), "max": max(rel), "final": rel[-1], "per_step": rel}
+                    "first5": max(rel[:5]),
+                    "max": max(rel),
+                    "final": rel[-1],
+                    "per_step": rel,
+                }
                 cells.append(f"{max(rel[:5]):.1e} | {max(rel):.1e} | {rel[-1]:.1e} |")
             lines.append(f"| {precision} | {LABELS[r['system']]} | " + " ".join(cells))
     return "\n".join(lines), figures
@@ -372,10 +446,13 @@ def formula_bytes(r: dict, world: int = NPROCS) -> dict[str, float]:
 
 
 def scaling_table(rows: list[dict]) -> str:
-    lines = ["| d | r | accum | tokens/s | step (ms) | process CPU ms per 1k tokens per rank | "
-             "model state/rank (MiB) | all-gather MiB/step | "
-             "reduce-scatter MiB/step | all-reduce replica MiB/step | all-reduce dp MiB/step | "
-             "sent KiB/token | = formula (docs/runtime.md) | load |", "|" + "|".join(["---"] * 14) + "|"]
+    lines = [
+        "| d | r | accum | tokens/s | step (ms) | process CPU ms per 1k tokens per rank | "
+        "model state/rank (MiB) | all-gather MiB/step | "
+        "reduce-scatter MiB/step | all-reduce replica MiB/step | all-reduce dp MiB/step | "
+        "sent KiB/token | = formula (docs/runtime.md) | load |",
+        "|" + "|".join(["---"] * 14) + "|",
+    ]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r.get('sdp')} | | {r.get('accum')} | failed |" + " |" * 10)
@@ -414,10 +491,19 @@ def strategy_pairs(rows: list[dict], strategies: list[str]) -> list[dict]:
             ddp = index.get((precision, launch, "ddp"))
             if smsdp is None:
                 continue
-            pairs.append({"strategy": name, "precision": precision, "launch": launch, "smsdp": smsdp,
-                          "fsdp2": fsdp2, "ddp": ddp,
-                          "smsdp_vs_fsdp2": _ratio(smsdp, fsdp2), "smsdp_vs_ddp": _ratio(smsdp, ddp),
-                          "fsdp2_vs_ddp": _ratio(fsdp2, ddp)})
+            pairs.append(
+                {
+                    "strategy": name,
+                    "precision": precision,
+                    "launch": launch,
+                    "smsdp": smsdp,
+                    "fsdp2": fsdp2,
+                    "ddp": ddp,
+                    "smsdp_vs_fsdp2": _ratio(smsdp, fsdp2),
+                    "smsdp_vs_ddp": _ratio(smsdp, ddp),
+                    "fsdp2_vs_ddp": _ratio(fsdp2, ddp),
+                }
+            )
     return pairs
 
 
@@ -434,14 +520,19 @@ def _x(value: float | None) -> str:
 def strategy_table(pairs: list[dict]) -> str:
     """One smsdp row and its FSDP2 row per strategy; bytes are counted (as in the main table),
     plus smsdp's own all-gather split, which names what the counter's group labels cannot."""
-    lines = ["| strategy | precision | system | tokens/s | × matching FSDP2 | × DDP | step (ms) | "
-             "peak RSS/rank (MiB) | model state/rank (MiB) | all-gather MiB/step | reduce-scatter MiB/step | "
-             "all-reduce MiB/step | all-to-all MiB/step | smsdp all-gather split (smp.comm_stats) | "
-             "final loss | load |", "|" + "|".join(["---"] * 16) + "|"]
+    lines = [
+        "| strategy | precision | system | tokens/s | × matching FSDP2 | × DDP | step (ms) | "
+        "peak RSS/rank (MiB) | model state/rank (MiB) | all-gather MiB/step | reduce-scatter MiB/step | "
+        "all-reduce MiB/step | all-to-all MiB/step | smsdp all-gather split (smp.comm_stats) | "
+        "final loss | load |",
+        "|" + "|".join(["---"] * 16) + "|",
+    ]
     for pair in pairs:
         spec = STRATEGIES[pair["strategy"]]
-        for role, label, ratio in (("smsdp", spec["smsdp_label"], pair["smsdp_vs_fsdp2"]),
-                                   ("fsdp2", spec["fsdp2_label"], None)):
+        for role, label, ratio in (
+            ("smsdp", spec["smsdp_label"], pair["smsdp_vs_fsdp2"]),
+            ("fsdp2", spec["fsdp2_label"], None),
+        ):
             r = pair[role]
             if label is None:
                 continue
@@ -459,7 +550,8 @@ def strategy_table(pairs: list[dict]) -> str:
                 f"{r['step_s'] * 1e3:.0f} | {'n/a' if rss != rss else f'{rss:.0f}'} | {mib(r['model_state_total'])} | "
                 f"{kinds.get('all_gather', '0')} | {kinds.get('reduce_scatter', '0')} | "
                 f"{kinds.get('all_reduce', '0')} | {kinds.get('all_to_all', '0')} | {split} | "
-                f"{r['final_loss']:.4f} | {r['load_before']:.1f} |")
+                f"{r['final_loss']:.4f} | {r['load_before']:.1f} |"
+            )
     return "\n".join(lines)
 
 
@@ -470,22 +562,27 @@ def target_lines(pairs: list[dict]) -> list[str]:
         if pair["fsdp2"] is not None:
             ratio = pair["smsdp_vs_fsdp2"]
             verdict = "n/a" if ratio is None else ("reached" if ratio >= TARGET_VS_FSDP2 else "NOT reached")
-            out.append(f"- {pair['precision']} {pair['strategy']}: smsdp / FSDP2 = {_x(ratio)} "
-                       f"(target >= {TARGET_VS_FSDP2}): {verdict}")
+            out.append(
+                f"- {pair['precision']} {pair['strategy']}: smsdp / FSDP2 = {_x(ratio)} "
+                f"(target >= {TARGET_VS_FSDP2}): {verdict}"
+            )
         if pair["strategy"] == "keep":
             ratio = pair["smsdp_vs_ddp"]
             verdict = "n/a" if ratio is None else ("reached" if ratio >= TARGET_KEEP_VS_DDP else "NOT reached")
-            out.append(f"- {pair['precision']} keep: smsdp / DDP = {_x(ratio)} (target >= {TARGET_KEEP_VS_DDP}): "
-                       f"{verdict}")
+            out.append(
+                f"- {pair['precision']} keep: smsdp / DDP = {_x(ratio)} (target >= {TARGET_KEEP_VS_DDP}): {verdict}"
+            )
     return out
 
 
 def code_line() -> str:
     """The commit benchmarked, and whether smsdp/ had uncommitted changes (the runtime moves fast)."""
+
     def git(*argv: str) -> str:
         try:
-            return subprocess.run(["git", *argv], cwd=REPO_ROOT, capture_output=True, text=True,
-                                  timeout=10).stdout.strip()
+            return subprocess.run(
+                ["git", *argv], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10
+            ).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             return ""
 
@@ -505,8 +602,10 @@ def machine_line() -> str:
         pass
     import torch  # only for the version string; the parent never trains
 
-    return (f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}, "
-            f"{NPROCS} ranks x 1 thread, gloo")
+    return (
+        f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}, "
+        f"{NPROCS} ranks x 1 thread, gloo"
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -514,25 +613,45 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--precision", default="fp32,bf16", help="comma-separated: fp32,bf16")
     p.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset of " + ",".join(SYSTEMS))
-    p.add_argument("--threshold", type=int, default=0,
-                   help="smsdp sdp_param_persistence_threshold (default 0: every parameter sharded, like FSDP; "
-                        "the SMP default 1e6 exceeds every tensor of this GPT)")
+    p.add_argument(
+        "--threshold",
+        type=int,
+        default=0,
+        help="smsdp sdp_param_persistence_threshold (default 0: every parameter sharded, like FSDP; "
+        "the SMP default 1e6 exceeds every tensor of this GPT)",
+    )
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--scaling", action=argparse.BooleanOptionalAction, default=True,
-                   help="also the smsdp scaling table (d=1,2,4 x accumulation 1,4)")
+    p.add_argument(
+        "--scaling",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also the smsdp scaling table (d=1,2,4 x accumulation 1,4)",
+    )
     p.add_argument("--scaling-precision", default="fp32")
     p.add_argument("--scaling-warmup", type=int, default=2)
-    p.add_argument("--scaling-steps", type=int, default=6,
-                   help="timed steps with accumulation 1 (accumulation 4: half as many, 4 micro-steps each)")
-    p.add_argument("--memory-steps", type=int, default=2,
-                   help="timed steps of the one-system launches that measure peak RSS")
+    p.add_argument(
+        "--scaling-steps",
+        type=int,
+        default=6,
+        help="timed steps with accumulation 1 (accumulation 4: half as many, 4 micro-steps each)",
+    )
+    p.add_argument(
+        "--memory-steps", type=int, default=2, help="timed steps of the one-system launches that measure peak RSS"
+    )
     p.add_argument("--memory-parallel", type=int, default=2, help="memory launches run at a time")
-    p.add_argument("--strategies", default=DEFAULT_STRATEGIES,
-                   help="comma-separated, from " + ",".join(STRATEGIES) + ": per strategy an smsdp row and the "
-                        "FSDP2 row with the matching setting, same launch (empty: none)")
-    p.add_argument("--timeout", type=float, default=600,
-                   help="seconds per mpirun launch (the main launch interleaves up to 12 systems)")
+    p.add_argument(
+        "--strategies",
+        default=DEFAULT_STRATEGIES,
+        help="comma-separated, from " + ",".join(STRATEGIES) + ": per strategy an smsdp row and the "
+        "FSDP2 row with the matching setting, same launch (empty: none)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=600,
+        help="seconds per mpirun launch (the main launch interleaves up to 12 systems)",
+    )
     p.add_argument("--out", default=str(RESULTS))
     args = p.parse_args()
 
@@ -544,11 +663,17 @@ def main() -> None:
         raise SystemExit(f"unknown strategies {unknown}; choose from {','.join(STRATEGIES)}")
     # Strategy systems of the main launch that the main table does not show: interleaved with
     # SYSTEMS (so the pairs share their machine state) but reported in the strategy table only.
-    extras = [name for st in strategies if STRATEGIES[st]["launch"] == "main"
-              for name in (STRATEGIES[st]["smsdp"], STRATEGIES[st]["fsdp2"], "ddp") if name]
+    extras = [
+        name
+        for st in strategies
+        if STRATEGIES[st]["launch"] == "main"
+        for name in (STRATEGIES[st]["smsdp"], STRATEGIES[st]["fsdp2"], "ddp")
+        if name
+    ]
     extras = [name for name in dict.fromkeys(extras) if name not in systems]
-    own_launches = list(dict.fromkeys(STRATEGIES[st]["launch"] for st in strategies
-                                      if STRATEGIES[st]["launch"] != "main"))
+    own_launches = list(
+        dict.fromkeys(STRATEGIES[st]["launch"] for st in strategies if STRATEGIES[st]["launch"] != "main")
+    )
     started = datetime.datetime.now().astimezone()
     t_start = time.perf_counter()
 
@@ -560,13 +685,30 @@ def main() -> None:
     reference_rows: list[dict] = []  # loss references: in the loss table only
     extra_rows: list[dict] = []  # strategy systems outside SYSTEMS: in the strategy table only
 
-    def interleaved(names: list[str], precision: str, launch: str, launch_args: list[str],
-                    env: dict | None) -> tuple[dict, list[dict]]:
-        log(f"[bench] {precision} ({launch}): {', '.join(names)} interleaved (warm-up {args.warmup}, "
-            f"timed {args.steps}) ...")
-        run = run_config(["--system", ",".join(names), "--precision", precision, *launch_args,
-                          "--warmup", str(args.warmup), "--steps", str(args.steps), *common],
-                         args.timeout, log, env)
+    def interleaved(
+        names: list[str], precision: str, launch: str, launch_args: list[str], env: dict | None
+    ) -> tuple[dict, list[dict]]:
+        log(
+            f"[bench] {precision} ({launch}): {', '.join(names)} interleaved (warm-up {args.warmup}, "
+            f"timed {args.steps}) ..."
+        )
+        run = run_config(
+            [
+                "--system",
+                ",".join(names),
+                "--precision",
+                precision,
+                *launch_args,
+                "--warmup",
+                str(args.warmup),
+                "--steps",
+                str(args.steps),
+                *common,
+            ],
+            args.timeout,
+            log,
+            env,
+        )
         out = []
         for system in names:
             row = summarize(run, system)
@@ -574,8 +716,10 @@ def main() -> None:
             row.setdefault("precision", precision)
             row["launch"] = launch
             if "error" not in row:
-                log(f"  {system}: {row['tokens_per_s']:,.0f} tokens/s, step {row['step_s'] * 1e3:.0f} ms, "
-                    f"CPU {row['cpu_s'] * 1e3:.0f} ms/step/rank, loss {row['final_loss']:.4f}")
+                log(
+                    f"  {system}: {row['tokens_per_s']:,.0f} tokens/s, step {row['step_s'] * 1e3:.0f} ms, "
+                    f"CPU {row['cpu_s'] * 1e3:.0f} ms/step/rank, loss {row['final_loss']:.4f}"
+                )
             out.append(row)
         log(f"  launch {run['wall_s']:.0f} s, load {run.get('load_before', 0):.1f} -> {run.get('load_after', 0):.1f}")
         return run, out
@@ -585,11 +729,28 @@ def main() -> None:
         # CPU contention, so two of these launches run at a time.
         log(f"  peak RSS: each system alone ({args.memory_parallel} launches at a time) ...")
         with concurrent.futures.ThreadPoolExecutor(max_workers=args.memory_parallel) as pool:
-            solos = list(pool.map(
-                lambda row: run_config(["--system", row["system"], "--precision", precision, *launch_args,
-                                        "--warmup", "1", "--steps", str(args.memory_steps), *common],
-                                       args.timeout, log, env),
-                targets))
+            solos = list(
+                pool.map(
+                    lambda row: run_config(
+                        [
+                            "--system",
+                            row["system"],
+                            "--precision",
+                            precision,
+                            *launch_args,
+                            "--warmup",
+                            "1",
+                            "--steps",
+                            str(args.memory_steps),
+                            *common,
+                        ],
+                        args.timeout,
+                        log,
+                        env,
+                    ),
+                    targets,
+                )
+            )
         for row, solo in zip(targets, solos):
             if "error" in row or "error" in solo:
                 row["peak_rss_mib"] = float("nan")
@@ -603,18 +764,24 @@ def main() -> None:
         # Speed: every system in ONE launch, steps interleaved, so all see the same machine load.
         references = [x for x in LOSS_REFERENCES.get(precision, []) if "ddp" in systems]
         run, launched = interleaved(systems + extras + references, precision, "main", ["--sdp", "2"], None)
-        rows += launched[:len(systems)]
-        extra_rows += launched[len(systems):len(systems) + len(extras)]
-        reference_rows += launched[len(systems) + len(extras):]
-        peak_rss(launched[:len(systems) + len(extras)], precision, ["--sdp", "2"], None)
+        rows += launched[: len(systems)]
+        extra_rows += launched[len(systems) : len(systems) + len(extras)]
+        reference_rows += launched[len(systems) + len(extras) :]
+        peak_rss(launched[: len(systems) + len(extras)], precision, ["--sdp", "2"], None)
         for launch in own_launches:
             spec = STRATEGY_LAUNCHES[launch]
             _, launched = interleaved(spec["systems"], precision, launch, spec["args"], spec["env"])
             extra_rows += launched
             # DDP's memory does not depend on d: its RSS is the main launch's.
             peak_rss([r for r in launched if r["system"] != "ddp"], precision, spec["args"], spec["env"])
-            ddp_main = next((r for r in rows + extra_rows if r["system"] == "ddp" and r["precision"] == precision
-                             and r["launch"] == "main"), None)
+            ddp_main = next(
+                (
+                    r
+                    for r in rows + extra_rows
+                    if r["system"] == "ddp" and r["precision"] == precision and r["launch"] == "main"
+                ),
+                None,
+            )
             for r in launched:
                 if r["system"] == "ddp" and ddp_main is not None:
                     r["peak_rss_mib"] = ddp_main.get("peak_rss_mib", float("nan"))
@@ -626,9 +793,25 @@ def main() -> None:
                 warmup = args.scaling_warmup if accum == 1 else max(1, args.scaling_warmup - 1)
                 steps = args.scaling_steps if accum == 1 else max(2, args.scaling_steps // 2)
                 log(f"[bench] scaling: smsdp d={d} accum={accum} (warm-up {warmup}, timed {steps}) ...")
-                run = run_config(["--system", "smsdp", "--precision", args.scaling_precision, "--sdp", str(d),
-                                  "--accum", str(accum), "--warmup", str(warmup), "--steps", str(steps), *common],
-                                 args.timeout, log)
+                run = run_config(
+                    [
+                        "--system",
+                        "smsdp",
+                        "--precision",
+                        args.scaling_precision,
+                        "--sdp",
+                        str(d),
+                        "--accum",
+                        str(accum),
+                        "--warmup",
+                        str(warmup),
+                        "--steps",
+                        str(steps),
+                        *common,
+                    ],
+                    args.timeout,
+                    log,
+                )
                 row = summarize(run)
                 row.setdefault("sdp", d)
                 row.setdefault("accum", accum)
@@ -655,8 +838,11 @@ def main() -> None:
         main_table(rows),
         "",
         "smsdp's bytes as counted by the torch.distributed wrapper "
-        + ("equal" if all(r.get("counter_matches_comm_stats") for r in rows if r.get("system") == "smsdp"
-                          and "error" not in r) else "DO NOT equal")
+        + (
+            "equal"
+            if all(r.get("counter_matches_comm_stats") for r in rows if r.get("system") == "smsdp" and "error" not in r)
+            else "DO NOT equal"
+        )
         + " the runtime's own smp.comm_stats() per step.",
         "",
         "Time per phase (medians, slowest rank). Wall ms include time a rank waits or is descheduled; "
@@ -674,30 +860,56 @@ def main() -> None:
         agreement_md,
     ]
     if pairs:
-        md += ["", "Strategies: each smsdp row against FSDP2 with the matching setting, both (and the DDP of "
-                   "the × DDP column) in the same interleaved launch: " + "; ".join(
-                       [f"{st}: {'the launch above (d=2, r=2)' if STRATEGIES[st]['launch'] == 'main' else STRATEGY_LAUNCHES[STRATEGIES[st]['launch']]['describe']}"
-                        for st in strategies]) + ". Bytes counted by the torch.distributed wrapper; the "
-                   "counter labels groups by their ranks, so under k2 `hpz/intra_host` is both smsdp's "
-                   "backward gather inside a host and its hierarchical all-gather's intra-host stage, which "
-                   "smsdp's own split tells apart:", "", strategy_table(pairs), "",
-               f"Targets (smsdp >= {TARGET_VS_FSDP2}x FSDP2 at equal settings; >= {TARGET_KEEP_VS_DDP}x DDP with "
-               f"sdp_reshard_after_forward=False):", "", *target_lines(pairs)]
+        md += [
+            "",
+            "Strategies: each smsdp row against FSDP2 with the matching setting, both (and the DDP of "
+            "the × DDP column) in the same interleaved launch: "
+            + "; ".join(
+                [
+                    f"{st}: {'the launch above (d=2, r=2)' if STRATEGIES[st]['launch'] == 'main' else STRATEGY_LAUNCHES[STRATEGIES[st]['launch']]['describe']}"
+                    for st in strategies
+                ]
+            )
+            + ". Bytes counted by the torch.distributed wrapper; the "
+            "counter labels groups by their ranks, so under k2 `hpz/intra_host` is both smsdp's "
+            "backward gather inside a host and its hierarchical all-gather's intra-host stage, which "
+            "smsdp's own split tells apart:",
+            "",
+            strategy_table(pairs),
+            "",
+            f"Targets (smsdp >= {TARGET_VS_FSDP2}x FSDP2 at equal settings; >= {TARGET_KEEP_VS_DDP}x DDP with "
+            f"sdp_reshard_after_forward=False):",
+            "",
+            *target_lines(pairs),
+        ]
     if scaling_rows:
-        md += ["", f"smsdp scaling ({args.scaling_precision}, 4 ranks, batch 4 per rank per micro-step; "
-                   f"bytes from smp.comm_stats()):", "", scaling_table(scaling_rows)]
+        md += [
+            "",
+            f"smsdp scaling ({args.scaling_precision}, 4 ranks, batch 4 per rank per micro-step; "
+            f"bytes from smp.comm_stats()):",
+            "",
+            scaling_table(scaling_rows),
+        ]
     text = "\n".join(md)
     print(text)
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stamp = started.strftime("%Y%m%d-%H%M%S")
-    payload = {"started": started.isoformat(), "elapsed_s": elapsed, "machine": machine_line(), "code": code_line(),
-               "args": vars(args), "rows": rows, "loss_references": reference_rows, "scaling": scaling_rows,
-               "strategy_rows": extra_rows,
-               "strategies": [{k: v for k, v in pair.items() if k not in ("smsdp", "fsdp2", "ddp")} for pair in pairs],
-               "loss_agreement": agreement,
-               "markdown": text}
+    payload = {
+        "started": started.isoformat(),
+        "elapsed_s": elapsed,
+        "machine": machine_line(),
+        "code": code_line(),
+        "args": vars(args),
+        "rows": rows,
+        "loss_references": reference_rows,
+        "scaling": scaling_rows,
+        "strategy_rows": extra_rows,
+        "strategies": [{k: v for k, v in pair.items() if k not in ("smsdp", "fsdp2", "ddp")} for pair in pairs],
+        "loss_agreement": agreement,
+        "markdown": text,
+    }
     (out / f"compare-{stamp}.json").write_text(json.dumps(payload, indent=1, default=str))
     (out / "latest.json").write_text(json.dumps(payload, indent=1, default=str))
     (out / "latest.md").write_text(text + "\n")

@@ -49,8 +49,15 @@ def _build(system: str, shape: dict, device):
 
     from entrypoints.gpt import GPT, GPTConfig
 
-    config = GPTConfig(vocab_size=shape["vocab_size"], block_size=shape["block_size"], n_layer=shape["n_layer"],
-                       n_head=shape["n_head"], d_model=shape["d_model"], dropout=0.0, bias=False)
+    config = GPTConfig(
+        vocab_size=shape["vocab_size"],
+        block_size=shape["block_size"],
+        n_layer=shape["n_layer"],
+        n_head=shape["n_head"],
+        d_model=shape["d_model"],
+        dropout=0.0,
+        bias=False,
+    )
     torch.manual_seed(0)
     module = GPT(config)
     n_params = sum(p.numel() for p in module.parameters())
@@ -84,11 +91,12 @@ def run_system(system: str, shape: dict) -> dict:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     cuda = device.type == "cuda"
     model, opt, gpt, n_params, backward = _build(system, shape, device)
-    autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if system == "plain"
-                else contextlib.nullcontext())
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if system == "plain" else contextlib.nullcontext()
     gen = torch.Generator().manual_seed(1)
-    batches = [torch.randint(0, shape["vocab_size"], (shape["batch"], shape["block_size"] + 1), generator=gen)
-               for _ in range(4)]
+    batches = [
+        torch.randint(0, shape["vocab_size"], (shape["batch"], shape["block_size"] + 1), generator=gen)
+        for _ in range(4)
+    ]
     times, losses = [], []
     if cuda:
         torch.cuda.reset_peak_memory_stats()
@@ -154,8 +162,11 @@ def launch(system: str, smoke: bool) -> dict:
 
 def table(rows: list[dict], peak: float | None, shape: dict) -> str:
     plain = next(r for r in rows if r["system"] == "plain")
-    names = {"plain": "plain PyTorch (autocast bf16)", "fsdp2": "FSDP2 fully_shard (1 GPU, bf16)",
-             "smsdp": "smsdp d=1 (bf16)"}
+    names = {
+        "plain": "plain PyTorch (autocast bf16)",
+        "fsdp2": "FSDP2 fully_shard (1 GPU, bf16)",
+        "smsdp": "smsdp d=1 (bf16)",
+    }
     lines = [
         f"GPT {rows[0]['params'] / 1e9:.2f} B parameters ({shape['n_layer']} layers, d_model {shape['d_model']}, "
         f"seq {shape['block_size']}, vocab {shape['vocab_size']}), batch {shape['batch']}, AdamW; "
@@ -169,8 +180,10 @@ def table(rows: list[dict], peak: float | None, shape: dict) -> str:
     for r in rows:
         mfu = f"{r['model_tflops'] / peak:.1%}" if peak else "–"
         mem = f"{r['peak_memory'] / 2**30:.1f}" if r["peak_memory"] else "–"
-        lines.append(f"| {names[r['system']]} | {r['tokens_per_s']:,.0f} | {r['tokens_per_s'] / plain['tokens_per_s']:.3f} "
-                     f"| {r['step_s'] * 1e3:.1f} | {r['model_tflops']:.1f} | {mfu} | {mem} | {r['losses'][-1]:.4f} |")
+        lines.append(
+            f"| {names[r['system']]} | {r['tokens_per_s']:,.0f} | {r['tokens_per_s'] / plain['tokens_per_s']:.3f} "
+            f"| {r['step_s'] * 1e3:.1f} | {r['model_tflops']:.1f} | {mfu} | {mem} | {r['losses'][-1]:.4f} |"
+        )
     return "\n".join(lines)
 
 

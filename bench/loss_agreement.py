@@ -54,9 +54,26 @@ def main() -> None:
     verdicts = []
     for clip in (1.0, 0.0):
         log(f"[loss] clip {clip:g}: {', '.join(SYSTEMS)} interleaved ({args.warmup + args.steps} steps) ...")
-        run = run_config(["--system", ",".join(SYSTEMS), "--precision", "fp32", "--sdp", "2", "--threshold", "0",
-                          "--clip", str(clip), "--warmup", str(args.warmup), "--steps", str(args.steps)],
-                         args.timeout, log)
+        run = run_config(
+            [
+                "--system",
+                ",".join(SYSTEMS),
+                "--precision",
+                "fp32",
+                "--sdp",
+                "2",
+                "--threshold",
+                "0",
+                "--clip",
+                str(clip),
+                "--warmup",
+                str(args.warmup),
+                "--steps",
+                str(args.steps),
+            ],
+            args.timeout,
+            log,
+        )
         if "error" in run:
             raise SystemExit(f"launch failed: {run['error']}")
         rows = [summarize(run, name) for name in SYSTEMS]
@@ -70,18 +87,21 @@ def main() -> None:
         verdicts.append(
             f"- {title.lower()}: smsdp within {smsdp:.1e} of {'DDP with the accurate clip norm' if clip else 'DDP'} "
             f"over all {args.warmup + args.steps} steps ({'meets' if smsdp <= TARGET else 'misses'} {TARGET:g}); "
-            f"the gradient sum's order alone moves DDP by {floor:.1e}.")
+            f"the gradient sum's order alone moves DDP by {floor:.1e}."
+        )
 
-    text = "\n".join([
-        f"Run {started:%Y-%m-%d %H:%M %Z} on {code_line()}, {time.perf_counter() - t0:.0f} s. "
-        f"Machine: {machine_line()}.",
-        "",
-        "GPT 4 layers × d_model 256, vocab 1024, seq 128, batch 4 per rank, 4 ranks, fp32, AdamW lr 1e-3; "
-        "smsdp d=2 r=2 with every parameter sharded. Largest relative difference of the per-step loss:",
-        "",
-        *sections,
-        *verdicts,
-    ])
+    text = "\n".join(
+        [
+            f"Run {started:%Y-%m-%d %H:%M %Z} on {code_line()}, {time.perf_counter() - t0:.0f} s. "
+            f"Machine: {machine_line()}.",
+            "",
+            "GPT 4 layers × d_model 256, vocab 1024, seq 128, batch 4 per rank, 4 ranks, fp32, AdamW lr 1e-3; "
+            "smsdp d=2 r=2 with every parameter sharded. Largest relative difference of the per-step loss:",
+            "",
+            *sections,
+            *verdicts,
+        ]
+    )
     print(text)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "loss-agreement.md").write_text(text + "\n")

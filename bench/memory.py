@@ -40,8 +40,13 @@ def construct(delayed: bool) -> dict:
     import smsdp as smp
     from entrypoints.gpt import GPT, GPTConfig
 
-    smp.init({"sharded_data_parallel_degree": 4, "sdp_param_persistence_threshold": 0,
-              "delayed_parameter_initialization": delayed})
+    smp.init(
+        {
+            "sharded_data_parallel_degree": 4,
+            "sdp_param_persistence_threshold": 0,
+            "delayed_parameter_initialization": delayed,
+        }
+    )
     config = GPTConfig(vocab_size=1024, block_size=128, n_layer=12, n_head=8, d_model=512)
     from smsdp.core.delayed_init import warm_up
 
@@ -53,16 +58,23 @@ def construct(delayed: bool) -> dict:
     model = smp.DistributedModel(module)
     params = sum(g.numel for g in model.flat_groups())
     unit = max(u.unsharded_numel for u in model.units[:-1])
-    return {"rss_growth": _peak_rss() - before, "params": params, "unit_elements": unit,
-            "shard_bytes": model.model_state_bytes()["params"]}
+    return {
+        "rss_growth": _peak_rss() - before,
+        "params": params,
+        "unit_elements": unit,
+        "shard_bytes": model.model_state_bytes()["params"],
+    }
 
 
 #: activation memory settings compared: name -> smp.init parameters
 ACTIVATION_MODES = {
     "none": {},
     "checkpointing": {"activation_checkpointing": True},
-    "checkpointing + offloading (horizon 1)": {"activation_checkpointing": True, "offload_activations": True,
-                                               "activation_loading_horizon": 1},
+    "checkpointing + offloading (horizon 1)": {
+        "activation_checkpointing": True,
+        "offload_activations": True,
+        "activation_loading_horizon": 1,
+    },
 }
 
 
@@ -92,9 +104,13 @@ def train(mode: str, steps: int = 6) -> dict:
     from smsdp.comm import world as state
 
     offloader = state.get().activation_offloader
-    return {"rss_growth": _peak_rss() - before, "peak_rss": _peak_rss(), "step_s": sorted(times[1:])[len(times[1:]) // 2],
-            "offloaded_per_step": offloader.stats.offloaded_bytes / steps if offloader else 0,
-            "max_back": offloader.stats.max_loaded_bytes if offloader else 0}
+    return {
+        "rss_growth": _peak_rss() - before,
+        "peak_rss": _peak_rss(),
+        "step_s": sorted(times[1:])[len(times[1:]) // 2],
+        "offloaded_per_step": offloader.stats.offloaded_bytes / steps if offloader else 0,
+        "max_back": offloader.stats.max_loaded_bytes if offloader else 0,
+    }
 
 
 def rank_main(kind: str, arg: str, out: str) -> None:
@@ -115,30 +131,50 @@ def launch(kind: str, arg: str) -> list[dict]:
 
     out = Path(tempfile.mkdtemp()) / "result.json"
     env = {**os.environ, **FAST_MPI_ENV, "PYTHONPATH": str(REPO)}
-    argv = [find_mpirun() or "mpirun", "-np", "4", "--oversubscribe", "--bind-to", "none", sys.executable, __file__,
-            "--rank", kind, arg, str(out)]
+    argv = [
+        find_mpirun() or "mpirun",
+        "-np",
+        "4",
+        "--oversubscribe",
+        "--bind-to",
+        "none",
+        sys.executable,
+        __file__,
+        "--rank",
+        kind,
+        arg,
+        str(out),
+    ]
     subprocess.run(argv, check=True, env=env, cwd=REPO, timeout=600)
     return json.loads(out.read_text())
 
 
 def main() -> None:
     print("## Construction: 12-layer GPT (d_model 512), d=4, 4 ranks\n")
-    print("| initialization | parameters | largest unit (elements) | peak RSS growth per rank (max) | shard bytes per rank |")
+    print(
+        "| initialization | parameters | largest unit (elements) | peak RSS growth per rank (max) | shard bytes per rank |"
+    )
     print("|---|---|---|---|---|")
     for delayed in (False, True):
         ranks = launch("construct", "delayed" if delayed else "eager")
         r0 = ranks[0]
-        print(f"| {'delayed' if delayed else 'eager'} | {r0['params'] / 1e6:.1f} M | {r0['unit_elements'] / 1e6:.2f} M "
-              f"| {max(r['rss_growth'] for r in ranks) / MIB:.0f} MiB | {r0['shard_bytes'] / MIB:.0f} MiB |")
+        print(
+            f"| {'delayed' if delayed else 'eager'} | {r0['params'] / 1e6:.1f} M | {r0['unit_elements'] / 1e6:.2f} M "
+            f"| {max(r['rss_growth'] for r in ranks) / MIB:.0f} MiB | {r0['shard_bytes'] / MIB:.0f} MiB |"
+        )
     print("\n## Activations: 4-layer GPT (d_model 256), seq 512, batch 8 per rank, d=2, 4 ranks\n")
-    print("| activations | peak RSS growth during training (max over ranks) | peak RSS | step time (median) "
-          "| moved to host per step | most brought back at once |")
+    print(
+        "| activations | peak RSS growth during training (max over ranks) | peak RSS | step time (median) "
+        "| moved to host per step | most brought back at once |"
+    )
     print("|---|---|---|---|---|---|")
     for mode in ACTIVATION_MODES:
         ranks = launch("train", mode)
-        print(f"| {mode} | {max(r['rss_growth'] for r in ranks) / MIB:.0f} MiB "
-              f"| {max(r['peak_rss'] for r in ranks) / MIB:.0f} MiB | {max(r['step_s'] for r in ranks) * 1e3:.0f} ms "
-              f"| {ranks[0]['offloaded_per_step'] / MIB:.1f} MiB | {ranks[0]['max_back'] / MIB:.1f} MiB |")
+        print(
+            f"| {mode} | {max(r['rss_growth'] for r in ranks) / MIB:.0f} MiB "
+            f"| {max(r['peak_rss'] for r in ranks) / MIB:.0f} MiB | {max(r['step_s'] for r in ranks) * 1e3:.0f} ms "
+            f"| {ranks[0]['offloaded_per_step'] / MIB:.1f} MiB | {ranks[0]['max_back'] / MIB:.1f} MiB |"
+        )
 
 
 if __name__ == "__main__":

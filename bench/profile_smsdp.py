@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from compare import RESULTS, code_line, machine_line, run_config, summarize  # noqa: E402
+from compare import RESULTS, code_line, machine_line, run_config, summarize
 
 ORDER = [
     "model compute (autograd fwd+bwd, rest of step)",
@@ -54,8 +54,24 @@ def log(msg: str) -> None:
 
 def breakdown(precision: str, warmup: int, steps: int, timeout: float) -> tuple[str, dict]:
     log(f"[profile] timers: smsdp {precision} ...")
-    run = run_config(["--system", "smsdp", "--precision", precision, "--sdp", "2", "--warmup", str(warmup),
-                      "--steps", str(steps), "--profile", "timers"], timeout, log)
+    run = run_config(
+        [
+            "--system",
+            "smsdp",
+            "--precision",
+            precision,
+            "--sdp",
+            "2",
+            "--warmup",
+            str(warmup),
+            "--steps",
+            str(steps),
+            "--profile",
+            "timers",
+        ],
+        timeout,
+        log,
+    )
     if "error" in run:
         return f"failed: {run['error'][:500]}", {}
     ranks = [r["smsdp"] for r in run["ranks"]]
@@ -70,28 +86,51 @@ def breakdown(precision: str, warmup: int, steps: int, timeout: float) -> tuple[
     step0, stepmax = ranks[0]["median_step_s"], max(r["median_step_s"] for r in ranks)
     cpu0, cpumax = ranks[0]["median_cpu_s"], max(r["median_cpu_s"] for r in ranks)
     main0 = ranks[0]["median_main_thread_cpu_s"]
-    lines = [f"smsdp d=2 r=2 {precision}: step {step0 * 1e3:.0f} ms wall on rank 0 (max {stepmax * 1e3:.0f}); "
-             f"process CPU time {cpu0 * 1e3:.0f} ms/step on rank 0 (max {cpumax * 1e3:.0f}), of which the main "
-             f"thread {main0 * 1e3:.0f} (the rest: gloo's threads moving bytes); load average "
-             f"{run['load_before']:.1f} at launch. Medians per step; wall = exclusive wall time, CPU = main-thread "
-             f"CPU time in the same span (wall minus CPU = waiting or descheduled).", "",
-             "| category | rank 0 wall ms | max over ranks wall ms | rank 0 main-thread CPU ms | "
-             "mean over ranks CPU ms |", "|---|---|---|---|---|"]
+    lines = [
+        f"smsdp d=2 r=2 {precision}: step {step0 * 1e3:.0f} ms wall on rank 0 (max {stepmax * 1e3:.0f}); "
+        f"process CPU time {cpu0 * 1e3:.0f} ms/step on rank 0 (max {cpumax * 1e3:.0f}), of which the main "
+        f"thread {main0 * 1e3:.0f} (the rest: gloo's threads moving bytes); load average "
+        f"{run['load_before']:.1f} at launch. Medians per step; wall = exclusive wall time, CPU = main-thread "
+        f"CPU time in the same span (wall minus CPU = waiting or descheduled).",
+        "",
+        "| category | rank 0 wall ms | max over ranks wall ms | rank 0 main-thread CPU ms | mean over ranks CPU ms |",
+        "|---|---|---|---|---|",
+    ]
     for key in ORDER + sorted(k for k in wall[0] if k not in ORDER):
-        lines.append(f"| {key} | {wall[0].get(key, 0.0) * 1e3:.1f} | {max(t.get(key, 0.0) for t in wall) * 1e3:.1f} | "
-                     f"{cpu[0].get(key, 0.0) * 1e3:.1f} | "
-                     f"{statistics.fmean(c.get(key, 0.0) for c in cpu) * 1e3:.1f} |")
-    return "\n".join(lines), {"wall_ms": [{k: v * 1e3 for k, v in t.items()} for t in wall],
-                              "main_thread_cpu_ms": [{k: v * 1e3 for k, v in c.items()} for c in cpu],
-                              "step_s": [r["median_step_s"] for r in ranks],
-                              "cpu_s": [r["median_cpu_s"] for r in ranks],
-                              "main_thread_cpu_s": [r["median_main_thread_cpu_s"] for r in ranks]}
+        lines.append(
+            f"| {key} | {wall[0].get(key, 0.0) * 1e3:.1f} | {max(t.get(key, 0.0) for t in wall) * 1e3:.1f} | "
+            f"{cpu[0].get(key, 0.0) * 1e3:.1f} | "
+            f"{statistics.fmean(c.get(key, 0.0) for c in cpu) * 1e3:.1f} |"
+        )
+    return "\n".join(lines), {
+        "wall_ms": [{k: v * 1e3 for k, v in t.items()} for t in wall],
+        "main_thread_cpu_ms": [{k: v * 1e3 for k, v in c.items()} for c in cpu],
+        "step_s": [r["median_step_s"] for r in ranks],
+        "cpu_s": [r["median_cpu_s"] for r in ranks],
+        "main_thread_cpu_s": [r["median_main_thread_cpu_s"] for r in ranks],
+    }
 
 
 def cprofile(precision: str, warmup: int, steps: int, timeout: float, out: Path) -> str:
     log(f"[profile] cProfile: smsdp {precision} rank 0 ...")
-    run = run_config(["--system", "smsdp", "--precision", precision, "--sdp", "2", "--warmup", str(warmup),
-                      "--steps", str(steps), "--profile", "cprofile"], timeout, log)
+    run = run_config(
+        [
+            "--system",
+            "smsdp",
+            "--precision",
+            precision,
+            "--sdp",
+            "2",
+            "--warmup",
+            str(warmup),
+            "--steps",
+            str(steps),
+            "--profile",
+            "cprofile",
+        ],
+        timeout,
+        log,
+    )
     if "error" in run:
         return f"failed: {run['error'][:500]}"
     text = run["ranks"][0]["smsdp"]["profile"]
@@ -119,8 +158,11 @@ def ab(precision: str, repeats: int, warmup: int, steps: int, timeout: float) ->
     loads = []
     for i in range(repeats):
         log(f"[profile] A/B {precision} launch {i + 1}/{repeats}: {', '.join(VARIANTS)} interleaved ...")
-        run = run_config(["--system", ",".join(VARIANTS), "--precision", precision, "--warmup", str(warmup),
-                          "--steps", str(steps)], timeout, log)
+        run = run_config(
+            ["--system", ",".join(VARIANTS), "--precision", precision, "--warmup", str(warmup), "--steps", str(steps)],
+            timeout,
+            log,
+        )
         if "error" in run:
             continue
         loads.append(run["load_before"])
@@ -128,10 +170,14 @@ def ab(precision: str, repeats: int, warmup: int, steps: int, timeout: float) ->
             results[name].append(summarize(run, name))
     base = [r["step_s"] for r in results["smsdp"]]
     base_cpu = [r["cpu_s"] for r in results["smsdp"]]
-    lines = [f"A/B, {precision}: {repeats} launch(es), all variants in each, steps interleaved; warm-up {warmup} + "
-             f"{steps} timed steps per variant; load average at launch {', '.join(f'{x:.1f}' for x in loads)}.", "",
-             "| variant | step ms (per launch) | × default step time | CPU ms/step/rank (max rank) | × default CPU "
-             "| model state/rank MiB | bytes sent/step/rank MiB |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"A/B, {precision}: {repeats} launch(es), all variants in each, steps interleaved; warm-up {warmup} + "
+        f"{steps} timed steps per variant; load average at launch {', '.join(f'{x:.1f}' for x in loads)}.",
+        "",
+        "| variant | step ms (per launch) | × default step time | CPU ms/step/rank (max rank) | × default CPU "
+        "| model state/rank MiB | bytes sent/step/rank MiB |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for name, rows in results.items():
         if not rows:
             lines.append(f"| {VARIANTS[name]} | failed | | | | | |")
@@ -141,10 +187,13 @@ def ab(precision: str, repeats: int, warmup: int, steps: int, timeout: float) ->
         cpu_ratio = statistics.median(r["cpu_s"] / b for r, b in zip(rows, base_cpu)) if base_cpu else float("nan")
         sent = sum(rows[0]["bytes_per_step"].values()) / 2**20
         cpu_ms = ", ".join(f"{r['cpu_s'] * 1e3:.0f}" for r in rows)
-        lines.append(f"| {VARIANTS[name]} | {steps_ms} | {ratio:.2f} | {cpu_ms} | {cpu_ratio:.2f} | "
-                     f"{rows[0]['model_state_total'] / 2**20:.2f} | {sent:.2f} |")
-    return "\n".join(lines), {k: [{kk: vv for kk, vv in r.items() if kk != "profile"} for r in v]
-                              for k, v in results.items()}
+        lines.append(
+            f"| {VARIANTS[name]} | {steps_ms} | {ratio:.2f} | {cpu_ms} | {cpu_ratio:.2f} | "
+            f"{rows[0]['model_state_total'] / 2**20:.2f} | {sent:.2f} |"
+        )
+    return "\n".join(lines), {
+        k: [{kk: vv for kk, vv in r.items() if kk != "profile"} for r in v] for k, v in results.items()
+    }
 
 
 def main() -> None:
@@ -168,7 +217,9 @@ def main() -> None:
         sections.append(text)
         payload[f"breakdown/{precision}"] = data
         if args.cprofile:
-            sections.append(f"cProfile of rank 0 ({precision}): {cprofile(precision, args.warmup, args.steps, args.timeout, out)}")
+            sections.append(
+                f"cProfile of rank 0 ({precision}): {cprofile(precision, args.warmup, args.steps, args.timeout, out)}"
+            )
     if args.ab:
         text, data = ab(args.ab_precision, args.repeats, args.warmup, args.ab_steps, args.timeout)
         sections.append(text)

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, List, Sequence, Tuple, Union
 
 import torch
 
@@ -47,7 +47,7 @@ class ByteTokenizer:
 
     vocab_size = 256
 
-    def encode(self, text: str) -> List[int]:
+    def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
 
     def decode(self, ids: Iterable[int]) -> str:
@@ -55,7 +55,7 @@ class ByteTokenizer:
         return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
 
 
-def _text_files(path_or_dir: Union[str, os.PathLike, None]) -> List[Path]:
+def _text_files(path_or_dir: str | os.PathLike | None) -> list[Path]:
     if path_or_dir is None:
         return [CORPUS_PATH]
     path = Path(path_or_dir)
@@ -79,7 +79,7 @@ class TokenDataset:
 
     def __init__(
         self,
-        path_or_dir: Union[str, os.PathLike, None] = None,
+        path_or_dir: str | os.PathLike | None = None,
         seq_len: int = 128,
         val_fraction: float = 0.1,
     ) -> None:
@@ -116,7 +116,9 @@ class TokenDataset:
             raise ValueError(f"split={split!r}; use one of {_SPLITS}")
         return self._splits[split]
 
-    def global_offsets(self, global_batch_index: int, global_batch_size: int, seed: int, split: str = "train") -> torch.Tensor:
+    def global_offsets(
+        self, global_batch_index: int, global_batch_size: int, seed: int, split: str = "train"
+    ) -> torch.Tensor:
         """Start offsets of the windows of one global batch (all ranks)."""
         data = self._split(split)
         # A private generator per batch: no dependence on the global RNG or on
@@ -134,7 +136,7 @@ class TokenDataset:
         batch_size: int = 4,
         seed: int = 0,
         split: str = "train",
-    ) -> Tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's ``(inputs, targets)`` of global batch ``global_batch_index``.
 
         Both are int64 of shape ``(batch_size, seq_len)``; targets are the

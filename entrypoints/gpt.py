@@ -20,19 +20,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 __all__ = [
-    "GPTConfig",
-    "GPTOutput",
-    "CausalSelfAttention",
+    "GPT",
     "MLP",
     "Block",
-    "GPT",
+    "CausalSelfAttention",
+    "GPTConfig",
+    "GPTOutput",
     "megatron_flops_per_iteration",
 ]
 
@@ -76,7 +76,7 @@ class GPTOutput(NamedTuple):
     """
 
     logits: torch.Tensor
-    loss: Optional[torch.Tensor] = None
+    loss: torch.Tensor | None = None
 
 
 class CausalSelfAttention(nn.Module):
@@ -97,9 +97,7 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        y = F.scaled_dot_product_attention(
-            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
-        )
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
@@ -210,7 +208,7 @@ class GPT(nn.Module):
 
     # -- FLOPs --------------------------------------------------------------
 
-    def flops_per_token(self, seq_len: Optional[int] = None) -> float:
+    def flops_per_token(self, seq_len: int | None = None) -> float:
         """Training FLOPs (forward + backward) per token, PaLM appendix B.
 
         ``6 N + 12 l h s``: 6 per matmul weight (2 forward, 4 backward) plus the
@@ -224,7 +222,7 @@ class GPT(nn.Module):
         return 6.0 * self.num_params(non_embedding=True) + 12.0 * c.n_layer * c.d_model * s
 
     def megatron_flops_per_iteration(
-        self, batch_size: int, seq_len: Optional[int] = None, activation_recompute: bool = False
+        self, batch_size: int, seq_len: int | None = None, activation_recompute: bool = False
     ) -> float:
         """Megatron-LM's FLOPs per iteration for ``batch_size`` sequences."""
         c = self.config
@@ -239,12 +237,10 @@ class GPT(nn.Module):
 
     # -- forward ------------------------------------------------------------
 
-    def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None) -> GPTOutput:
-        B, T = idx.shape
-        if T > self.config.block_size:
-            raise ValueError(
-                f"sequence length {T} exceeds block_size={self.config.block_size}"
-            )
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> GPTOutput:
+        _B, T = idx.shape
+        if self.config.block_size < T:
+            raise ValueError(f"sequence length {T} exceeds block_size={self.config.block_size}")
         pos = torch.arange(T, dtype=torch.long, device=idx.device)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
         for block in self.transformer.h:
@@ -255,9 +251,7 @@ class GPT(nn.Module):
         if targets is not None:
             # Mean over all B*T positions, in fp32 whatever the compute dtype,
             # so that bf16 runs report a loss comparable with fp32 runs.
-            loss = F.cross_entropy(
-                logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1
-            )
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
         return GPTOutput(logits=logits, loss=loss)
 
 
@@ -279,7 +273,7 @@ def megatron_flops_per_iteration(
     ``6 B s h V``. Divided by ``B s`` this equals :meth:`GPT.flops_per_token`
     up to biases and LayerNorms.
     """
-    B, s, l, h, V = batch_size, seq_len, n_layer, d_model, vocab_size
+    B, s, l, h, V = batch_size, seq_len, n_layer, d_model, vocab_size  # noqa: E741 (the formula's names)
     if activation_recompute:
         return 96.0 * B * s * l * h * h * (1.0 + s / (6.0 * h) + V / (16.0 * l * h))
     return 72.0 * B * s * l * h * h * (1.0 + s / (6.0 * h) + V / (12.0 * l * h))

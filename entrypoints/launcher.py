@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         _join_world()
         _run_to_completion(script, script_args)
         _leave_world()
-    except BaseException as exc:  # noqa: BLE001 - reported, then the whole job is aborted
+    except BaseException as exc:
         _fail(rank, user_traceback(exc, stderr.tail), lost_peer=lost_a_peer(exc))
     return 0
 
@@ -136,10 +136,20 @@ def user_traceback(exc: BaseException, stderr_tail: str = "") -> str:
 
 
 #: What gloo (and the TCPStore) say when a peer died, hung, or stopped answering.
-_PEER_LOSS = ("Timed out waiting", "Application timeout caused pair closure", "Connection reset by peer",
-              "Connection closed by peer", "Broken pipe", "Socket Timeout", "Read error", "Write error")
-PEER_LOSS_NOTE = ("[smsdp] this rank lost a peer in a collective (a peer died, hung, or did not answer within "
-                  "collective_timeout_s): a consequence of another rank's failure, not its cause")
+_PEER_LOSS = (
+    "Timed out waiting",
+    "Application timeout caused pair closure",
+    "Connection reset by peer",
+    "Connection closed by peer",
+    "Broken pipe",
+    "Socket Timeout",
+    "Read error",
+    "Write error",
+)
+PEER_LOSS_NOTE = (
+    "[smsdp] this rank lost a peer in a collective (a peer died, hung, or did not answer within "
+    "collective_timeout_s): a consequence of another rank's failure, not its cause"
+)
 
 
 def lost_a_peer(exc: BaseException) -> bool:
@@ -160,8 +170,11 @@ def _join_world() -> None:
     if "SLURM_NODEID" in os.environ:  # where each rank really runs, for the job log
         import socket
 
-        print(f"[smsdp] rank {cluster.rank}: host {cluster.host} ({cluster.host_index + 1} of {cluster.num_hosts}), "
-              f"Slurm node {socket.gethostname()} (SLURM_NODEID {os.environ['SLURM_NODEID']})", flush=True)
+        print(
+            f"[smsdp] rank {cluster.rank}: host {cluster.host} ({cluster.host_index + 1} of {cluster.num_hosts}), "
+            f"Slurm node {socket.gethostname()} (SLURM_NODEID {os.environ['SLURM_NODEID']})",
+            flush=True,
+        )
 
 
 def _limit_threads() -> None:

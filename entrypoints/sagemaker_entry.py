@@ -29,8 +29,8 @@ import importlib.util
 import json
 import os
 import sys
+from collections.abc import Mapping, MutableMapping
 from pathlib import Path
-from typing import Mapping, MutableMapping
 
 CONFIG_ENV_VAR = "SMSDP_CONFIG"
 CONFIG_PART_PREFIX = f"{CONFIG_ENV_VAR}_PART_"  # estimator.backends.sagemaker.environment splits
@@ -69,13 +69,18 @@ def container_environment(environ: Mapping[str, str]) -> dict[str, str]:
 
 def joined_config(environ: Mapping[str, str]) -> str | None:
     """``SMSDP_CONFIG`` from its parts, or None when it arrived whole (or not at all)."""
-    parts = sorted((int(name[len(CONFIG_PART_PREFIX):]), value) for name, value in environ.items()
-                   if name.startswith(CONFIG_PART_PREFIX) and name[len(CONFIG_PART_PREFIX):].isdigit())
+    parts = sorted(
+        (int(name[len(CONFIG_PART_PREFIX) :]), value)
+        for name, value in environ.items()
+        if name.startswith(CONFIG_PART_PREFIX) and name[len(CONFIG_PART_PREFIX) :].isdigit()
+    )
     if not parts:
         return None
     if [index for index, _ in parts] != list(range(len(parts))):
-        raise EntryError(f"{CONFIG_PART_PREFIX}<i> variables are not numbered 0..{len(parts) - 1}: "
-                         f"{[index for index, _ in parts]} (was one not forwarded with -x?)")
+        raise EntryError(
+            f"{CONFIG_PART_PREFIX}<i> variables are not numbered 0..{len(parts) - 1}: "
+            f"{[index for index, _ in parts]} (was one not forwarded with -x?)"
+        )
     return "".join(value for _, value in parts)
 
 
@@ -88,23 +93,31 @@ def check_layout(environ: Mapping[str, str]) -> str:
     except ConfigError as exc:
         raise EntryError(f"the job config is invalid: {exc}") from None
     if config is None:
-        raise EntryError(f"{CONFIG_ENV_VAR} is not set: smsdp forwards it to every rank with '-x "
-                         f"{CONFIG_ENV_VAR}' in mpi.custom_mpi_options; was that option removed?")
+        raise EntryError(
+            f"{CONFIG_ENV_VAR} is not set: smsdp forwards it to every rank with '-x "
+            f"{CONFIG_ENV_VAR}' in mpi.custom_mpi_options; was that option removed?"
+        )
     hosts = _hosts(environ)
     rank, size = _int(environ, "OMPI_COMM_WORLD_RANK", 0), _int(environ, "OMPI_COMM_WORLD_SIZE", 1)
     if size != config.world_size or len(hosts) != config.instance_count:
-        raise EntryError(f"mpirun started {size} processes on {len(hosts)} host(s) {hosts}, but the job "
-                         f"asks for {config.instance_count} x {config.processes_per_host} = {config.world_size}")
+        raise EntryError(
+            f"mpirun started {size} processes on {len(hosts)} host(s) {hosts}, but the job "
+            f"asks for {config.instance_count} x {config.processes_per_host} = {config.world_size}"
+        )
     expected = hosts[rank // config.processes_per_host]
     simulated = environ.get(SIMULATED_HOSTS_ENV) == "1"
     current = expected if simulated else environ.get("SM_CURRENT_HOST", expected)
     if current != expected:
-        raise EntryError(f"rank {rank} runs on {current}, but smsdp lays ranks out host-major (rank r on "
-                         f"host r // {config.processes_per_host}, i.e. {expected}); mpirun must map by slot")
+        raise EntryError(
+            f"rank {rank} runs on {current}, but smsdp lays ranks out host-major (rank r on "
+            f"host r // {config.processes_per_host}, i.e. {expected}); mpirun must map by slot"
+        )
     gpus = _int(environ, "SM_NUM_GPUS", 0)
     if 0 < gpus < config.processes_per_host:
-        raise EntryError(f"{config.processes_per_host} processes per host but {current} has {gpus} GPUs "
-                         "(SM_NUM_GPUS): lower mpi.processes_per_host")
+        raise EntryError(
+            f"{config.processes_per_host} processes per host but {current} has {gpus} GPUs "
+            "(SM_NUM_GPUS): lower mpi.processes_per_host"
+        )
     return current
 
 

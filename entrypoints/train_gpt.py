@@ -65,8 +65,8 @@ import torch.distributed as dist  # noqa: E402
 import smsdp as smp  # noqa: E402
 from entrypoints.data import TokenDataset  # noqa: E402
 from entrypoints.gpt import GPT, GPTConfig  # noqa: E402
-from smsdp.util.metrics import ProgressLogger, write_summary  # noqa: E402
 from smsdp.tensor_parallel import batch_arithmetic  # noqa: E402
+from smsdp.util.metrics import ProgressLogger, write_summary  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -91,8 +91,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--train", default=os.environ.get("SM_CHANNEL_TRAIN"), help="dir of .txt files")
     p.add_argument("--model_dir", default=os.environ.get("SM_MODEL_DIR", "model"))
     p.add_argument("--output_data_dir", default=os.environ.get("SM_OUTPUT_DATA_DIR", "output"))
-    p.add_argument("--checkpoint_dir", default=os.environ.get("SM_CHECKPOINT_DIR", ""),
-                   help="resume from the newest complete checkpoint here; save here every --checkpoint_interval")
+    p.add_argument(
+        "--checkpoint_dir",
+        default=os.environ.get("SM_CHECKPOINT_DIR", ""),
+        help="resume from the newest complete checkpoint here; save here every --checkpoint_interval",
+    )
     p.add_argument("--checkpoint_interval", type=int, default=0, help="steps between checkpoints (0: none)")
     args = p.parse_args(argv)
     if args.vocab_size < 256:
@@ -259,12 +262,24 @@ def main(argv=None) -> dict:
         saved = bool(args.checkpoint_dir and args.checkpoint_interval and step % args.checkpoint_interval == 0)
         if saved:
             with log.paused():
-                smp.save_checkpoint(args.checkpoint_dir, tag=f"step{step}", model=model, optimizer=optimizer,
-                                    user_content={"step": step}, num_kept_partial_checkpoints=2)
+                smp.save_checkpoint(
+                    args.checkpoint_dir,
+                    tag=f"step{step}",
+                    model=model,
+                    optimizer=optimizer,
+                    user_content={"step": step},
+                    num_kept_partial_checkpoints=2,
+                )
         if step < args.max_steps and stop.agreed(device):
             if args.checkpoint_dir and not saved:
-                smp.save_checkpoint(args.checkpoint_dir, tag=f"step{step}", model=model, optimizer=optimizer,
-                                    user_content={"step": step}, num_kept_partial_checkpoints=2)
+                smp.save_checkpoint(
+                    args.checkpoint_dir,
+                    tag=f"step{step}",
+                    model=model,
+                    optimizer=optimizer,
+                    user_content={"step": step},
+                    num_kept_partial_checkpoints=2,
+                )
             where = f"; checkpoint step{step} in {args.checkpoint_dir}" if args.checkpoint_dir else ""
             log.info(f"stopped by SIGTERM after step {step}{where}")
             smp.barrier()

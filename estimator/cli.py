@@ -14,14 +14,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
-
-from smsdp.config import ConfigError
+from typing import Any
 
 from estimator.example import EXAMPLE_ENTRY_POINT as EXAMPLE_SCRIPT
 from estimator.example import example_distribution, example_source_dir
+from smsdp.config import ConfigError
 from smsdp.planner.cli import json_object_arg
+
 EXIT_OK, EXIT_JOB_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 EXAMPLE_MAX_STEPS = 30
 
@@ -41,21 +42,51 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     """Options that describe one job; defaults give the bundled example."""
     job = parser.add_argument_group("job")
     job.add_argument("--entry-point", default=EXAMPLE_SCRIPT, help="training script (default: the bundled GPT)")
-    job.add_argument("--source-dir", default=None, help="directory shipped with the script "
-                     "(default: the bundled example's)")
+    job.add_argument(
+        "--source-dir", default=None, help="directory shipped with the script (default: the bundled example's)"
+    )
     job.add_argument("--instance-count", type=int, default=2, help="hosts, simulated locally (default 2)")
     job.add_argument("--processes-per-host", type=int, default=2, help="ranks per host (default 2)")
     job.add_argument("--sharded-degree", type=int, default=2, help="sharded_data_parallel_degree (default 2)")
-    job.add_argument("--distribution", type=json_object_arg, default=None,
-                     help="a whole SageMaker distribution dict as JSON (overrides the three options above)")
-    job.add_argument("--max-steps", type=int, default=None, help="hyperparameter max_steps (default 30 for the "
-                     "bundled script, with log_interval max_steps/10; none for your own script)")
-    job.add_argument("-H", "--hyperparameter", action="append", default=[], metavar="NAME=VALUE",
-                     type=_key_value, help="a hyperparameter (repeatable), e.g. -H lr=0.001")
-    job.add_argument("-e", "--env", action="append", default=[], metavar="NAME=VALUE", type=_key_value,
-                     help="an environment variable for every rank (repeatable)")
-    job.add_argument("--input", action="append", default=[], metavar="CHANNEL=URI", type=_key_value,
-                     help="an input channel, e.g. --input train=file://data/ (repeatable)")
+    job.add_argument(
+        "--distribution",
+        type=json_object_arg,
+        default=None,
+        help="a whole SageMaker distribution dict as JSON (overrides the three options above)",
+    )
+    job.add_argument(
+        "--max-steps",
+        type=int,
+        default=None,
+        help="hyperparameter max_steps (default 30 for the "
+        "bundled script, with log_interval max_steps/10; none for your own script)",
+    )
+    job.add_argument(
+        "-H",
+        "--hyperparameter",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        type=_key_value,
+        help="a hyperparameter (repeatable), e.g. -H lr=0.001",
+    )
+    job.add_argument(
+        "-e",
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        type=_key_value,
+        help="an environment variable for every rank (repeatable)",
+    )
+    job.add_argument(
+        "--input",
+        action="append",
+        default=[],
+        metavar="CHANNEL=URI",
+        type=_key_value,
+        help="an input channel, e.g. --input train=file://data/ (repeatable)",
+    )
     job.add_argument("--output-path", default=None, help="where job directories go (default ./smsdp-jobs)")
     job.add_argument("--job-name", default=None, help="default: <script>-<timestamp>")
     job.add_argument("--instance-type", default="local", help="'local' (default) or an ml.* type")
@@ -154,12 +185,20 @@ def _add_plan_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 COMMANDS: list[Command] = [
-    Command("run-example", "train the bundled GPT as a local job and print a summary",
-            add_job_arguments, run_example),
-    Command("dry-run", "print the exact mpirun argv and environment of a job, without running it",
-            _add_dry_run_arguments, dry_run),
-    Command("plan", "predict per-GPU memory, communication and step time of a configuration; "
-            "recommend the smallest sharded degree that fits (docs/planner.md)", _add_plan_arguments, plan),
+    Command("run-example", "train the bundled GPT as a local job and print a summary", add_job_arguments, run_example),
+    Command(
+        "dry-run",
+        "print the exact mpirun argv and environment of a job, without running it",
+        _add_dry_run_arguments,
+        dry_run,
+    ),
+    Command(
+        "plan",
+        "predict per-GPU memory, communication and step time of a configuration; "
+        "recommend the smallest sharded degree that fits (docs/planner.md)",
+        _add_plan_arguments,
+        plan,
+    ),
 ]
 
 

@@ -10,47 +10,94 @@ job (``estimator.backends``): ``fit()`` is ``backend.launch(backend.dry_run(spec
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import difflib
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
-
-from smsdp.config import ConfigError, Distribution, RuntimeConfig, resolve_job
-from smsdp.config.instance_types import LOCAL
+from typing import Any
 
 from estimator.backends import SLURM, Backend, backend_for, backend_named
 from estimator.backends.slurm.options import check_slurm_options, check_slurm_output_path
 from estimator.job import Job, JobFailedError
 from estimator.naming import MAX_NAME_TRIES, JobNameTakenError, base_name_for, unique_job_name
 from estimator.source_tree import scan_source_dir
-from estimator.tensor_parallel_check import check_tensor_parallel_job
 from estimator.spec import CheckpointSpec, Hyperparameter, JobSpec
+from estimator.tensor_parallel_check import check_tensor_parallel_job
 from estimator.validation import (
-    check_checkpoint_local_path, check_checkpoint_uri, check_code, check_collective_timeout, check_environment,
-    check_hyperparameters, check_inputs, check_job_name, check_max_retry_attempts, check_max_run, check_output_path,
+    check_checkpoint_local_path,
+    check_checkpoint_uri,
+    check_code,
+    check_collective_timeout,
+    check_environment,
+    check_hyperparameters,
+    check_inputs,
+    check_job_name,
+    check_max_retry_attempts,
+    check_max_run,
+    check_output_path,
     collect,
 )
+from smsdp.config import ConfigError, Distribution, RuntimeConfig, resolve_job
+from smsdp.config.instance_types import LOCAL
 
 DEFAULT_MAX_RUN = 24 * 60 * 60  # SageMaker's default MaxRuntimeInSeconds
 STOP_WAIT_S = 30.0
 
 #: SageMaker estimator arguments that only a remote job uses. Accepted (and
 #: passed to the backend) so a pasted SageMaker notebook works; ignored locally.
-REMOTE_ONLY_OPTIONS = frozenset({
-    "framework_version", "py_version", "image_uri", "volume_size", "volume_kms_key", "output_kms_key",
-    "tags", "sagemaker_session", "subnets", "security_group_ids", "use_spot_instances", "max_wait",
-    "metric_definitions", "enable_network_isolation", "encrypt_inter_container_traffic",
-    "keep_alive_period_in_seconds", "disable_profiler", "debugger_hook_config", "code_location",
-    "dependencies", "container_log_level", "enable_sagemaker_metrics",
-    "model_uri", "model_channel_name", "training_repository_access_mode", "input_mode",
-    # smsdp's own remote options: how smsdp reaches the container, and CPU-only instance types.
-    "smsdp_source", "smsdp_requirement", "allow_cpu_instances",
-})
+REMOTE_ONLY_OPTIONS = frozenset(
+    {
+        "framework_version",
+        "py_version",
+        "image_uri",
+        "volume_size",
+        "volume_kms_key",
+        "output_kms_key",
+        "tags",
+        "sagemaker_session",
+        "subnets",
+        "security_group_ids",
+        "use_spot_instances",
+        "max_wait",
+        "metric_definitions",
+        "enable_network_isolation",
+        "encrypt_inter_container_traffic",
+        "keep_alive_period_in_seconds",
+        "disable_profiler",
+        "debugger_hook_config",
+        "code_location",
+        "dependencies",
+        "container_log_level",
+        "enable_sagemaker_metrics",
+        "model_uri",
+        "model_channel_name",
+        "training_repository_access_mode",
+        "input_mode",
+        # smsdp's own remote options: how smsdp reaches the container, and CPU-only instance types.
+        "smsdp_source",
+        "smsdp_requirement",
+        "allow_cpu_instances",
+    }
+)
 _OWN_ARGUMENTS = (
-    "entry_point", "source_dir", "instance_type", "instance_count", "distribution", "hyperparameters",
-    "environment", "output_path", "base_job_name", "role", "checkpoint_s3_uri", "checkpoint_local_path",
-    "max_run", "collective_timeout", "max_retry_attempts", "slurm_options",
+    "entry_point",
+    "source_dir",
+    "instance_type",
+    "instance_count",
+    "distribution",
+    "hyperparameters",
+    "environment",
+    "output_path",
+    "base_job_name",
+    "role",
+    "checkpoint_s3_uri",
+    "checkpoint_local_path",
+    "max_run",
+    "collective_timeout",
+    "max_retry_attempts",
+    "slurm_options",
 )
 
 
@@ -103,8 +150,9 @@ class Estimator:
         slurm_job = instance_type == SLURM
         code, job, hps, env, output, checkpoint_uri, checkpoint_path, max_run_s, timeout_s, retries, slurm = collect(
             lambda: check_code(entry_point, source_dir),
-            lambda: resolve_job(distribution, instance_type=files_type,
-                                instance_count=instance_count, environment=config_env),
+            lambda: resolve_job(
+                distribution, instance_type=files_type, instance_count=instance_count, environment=config_env
+            ),
             lambda: check_hyperparameters(hyperparameters),
             lambda: check_environment(environment),
             lambda: check_slurm_output_path(output_path) if slurm_job else check_output_path(output_path, files_type),
@@ -117,8 +165,9 @@ class Estimator:
         )
         python_files = [code.script_path]
         if code.source_dir is not None:  # every problem of the tree now, not at the copy
-            tree = scan_source_dir(code.source_dir, exclude=[Path(output), _local_dir(checkpoint_uri)],
-                                   entry_point=code.entry_point)
+            tree = scan_source_dir(
+                code.source_dir, exclude=[Path(output), _local_dir(checkpoint_uri)], entry_point=code.entry_point
+            )
             python_files = tree.python_files()
         runtime = job.runtime
         check_tensor_parallel_job(runtime, code.script_path, python_files, hps)
@@ -137,9 +186,12 @@ class Estimator:
         self._checkpoints = CheckpointSpec(checkpoint_uri, checkpoint_path)
         self._max_run_s = max_run_s
         self._max_retry_attempts = retries
-        self._backend_options = {**remote_options, **({"role": role} if role else {}),
-                                 **({"max_retry_attempts": retries} if retries else {}),
-                                 **({"slurm_options": slurm} if slurm else {})}
+        self._backend_options = {
+            **remote_options,
+            **({"role": role} if role else {}),
+            **({"max_retry_attempts": retries} if retries else {}),
+            **({"slurm_options": slurm} if slurm else {}),
+        }
         self.latest_job: Job | None = None
         self._next_job_name: str | None = None  # fixed by dry_run() for the fit() that follows
 
@@ -245,8 +297,15 @@ class Estimator:
             self._next_job_name = spec.job_name
         return request
 
-    def plan(self, model: Any = None, *, batch_size: int | None = None, grad_accum: int | None = None,
-             optimizer: str = "adamw", assumptions: Any = None):
+    def plan(
+        self,
+        model: Any = None,
+        *,
+        batch_size: int | None = None,
+        grad_accum: int | None = None,
+        optimizer: str = "adamw",
+        assumptions: Any = None,
+    ):
         """Will this job fit? The planner's answer (``smsdp.planner.Plan``; ``print()`` it for the table).
 
         ``model``: a ``smsdp.planner.ModelSpec``, or an ``nn.Module`` (built on the meta
@@ -254,8 +313,8 @@ class Estimator:
         accumulation come from this estimator's hyperparameters. ``batch_size``: sequences
         per GPU per micro-step. ``fit()`` checks what was asked here last (docs/planner.md).
         """
-        from smsdp.planner.jobs import PlanRequest, plan_for_job
         from smsdp.planner.hardware import Assumptions
+        from smsdp.planner.jobs import PlanRequest, plan_for_job
 
         request = PlanRequest(model, batch_size, grad_accum, optimizer, assumptions or Assumptions())
         result = plan_for_job(self._runtime, self._code.script_path, self._hyperparameters, request)
@@ -267,8 +326,14 @@ class Estimator:
         self._plan_request = request
         return result
 
-    def fit(self, inputs: Any = None, wait: bool = True, logs: bool = True, job_name: str | None = None,
-            check_memory: bool = True) -> None:
+    def fit(
+        self,
+        inputs: Any = None,
+        wait: bool = True,
+        logs: bool = True,
+        job_name: str | None = None,
+        check_memory: bool = True,
+    ) -> None:
         """Run the job. ``inputs``: a ``file://`` path (channel "training") or ``{channel: uri}``.
 
         With ``wait`` (default) block until it ends, streaming logs and a
@@ -314,17 +379,15 @@ class Estimator:
             if backend.stop_on_interrupt:
                 print(f"\n[smsdp] interrupted: stopping job {job.name} ...", flush=True)
                 job.stop()
-                try:
+                with contextlib.suppress(JobFailedError, TimeoutError):
                     job.wait(logs=False, timeout=STOP_WAIT_S)
-                except (JobFailedError, TimeoutError):
-                    pass
             raise
 
     def _backend(self) -> Backend:
         return backend_for(self.instance_type)
 
     @classmethod
-    def attach(cls, job_name: str, output_path: str | None = None, sagemaker_session: Any = None) -> "Estimator":
+    def attach(cls, job_name: str, output_path: str | None = None, sagemaker_session: Any = None) -> Estimator:
         """The Estimator of an existing job, with ``latest_job`` set to it.
 
         A local ``output_path`` is the only place looked in. Without one, local jobs are
@@ -357,7 +420,7 @@ def _attach_anywhere(job_name: str):
     except ConfigError as local:
         try:
             return backend_named("sagemaker").attach(job_name, None)
-        except Exception as remote:  # noqa: BLE001 - both answers go into one error
+        except Exception as remote:
             raise LookupError(f"no training job {job_name!r}: {local}; and on SageMaker: {remote}") from remote
 
 

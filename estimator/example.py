@@ -15,7 +15,7 @@ def example_source_dir() -> str:
     spec = importlib.util.find_spec("entrypoints")
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeError("the bundled example (package 'entrypoints') is not installed")
-    return str(Path(list(spec.submodule_search_locations)[0]))
+    return str(Path(next(iter(spec.submodule_search_locations))))
 
 
 def example_distribution(processes_per_host: int = 2, sharded_degree: int = 2) -> dict[str, Any]:
@@ -26,8 +26,15 @@ def example_distribution(processes_per_host: int = 2, sharded_degree: int = 2) -
     At 1e4 the weight matrices and embeddings are sharded; layer norms and biases are replicated.
     """
     return {
-        "smdistributed": {"modelparallel": {"enabled": True, "parameters": {
-            "ddp": True, "sharded_data_parallel_degree": sharded_degree,
-            "sdp_param_persistence_threshold": EXAMPLE_PERSISTENCE_THRESHOLD}}},
+        "smdistributed": {
+            "modelparallel": {
+                "enabled": True,
+                "parameters": {
+                    "ddp": True,
+                    "sharded_data_parallel_degree": sharded_degree,
+                    "sdp_param_persistence_threshold": EXAMPLE_PERSISTENCE_THRESHOLD,
+                },
+            }
+        },
         "mpi": {"enabled": True, "processes_per_host": processes_per_host},
     }

@@ -9,7 +9,8 @@ the output is a terminal or a notebook, and one compact line each otherwise
 from __future__ import annotations
 
 import sys
-from typing import Mapping, TextIO
+from collections.abc import Mapping
+from typing import TextIO
 
 from smsdp.util.metric_format import parse_progress_line
 

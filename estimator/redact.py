@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 REDACTED = "********"
 _SECRET_NAME = re.compile(
@@ -72,13 +73,16 @@ class Scrubber:
     """Replaces every known secret value, and anything shaped like a secret, with ``********``."""
 
     def __init__(self, secrets: Iterable[str] = ()):
-        values = sorted({view for s in secrets if isinstance(s, str) and len(s) >= _MIN_SECRET_CHARS
-                         for view in _views(s)}, key=len, reverse=True)
+        values = sorted(
+            {view for s in secrets if isinstance(s, str) and len(s) >= _MIN_SECRET_CHARS for view in _views(s)},
+            key=len,
+            reverse=True,
+        )
         parts = [re.escape(v) for v in values] + [_SECRET_VALUE.pattern]
         self._pattern = re.compile("|".join(parts))
 
     @classmethod
-    def from_environment(cls, env: Mapping[str, str], argv: Sequence[str] = ()) -> "Scrubber":
+    def from_environment(cls, env: Mapping[str, str], argv: Sequence[str] = ()) -> Scrubber:
         """The secret values of ``env`` and of ``NAME=VALUE`` words in ``argv`` (mpirun ``-x`` options)."""
         pairs = list(env.items()) + [a.partition("=")[::2] for a in argv if "=" in a]
         secrets = []

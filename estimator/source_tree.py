@@ -24,15 +24,27 @@ import os
 import re
 import shutil
 import stat
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
 
 from smsdp.config import ConfigError, ConfigProblem
 
 IGNORE_FILE = ".smsdpignore"
-HEAVY_DIRS = frozenset({".venv", "venv", "node_modules", ".git", "__pycache__", ".ipynb_checkpoints",
-                        ".mypy_cache", ".pytest_cache", ".tox", "smsdp-jobs"})
+HEAVY_DIRS = frozenset(
+    {
+        ".venv",
+        "venv",
+        "node_modules",
+        ".git",
+        "__pycache__",
+        ".ipynb_checkpoints",
+        ".mypy_cache",
+        ".pytest_cache",
+        ".tox",
+        "smsdp-jobs",
+    }
+)
 HEAVY_FILE_SUFFIXES = (".pyc",)
 MAX_SOURCE_BYTES = int(float(os.environ.get("SMSDP_MAX_SOURCE_MB", "512")) * 2**20)
 MAX_SOURCE_FILES = 20_000
@@ -90,7 +102,7 @@ class IgnoreRules:
             self.rules.append((re.compile(regex if anchored else f"(?:.*/)?{regex}"), negated, dir_only))
 
     @classmethod
-    def of(cls, root: Path) -> "IgnoreRules":
+    def of(cls, root: Path) -> IgnoreRules:
         try:
             return cls((root / IGNORE_FILE).read_text().splitlines())
         except FileNotFoundError:
@@ -119,9 +131,9 @@ def _glob_regex(pattern: str) -> str:
         elif pattern[i] == "?":
             out.append("[^/]")
             i += 1
-        elif pattern[i] == "[" and "]" in pattern[i + 1:]:
+        elif pattern[i] == "[" and "]" in pattern[i + 1 :]:
             end = pattern.index("]", i + 1)
-            out.append("[" + pattern[i + 1:end].replace("!", "^", 1) + "]")
+            out.append("[" + pattern[i + 1 : end].replace("!", "^", 1) + "]")
             i = end + 1
         else:
             out.append(re.escape(pattern[i]))
@@ -159,8 +171,13 @@ def scan_source_dir(root: Path, exclude: Iterable[Path | None] = (), entry_point
     entries.sort(key=lambda e: e.relative.split("/"))  # parents before their contents
     problems += _size_problems(root, entries)
     if entry_point is not None and not any(e.relative == entry_point for e in entries):
-        problems.append(ConfigProblem(("source_dir",), f"{root}: the entry point {entry_point!r} would not be "
-                                      f"shipped: {IGNORE_FILE} or the rules for skipped directories leave it out"))
+        problems.append(
+            ConfigProblem(
+                ("source_dir",),
+                f"{root}: the entry point {entry_point!r} would not be "
+                f"shipped: {IGNORE_FILE} or the rules for skipped directories leave it out",
+            )
+        )
     if problems:
         raise ConfigError.from_problems(problems)
     return SourceTree(root, tuple(entries))
@@ -173,8 +190,13 @@ def _classify(root: Path, path: Path, excluded: set[Path], rules: IgnoreRules, r
     except OSError as exc:
         return "problem", f"cannot be read: {exc.strerror or exc}"
     is_dir = stat.S_ISDIR(info.st_mode)
-    if path.name in HEAVY_DIRS or path.name.endswith(HEAVY_FILE_SUFFIXES) or rules.ignores(relative, is_dir) \
-            or path in excluded or (is_dir and (path / "pyvenv.cfg").exists()):
+    if (
+        path.name in HEAVY_DIRS
+        or path.name.endswith(HEAVY_FILE_SUFFIXES)
+        or rules.ignores(relative, is_dir)
+        or path in excluded
+        or (is_dir and (path / "pyvenv.cfg").exists())
+    ):
         return "skip", ""
     if stat.S_ISLNK(info.st_mode):
         return _classify_link(root, path)
@@ -194,8 +216,10 @@ def _classify_link(root: Path, path: Path) -> tuple[str, str]:
     if not resolved.exists():
         return "problem", f"is a dangling symbolic link (-> {target})"
     if resolved != root and not resolved.is_relative_to(root):
-        return "problem", (f"is a symbolic link to {resolved}, outside source_dir (a job ships source_dir "
-                           "alone); copy what it points to into source_dir, or remove the link")
+        return "problem", (
+            f"is a symbolic link to {resolved}, outside source_dir (a job ships source_dir "
+            "alone); copy what it points to into source_dir, or remove the link"
+        )
     return "link", os.path.relpath(resolved, path.parent)
 
 
@@ -214,8 +238,14 @@ def _size_problems(root: Path, entries: list[Entry]) -> list[ConfigProblem]:
         by_top[top] = by_top.get(top, 0) + entry.size
     largest = sorted(by_top.items(), key=lambda item: -item[1])[:_LARGEST_SHOWN]
     shown = ", ".join(f"{name!r} {size / 2**20:.1f} MiB" for name, size in largest)
-    return [ConfigProblem(("source_dir",), (
-        f"{root} holds {total / 2**20:.1f} MiB in {files} files, over the limit of "
-        f"{MAX_SOURCE_BYTES / 2**20:.0f} MiB and {MAX_SOURCE_FILES} files that a job copies; the largest "
-        f"entries: {shown}. List data, environments and outputs in {IGNORE_FILE} (gitignore syntax), pass data "
-        "as fit() inputs, or raise SMSDP_MAX_SOURCE_MB"))]
+    return [
+        ConfigProblem(
+            ("source_dir",),
+            (
+                f"{root} holds {total / 2**20:.1f} MiB in {files} files, over the limit of "
+                f"{MAX_SOURCE_BYTES / 2**20:.0f} MiB and {MAX_SOURCE_FILES} files that a job copies; the largest "
+                f"entries: {shown}. List data, environments and outputs in {IGNORE_FILE} (gitignore syntax), pass data "
+                "as fit() inputs, or raise SMSDP_MAX_SOURCE_MB"
+            ),
+        )
+    ]

@@ -8,15 +8,16 @@ definition after validation.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Mapping, Union
+from typing import Any
 
 from smsdp.config import RuntimeConfig
 
 #: What a hyperparameter may be: a scalar that survives ``--name value`` and JSON.
-Hyperparameter = Union[str, int, float, bool]
+Hyperparameter = str | int | float | bool
 
 FILE_SCHEME = "file://"
 S3_SCHEME = "s3://"

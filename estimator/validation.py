@@ -11,14 +11,14 @@ import difflib
 import math
 import os
 import re
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping
-
-from smsdp.config import ConfigError, ConfigProblem
-from smsdp.config.instance_types import LOCAL
+from typing import Any
 
 from estimator.redact import REDACTED, is_secret
 from estimator.spec import FILE_SCHEME, S3_SCHEME, Channel, CodeSpec, Hyperparameter
+from smsdp.config import ConfigError, ConfigProblem
+from smsdp.config.instance_types import LOCAL
 
 # SageMaker's own limits, so a job that runs locally is also accepted remotely.
 # Every pattern is used with fullmatch: "$" would also match before a trailing newline.
@@ -52,7 +52,9 @@ def text_rule(value: str, path: bool = False) -> str | None:
     try:
         os.fsencode(value) if path else value.encode("utf-8")
     except UnicodeError:
-        return "is not valid UTF-8 text (it holds a lone surrogate, e.g. from bytes decoded with errors='surrogateescape')"
+        return (
+            "is not valid UTF-8 text (it holds a lone surrogate, e.g. from bytes decoded with errors='surrogateescape')"
+        )
     local = value.removeprefix(FILE_SCHEME)
     if path and local.startswith("~") and os.path.expanduser(local).startswith("~"):
         return f"starts with {local.split('/')[0]!r}, the home directory of a user this machine does not know"
@@ -92,28 +94,38 @@ def collect(*checks: Callable[[], Any]) -> list[Any]:
 
 def check_code(entry_point: Any, source_dir: Any) -> CodeSpec:
     """The script exists, is Python, and (with a source dir) lies inside it."""
-    if not isinstance(entry_point, (str, os.PathLike)) or not isinstance(os.fspath(entry_point), str) \
-            or not os.fspath(entry_point):
+    if (
+        not isinstance(entry_point, (str, os.PathLike))
+        or not isinstance(os.fspath(entry_point), str)
+        or not os.fspath(entry_point)
+    ):
         raise problem("entry_point", "must be the path of a Python script such as 'train.py'", entry_point)
     rule = text_rule(os.fspath(entry_point), path=True)
     if rule:
         raise problem("entry_point", rule, os.fspath(entry_point))
     entry = Path(entry_point)
     if entry.suffix != ".py":
-        raise problem("entry_point", "must be a Python file ending in .py (the launcher runs it with runpy)",
-                      str(entry_point))
+        raise problem(
+            "entry_point", "must be a Python file ending in .py (the launcher runs it with runpy)", str(entry_point)
+        )
     if source_dir is None:
         script = entry.expanduser().resolve()
         if not script.is_file():
-            raise problem("entry_point", f"does not exist (looked for {script}); pass an existing "
-                          "script, or its name plus source_dir=", str(entry_point))
+            raise problem(
+                "entry_point",
+                f"does not exist (looked for {script}); pass an existing script, or its name plus source_dir=",
+                str(entry_point),
+            )
         return CodeSpec(entry_point=script.name, script_file=script)
     return _code_in_source_dir(entry, source_dir)
 
 
 def _code_in_source_dir(entry: Path, source_dir: Any) -> CodeSpec:
-    if not isinstance(source_dir, (str, os.PathLike)) or not isinstance(os.fspath(source_dir), str) \
-            or os.fspath(source_dir).startswith(S3_SCHEME):
+    if (
+        not isinstance(source_dir, (str, os.PathLike))
+        or not isinstance(os.fspath(source_dir), str)
+        or os.fspath(source_dir).startswith(S3_SCHEME)
+    ):
         raise problem("source_dir", "must be a local directory holding the entry point", source_dir)
     rule = text_rule(os.fspath(source_dir), path=True)
     if rule:
@@ -123,8 +135,7 @@ def _code_in_source_dir(entry: Path, source_dir: Any) -> CodeSpec:
         raise problem("source_dir", f"is not a directory (looked for {src})", str(source_dir))
     script = (src / entry).resolve()
     if not script.is_relative_to(src):
-        raise problem("entry_point", f"lies outside source_dir {src}; give its path relative to source_dir",
-                      str(entry))
+        raise problem("entry_point", f"lies outside source_dir {src}; give its path relative to source_dir", str(entry))
     if not script.is_file():
         found = sorted(p.name for p in src.glob("*.py"))
         hint = difflib.get_close_matches(entry.name, found, n=1)
@@ -154,8 +165,10 @@ def check_hyperparameters(hyperparameters: Any) -> dict[str, Hyperparameter]:
 
 def _hyperparameter_name_rule(name: Any) -> str | None:
     if not isinstance(name, str) or not HP_NAME_RE.fullmatch(name):
-        return ("has an invalid name: use letters, digits, '_' or '-', starting with a letter "
-                "(it becomes --name and SM_HP_NAME)")
+        return (
+            "has an invalid name: use letters, digits, '_' or '-', starting with a letter "
+            "(it becomes --name and SM_HP_NAME)"
+        )
     if name.startswith(RESERVED_HP_PREFIX):
         return f"uses the reserved prefix {RESERVED_HP_PREFIX!r} (SageMaker's own settings); rename it"
     return None
@@ -165,8 +178,10 @@ def _hyperparameter_value_rule(value: Any) -> str | None:
     if value is None:
         return "is None; give a value or leave the key out (the script's default applies)"
     if not isinstance(value, (str, int, float, bool)):
-        return (f"is a {type(value).__name__}; hyperparameters are passed as '--name value', "
-                "so use a str, int, float or bool (e.g. a JSON string for structures)")
+        return (
+            f"is a {type(value).__name__}; hyperparameters are passed as '--name value', "
+            "so use a str, int, float or bool (e.g. a JSON string for structures)"
+        )
     if isinstance(value, float) and not math.isfinite(value):
         return "is not a finite number"
     if isinstance(value, str) and text_rule(value):
@@ -275,8 +290,12 @@ def _env_name_clashes(field: str, prefix: str, names: Mapping[Any, Any]) -> list
 
 def check_job_name(job_name: Any, field: str = "job_name") -> str:
     if not isinstance(job_name, str) or not JOB_NAME_RE.fullmatch(job_name):
-        raise problem(field, "must be 1-63 letters, digits or '-', starting and ending with a letter "
-                      "or digit (SageMaker's rule), e.g. 'gpt-small'", job_name)
+        raise problem(
+            field,
+            "must be 1-63 letters, digits or '-', starting and ending with a letter "
+            "or digit (SageMaker's rule), e.g. 'gpt-small'",
+            job_name,
+        )
     return job_name
 
 
@@ -284,8 +303,11 @@ def check_output_path(output_path: Any, instance_type: str) -> str:
     """Local jobs write under a directory (absolute from now on); remote ones under s3://."""
     if output_path is None:
         return str(Path("smsdp-jobs").resolve()) if instance_type == LOCAL else ""
-    if not isinstance(output_path, (str, os.PathLike)) or not isinstance(os.fspath(output_path), str) \
-            or not os.fspath(output_path):
+    if (
+        not isinstance(output_path, (str, os.PathLike))
+        or not isinstance(os.fspath(output_path), str)
+        or not os.fspath(output_path)
+    ):
         raise problem("output_path", "must be a directory path (local jobs) or an s3:// URI", output_path)
     text = os.fspath(output_path)
     rule = text_rule(text, path=True)
@@ -293,8 +315,11 @@ def check_output_path(output_path: Any, instance_type: str) -> str:
         raise problem("output_path", rule, text)
     if text.startswith(S3_SCHEME):
         if instance_type == LOCAL:
-            raise problem("output_path", "is in S3 but local jobs write to this machine; "
-                          "use a directory such as './smsdp-jobs'", text)
+            raise problem(
+                "output_path",
+                "is in S3 but local jobs write to this machine; use a directory such as './smsdp-jobs'",
+                text,
+            )
         return text
     return str(Path(text.removeprefix(FILE_SCHEME)).expanduser().resolve())
 
@@ -309,8 +334,11 @@ def check_checkpoint_uri(uri: Any, instance_type: str) -> str | None:
     if rule:
         raise problem("checkpoint_s3_uri", rule, text)
     if instance_type == LOCAL and text.startswith(S3_SCHEME):
-        raise problem("checkpoint_s3_uri", "is in S3 but local jobs keep checkpoints on this machine; "
-                      "use 'file:///some/dir' to keep them across jobs", text)
+        raise problem(
+            "checkpoint_s3_uri",
+            "is in S3 but local jobs keep checkpoints on this machine; use 'file:///some/dir' to keep them across jobs",
+            text,
+        )
     return text
 
 
@@ -331,17 +359,27 @@ def check_collective_timeout(seconds: Any) -> float | None:
     """How long a collective may wait for a peer before the job fails (None: the runtime's default)."""
     if seconds is None:
         return None
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) \
-            or not 0 < seconds <= MAX_COLLECTIVE_TIMEOUT_S:  # NaN fails the comparison too
-        raise problem("collective_timeout", f"must be a number of seconds > 0 and at most {MAX_COLLECTIVE_TIMEOUT_S} "
-                      "(a day), e.g. 600 (the default)", seconds)
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, (int, float))
+        or not 0 < seconds <= MAX_COLLECTIVE_TIMEOUT_S
+    ):  # NaN fails the comparison too
+        raise problem(
+            "collective_timeout",
+            f"must be a number of seconds > 0 and at most {MAX_COLLECTIVE_TIMEOUT_S} (a day), e.g. 600 (the default)",
+            seconds,
+        )
     return float(seconds)
 
 
 def check_max_run(max_run: Any) -> int:
     if isinstance(max_run, bool) or not isinstance(max_run, int) or not 1 <= max_run <= MAX_RUN_LIMIT_S:
-        raise problem("max_run", f"must be a whole number of seconds from 1 to {MAX_RUN_LIMIT_S} (28 days, "
-                      "SageMaker's limit), e.g. 86400 (the default)", max_run)
+        raise problem(
+            "max_run",
+            f"must be a whole number of seconds from 1 to {MAX_RUN_LIMIT_S} (28 days, "
+            "SageMaker's limit), e.g. 86400 (the default)",
+            max_run,
+        )
     return max_run
 
 
@@ -350,6 +388,10 @@ def check_max_retry_attempts(value: Any) -> int:
     if value is None:
         return 0
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_RETRY_ATTEMPTS:
-        raise problem("max_retry_attempts", f"must be a whole number from 0 to {MAX_RETRY_ATTEMPTS} (restarts of a "
-                      "failed job from its newest checkpoint), e.g. 1", value)
+        raise problem(
+            "max_retry_attempts",
+            f"must be a whole number from 0 to {MAX_RETRY_ATTEMPTS} (restarts of a "
+            "failed job from its newest checkpoint), e.g. 1",
+            value,
+        )
     return value

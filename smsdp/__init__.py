@@ -14,26 +14,70 @@ _EXPORTS = {
     "DistributedOptimizer": "smsdp.core.optimizer",
     "step": "smsdp.smp.step",
     "StepOutput": "smsdp.smp.step",
-    **{name: "smsdp.checkpoint.save_resume" for name in ("save_checkpoint", "resume_from_checkpoint", "CheckpointError")},
+    **dict.fromkeys(("save_checkpoint", "resume_from_checkpoint", "CheckpointError"), "smsdp.checkpoint.save_resume"),
     "set_activation_checkpointing": "smsdp.core.activation_checkpointing",
     "delay_param_initialization": "smsdp.core.delayed_init",
     "model_creation": "smsdp.core.delayed_init",
-    **{name: "smsdp.tensor_parallel.registry" for name in ("tp_register", "tp_register_with_module", "set_tensor_parallelism")},
+    **dict.fromkeys(
+        ("tp_register", "tp_register_with_module", "set_tensor_parallelism"), "smsdp.tensor_parallel.registry"
+    ),
 }
-_API = (
-    "init is_initialized rank size local_rank local_size dp_rank dp_size rdp_rank rdp_size tp_rank tp_size "
-    "sdp_rank sdp_size pp_rank pp_size get_world_process_group get_dp_process_group get_rdp_process_group "
-    "get_tp_process_group get_sdp_process_group get_replica_process_group comm_stats reset_comm_stats"
-).split()
-_EXPORTS.update({name: "smsdp.smp.api" for name in _API})
-_GROUPS = (
-    "CommGroup RankType WORLD DP_GROUP RDP_GROUP MP_GROUP TP_GROUP PP_GROUP barrier dp_barrier mp_barrier "
-    "rdp_barrier tp_barrier pp_barrier "
-    "mp_rank mp_size get_mp_process_group get_pp_process_group get_world_group get_dp_group get_rdp_group "
-    "get_tp_group get_pp_group get_mp_group is_tracing"
-).split()
-_EXPORTS.update({name: "smsdp.smp.groups" for name in _GROUPS})
-_EXPORTS.update({name: "smsdp.smp.objects" for name in ("broadcast", "send", "recv_from", "allgather")})
+_API = [
+    "init",
+    "is_initialized",
+    "rank",
+    "size",
+    "local_rank",
+    "local_size",
+    "dp_rank",
+    "dp_size",
+    "rdp_rank",
+    "rdp_size",
+    "tp_rank",
+    "tp_size",
+    "sdp_rank",
+    "sdp_size",
+    "pp_rank",
+    "pp_size",
+    "get_world_process_group",
+    "get_dp_process_group",
+    "get_rdp_process_group",
+    "get_tp_process_group",
+    "get_sdp_process_group",
+    "get_replica_process_group",
+    "comm_stats",
+    "reset_comm_stats",
+]
+_EXPORTS.update(dict.fromkeys(_API, "smsdp.smp.api"))
+_GROUPS = [
+    "CommGroup",
+    "RankType",
+    "WORLD",
+    "DP_GROUP",
+    "RDP_GROUP",
+    "MP_GROUP",
+    "TP_GROUP",
+    "PP_GROUP",
+    "barrier",
+    "dp_barrier",
+    "mp_barrier",
+    "rdp_barrier",
+    "tp_barrier",
+    "pp_barrier",
+    "mp_rank",
+    "mp_size",
+    "get_mp_process_group",
+    "get_pp_process_group",
+    "get_world_group",
+    "get_dp_group",
+    "get_rdp_group",
+    "get_tp_group",
+    "get_pp_group",
+    "get_mp_group",
+    "is_tracing",
+]
+_EXPORTS.update(dict.fromkeys(_GROUPS, "smsdp.smp.groups"))
+_EXPORTS.update(dict.fromkeys(("broadcast", "send", "recv_from", "allgather"), "smsdp.smp.objects"))
 _EXPORTS.update({"save": "smsdp.smp.partial_io", "load": "smsdp.smp.partial_io"})
 _SUBMODULES = {"amp", "nn", "optimizers", "state"}  # smp.amp.GradScaler, smp.nn.FusedLayerNorm, smp.state.cfg
 

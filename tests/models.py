@@ -23,7 +23,8 @@ Each model is called the same way through :data:`TINY_MODELS`::
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Optional
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -32,18 +33,18 @@ from torch import nn
 from entrypoints.gpt import GPT, GPTConfig
 
 __all__ = [
-    "VOCAB_SIZE",
     "SEQ_LEN",
-    "tiny_gpt",
-    "hf_gpt2_tiny",
-    "EncoderLayer",
+    "TINY_MODELS",
+    "VOCAB_SIZE",
     "DecoderLayer",
     "EncoderDecoderTiny",
+    "EncoderLayer",
+    "ModelCase",
     "Seq2SeqOutput",
     "encoder_decoder_tiny",
+    "hf_gpt2_tiny",
     "lm_batch",
-    "ModelCase",
-    "TINY_MODELS",
+    "tiny_gpt",
 ]
 
 VOCAB_SIZE = 64
@@ -52,7 +53,7 @@ _D_MODEL = 30
 _N_HEAD = 2
 
 
-def _seed(seed: Optional[int]) -> None:
+def _seed(seed: int | None) -> None:
     if seed is not None:
         torch.manual_seed(seed)
 
@@ -68,7 +69,7 @@ def tiny_gpt(
     vocab_size: int = VOCAB_SIZE,
     seq_len: int = SEQ_LEN,
     bias: bool = True,
-    seed: Optional[int] = None,
+    seed: int | None = None,
 ) -> GPT:
     _seed(seed)
     return GPT(
@@ -94,7 +95,7 @@ def hf_gpt2_tiny(
     n_head: int = _N_HEAD,
     vocab_size: int = VOCAB_SIZE,
     seq_len: int = SEQ_LEN,
-    seed: Optional[int] = None,
+    seed: int | None = None,
 ) -> nn.Module:
     """``transformers.GPT2LMHeadModel`` with tiny sizes (tied LM head, as GPT-2)."""
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -126,8 +127,15 @@ def hf_gpt2_tiny(
 # -- encoder-decoder ----------------------------------------------------------------
 
 
-def _attention(q_proj: nn.Linear, kv_proj: nn.Linear, out: nn.Linear, n_head: int,
-               x: torch.Tensor, memory: torch.Tensor, causal: bool) -> torch.Tensor:
+def _attention(
+    q_proj: nn.Linear,
+    kv_proj: nn.Linear,
+    out: nn.Linear,
+    n_head: int,
+    x: torch.Tensor,
+    memory: torch.Tensor,
+    causal: bool,
+) -> torch.Tensor:
     B, T, C = x.shape
     S = memory.shape[1]
     q = q_proj(x).view(B, T, n_head, C // n_head).transpose(1, 2)
@@ -177,20 +185,29 @@ class DecoderLayer(nn.Module):
     def forward(self, x: torch.Tensor, memory: torch.Tensor) -> torch.Tensor:
         h = self.ln_1(x)
         x = x + _attention(self.self_q, self.self_kv, self.self_proj, self.n_head, h, h, causal=True)
-        x = x + _attention(self.cross_q, self.cross_kv, self.cross_proj, self.n_head, self.ln_2(x), memory, causal=False)
+        x = x + _attention(
+            self.cross_q, self.cross_kv, self.cross_proj, self.n_head, self.ln_2(x), memory, causal=False
+        )
         return x + self.mlp(self.ln_3(x))
 
 
 class Seq2SeqOutput(NamedTuple):
     logits: torch.Tensor
-    loss: Optional[torch.Tensor] = None
+    loss: torch.Tensor | None = None
 
 
 class EncoderDecoderTiny(nn.Module):
     """``forward(src, tgt)``: encode ``src``; decode ``tgt[:, :-1]`` predicting ``tgt[:, 1:]``."""
 
-    def __init__(self, vocab_size: int = VOCAB_SIZE, d_model: int = _D_MODEL, n_head: int = _N_HEAD,
-                 n_encoder: int = 2, n_decoder: int = 2, max_len: int = SEQ_LEN) -> None:
+    def __init__(
+        self,
+        vocab_size: int = VOCAB_SIZE,
+        d_model: int = _D_MODEL,
+        n_head: int = _N_HEAD,
+        n_encoder: int = 2,
+        n_decoder: int = 2,
+        max_len: int = SEQ_LEN,
+    ) -> None:
         super().__init__()
         self.shared = nn.Embedding(vocab_size, d_model)  # encoder input, decoder input, output
         self.enc_pos = nn.Embedding(max_len, d_model)
@@ -229,7 +246,7 @@ def encoder_decoder_tiny(
     n_encoder: int = 2,
     n_decoder: int = 2,
     seq_len: int = SEQ_LEN,
-    seed: Optional[int] = None,
+    seed: int | None = None,
 ) -> EncoderDecoderTiny:
     _seed(seed)
     return EncoderDecoderTiny(vocab_size, d_model, n_head, n_encoder, n_decoder, max_len=seq_len)

@@ -50,17 +50,17 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import traceback
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
-from estimator.backends.local.mpirun import FAST_MPI_ENV, find_mpirun  # noqa: F401 (re-exported)
+from estimator.backends.local.mpirun import FAST_MPI_ENV, find_mpirun
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -100,10 +100,7 @@ class MPIResult:
 
     def tail(self, chars: int = _TAIL_CHARS) -> str:
         """The last ``chars`` characters of stdout and stderr, for error messages."""
-        return (
-            f"--- stdout (tail) ---\n{self.stdout[-chars:]}\n"
-            f"--- stderr (tail) ---\n{self.stderr[-chars:]}"
-        )
+        return f"--- stdout (tail) ---\n{self.stdout[-chars:]}\n--- stderr (tail) ---\n{self.stderr[-chars:]}"
 
     def rank_results(self, name: str = "result") -> list[Any]:
         """The objects each rank wrote with ``write_result(obj, name)``, rank order."""
@@ -125,9 +122,15 @@ def mpi_env(out_dir: Path, extra: Mapping[str, str] | None = None) -> dict[str, 
 def mpirun_argv(mpirun: str, nprocs: int, args: Sequence[str]) -> list[str]:
     """``mpirun -np N ... python ARGS``; ``-m pkg.mod`` works as ``args``."""
     return [
-        mpirun, "-np", str(nprocs),
-        "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
-        sys.executable, *args,
+        mpirun,
+        "-np",
+        str(nprocs),
+        "--allow-run-as-root",
+        "--oversubscribe",
+        "--bind-to",
+        "none",
+        sys.executable,
+        *args,
     ]
 
 
@@ -157,8 +160,12 @@ def run_mpi(
     (out / "filestore").unlink(missing_ok=True)  # a FileStore must start empty
     argv = mpirun_argv(mpirun, nprocs, script_or_module_args)
     proc = subprocess.Popen(
-        argv, cwd=cwd or REPO_ROOT, env=mpi_env(out, env),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        argv,
+        cwd=cwd or REPO_ROOT,
+        env=mpi_env(out, env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         start_new_session=True,
     )
     timed_out = False
@@ -285,8 +292,7 @@ class CaseResults:
             path = result_path(self.mpi.out_dir, case, rank)
             if not path.exists():
                 raise AssertionError(
-                    f"case {case!r}: rank {rank} wrote no result (not run, or the job died)"
-                    f"\n{self.mpi.tail()}"
+                    f"case {case!r}: rank {rank} wrote no result (not run, or the job died)\n{self.mpi.tail()}"
                 )
             values.append(_torch_load(path))
         failures = [v for v in values if isinstance(v, CaseFailure)]
@@ -371,7 +377,7 @@ def worker_main(
     for name in requested:
         try:
             value = cases[name]()
-        except BaseException:  # noqa: BLE001 - reported, then the job is aborted
+        except BaseException:
             tb = traceback.format_exc()
             print(f"[rank {world_rank()}] case {name!r} failed:\n{tb}", file=sys.stderr, flush=True)
             write_result(CaseFailure(world_rank(), tb), name)

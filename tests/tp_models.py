@@ -8,8 +8,6 @@ Weights come from torch's global RNG (``seed=`` seeds it first).
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from torch import nn
 
@@ -18,23 +16,42 @@ from tests.models import SEQ_LEN, ModelCase
 LLAMA_VOCAB = 63
 
 
-def hf_llama_tiny(seed: Optional[int] = None, vocab_size: int = LLAMA_VOCAB) -> nn.Module:
+def hf_llama_tiny(seed: int | None = None, vocab_size: int = LLAMA_VOCAB) -> nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=SEQ_LEN,
-                         bos_token_id=0, eos_token_id=0, use_cache=False, tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=SEQ_LEN,
+        bos_token_id=0,
+        eos_token_id=0,
+        use_cache=False,
+        tie_word_embeddings=False,
+    )
     if seed is not None:
         torch.manual_seed(seed)
     return LlamaForCausalLM(config)
 
 
-def hf_neox_tiny(seed: Optional[int] = None, vocab_size: int = 64) -> nn.Module:
+def hf_neox_tiny(seed: int | None = None, vocab_size: int = 64) -> nn.Module:
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
-    config = GPTNeoXConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                           num_attention_heads=4, max_position_embeddings=SEQ_LEN, rotary_pct=0.5,
-                           bos_token_id=0, eos_token_id=0, use_cache=False)
+    config = GPTNeoXConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=SEQ_LEN,
+        rotary_pct=0.5,
+        bos_token_id=0,
+        eos_token_id=0,
+        use_cache=False,
+    )
     if seed is not None:
         torch.manual_seed(seed)
     return GPTNeoXForCausalLM(config)

@@ -93,10 +93,20 @@ def install() -> Timers:
     dm, do = DistributedModel, DistributedOptimizer
     from smsdp.core.unit import BackwardState, Unit
 
-    wrap(Unit, "unshard",
-         lambda a: "all-gather (backward)" if a[0].backward_state is BackwardState.GATHERED else "all-gather (forward)")
-    for hook in ("_pre_forward_hook", "_post_forward_hook", "_pre_backward", "_begin_backward", "_hook_outputs",
-                 "_end_of_backward", "_prefetch_after"):
+    wrap(
+        Unit,
+        "unshard",
+        lambda a: "all-gather (backward)" if a[0].backward_state is BackwardState.GATHERED else "all-gather (forward)",
+    )
+    for hook in (
+        "_pre_forward_hook",
+        "_post_forward_hook",
+        "_pre_backward",
+        "_begin_backward",
+        "_hook_outputs",
+        "_end_of_backward",
+        "_prefetch_after",
+    ):
         wrap(dm, hook, HOOKS)
     if hasattr(dm, "_make_post_backward"):
         make = dm._make_post_backward

@@ -51,7 +51,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-
 from comm_counter import CommCounter, ddp_bytes_per_step, diff  # noqa: E402
 
 # The counter must wrap torch.distributed before smsdp.comm.collectives binds its functions.
@@ -171,14 +170,16 @@ class Smsdp(System):
             import smsdp_timers
 
             self.timers = smsdp_timers.install()
-        smp.init({
-            "ddp": True,
-            "sharded_data_parallel_degree": args.sdp,
-            "sdp_param_persistence_threshold": args.threshold,
-            "sdp_gradient_clipping": args.clip,
-            "bf16": args.precision == "bf16",
-            **json.loads(args.smsdp_config),
-        })
+        smp.init(
+            {
+                "ddp": True,
+                "sharded_data_parallel_degree": args.sdp,
+                "sdp_param_persistence_threshold": args.threshold,
+                "sdp_gradient_clipping": args.clip,
+                "bf16": args.precision == "bf16",
+                **json.loads(args.smsdp_config),
+            }
+        )
         self.rt = runtime_state.get()
         base_config = self.rt.config
         update = dict(CONFIG_VARIANTS.get(variant, {}))
@@ -329,11 +330,17 @@ class Fsdp2(_TorchSystem):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        mesh = (init_device_mesh("cpu", (world,), mesh_dim_names=("shard",)) if args.sdp == world
-                else hsdp_mesh(args, world))
+        mesh = (
+            init_device_mesh("cpu", (world,), mesh_dim_names=("shard",))
+            if args.sdp == world
+            else hsdp_mesh(args, world)
+        )
         reduce_dtype = torch.bfloat16 if variant == "rbf16" else torch.float32
-        mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce_dtype)
-              if args.precision == "bf16" else MixedPrecisionPolicy(reduce_dtype=reduce_dtype if variant else None))
+        mp = (
+            MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce_dtype)
+            if args.precision == "bf16"
+            else MixedPrecisionPolicy(reduce_dtype=reduce_dtype if variant else None)
+        )
         if variant == "keep":
             reshard = False
         elif variant.startswith("k") and variant[1:].isdigit():
@@ -365,8 +372,11 @@ class Fsdp1(_TorchSystem):
         from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
-        mp = (MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, buffer_dtype=torch.bfloat16)
-              if args.precision == "bf16" else None)
+        mp = (
+            MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, buffer_dtype=torch.bfloat16)
+            if args.precision == "bf16"
+            else None
+        )
         self.model = FSDP(
             build_gpt(),
             sharding_strategy=ShardingStrategy.HYBRID_SHARD,
@@ -477,18 +487,27 @@ def make_system(name: str, args, world: int) -> System:
     elif name.startswith("fsdp2_"):
         system = Fsdp2(args, world, name.partition("_")[2])
     else:
-        system = {"fsdp2": Fsdp2, "fsdp1": Fsdp1, "ddp": Ddp, "ddp_accnorm": DdpAccurateNorm,
-                  "ddp_f64sum": DdpWideSum, "nocomm": NoComm}[name](args, world)
+        system = {
+            "fsdp2": Fsdp2,
+            "fsdp1": Fsdp1,
+            "ddp": Ddp,
+            "ddp_accnorm": DdpAccurateNorm,
+            "ddp_f64sum": DdpWideSum,
+            "nocomm": NoComm,
+        }[name](args, world)
     system.label = name
     return system
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--system", required=True,
-                   help="one of %s, or several separated by commas: their steps are then interleaved "
-                        "(round robin, rotating the order every step) in one process, so that all of them "
-                        "see the same machine; smsdp variants: smsdp_agflat, smsdp_thr<N>" % SYSTEMS)
+    p.add_argument(
+        "--system",
+        required=True,
+        help=f"one of {SYSTEMS}, or several separated by commas: their steps are then interleaved "
+        "(round robin, rotating the order every step) in one process, so that all of them "
+        "see the same machine; smsdp variants: smsdp_agflat, smsdp_thr<N>",
+    )
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     p.add_argument("--sdp", type=int, default=2)
     p.add_argument("--threshold", type=int, default=0)
@@ -535,8 +554,16 @@ def main() -> None:
         t_setup = time.perf_counter()
         system = make_system(name, args, world)
         system.setup_s = time.perf_counter() - t_setup
-        system.record = {"times": [], "cpu": [], "main_cpu": [], "losses": [], "phases": [], "timers": [],
-                         "bytes": {}, "smsdp_bytes": {}}
+        system.record = {
+            "times": [],
+            "cpu": [],
+            "main_cpu": [],
+            "losses": [],
+            "phases": [],
+            "timers": [],
+            "bytes": {},
+            "smsdp_bytes": {},
+        }
         systems.append(system)
 
     data = TokenDataset(seq_len=MODEL.block_size)
@@ -611,8 +638,9 @@ def main() -> None:
             "cpu_times_s": rec["cpu"],
             "median_cpu_s": statistics.median(rec["cpu"][w:]),
             "median_main_thread_cpu_s": statistics.median(rec["main_cpu"][w:]),
-            "median_phase_s": {k: statistics.median(ph.get(k, 0.0) for ph in rec["phases"][w:])
-                               for k in rec["phases"][-1]},
+            "median_phase_s": {
+                k: statistics.median(ph.get(k, 0.0) for ph in rec["phases"][w:]) for k in rec["phases"][-1]
+            },
             "losses": rec["losses"],
             "setup_s": system.setup_s,
             "model_state_bytes": system.model_state(),

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import importlib
 
-from smsdp.config.instance_types import LOCAL
-
 from estimator.backends.base import AttachedJob, Backend
+from smsdp.config.instance_types import LOCAL
 
 __all__ = ["AttachedJob", "Backend", "BackendUnavailable", "backend_for", "backend_named"]
 

@@ -8,14 +8,14 @@ messages: no rank is left waiting in a collective its peers will never join.
 from __future__ import annotations
 
 import uuid
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from smsdp.comm import world as runtime_state
 from smsdp.checkpoint.files import CheckpointError
-
+from smsdp.comm import world as runtime_state
 
 LIST_LIMIT = 8
 
@@ -73,7 +73,7 @@ def run(what: str, fn: Callable[..., Any], *args: Any) -> Any:
         result = fn(*args)
     except CheckpointError as exc:
         error = str(exc)
-    except Exception as exc:  # noqa: BLE001 - reported on every rank by agree
+    except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"
     agree(error, what)
     return result

@@ -68,10 +68,12 @@ class ChunkSavePlanner(SavePlanner):
     def __init__(self) -> None:
         self.chunks: dict[tuple[str, tuple[int, ...]], Chunk] = {}
 
-    def set_up_planner(self, state_dict: Chunks, storage_meta: Any = None, is_coordinator: bool = False,
-                       *args: Any, **kwargs: Any) -> None:
-        self.chunks = {(fqn, tuple(c.offsets)): c for fqn, chunks in state_dict.items() for c in chunks
-                       if c.tensor.numel()}
+    def set_up_planner(
+        self, state_dict: Chunks, storage_meta: Any = None, is_coordinator: bool = False, *args: Any, **kwargs: Any
+    ) -> None:
+        self.chunks = {
+            (fqn, tuple(c.offsets)): c for fqn, chunks in state_dict.items() for c in chunks if c.tensor.numel()
+        }
 
     def create_local_plan(self) -> SavePlan:
         items = []
@@ -124,7 +126,7 @@ def tiling_problems(metadata: Metadata) -> list[str]:
 def _first_overlap(boxes: list[tuple[tuple[int, ...], tuple[int, ...]]]) -> tuple | None:
     """Two boxes that share an element, from boxes sorted by offsets (a sweep along dimension 0)."""
     for i, (offsets, sizes) in enumerate(boxes):
-        for other, other_sizes in boxes[i + 1:]:
+        for other, other_sizes in boxes[i + 1 :]:
             if other[0] >= offsets[0] + sizes[0]:
                 break
             if all(o < a + n and a < o + m for a, n, o, m in zip(offsets, sizes, other, other_sizes)):
@@ -139,8 +141,14 @@ class ChunkLoadPlanner(LoadPlanner):
         self.chunks: Chunks = {}
         self.metadata: Metadata | None = None
 
-    def set_up_planner(self, state_dict: Chunks, metadata: Metadata | None = None,
-                       is_coordinator: bool = False, *args: Any, **kwargs: Any) -> None:
+    def set_up_planner(
+        self,
+        state_dict: Chunks,
+        metadata: Metadata | None = None,
+        is_coordinator: bool = False,
+        *args: Any,
+        **kwargs: Any,
+    ) -> None:
         self.chunks = state_dict
         self.metadata = metadata
 
@@ -158,8 +166,11 @@ class ChunkLoadPlanner(LoadPlanner):
                 raise ValueError(f"{fqn} has shape {tuple(md.size)} in the checkpoint, {tuple(needed[0].size)} here")
             # indices into ``chunks`` (resolve_tensor's dest_index), so the empty ones stay in the list
             metadata = [c.metadata() for c in chunks]
-            reads = [r for r in create_read_items_for_chunk_list(fqn, md, metadata)
-                     if chunks[r.dest_index.index].tensor.numel()]
+            reads = [
+                r
+                for r in create_read_items_for_chunk_list(fqn, md, metadata)
+                if chunks[r.dest_index.index].tensor.numel()
+            ]
             covered = sum(math.prod(r.lengths) for r in reads)
             wanted = sum(c.tensor.numel() for c in needed)
             if covered != wanted:
@@ -184,4 +195,3 @@ class ChunkLoadPlanner(LoadPlanner):
 
     def commit_tensor(self, read_item: ReadItem, tensor: torch.Tensor) -> None:
         pass  # ``resolve_tensor`` returned a view: the data is already in place
-

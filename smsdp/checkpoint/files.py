@@ -40,9 +40,9 @@ import re
 import shutil
 import time
 import zlib
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
 
 FORMAT = "smsdp-checkpoint"
 FORMAT_VERSION = 1
@@ -266,7 +266,7 @@ def check_files(found: Found, names: Iterable[str] | None = None, checksum: bool
     if not found.complete:
         return found.problem or "incomplete"
     files = found.marker["files"]
-    for name in (sorted(files) if names is None else names):
+    for name in sorted(files) if names is None else names:
         expected = files[name]
         file_path = found.root / name
         try:
@@ -312,8 +312,13 @@ def candidates(found: Sequence[Found], pointer: str | None, tag: str | None = No
     return complete
 
 
-def explain_missing(path: str | os.PathLike, kind: str, tag: str | None, found: Sequence[Found],
-                    rejected: Sequence[tuple[Found, str]] = ()) -> str:
+def explain_missing(
+    path: str | os.PathLike,
+    kind: str,
+    tag: str | None,
+    found: Sequence[Found],
+    rejected: Sequence[tuple[Found, str]] = (),
+) -> str:
     """The error message when nothing usable was found."""
     what = f"{kind} checkpoint {tag!r}" if tag is not None else f"complete {kind} checkpoint"
     lines = [f"no usable {what} in {path}"]
@@ -381,8 +386,9 @@ class PrunePlan:
     left_alone: list[Found] = field(default_factory=list)  # incomplete, not ours: maybe another job's save
 
 
-def plan_prune(found: Sequence[Found], keep: int, *, token: str, protect: Iterable[Path] = (),
-               pointer: str | None = None) -> PrunePlan:
+def plan_prune(
+    found: Sequence[Found], keep: int, *, token: str, protect: Iterable[Path] = (), pointer: str | None = None
+) -> PrunePlan:
     """Which partial checkpoints to delete to keep the newest ``keep`` complete ones."""
     if keep < 1:
         raise ValueError(f"num_kept_partial_checkpoints={keep}: keep at least 1 (the newest complete checkpoint)")

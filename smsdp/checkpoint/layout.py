@@ -24,7 +24,6 @@ from smsdp.checkpoint.dcp import Chunk, Chunks
 from smsdp.checkpoint.files import CheckpointError
 from smsdp.checkpoint.regions import checkpoint_shape, plain_regions
 
-
 STATE_FORMAT_VERSION = 2
 FLAT_FORMAT_VERSION = 1  # parameters as 1-D tensors of numel: readable where they are not TP pieces
 
@@ -67,16 +66,18 @@ def param_chunks(model: Any, info: Any, run: torch.Tensor, lo: int, hi: int, fla
         dim, ranges = 0, [(0, shape[0])]
     else:
         dim, ranges = split.partition.dim, split.partition.bounds(split.length, split.tp.size)[split.tp.rank]
-    return [Chunk(r.view(run, lo), r.plain_offsets, shape)
-            for r in plain_regions(info.shape, lo, hi, dim, ranges)]
+    return [Chunk(r.view(run, lo), r.plain_offsets, shape) for r in plain_regions(info.shape, lo, hi, dim, ranges)]
 
 
 def writes(model: Any, group: Any, info: Any, rt: Any) -> bool:
     """One rank writes each element: replica 0, shard 0 for unsharded groups, TP rank 0 for whole tensors."""
     coords = rt.coords
     split = tp_split(model, info)
-    return (coords.replica_rank == 0 and (group.sharded or coords.shard_rank == 0)
-            and (split is not None or coords.tp_rank == 0))
+    return (
+        coords.replica_rank == 0
+        and (group.sharded or coords.shard_rank == 0)
+        and (split is not None or coords.tp_rank == 0)
+    )
 
 
 def param_layout(model: Any) -> dict[str, dict]:
@@ -156,10 +157,12 @@ def small_state(model: Any, optimizer: Any, per_rank_optim: list[dict] | None, r
     names = {id(param): name for name, param, *_ in optim_params(model)}
     groups = []
     for group in optimizer.optimizer.param_groups:
-        groups.append({
-            "names": [names.get(id(p), "?") for p in group["params"]],
-            "hyper": {k: v for k, v in group.items() if k != "params"},
-        })
+        groups.append(
+            {
+                "names": [names.get(id(p), "?") for p in group["params"]],
+                "hyper": {k: v for k, v in group.items() if k != "params"},
+            }
+        )
     # Per parameter: which keys are elementwise (the union over ranks: a rank whose chunk
     # is empty still knows), and the scalar state (``step``) of the rank holding its start.
     merged: dict[str, dict] = {}
@@ -184,18 +187,25 @@ def check_fit(saved: dict, model: Any, optimizer: Any, saved_optim: dict | None,
         raise CheckpointError(f"checkpoint state format {saved.get('format_version')} is newer than this smsdp")
     ours = param_layout(model)
     theirs = saved["params"]
-    shapes = [f"{n} {tuple(theirs[n]['shape'])} in the checkpoint vs {tuple(ours[n]['shape'])} in the model"
-              for n in ours if n in theirs and list(theirs[n]["shape"]) != list(ours[n]["shape"])]
+    shapes = [
+        f"{n} {tuple(theirs[n]['shape'])} in the checkpoint vs {tuple(ours[n]['shape'])} in the model"
+        for n in ours
+        if n in theirs and list(theirs[n]["shape"]) != list(ours[n]["shape"])
+    ]
     our_buffers = {n: list(b.shape) for n, b in model.persistent_buffers().items()}
-    shapes += [f"buffer {n} {tuple(saved['buffers'][n]['shape'])} in the checkpoint vs {tuple(s)} in the model"
-               for n, s in our_buffers.items() if n in saved["buffers"] and list(saved["buffers"][n]["shape"]) != s]
+    shapes += [
+        f"buffer {n} {tuple(saved['buffers'][n]['shape'])} in the checkpoint vs {tuple(s)} in the model"
+        for n, s in our_buffers.items()
+        if n in saved["buffers"] and list(saved["buffers"][n]["shape"]) != s
+    ]
     if shapes:
         raise CheckpointError(f"the checkpoint is of a different model: shape mismatch: {short(shapes)}")
     missing = [n for n in ours if n not in theirs] + [n for n in our_buffers if n not in saved["buffers"]]
     unexpected = [n for n in theirs if n not in ours] + [n for n in saved["buffers"] if n not in our_buffers]
     if strict and (missing or unexpected):
         parts = ([f"in the model but not in the checkpoint: {short(missing)}"] if missing else []) + (
-            [f"in the checkpoint but not in the model: {short(unexpected)}"] if unexpected else [])
+            [f"in the checkpoint but not in the model: {short(unexpected)}"] if unexpected else []
+        )
         raise CheckpointError(
             f"the checkpoint is of a different model: {'; '.join(parts)} (strict=False loads the ones both have)"
         )
@@ -238,7 +248,7 @@ def load_chunks(model: Any, optimizer: Any, saved: dict, load_state: bool) -> tu
             pending["buffers"].append((target, buf))
     if load_state:
         saved_state = saved["optimizer"]["state"]
-        for name, param, lo, hi, group, info in optim_params(model):
+        for name, _param, lo, hi, _group, info in optim_params(model):
             if name not in saved_state:
                 continue
             bufs = {}

@@ -20,8 +20,8 @@ buffer of the run, so saving and loading copy nothing extra.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
@@ -85,8 +85,9 @@ class Region:
         return block.narrow(self.dim, self.begin, self.length)
 
 
-def plain_regions(piece_shape: Sequence[int], lo: int, hi: int, dim: int,
-                  ranges: Sequence[tuple[int, int]]) -> list[Region]:
+def plain_regions(
+    piece_shape: Sequence[int], lo: int, hi: int, dim: int, ranges: Sequence[tuple[int, int]]
+) -> list[Region]:
     """The plain-tensor boxes of flat elements ``[lo, hi)`` of a piece.
 
     ``ranges``: the ``[start, end)`` of ``dim`` in the plain tensor that make up

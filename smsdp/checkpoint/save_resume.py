@@ -35,8 +35,9 @@ import os
 import random
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -46,12 +47,12 @@ from torch.distributed.checkpoint.api import CheckpointException as DCPException
 from smsdp.checkpoint import agree as agree
 from smsdp.checkpoint import files as files
 from smsdp.checkpoint import layout as layout
-from smsdp.util import fault_injection
-from smsdp.comm import world as runtime_state
 from smsdp.checkpoint.dcp import ChunkLoadPlanner, ChunkSavePlanner
 from smsdp.checkpoint.files import FULL, PARTIAL, CheckpointError
+from smsdp.comm import world as runtime_state
+from smsdp.util import fault_injection
 
-__all__ = ["save_checkpoint", "resume_from_checkpoint", "CheckpointError"]
+__all__ = ["CheckpointError", "resume_from_checkpoint", "save_checkpoint"]
 
 logger = logging.getLogger("smsdp")
 
@@ -184,15 +185,17 @@ def _save_partial(root: Path, tag: str, model: Any, optimizer: Any, user_content
 
     agree.run(f"preparing checkpoint {tag!r} in {root}", prepare)
 
-    chunks, optim_info = agree.run(f"collecting the shards of checkpoint {tag!r}", layout.save_chunks,
-                                   model, optimizer, rt)
+    chunks, optim_info = agree.run(
+        f"collecting the shards of checkpoint {tag!r}", layout.save_chunks, model, optimizer, rt
+    )
     try:
         dcp.save(chunks, storage_writer=FileSystemWriter(str(staging)), planner=ChunkSavePlanner())
     except (Exception, DCPException) as exc:  # DCP has already agreed: it raises on every rank
         if rank == 0:  # nobody writes there any more: give the space back (a full disk, say)
             shutil.rmtree(staging, ignore_errors=True)
         raise CheckpointError(
-            f"writing the shards of checkpoint {tag!r} to {staging}: {agree.dcp_failure(exc)}") from exc
+            f"writing the shards of checkpoint {tag!r} to {staging}: {agree.dcp_failure(exc)}"
+        ) from exc
     # The one fault hook of a save: shards written, marker not yet. Outside agree.run, so a
     # raise is this rank's own (its peers then fail in the next collective).
     fault_injection.at("checkpoint")
@@ -211,22 +214,31 @@ def _save_partial(root: Path, tag: str, model: Any, optimizer: Any, user_content
 
     # Every file is checksummed by one rank (round robin), and the marker records them all.
     names = agree.broadcast(
-        agree.run(f"listing checkpoint {tag!r}", lambda: files.data_files(staging) if rank == 0 else None))
+        agree.run(f"listing checkpoint {tag!r}", lambda: files.data_files(staging) if rank == 0 else None)
+    )
     mine = agree.run(
         f"checksumming checkpoint {tag!r}",
         lambda: {name: files.digest(staging / name) for name in names[rank::world]},
     )
     digests = {k: v for part in agree.all_gather(mine) for k, v in part.items()}
-    agree.run(f"committing checkpoint {tag!r}",
-              lambda: _commit_partial(root, staging, tag, token, digests, keep) if rank == 0 else None)
+    agree.run(
+        f"committing checkpoint {tag!r}",
+        lambda: _commit_partial(root, staging, tag, token, digests, keep) if rank == 0 else None,
+    )
 
 
 def _commit_partial(root: Path, staging: Path, tag: str, token: str, digests: dict, keep: int | None) -> None:
     """Rank 0: the marker (from here on the checkpoint counts), the final name, the pointer, pruning."""
     topology = runtime_state.get().topology
     marker = files.make_marker(
-        tag, PARTIAL, digests, job_token=token, world_size=agree.world(), sdp_degree=topology.shard_degree,
-        replication_degree=topology.replication_degree, torch_version=torch.__version__,
+        tag,
+        PARTIAL,
+        digests,
+        job_token=token,
+        world_size=agree.world(),
+        sdp_degree=topology.shard_degree,
+        replication_degree=topology.replication_degree,
+        torch_version=torch.__version__,
     )
     files.write_marker(staging / files.MARKER_NAME, marker)
     final = files.commit_partial(root, staging, tag, token)
@@ -240,7 +252,8 @@ def _commit_partial(root: Path, staging: Path, tag: str, token: str, digests: di
     if plan.left_alone:
         logger.warning(
             "incomplete checkpoints left alone (another job's save in progress, or a crashed one; "
-            "delete them by hand once no job writes them): %s", [f.location.name for f in plan.left_alone]
+            "delete them by hand once no job writes them): %s",
+            [f.location.name for f in plan.left_alone],
         )
 
 
@@ -270,10 +283,19 @@ def _save_full(root: Path, tag: str, model: Any, user_content: Any) -> None:
             digests[name] = files.digest(root / name)
         files.fsync_dir(root)
         rt = runtime_state.get()
-        files.write_marker(marker_path, files.make_marker(
-            tag, FULL, digests, job_token=token, world_size=agree.world(), sdp_degree=rt.topology.shard_degree,
-            replication_degree=rt.topology.replication_degree, torch_version=torch.__version__,
-        ))
+        files.write_marker(
+            marker_path,
+            files.make_marker(
+                tag,
+                FULL,
+                digests,
+                job_token=token,
+                world_size=agree.world(),
+                sdp_degree=rt.topology.shard_degree,
+                replication_degree=rt.topology.replication_degree,
+                torch_version=torch.__version__,
+            ),
+        )
         files.write_pointer(root, FULL, tag)
         logger.info("saved full checkpoint %r in %s", tag, root)
 
@@ -301,7 +323,8 @@ def _select(root: Path, tag: str | None, kind: str) -> files.Found:
         return found, files.candidates(found, files.read_pointer(root, kind), tag)
 
     found, cands = agree.broadcast(
-        agree.run(f"looking for checkpoints in {root}", lambda: listing() if rank == 0 else None))
+        agree.run(f"looking for checkpoints in {root}", lambda: listing() if rank == 0 else None)
+    )
     rejected: list[tuple[files.Found, str]] = []
     for cand in cands:
         names = sorted(cand.marker["files"])
@@ -325,28 +348,47 @@ def _problem_of(cand: files.Found, names: list[str]) -> str | None:
 # =========================================================================== #
 # Loading
 # =========================================================================== #
-def _load_partial(found: files.Found, model: Any, optimizer: Any, strict: bool, load_optimizer: bool,
-                  load_sharded_optimizer_state: bool) -> Any:
+def _load_partial(
+    found: files.Found,
+    model: Any,
+    optimizer: Any,
+    strict: bool,
+    load_optimizer: bool,
+    load_sharded_optimizer_state: bool,
+) -> Any:
     directory = found.location
-    saved = agree.run(f"reading {directory / STATE_FILE}",
-                 lambda: torch.load(directory / STATE_FILE, map_location="cpu", weights_only=False))
+    saved = agree.run(
+        f"reading {directory / STATE_FILE}",
+        lambda: torch.load(directory / STATE_FILE, map_location="cpu", weights_only=False),
+    )
     saved_optim = saved.get("optimizer") if load_optimizer and optimizer is not None else None
     if load_optimizer and agree.rank() == 0:
         if optimizer is not None and saved.get("optimizer") is None:
             logger.warning("checkpoint %r holds no optimizer state (saved without optimizer=)", found.tag)
         if optimizer is None and saved.get("optimizer") is not None:
-            logger.warning("checkpoint %r holds optimizer state but there is no smp.DistributedOptimizer "
-                           "for this model yet: build it before resume_from_checkpoint", found.tag)
-    agree.run(f"checking that checkpoint {found.tag!r} fits the model", layout.check_fit,
-              saved, model, optimizer, saved_optim, strict)
+            logger.warning(
+                "checkpoint %r holds optimizer state but there is no smp.DistributedOptimizer "
+                "for this model yet: build it before resume_from_checkpoint",
+                found.tag,
+            )
+    agree.run(
+        f"checking that checkpoint {found.tag!r} fits the model",
+        layout.check_fit,
+        saved,
+        model,
+        optimizer,
+        saved_optim,
+        strict,
+    )
 
     load_state = saved_optim is not None and load_sharded_optimizer_state
     chunks, pending = agree.run("preparing to load", layout.load_chunks, model, optimizer, saved, load_state)
     try:
         dcp.load(chunks, storage_reader=FileSystemReader(str(directory)), planner=ChunkLoadPlanner())
     except (Exception, DCPException) as exc:  # DCP has already agreed: it raises on every rank
-        raise CheckpointError(f"reading the shards of checkpoint {found.tag!r} from {directory}: "
-                              f"{agree.dcp_failure(exc)}") from exc
+        raise CheckpointError(
+            f"reading the shards of checkpoint {found.tag!r} from {directory}: {agree.dcp_failure(exc)}"
+        ) from exc
 
     def apply() -> Any:
         layout.apply_model(model, pending)
@@ -380,7 +422,8 @@ def _restore_rng(directory: Path, saved: dict) -> None:
         if agree.rank() == 0:
             logger.warning(
                 "checkpoint was saved by %s ranks, this job has %d: RNG states are not restored",
-                saved.get("world_size"), agree.world(),
+                saved.get("world_size"),
+                agree.world(),
             )
         return
     state = torch.load(directory / RNG_FILE.format(rank=agree.rank()), map_location="cpu", weights_only=False)

@@ -42,7 +42,7 @@ class CollectiveKind(enum.Enum):
         return self.value if not label else f"{self.value}.{label}"
 
     @classmethod
-    def of_key(cls, key: str) -> "CollectiveKind":
+    def of_key(cls, key: str) -> CollectiveKind:
         """The kind a key belongs to (``"all_reduce.replica"`` -> ``ALL_REDUCE``)."""
         try:
             return cls(key.split(".", 1)[0])
@@ -99,9 +99,7 @@ class CommStats:
             counter.bytes_sent += nbytes
             counter.calls += calls
 
-    def record_collective(
-        self, kind: CollectiveKind, nbytes: int, group_size: int, label: str | None = None
-    ) -> Number:
+    def record_collective(self, kind: CollectiveKind, nbytes: int, group_size: int, label: str | None = None) -> Number:
         """Record one collective over a buffer of ``nbytes`` (see module table); return bytes sent."""
         sent = ring_bytes(kind, nbytes, group_size)
         self.record(kind.key(label), sent)
@@ -114,10 +112,7 @@ class CommStats:
     def snapshot(self) -> dict[str, dict[str, Number]]:
         """``{key: {"bytes_sent": ..., "calls": ...}}``, a copy, keys sorted."""
         with self._lock:
-            return {
-                key: {"bytes_sent": c.bytes_sent, "calls": c.calls}
-                for key, c in sorted(self._counters.items())
-            }
+            return {key: {"bytes_sent": c.bytes_sent, "calls": c.calls} for key, c in sorted(self._counters.items())}
 
     def bytes_sent(self, key: str) -> Number:
         """Bytes under exactly ``key`` (0 if never recorded)."""

@@ -42,13 +42,13 @@ from dataclasses import dataclass
 
 import torch
 
-from smsdp.comm.collectives import COMPLETED, Handle, all_gather_flat, hierarchical_all_gather
 from smsdp.comm.accounting import CommStats
+from smsdp.comm.collectives import COMPLETED, Handle, all_gather_flat, hierarchical_all_gather
+from smsdp.comm.process_groups import ProcessGroups
 from smsdp.config import SCRATCH_BUFFER_ENV_VAR as SCRATCH_ENV
 from smsdp.config import SMDDP_BUFFER_ALIGNMENT as BUFFER_ALIGNMENT
 from smsdp.config import SORT_BUFFER_ENV_VAR as SORT_ENV
 from smsdp.config import SMDDPBuffers
-from smsdp.comm.process_groups import ProcessGroups
 
 logger = logging.getLogger("smsdp")
 
@@ -57,9 +57,9 @@ DEFAULT_SORT_BYTES = SMDDPBuffers.model_fields["sort_buffer_size_bytes"].default
 
 
 class AllGatherPath(enum.Enum):
-    FLAT = "flat"                  # the backend's own all-gather, straight into the output
+    FLAT = "flat"  # the backend's own all-gather, straight into the output
     HIERARCHICAL = "hierarchical"  # inter-host then intra-host stages + re-layout, staged in the buffers
-    BUFFERED = "buffered"          # SMDDP's size rule holds: the shard's cast copy is staged in scratch
+    BUFFERED = "buffered"  # SMDDP's size rule holds: the shard's cast copy is staged in scratch
 
 
 class FallbackReason(enum.Enum):
@@ -96,7 +96,7 @@ class AllGatherSettings:
                 raise ValueError(f"{name}={value} must be a positive multiple of {BUFFER_ALIGNMENT}")
 
     @classmethod
-    def from_config(cls, config) -> "AllGatherSettings":
+    def from_config(cls, config) -> AllGatherSettings:
         """From a ``smsdp.config.RuntimeConfig`` (its ``smddp`` and ``parameters`` sections)."""
         return cls(
             scratch_bytes=config.smddp.scratch_buffer_size_bytes,
@@ -171,7 +171,7 @@ class AllGatherStrategy:
         self.scratch = StagingBuffer(settings.scratch_bytes)
         self.sort = StagingBuffer(settings.sort_bytes)
         self._logged: set[FallbackReason] = set()
-        self.path_counts: dict[AllGatherPath, int] = {path: 0 for path in AllGatherPath}
+        self.path_counts: dict[AllGatherPath, int] = dict.fromkeys(AllGatherPath, 0)
 
     # ------------------------------------------------------------ decision
     @property
@@ -182,20 +182,28 @@ class AllGatherStrategy:
         """Why the buffered path cannot take an input of ``input_nbytes`` (empty: it can)."""
         settings, d = self.settings, self.degree
         if settings.ddp_dist_backend != "auto":
-            return [BufferShortfall(
-                FallbackReason.BACKEND_NOT_AUTO,
-                f"ddp_dist_backend={settings.ddp_dist_backend!r} selects the backend's own "
-                f"all-gather (set ddp_dist_backend='auto' for the SMDDP-style path)",
-            )]
+            return [
+                BufferShortfall(
+                    FallbackReason.BACKEND_NOT_AUTO,
+                    f"ddp_dist_backend={settings.ddp_dist_backend!r} selects the backend's own "
+                    f"all-gather (set ddp_dist_backend='auto' for the SMDDP-style path)",
+                )
+            ]
         problems = []
         if settings.scratch_bytes < input_nbytes:
-            problems.append(_shortfall(FallbackReason.SCRATCH_TOO_SMALL, SCRATCH_ENV,
-                                       settings.scratch_bytes, input_nbytes, "the input"))
+            problems.append(
+                _shortfall(
+                    FallbackReason.SCRATCH_TOO_SMALL, SCRATCH_ENV, settings.scratch_bytes, input_nbytes, "the input"
+                )
+            )
         # input x d / 8 (rounded up), and room for one element per rank per round
         sort_need = max(-(-input_nbytes * d // 8), d * element_size)
         if settings.sort_bytes < sort_need:
-            problems.append(_shortfall(FallbackReason.SORT_TOO_SMALL, SORT_ENV,
-                                       settings.sort_bytes, sort_need, f"input x d / 8 (d={d})"))
+            problems.append(
+                _shortfall(
+                    FallbackReason.SORT_TOO_SMALL, SORT_ENV, settings.sort_bytes, sort_need, f"input x d / 8 (d={d})"
+                )
+            )
         return problems
 
     def choose(self, input: torch.Tensor, dtype: torch.dtype | None = None) -> AllGatherPath:
@@ -219,7 +227,9 @@ class AllGatherStrategy:
         logger.warning(
             "SMDDP-style all-gather not used for a %d-byte shard over %d ranks, falling back to "
             "the backend's own all-gather: %s. (Logged once per reason.)",
-            nbytes, self.degree, "; ".join(p.message for p in new),
+            nbytes,
+            self.degree,
+            "; ".join(p.message for p in new),
         )
 
     # ----------------------------------------------------------------- run
@@ -272,8 +282,9 @@ class AllGatherStrategy:
                 self.sort.give_back(staged)
 
         source = input if input.dtype == dtype else input.to(dtype)
-        return hierarchical_all_gather(output, source, self.groups.hierarchical, self.stats, async_op,
-                                       staging=(stage1, staged), on_done=give_back)
+        return hierarchical_all_gather(
+            output, source, self.groups.hierarchical, self.stats, async_op, staging=(stage1, staged), on_done=give_back
+        )
 
     def _log_staging_full(self, stage1_bytes: int, staged_bytes: int) -> None:
         if FallbackReason.STAGING_FULL in self._logged:
@@ -284,9 +295,15 @@ class AllGatherStrategy:
             "in %s=%d, %d bytes of re-layout staging in %s=%d, with the gathers in flight) does not fit; "
             "falling back to the backend's flat all-gather. Raise the variables to at least %d and %d "
             "(room for this gather and one prefetched). (Logged once.)",
-            staged_bytes, stage1_bytes, SCRATCH_ENV, self.settings.scratch_bytes,
-            staged_bytes, SORT_ENV, self.settings.sort_bytes,
-            _round_up(2 * stage1_bytes, BUFFER_ALIGNMENT), _round_up(2 * staged_bytes, BUFFER_ALIGNMENT),
+            staged_bytes,
+            stage1_bytes,
+            SCRATCH_ENV,
+            self.settings.scratch_bytes,
+            staged_bytes,
+            SORT_ENV,
+            self.settings.sort_bytes,
+            _round_up(2 * stage1_bytes, BUFFER_ALIGNMENT),
+            _round_up(2 * staged_bytes, BUFFER_ALIGNMENT),
         )
 
 

@@ -25,8 +25,8 @@ views (bit-exact; an all-gather only moves bits). NCCL handles all of these.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from functools import lru_cache
-from typing import Callable, Union
 
 import torch
 import torch.distributed as dist
@@ -36,7 +36,7 @@ from smsdp.comm.process_groups import HierarchicalGroups, RankGroup
 
 logger = logging.getLogger("smsdp")
 
-GroupLike = Union[RankGroup, dist.ProcessGroup, None]
+GroupLike = RankGroup | dist.ProcessGroup | None
 
 # --------------------------------------------------------------------------- #
 # torch version shims, chosen once at import
@@ -47,10 +47,19 @@ _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather
 _reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 #: dtypes gloo's collectives accept (its GENERATE_ALL_TYPES switch).
-_GLOO_NATIVE_DTYPES = frozenset({
-    torch.float32, torch.float64, torch.float16, torch.bfloat16,
-    torch.int8, torch.uint8, torch.bool, torch.int32, torch.int64,
-})
+_GLOO_NATIVE_DTYPES = frozenset(
+    {
+        torch.float32,
+        torch.float64,
+        torch.float16,
+        torch.bfloat16,
+        torch.int8,
+        torch.uint8,
+        torch.bool,
+        torch.int32,
+        torch.int64,
+    }
+)
 
 
 def _wire_view(tensor: torch.Tensor) -> torch.Tensor:
@@ -138,8 +147,9 @@ def _check_scatter_sizes(big: torch.Tensor, small: torch.Tensor, n: int, what: s
         )
 
 
-def _record(stats: CommStats | None, kind: CollectiveKind, tensor: torch.Tensor, n: int,
-            label: str | None = None) -> None:
+def _record(
+    stats: CommStats | None, kind: CollectiveKind, tensor: torch.Tensor, n: int, label: str | None = None
+) -> None:
     if stats is not None:
         stats.record_collective(kind, tensor.numel() * tensor.element_size(), n, label)
 
@@ -271,11 +281,12 @@ def hierarchical_all_gather(
     out, inp = _flat(output, "output"), _flat(input, "input")
     _check_scatter_sizes(out, inp, n, "hierarchical_all_gather")
     if staging is None:
-        staging = (inp.new_empty(layout.num_hosts * inp.numel()),
-                   None if layout.is_identity_order else inp.new_empty(out.numel()))
+        staging = (
+            inp.new_empty(layout.num_hosts * inp.numel()),
+            None if layout.is_identity_order else inp.new_empty(out.numel()),
+        )
     stage1_out, staged = staging
-    stage1 = all_gather_flat(stage1_out, inp, layout_groups.stage1, stats, async_op=True,
-                             label=INTER_HOST)
+    stage1 = all_gather_flat(stage1_out, inp, layout_groups.stage1, stats, async_op=True, label=INTER_HOST)
 
     def stages_2_and_3() -> None:
         stage1.wait()

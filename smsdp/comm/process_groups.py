@@ -13,8 +13,8 @@ the default group instead of creating a duplicate communicator.
 from __future__ import annotations
 
 import datetime
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import torch.distributed as dist
 
@@ -100,10 +100,7 @@ def build_process_groups(
     if not dist.is_initialized():
         raise RuntimeError("build_process_groups needs torch.distributed.init_process_group first")
     if dist.get_world_size() != topology.world_size:
-        raise ValueError(
-            f"default group has {dist.get_world_size()} ranks but the topology says "
-            f"{topology.describe()}"
-        )
+        raise ValueError(f"default group has {dist.get_world_size()} ranks but the topology says {topology.describe()}")
     world_ranks = tuple(range(topology.world_size))
     handles: dict[Group, dist.ProcessGroup | None] = {world_ranks: dist.group.WORLD}
     for group in _all_groups_in_creation_order(topology):
@@ -133,9 +130,7 @@ def build_process_groups(
     )
 
 
-def _new_group(
-    ranks: Group, backend: str | None, timeout: datetime.timedelta | None
-) -> dist.ProcessGroup | None:
+def _new_group(ranks: Group, backend: str | None, timeout: datetime.timedelta | None) -> dist.ProcessGroup | None:
     kwargs = {}
     if backend is not None:
         kwargs["backend"] = backend

@@ -52,13 +52,13 @@ class BlockQuantizer:
         divisor = torch.where(scale > 0, scale, torch.ones_like(scale))
         q = torch.round(rows / divisor[:, None]).clamp_(-_QMAX, _QMAX).to(torch.int8)
         out[: 4 * nb].view(torch.float32).copy_(scale)
-        out[4 * nb: 4 * nb + n].view(torch.int8).copy_(q.view(-1)[:n])
+        out[4 * nb : 4 * nb + n].view(torch.int8).copy_(q.view(-1)[:n])
 
     def unpack(self, packed: torch.Tensor, out: torch.Tensor) -> None:
         """Decode ``packed`` (what ``pack`` wrote for ``out.numel()`` elements) into ``out``."""
         n, nb = out.numel(), self.blocks(out.numel())
         scale = packed[: 4 * nb].view(torch.float32)
-        q = packed[4 * nb: 4 * nb + n].view(torch.int8)
+        q = packed[4 * nb : 4 * nb + n].view(torch.int8)
         values = q.to(torch.float32).view(-1)
         per_element = scale.repeat_interleave(self.block)[:n]
         # an inf/NaN scale must poison the block even where q is 0 (0 * inf is NaN, 0 * NaN is NaN)

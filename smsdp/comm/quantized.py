@@ -18,13 +18,13 @@ used with quantization (the packed shards go through the flat all-gather).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 
-from smsdp.comm.collectives import COMPLETED, GroupLike, Handle, PendingHandle, _pg_and_size, all_gather_flat
 from smsdp.comm.accounting import CollectiveKind, CommStats
+from smsdp.comm.collectives import COMPLETED, GroupLike, Handle, PendingHandle, _pg_and_size, all_gather_flat
 from smsdp.comm.quantization import BlockQuantizer
 
 __all__ = ["QuantizedAllGather", "QuantizedReduceScatter"]
@@ -56,8 +56,9 @@ def _finish(handle: Handle, async_op: bool) -> Handle:
 class QuantizedAllGather:
     """``output = cat(decode(pack(input) of every shard rank))``; the GatherFn of a unit."""
 
-    def __init__(self, group: GroupLike, stats: CommStats | None, quantizer: BlockQuantizer,
-                 exact: Callable[..., Handle]) -> None:
+    def __init__(
+        self, group: GroupLike, stats: CommStats | None, quantizer: BlockQuantizer, exact: Callable[..., Handle]
+    ) -> None:
         self.group, self.stats, self.quantizer, self.exact = group, stats, quantizer, exact
 
     def __call__(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = False) -> Handle:
@@ -73,7 +74,7 @@ class QuantizedAllGather:
 
         def decode() -> None:
             for r in range(n):
-                self.quantizer.unpack(received[r * nbytes:(r + 1) * nbytes], out[r])
+                self.quantizer.unpack(received[r * nbytes : (r + 1) * nbytes], out[r])
 
         return _finish(_Then(gathered, decode), async_op)
 
@@ -95,7 +96,7 @@ class QuantizedReduceScatter:
         nbytes = self.quantizer.packed_nbytes(m)
         send = torch.empty(n * nbytes, dtype=torch.uint8, device=full.device)
         for j, chunk in enumerate(full.view(n, m)):
-            self.quantizer.pack(chunk, send[j * nbytes:(j + 1) * nbytes])
+            self.quantizer.pack(chunk, send[j * nbytes : (j + 1) * nbytes])
         received = torch.empty_like(send)
         if self.stats is not None:
             self.stats.record_collective(CollectiveKind.REDUCE_SCATTER, send.numel(), n, "quantized")
@@ -105,7 +106,7 @@ class QuantizedReduceScatter:
             total = torch.zeros(m, dtype=torch.float32, device=full.device)
             part = torch.empty(m, dtype=torch.float32, device=full.device)
             for r in range(n):
-                self.quantizer.unpack(received[r * nbytes:(r + 1) * nbytes], part)
+                self.quantizer.unpack(received[r * nbytes : (r + 1) * nbytes], part)
                 total += part
             output.copy_(total)
 

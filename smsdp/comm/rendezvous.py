@@ -54,11 +54,11 @@ def init_distributed(backend: str | None = None, timeout_s: float | None = None)
         _set_cuda_device(cluster)
     if _under_mpi():
         store = _mpi_store(cluster, timeout)
-        dist.init_process_group(backend, store=store, rank=cluster.rank,
-                                world_size=cluster.world_size, timeout=timeout)
+        dist.init_process_group(backend, store=store, rank=cluster.rank, world_size=cluster.world_size, timeout=timeout)
     elif _under_torchrun():
-        dist.init_process_group(backend, init_method="env://", rank=cluster.rank,
-                                world_size=cluster.world_size, timeout=timeout)
+        dist.init_process_group(
+            backend, init_method="env://", rank=cluster.rank, world_size=cluster.world_size, timeout=timeout
+        )
     else:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
     _export_torch_variables(cluster)
@@ -138,8 +138,7 @@ def _mpi_store(cluster: ClusterInfo, timeout: datetime.timedelta):
     one_machine = len(set(comm.allgather(MPI.Get_processor_name()))) == 1
     if cluster.rank == 0:
         addr = LOOPBACK if one_machine else socket.gethostname()
-        store = dist.TCPStore(addr, 0, cluster.world_size, True, timeout=store_timeout,
-                              wait_for_workers=False)
+        store = dist.TCPStore(addr, 0, cluster.world_size, True, timeout=store_timeout, wait_for_workers=False)
         addr, port = comm.bcast((addr, store.port), root=0)
     else:
         addr, port = comm.bcast(None, root=0)

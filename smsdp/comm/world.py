@@ -21,21 +21,22 @@ from __future__ import annotations
 
 import datetime
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from smsdp.core.activation_offload import ActivationOffloader
-from smsdp.config.cluster import ClusterInfo
+from smsdp.comm.accounting import HPZ, CommStats
 from smsdp.comm.all_gather import AllGatherStrategy
 from smsdp.comm.collectives import Handle, all_gather_flat, all_reduce, reduce_scatter_flat
-from smsdp.comm.accounting import HPZ, CommStats
-from smsdp.config import ConfigError, RuntimeConfig, SMPParameters
 from smsdp.comm.process_groups import ProcessGroups, build_process_groups
 from smsdp.comm.rendezvous import init_distributed
+from smsdp.config import ConfigError, RuntimeConfig, SMPParameters
+from smsdp.config.cluster import ClusterInfo
 from smsdp.config.topology import RankCoords, Topology
+from smsdp.core.activation_offload import ActivationOffloader
 
 logger = logging.getLogger("smsdp")
 
@@ -198,4 +199,3 @@ def reset_for_tests() -> None:
     """Forget the state (the process group stays): lets one worker process run several configs."""
     global _STATE
     _STATE = None
-

@@ -32,29 +32,29 @@ from smsdp.config.distribution import (
 )
 from smsdp.config.errors import ConfigError, ConfigProblem
 from smsdp.config.instance_checks import default_processes_per_host
-from smsdp.config.resolve import ResolvedJob, resolve_job, resolve_job_config
 from smsdp.config.parameters import SMPParameters
+from smsdp.config.resolve import ResolvedJob, resolve_job, resolve_job_config
 from smsdp.config.runtime_config import CONFIG_ENV_VAR, RuntimeConfig
 from smsdp.config.smddp import SCRATCH_BUFFER_ENV_VAR, SMDDP_BUFFER_ALIGNMENT, SORT_BUFFER_ENV_VAR, SMDDPBuffers
 
 __all__ = [
     "CONFIG_ENV_VAR",
     "SCRATCH_BUFFER_ENV_VAR",
-    "SORT_BUFFER_ENV_VAR",
     "SMDDP_BUFFER_ALIGNMENT",
+    "SORT_BUFFER_ENV_VAR",
     "ConfigError",
     "ConfigProblem",
-    "SMPParameters",
+    "Distribution",
     "MPIOptions",
     "ModelParallelOptions",
-    "SMDistributedOptions",
-    "Distribution",
-    "SMDDPBuffers",
-    "RuntimeConfig",
     "ResolvedJob",
+    "RuntimeConfig",
+    "SMDDPBuffers",
+    "SMDistributedOptions",
+    "SMPParameters",
+    "default_processes_per_host",
+    "mpi_exports",
     "resolve_job",
     "resolve_job_config",
-    "default_processes_per_host",
     "split_mpi_options",
-    "mpi_exports",
 ]

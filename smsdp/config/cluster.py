@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 SIMULATED_HOSTS_ENV = "SMSDP_SIMULATED_HOSTS"
 DEFAULT_HOST = "algo-1"
@@ -69,7 +69,7 @@ class ClusterInfo:
         return rank // self.processes_per_host
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> "ClusterInfo":
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ClusterInfo:
         env = os.environ if environ is None else environ
         rank = _first_int(env, ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "RANK"), 0)
         world_size = _first_int(env, ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "WORLD_SIZE"), 1)
@@ -81,8 +81,7 @@ class ClusterInfo:
         hosts = declared_hosts or _default_hosts(world_size // per_host, env)
         if len(hosts) * per_host != world_size:
             raise ClusterError(
-                f"{len(hosts)} host(s) {list(hosts)} x {per_host} processes per host "
-                f"!= world size {world_size}"
+                f"{len(hosts)} host(s) {list(hosts)} x {per_host} processes per host != world size {world_size}"
             )
         physical_local_rank = _first_int(env, ("OMPI_COMM_WORLD_LOCAL_RANK", "LOCAL_RANK"), rank % per_host)
         host_index = _host_index(env, rank, per_host, hosts, simulated)
@@ -153,16 +152,15 @@ def _default_hosts(count: int, env: Mapping[str, str]) -> tuple[str, ...]:
     return tuple(f"algo-{i + 1}" for i in range(count))
 
 
-def _host_index(
-    env: Mapping[str, str], rank: int, per_host: int, hosts: tuple[str, ...], simulated: bool
-) -> int:
+def _host_index(env: Mapping[str, str], rank: int, per_host: int, hosts: tuple[str, ...], simulated: bool) -> int:
     """Host-major layout, except that on real hosts Slurm's or SageMaker's own word wins."""
     if not simulated and _is_slurm_task(env):
         node = _first_int(env, ("SLURM_NODEID",), 0)
         if node != rank // per_host or node >= len(hosts):
             raise ClusterError(
                 f"rank {rank} runs on Slurm node {node} of {len(hosts)}, but ranks must be laid out host-major "
-                f"({per_host} per node): start them with srun --ntasks-per-node={per_host} --distribution=block")
+                f"({per_host} per node): start them with srun --ntasks-per-node={per_host} --distribution=block"
+            )
         return node
     current = env.get("SM_CURRENT_HOST")
     if not simulated and current in hosts:

@@ -15,8 +15,8 @@ from typing import ClassVar
 from pydantic import Field, StrictBool, model_validator
 
 from smsdp.config.errors import ConfigError, ConfigProblem
-from smsdp.config.validation import ConfigModel, WholeNumber
 from smsdp.config.parameters import SMPParameters
+from smsdp.config.validation import ConfigModel, WholeNumber
 
 MPI_OPTIONS_PATH = ("mpi", "custom_mpi_options")
 
@@ -53,7 +53,8 @@ class SMDistributedOptions(ConfigModel):
     _section: ClassVar[str] = "smdistributed"
     _foreign_keys: ClassVar[dict[str, str]] = {
         "dataparallel": (
-            "smdistributed.dataparallel (SMDDP) is not supported: " + WRITE_INSTEAD
+            "smdistributed.dataparallel (SMDDP) is not supported: "
+            + WRITE_INSTEAD
             + " (sharded_data_parallel_degree 1 is plain data parallelism)"
         ),
     }
@@ -62,7 +63,11 @@ class SMDistributedOptions(ConfigModel):
 
 
 _OTHER_DISTRIBUTIONS = (
-    "torch_distributed", "pytorchddp", "parameter_server", "multi_worker_mirrored_strategy", "instance_groups",
+    "torch_distributed",
+    "pytorchddp",
+    "parameter_server",
+    "multi_worker_mirrored_strategy",
+    "instance_groups",
 )
 
 

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+
 class _NoValue:
     """Marks a problem about a key or a section rather than about one value."""
 
@@ -92,12 +93,10 @@ def problems_of(exc: ConfigError) -> list[ConfigProblem]:
     return list(exc.problems) or [ConfigProblem((), str(exc))]
 
 
-
 def or_list(values: Iterable[Any]) -> str:
     """``[1, 2, 4]`` -> ``"1, 2 or 4"``, for messages."""
     items = [str(v) for v in values]
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " or " + items[-1]
-
 
 
 def did_you_mean(key: str, candidates: Iterable[str]) -> str:
@@ -105,4 +104,3 @@ def did_you_mean(key: str, candidates: Iterable[str]) -> str:
     if close:
         return f"did you mean {close[0]!r}?"
     return "valid keys are " + ", ".join(repr(c) for c in sorted(candidates))
-

@@ -11,8 +11,8 @@ import difflib
 from typing import Any
 
 from smsdp.config.errors import ConfigError, ConfigProblem, problems_of
-from smsdp.config.parameters import SMPParameters
 from smsdp.config.instance_types import LOCAL, is_sagemaker_type, lookup, suggest_instance_type
+from smsdp.config.parameters import SMPParameters
 
 
 def default_processes_per_host(instance_type: str) -> int:
@@ -27,7 +27,9 @@ def instance_type_problems(instance_type: Any) -> list[ConfigProblem]:
     if instance_type == LOCAL:
         return []
     if not isinstance(instance_type, str):
-        return [ConfigProblem(("instance_type",), "must be a string such as 'local' or 'ml.p4d.24xlarge'", instance_type)]
+        return [
+            ConfigProblem(("instance_type",), "must be a string such as 'local' or 'ml.p4d.24xlarge'", instance_type)
+        ]
     if is_sagemaker_type(instance_type):
         try:
             lookup(instance_type)

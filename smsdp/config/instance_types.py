@@ -26,7 +26,7 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass
 
-__all__ = ["InstanceType", "INSTANCE_TYPES", "LOCAL", "lookup", "is_sagemaker_type"]
+__all__ = ["INSTANCE_TYPES", "LOCAL", "InstanceType", "is_sagemaker_type", "lookup"]
 
 LOCAL = "local"
 """The instance type of a job run on this machine by the local backend."""
@@ -93,8 +93,15 @@ def _gpu_type(name: str, gpus: int, gpu: tuple, vcpus: int, memory_gib: float, n
 
 def _cpu_type(name: str, vcpus: int, memory_gib: float, net_gbps: float) -> InstanceType:
     return InstanceType(
-        name=name, gpus=0, gpu_name="", gpu_memory_gib=0.0, gpu_bf16_tflops=0.0,
-        intra_node_gbps=0.0, inter_node_gbps=net_gbps, vcpus=vcpus, memory_gib=memory_gib,
+        name=name,
+        gpus=0,
+        gpu_name="",
+        gpu_memory_gib=0.0,
+        gpu_bf16_tflops=0.0,
+        intra_node_gbps=0.0,
+        inter_node_gbps=net_gbps,
+        vcpus=vcpus,
+        memory_gib=memory_gib,
     )
 
 

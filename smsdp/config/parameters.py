@@ -8,7 +8,7 @@ size live with the topology (``smsdp.config.topology``, translated in
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AliasChoices, BeforeValidator, Field, StrictBool, model_validator
 from pydantic_core import PydanticCustomError
@@ -16,15 +16,15 @@ from pydantic_core import PydanticCustomError
 from smsdp.config.errors import ConfigError, ConfigProblem, or_list
 from smsdp.config.validation import ConfigModel, Number, WholeNumber
 
+
 def _bool_or_whole(value: Any) -> Any:
     """True, False, or an int: one message for anything else, not one per union member."""
     if isinstance(value, (bool, int)):
         return value
-    raise PydanticCustomError("bool_or_whole", "expected True or False, got a {kind}",
-                              {"kind": type(value).__name__})
+    raise PydanticCustomError("bool_or_whole", "expected True or False, got a {kind}", {"kind": type(value).__name__})
 
 
-_BoolOrWhole = Annotated[Union[StrictBool, int], BeforeValidator(_bool_or_whole)]
+_BoolOrWhole = Annotated[StrictBool | int, BeforeValidator(_bool_or_whole)]
 _PlacementStrategy = Literal["cluster", "spread", "DPT", "DTP", "PDT", "PTD", "TDP", "TPD"]
 
 _SMP_V2_KEY = (
@@ -82,9 +82,7 @@ class SMPParameters(ConfigModel):
     """
 
     _section: ClassVar[str] = "parameters"
-    _foreign_keys: ClassVar[dict[str, str]] = {
-        key: rule.format(key=key) for key, rule in _SMP_V2_KEYS.items()
-    }
+    _foreign_keys: ClassVar[dict[str, str]] = {key: rule.format(key=key) for key, rule in _SMP_V2_KEYS.items()}
 
     # --- sharded data parallelism (MiCS) ---
     sharded_data_parallel_degree: WholeNumber = Field(1, ge=1)
@@ -203,7 +201,7 @@ class SMPParameters(ConfigModel):
 
     @property
     def compute_dtype_name(self) -> str:
-        """"bfloat16", "float16" or "float32": the dtype forward/backward run in."""
+        """ "bfloat16", "float16" or "float32": the dtype forward/backward run in."""
         return "bfloat16" if self.bf16 else "float16" if self.fp16 else "float32"
 
 
@@ -303,17 +301,26 @@ def _reshard_problems(p: SMPParameters) -> list[ConfigProblem]:
         return []
     divisors = [j for j in range(2, d + 1) if d % j == 0]
     if k == 1:
-        why = ("would keep every unit whole until its backward, which is False written as a bool "
-               "(an int 1 is too easily meant as True to be read as False)")
+        why = (
+            "would keep every unit whole until its backward, which is False written as a bool "
+            "(an int 1 is too easily meant as True to be read as False)"
+        )
     elif k < 1:
         why = "must be at least 2 (the ranks a unit's parameters stay spread over after its forward)"
     else:
-        why = (f"does not divide sharded_data_parallel_degree={d} (each shard group is split into "
-               f"groups of that many ranks)")
-    ints = f", or a divisor of {d} from 2 up: {or_list(divisors)}" if divisors else (
-        f" (sharded_data_parallel_degree={d} leaves no int to choose)")
-    rule = (f"{why}; use True (reshard every unit after its forward), False (keep every unit gathered "
-            f"until its backward){ints}")
+        why = (
+            f"does not divide sharded_data_parallel_degree={d} (each shard group is split into "
+            f"groups of that many ranks)"
+        )
+    ints = (
+        f", or a divisor of {d} from 2 up: {or_list(divisors)}"
+        if divisors
+        else (f" (sharded_data_parallel_degree={d} leaves no int to choose)")
+    )
+    rule = (
+        f"{why}; use True (reshard every unit after its forward), False (keep every unit gathered "
+        f"until its backward){ints}"
+    )
     return [ConfigProblem(("sdp_reshard_after_forward",), rule, k)]
 
 
@@ -324,9 +331,11 @@ def _prefetch_problems(p: SMPParameters) -> list[ConfigProblem]:
     for key, direction in (("sdp_forward_prefetch", "forward"), ("sdp_backward_prefetch", "backward")):
         depth = getattr(p, key)
         if depth < 0:
-            rule = (f"is a number of units to gather ahead of the one running its {direction}, so it "
-                    f"cannot be negative; use 0 (gather each unit on demand), 1 (the default: the next "
-                    f"unit) or more (bounded by sdp_max_live_parameters)")
+            rule = (
+                f"is a number of units to gather ahead of the one running its {direction}, so it "
+                f"cannot be negative; use 0 (gather each unit on demand), 1 (the default: the next "
+                f"unit) or more (bounded by sdp_max_live_parameters)"
+            )
             problems.append(ConfigProblem((key,), rule, depth))
     return problems
 

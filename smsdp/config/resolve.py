@@ -23,14 +23,13 @@ from smsdp.config.instance_checks import (
     default_processes_per_host,
     instance_type_problems,
 )
+from smsdp.config.instance_types import LOCAL
 from smsdp.config.runtime_config import JobWords, RuntimeConfig, _collect, _count_problems, build_topology
 from smsdp.config.smddp import SMDDPBuffers
-from smsdp.config.instance_types import LOCAL
 from smsdp.config.topology import Topology
 
 _PARAMS_PATH = ("smdistributed", "modelparallel", "parameters")
 _PPN_PATH = ("mpi", "processes_per_host")
-
 
 
 @dataclass(frozen=True)

@@ -22,11 +22,11 @@ from pydantic import Field, model_validator
 
 from smsdp.config.errors import ConfigError, ConfigProblem, or_list
 from smsdp.config.instance_checks import capacity_problems, instance_type_problems
-from smsdp.config.validation import ConfigModel, Number, WholeNumber, plain
+from smsdp.config.instance_types import LOCAL
 from smsdp.config.parameters import SMPParameters, reshard_degree
 from smsdp.config.smddp import SMDDPBuffers
-from smsdp.config.instance_types import LOCAL
 from smsdp.config.topology import Topology, TopologyError, TopologyProblem
+from smsdp.config.validation import ConfigModel, Number, WholeNumber, plain
 
 CONFIG_ENV_VAR = "SMSDP_CONFIG"
 """Environment variable that carries ``RuntimeConfig.to_env_value()`` to every rank."""
@@ -63,7 +63,8 @@ def build_topology(parameters: SMPParameters, words: JobWords) -> Topology:
         )
     except TopologyError as exc:
         raise ConfigError.from_problems(
-            [_in_config_words(p, parameters, words, exc.factors) for p in exc.problems]) from None
+            [_in_config_words(p, parameters, words, exc.factors) for p in exc.problems]
+        ) from None
 
 
 def _in_config_words(problem: TopologyProblem, p: SMPParameters, words: JobWords, factors: str) -> ConfigProblem:
@@ -79,9 +80,11 @@ def _in_config_words(problem: TopologyProblem, p: SMPParameters, words: JobWords
         return ConfigProblem(words.params_path + ("sharded_data_parallel_degree",), rule, problem.value)
     if problem.factor == "reshard_degree":
         ints = f", or {or_list(problem.fits)}, whose groups each lie on one host" if problem.fits else ""
-        rule = (f"does not fit the hosts: {problem.message} ({words.shape()}); the backward's all-gather runs "
-                f"inside each group of {problem.value} consecutive shard ranks, so each must lie on one host; "
-                f"use True, False{ints}")
+        rule = (
+            f"does not fit the hosts: {problem.message} ({words.shape()}); the backward's all-gather runs "
+            f"inside each group of {problem.value} consecutive shard ranks, so each must lie on one host; "
+            f"use True, False{ints}"
+        )
         return ConfigProblem(words.params_path + ("sdp_reshard_after_forward",), rule, problem.value)
     if problem.factor == "processes_per_host":
         rule = f"does not divide the world size {world}; use {fits}"
@@ -125,7 +128,8 @@ class RuntimeConfig(ConfigModel):
     @model_validator(mode="after")
     def _check_world(self) -> RuntimeConfig:
         problems = instance_type_problems(self.instance_type) or capacity_problems(
-            self.instance_type, self.processes_per_host, ("processes_per_host",))
+            self.instance_type, self.processes_per_host, ("processes_per_host",)
+        )
         _collect(problems, build_topology, self.parameters, JobWords(self.instance_count, self.processes_per_host))
         if problems:
             raise ConfigError.from_problems(problems)
@@ -197,4 +201,5 @@ def _check_hosts(world_size: int, processes_per_host: int) -> None:
     except TopologyError as exc:
         words = JobWords(1, world_size)
         raise ConfigError.from_problems(
-            [_in_config_words(p, SMPParameters(), words, exc.factors) for p in exc.problems]) from None
+            [_in_config_words(p, SMPParameters(), words, exc.factors) for p in exc.problems]
+        ) from None

@@ -47,7 +47,7 @@ class ShardLayout:
     stop: int
 
     @classmethod
-    def of(cls, numel: int, shard_degree: int, shard_rank: int) -> "ShardLayout":
+    def of(cls, numel: int, shard_degree: int, shard_rank: int) -> ShardLayout:
         if shard_degree < 1 or not 0 <= shard_rank < shard_degree:
             raise ValueError(f"shard_rank {shard_rank} outside shard_degree {shard_degree}")
         padded = -(-numel // shard_degree) * shard_degree if numel else 0

@@ -78,8 +78,10 @@ class SMDDPBuffers(ConfigModel):
                 arguments = ()
         exported = mpi_exports(arguments, environment)
         sizes: dict[str, int] = {}
-        for field, name in (("scratch_buffer_size_bytes", SCRATCH_BUFFER_ENV_VAR),
-                            ("sort_buffer_size_bytes", SORT_BUFFER_ENV_VAR)):
+        for field, name in (
+            ("scratch_buffer_size_bytes", SCRATCH_BUFFER_ENV_VAR),
+            ("sort_buffer_size_bytes", SORT_BUFFER_ENV_VAR),
+        ):
             source = "mpi.custom_mpi_options -x" if name in exported else "environment"
             raw = exported.get(name, environment.get(name))
             if raw is None:

@@ -163,28 +163,38 @@ class Topology:
         if problems:
             raise TopologyError(
                 f"invalid topology: {self.describe()}: " + "; ".join(p.message for p in problems),
-                problems, self.describe(),
+                problems,
+                self.describe(),
             )
 
     def _problems(self) -> tuple[TopologyProblem, ...]:
         names = ("world_size", "processes_per_host", "tp_degree", "shard_degree")
-        bad = tuple(TopologyProblem(n, getattr(self, n), f"{n}={getattr(self, n)!r} must be a positive integer")
-                    for n in names if not _positive(getattr(self, n)))
+        bad = tuple(
+            TopologyProblem(n, getattr(self, n), f"{n}={getattr(self, n)!r} must be a positive integer")
+            for n in names
+            if not _positive(getattr(self, n))
+        )
         if bad:
             return bad
         w, p, t, d = self.world_size, self.processes_per_host, self.tp_degree, self.shard_degree
         problems = []
         if w % p:
-            problems.append(TopologyProblem(
-                "processes_per_host", p, f"processes_per_host {p} does not divide world {w}", _divisors(w)))
+            problems.append(
+                TopologyProblem(
+                    "processes_per_host", p, f"processes_per_host {p} does not divide world {w}", _divisors(w)
+                )
+            )
         if w % t:
             problems.append(TopologyProblem("tp_degree", t, f"tp {t} does not divide world {w}", _divisors(w)))
         elif (w // t) % d:
-            problems.append(TopologyProblem(
-                "shard_degree", d,
-                f"tp {t} x sdp {d} does not divide world {w} (sdp must divide rdp = world / tp = {w // t})",
-                _divisors(w // t),
-            ))
+            problems.append(
+                TopologyProblem(
+                    "shard_degree",
+                    d,
+                    f"tp {t} x sdp {d} does not divide world {w} (sdp must divide rdp = world / tp = {w // t})",
+                    _divisors(w // t),
+                )
+            )
         if not problems and self.reshard_degree is not None:
             problems.extend(self._reshard_problems())
         return tuple(problems)
@@ -194,16 +204,29 @@ class Topology:
         k, d = self.reshard_degree, self.shard_degree
         fits = tuple(j for j in _divisors(d)[1:-1] if self._reshard_groups_fit(j))
         if not (isinstance(k, int) and 1 < k < d and d % k == 0):
-            return [TopologyProblem("reshard_degree", k, f"reshard degree {k!r} must divide sdp {d} and lie "
-                                    f"strictly between 1 and {d}", fits)]
+            return [
+                TopologyProblem(
+                    "reshard_degree",
+                    k,
+                    f"reshard degree {k!r} must divide sdp {d} and lie strictly between 1 and {d}",
+                    fits,
+                )
+            ]
         if self._reshard_groups_fit(k):
             return []
         spread = next(g for g in self._blocks_of_shard_groups(k) if not self._on_one_host(g))
-        return [TopologyProblem("reshard_degree", k, f"reshard group {spread} of {k} consecutive shard ranks "
-                                f"spans hosts {sorted({self.host_of(r) for r in spread})}", fits)]
+        return [
+            TopologyProblem(
+                "reshard_degree",
+                k,
+                f"reshard group {spread} of {k} consecutive shard ranks "
+                f"spans hosts {sorted({self.host_of(r) for r in spread})}",
+                fits,
+            )
+        ]
 
     def _blocks_of_shard_groups(self, k: int) -> tuple[Group, ...]:
-        return tuple(g[s:s + k] for g in self._shard_groups for s in range(0, len(g), k))
+        return tuple(g[s : s + k] for g in self._shard_groups for s in range(0, len(g), k))
 
     def _on_one_host(self, group: Group) -> bool:
         return len({self.host_of(r) for r in group}) == 1
@@ -252,7 +275,7 @@ class Topology:
     @cached_property
     def _shard_groups(self) -> tuple[Group, ...]:
         d = self.shard_degree
-        return tuple(g[s:s + d] for g in self._rdp_groups for s in range(0, len(g), d))
+        return tuple(g[s : s + d] for g in self._rdp_groups for s in range(0, len(g), d))
 
     @cached_property
     def _replica_groups(self) -> tuple[Group, ...]:

@@ -95,7 +95,6 @@ def plain(obj: Any) -> Any:
     return obj
 
 
-
 def _whole_number(value: Any) -> Any:
     """Accept 5e8 for an int field (as the SageMaker docs write it), reject 1.5 and True."""
     if isinstance(value, bool):
@@ -186,4 +185,3 @@ class ConfigModel(BaseModel):
             return ConfigProblem((), cls._foreign_keys[key])
         visible = {k for k in accepted if not k.startswith("_")}
         return ConfigProblem((), f"unknown key {key!r} in {cls._section}; {did_you_mean(key, visible)}")
-

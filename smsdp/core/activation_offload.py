@@ -22,8 +22,8 @@ import contextlib
 import enum
 import logging
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator
 
 import torch
 
@@ -40,7 +40,7 @@ class GroupState(enum.Enum):
 class _Saved:
     """One offloaded tensor: its host copy, and its device copy while loaded."""
 
-    group: "OffloadGroup"
+    group: OffloadGroup
     host: torch.Tensor | None  # None: kept as it was (not on the compute device, or a parameter)
     kept: torch.Tensor | None = None
     loaded: torch.Tensor | None = None
@@ -98,8 +98,11 @@ class ActivationOffloader:
         self._next_index = 0
         self._pass_start = 0  # index of the first group of the newest forward pass
         if not self._cuda:
-            logger.info("offload_activations on a %s device: activations already live in host memory, "
-                        "so offloading copies them and saves nothing here", device.type)
+            logger.info(
+                "offload_activations on a %s device: activations already live in host memory, "
+                "so offloading copies them and saves nothing here",
+                device.type,
+            )
 
     # ---- forward ---------------------------------------------------------------------------
 

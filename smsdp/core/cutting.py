@@ -8,15 +8,15 @@ all of one class), plus the root unit for every parameter outside them.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 import torch
 from torch import nn
 
 from smsdp.core.flat_param_group import FlatParamGroup, ParamInfo
-from smsdp.tensor_parallel.pieces import is_tp_split
 from smsdp.core.unit import Unit
+from smsdp.tensor_parallel.pieces import is_tp_split
 
 
 def find_unit_modules(root: nn.Module, layer_classes: Iterable[type] | None) -> list[tuple[str, nn.Module]]:

@@ -27,8 +27,9 @@ tensors made on a device other than meta.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -270,7 +271,9 @@ def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _covers_storage(t: torch.Tensor) -> bool:
-    return t.storage_offset() == 0 and t.is_contiguous() and t.numel() * t.element_size() == t.untyped_storage().nbytes()
+    return (
+        t.storage_offset() == 0 and t.is_contiguous() and t.numel() * t.element_size() == t.untyped_storage().nbytes()
+    )
 
 
 @dataclass
@@ -375,7 +378,9 @@ def _run(op: _Op, i: int, memory: _Memory, alloc_at: dict[int, int], kept: set[i
 
 
 @contextlib.contextmanager
-def model_creation(tensor_parallelism: bool = False, dtype: torch.dtype | None = None, **_tensor_parallel_config) -> Iterator[None]:
+def model_creation(
+    tensor_parallelism: bool = False, dtype: torch.dtype | None = None, **_tensor_parallel_config
+) -> Iterator[None]:
     """SMP's model-creation context: delayed initialization when the job's config asks for it.
 
     ``tensor_parallelism=True`` marks the modules built inside, so that ``smp.DistributedModel``

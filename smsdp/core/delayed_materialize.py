@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from smsdp.core import delayed_init
-from smsdp.tensor_parallel.split_params import carry_marks, initial_values, source_of
 from smsdp.core.cutting import GroupPolicy, Unit, make_groups, plan_units
+from smsdp.tensor_parallel.split_params import carry_marks, initial_values, source_of
 
 logger = logging.getLogger("smsdp")
 
@@ -24,7 +24,9 @@ logger = logging.getLogger("smsdp")
 def materialize_units(root: nn.Module, unit_modules: list[tuple[str, nn.Module]], policy: GroupPolicy) -> list[Unit]:
     recording = delayed_init.recording_for(root)
     planned = plan_units(root, unit_modules)
-    buffers = [(module, name, buf) for module in root.modules() for name, buf in module._buffers.items() if buf is not None]
+    buffers = [
+        (module, name, buf) for module in root.modules() for name, buf in module._buffers.items() if buf is not None
+    ]
     # A tensor-parallel piece's values are cut from the plain tensor its construction made.
     kept = {delayed_init.storage_key(source_of(info.original)) for _, infos in planned for info in infos}
     kept |= {delayed_init.storage_key(buf) for _, _, buf in buffers if buf.is_meta}
@@ -46,7 +48,9 @@ def materialize_units(root: nn.Module, unit_modules: list[tuple[str, nn.Module]]
         if buf.is_meta:
             module._buffers[name] = delayed_init.real_view(buf, leftovers[delayed_init.storage_key(buf)]).clone()
     delayed_init.forget(recording)
-    logger.info("delayed initialization: %d ops replayed, peak %.1f MiB materialized", stats.ops, stats.peak_bytes / 2**20)
+    logger.info(
+        "delayed initialization: %d ops replayed, peak %.1f MiB materialized", stats.ops, stats.peak_bytes / 2**20
+    )
     materialize_units.last_stats = stats  # type: ignore[attr-defined]
     return [unit for unit, _ in planned]
 

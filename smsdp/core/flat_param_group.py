@@ -48,8 +48,8 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 from torch import nn
@@ -133,7 +133,7 @@ class FlatParamGroup:
         shard_rank: int,
         compute_dtype: torch.dtype,
         device: torch.device,
-    ) -> "FlatParamGroup":
+    ) -> FlatParamGroup:
         """``shard_degree`` 1 makes a replicated group (every rank keeps the whole buffer)."""
         offset = 0
         for info in infos:

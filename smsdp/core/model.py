@@ -47,27 +47,28 @@ from __future__ import annotations
 import enum
 import logging
 from collections import OrderedDict
+from collections.abc import Iterator, Mapping
 from types import MappingProxyType
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_map
 
-from smsdp.util import fault_injection
 from smsdp.comm import world as runtime_state
-from smsdp.core.activation_checkpointing import set_activation_checkpointing
 from smsdp.comm.collectives import broadcast
+from smsdp.core.activation_checkpointing import set_activation_checkpointing
+from smsdp.core.cutting import GroupPolicy, build_units, find_unit_modules
 from smsdp.core.delayed_materialize import materialize_units
 from smsdp.core.flat_param_group import FlatParamGroup
 from smsdp.core.model_state import compute_copy_bytes, full_state_dict, load_full_state_dict, model_state_bytes
-from smsdp.smp.model_methods import PARTIAL_KEY, SMPModelMethods
 from smsdp.core.prefetch import PrefetchDepths, Prefetcher
 from smsdp.core.replicated_grad_sync import ReplicatedGradSync
-from smsdp.tensor_parallel.pieces import convert_for_job, cut_tp_pieces, merge_tp_pieces, split_names
 from smsdp.core.unit import Unit
 from smsdp.core.unit_comm import bind_unit_comm
-from smsdp.core.cutting import GroupPolicy, build_units, find_unit_modules
+from smsdp.smp.model_methods import PARTIAL_KEY, SMPModelMethods
+from smsdp.tensor_parallel.pieces import convert_for_job, cut_tp_pieces, merge_tp_pieces, split_names
+from smsdp.util import fault_injection
 
 logger = logging.getLogger("smsdp")
 
@@ -125,13 +126,15 @@ class DistributedModel(SMPModelMethods, nn.Module):
         self._units = self._wrap(module, rt, transformer_layer_cls, broadcast_init)
         self._root = self._units[-1]
         backward_order = [g for u in reversed(self._units[:-1]) for g in u.groups] + self._root.groups
-        self._replicated_sync = ReplicatedGradSync(backward_order, rt.all_reduce_dp, rt.dp_size,
-                                                   self._root.comm.reduce_dtype, params.sdp_reduce_bucket_size)
+        self._replicated_sync = ReplicatedGradSync(
+            backward_order, rt.all_reduce_dp, rt.dp_size, self._root.comm.reduce_dtype, params.sdp_reduce_bucket_size
+        )
         self._unit_of_module = {id(u.module): u for u in self._units if not u.is_root}
         self._keep_for_backward = keep_gathered_for_backward  # [Note: kept for backward]
         self._reshard_after_forward = params.sdp_reshard_after_forward is not False
-        self._prefetch = Prefetcher(self._units, PrefetchDepths.resolve(params, prefetch_units),
-                                    params.sdp_max_live_parameters)
+        self._prefetch = Prefetcher(
+            self._units, PrefetchDepths.resolve(params, prefetch_units), params.sdp_max_live_parameters
+        )
         self._state = TrainingState.LEARNING_ORDER
         # [Note: early replica sync] With backward_passes_per_step declared, the backward
         # that ends the accumulation is known when it starts: each unit's replica all-reduce
@@ -334,8 +337,11 @@ class DistributedModel(SMPModelMethods, nn.Module):
         """
         if not self._reshard_after_forward:
             return True
-        return (self._keep_for_backward and self._state is not TrainingState.LEARNING_ORDER
-                and self._prefetch.keeps_for_backward(unit))
+        return (
+            self._keep_for_backward
+            and self._state is not TrainingState.LEARNING_ORDER
+            and self._prefetch.keeps_for_backward(unit)
+        )
 
     def _hook_outputs(self, unit: Unit, output: Any) -> None:
         for tensor in _tensors_requiring_grad(output):
@@ -376,9 +382,11 @@ class DistributedModel(SMPModelMethods, nn.Module):
             self._offloader.prefetch()  # the last checkpointed units' inputs, while the head's backward runs
             if self._offloader.stats.groups == 0 and not self._warned_nothing_offloaded:
                 self._warned_nothing_offloaded = True
-                logger.warning("offload_activations=True offloads the inputs of checkpointed modules, and no "
-                               "module is checkpointed: set activation_checkpointing=True, or call "
-                               "smp.set_activation_checkpointing(module) on the modules to offload")
+                logger.warning(
+                    "offload_activations=True offloads the inputs of checkpointed modules, and no "
+                    "module is checkpointed: set activation_checkpointing=True, or call "
+                    "smp.set_activation_checkpointing(module) on the modules to offload"
+                )
         torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
 
     def _make_post_backward(self, unit: Unit, group: FlatParamGroup):
@@ -424,7 +432,7 @@ class DistributedModel(SMPModelMethods, nn.Module):
 
     # ---- whole-model state ---------------------------------------------------------------------
 
-    def state_dict(self, *args: Any, **kwargs: Any) -> "OrderedDict[str, torch.Tensor]":
+    def state_dict(self, *args: Any, **kwargs: Any) -> OrderedDict[str, torch.Tensor]:
         """The full, unsharded state dict with the wrapped module's keys (every rank must call).
 
         Parameters come back in fp32 (the master copy), on the CPU, so that plain

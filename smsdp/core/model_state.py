@@ -9,7 +9,7 @@ tensors through the group's ``ShardLayout``.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
@@ -22,7 +22,7 @@ def full_state_dict(
     module: nn.Module,
     keys: tuple[str, ...],
     gather_fp32: Callable[[torch.Tensor, torch.Tensor], None],
-) -> "OrderedDict[str, torch.Tensor]":
+) -> OrderedDict[str, torch.Tensor]:
     values: dict[str, torch.Tensor] = {}
     for group in groups:
         flat = group.full_master(gather_fp32)

@@ -15,13 +15,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from smsdp.util import fault_injection
 from smsdp.comm import world as runtime_state
 from smsdp.core.loss_scaler import DynamicLossScaler
 from smsdp.core.optimizer_params import check_same_shard, local_state_dict, remap_to_shards
 from smsdp.smp.loss_scalers import scaler_for
 from smsdp.tensor_parallel.pieces import is_tp_split
-
+from smsdp.util import fault_injection
 
 _UNSET: Any = object()  # tells "not given" from SMP's defaults, to keep smsdp's fp16 default
 
@@ -37,9 +36,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
     scale from 2**16 (``smsdp.core.loss_scaler.DynamicLossScaler``).
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, static_loss_scale: Any = _UNSET,
-                 dynamic_loss_scale: bool = False, dynamic_loss_args: dict | None = None, *,
-                 model=None, loss_scaler: DynamicLossScaler | None = None, **more_dynamic_loss_args: Any):
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        static_loss_scale: Any = _UNSET,
+        dynamic_loss_scale: bool = False,
+        dynamic_loss_args: dict | None = None,
+        *,
+        model=None,
+        loss_scaler: DynamicLossScaler | None = None,
+        **more_dynamic_loss_args: Any,
+    ):
         rt = runtime_state.get()
         if model is None:
             if not rt.models:
@@ -61,17 +68,28 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._tp_degree = rt.topology.tp_degree
         self._all_reduce_tp_group = rt.all_reduce_tp_group
         self._all_reduce_world = rt.all_reduce_world
-        explicit = static_loss_scale is not _UNSET or dynamic_loss_scale or bool(dynamic_loss_args or more_dynamic_loss_args)
-        self.loss_scaler = loss_scaler if loss_scaler is not None and rt.params.fp16 else scaler_for(
-            rt.params.fp16, None if static_loss_scale is _UNSET else static_loss_scale, dynamic_loss_scale,
-            {**(dynamic_loss_args or {}), **more_dynamic_loss_args}, explicit)
+        explicit = (
+            static_loss_scale is not _UNSET or dynamic_loss_scale or bool(dynamic_loss_args or more_dynamic_loss_args)
+        )
+        self.loss_scaler = (
+            loss_scaler
+            if loss_scaler is not None and rt.params.fp16
+            else scaler_for(
+                rt.params.fp16,
+                None if static_loss_scale is _UNSET else static_loss_scale,
+                dynamic_loss_scale,
+                {**(dynamic_loss_args or {}), **more_dynamic_loss_args},
+                explicit,
+            )
+        )
         if self.loss_scaler is not None:
             model.use_loss_scaler(self.loss_scaler)
         rt.optimizers.append(self)  # lets smp.resume_from_checkpoint find it, as SMP's does
 
     # param_groups and state are the wrapped optimizer's: one truth, whoever writes it.
-    param_groups = property(lambda self: self.optimizer.param_groups,
-                            lambda self, value: setattr(self.optimizer, "param_groups", value))
+    param_groups = property(
+        lambda self: self.optimizer.param_groups, lambda self, value: setattr(self.optimizer, "param_groups", value)
+    )
     state = property(lambda self: self.optimizer.state, lambda self, value: setattr(self.optimizer, "state", value))
 
     def add_param_group(self, param_group: dict) -> None:

@@ -60,13 +60,19 @@ def remap_to_shards(optimizer: torch.optim.Optimizer, model: Any) -> None:
             "model.get_module().parameters(), or the module's own parameters"
         )
     if optimizer.state:
-        raise ValueError("DistributedOptimizer: wrap the optimizer before its first step (its state would "
-                         "belong to whole parameters, not to this rank's shards)")
+        raise ValueError(
+            "DistributedOptimizer: wrap the optimizer before its first step (its state would "
+            "belong to whole parameters, not to this rank's shards)"
+        )
 
 
 def local_state_dict(optimizer: Any) -> dict:
     """This rank's optimizer state (for its shards) and the loss scaler, marked partial as SMP marks it."""
-    state = {PARTIAL_KEY: True, "shard": (api.sdp_rank(), api.sdp_size()), "optimizer": optimizer.optimizer.state_dict()}
+    state = {
+        PARTIAL_KEY: True,
+        "shard": (api.sdp_rank(), api.sdp_size()),
+        "optimizer": optimizer.optimizer.state_dict(),
+    }
     if optimizer.loss_scaler is not None:
         state["loss_scaler"] = optimizer.loss_scaler.state_dict()
     return state

@@ -28,9 +28,11 @@ class PrefetchDepths:
         them) sets both directions when given, so scripts that pass it keep their schedule."""
         if prefetch_units is not None:
             if isinstance(prefetch_units, bool) or not isinstance(prefetch_units, int) or prefetch_units < 0:
-                raise ValueError(f"prefetch_units={prefetch_units!r} must be an int >= 0 (units gathered "
-                                 "ahead in each direction; 0 gathers on demand), or None to use the SMP "
-                                 "parameters sdp_forward_prefetch and sdp_backward_prefetch")
+                raise ValueError(
+                    f"prefetch_units={prefetch_units!r} must be an int >= 0 (units gathered "
+                    "ahead in each direction; 0 gathers on demand), or None to use the SMP "
+                    "parameters sdp_forward_prefetch and sdp_backward_prefetch"
+                )
             return cls(prefetch_units, prefetch_units)
         return cls(params.sdp_forward_prefetch, params.sdp_backward_prefetch)
 
@@ -73,5 +75,9 @@ class Prefetcher:
         Keeping it is the backward's first prefetch, done by not freeing: so it needs a
         backward depth of at least 1 and room in the live budget, as an issued one would.
         """
-        return (self.depths.backward > 0 and bool(self.order) and unit is self.order[-1]
-                and self.live_numel() <= self.max_live)
+        return (
+            self.depths.backward > 0
+            and bool(self.order)
+            and unit is self.order[-1]
+            and self.live_numel() <= self.max_live
+        )

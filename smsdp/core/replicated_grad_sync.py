@@ -24,8 +24,9 @@ when the root's (complete last) is.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -45,8 +46,14 @@ class _Bucket:
 class ReplicatedGradSync:
     """One all-reduce per bucket of replicated, trainable groups' gradients, once per step."""
 
-    def __init__(self, groups: list[FlatParamGroup], all_reduce_dp: AllReduce, dp_size: int,
-                 reduce_dtype: torch.dtype, bucket_numel: int):
+    def __init__(
+        self,
+        groups: list[FlatParamGroup],
+        all_reduce_dp: AllReduce,
+        dp_size: int,
+        reduce_dtype: torch.dtype,
+        bucket_numel: int,
+    ):
         """``groups`` in the order their gradients complete (backward's), so the first bucket fills first."""
         replicated = [g for g in groups if not g.sharded and g.trainable] if dp_size > 1 else []
         self.buckets = [_Bucket(b, len(b)) for b in _pack(replicated, bucket_numel)]

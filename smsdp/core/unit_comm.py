@@ -8,14 +8,15 @@ dtype and the reshard group when the model is built, so no hook of
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from smsdp.core.flat_param_group import GatherFn
 from smsdp.comm.quantization import BlockQuantizer
 from smsdp.comm.quantized import QuantizedAllGather, QuantizedReduceScatter
+from smsdp.core.flat_param_group import GatherFn
 
 
 @dataclass(frozen=True)

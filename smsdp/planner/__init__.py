@@ -20,6 +20,7 @@ from smsdp.planner.model import ROOT, ModelSpec, ParamTensor, TransformerShape, 
 from smsdp.planner.plan import DoesNotFitError, Plan, PlanError, Recommendation, plan, plan_runtime
 
 __all__ = [
+    "ROOT",
     "Assumptions",
     "DoesNotFitError",
     "Hardware",
@@ -27,7 +28,6 @@ __all__ = [
     "ParamTensor",
     "Plan",
     "PlanError",
-    "ROOT",
     "Recommendation",
     "TransformerShape",
     "gpt_from_hyperparameters",

@@ -16,7 +16,7 @@ import json
 import sys
 from typing import Any
 
-from smsdp.planner.hardware import GiB, Assumptions
+from smsdp.planner.hardware import Assumptions, GiB
 from smsdp.planner.model import ModelSpec, gpt_from_hyperparameters
 
 PRESETS = {
@@ -38,8 +38,11 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--heads", type=int)
     model.add_argument("--vocab", type=int, default=50257, help="vocabulary (default 50257)")
     model.add_argument("--seq-len", type=int, default=2048, help="sequence length (default 2048)")
-    model.add_argument("--params", type=float, help="parameter count only, e.g. 175e9 (no activations "
-                       "unless --layers/--hidden/--heads are given too)")
+    model.add_argument(
+        "--params",
+        type=float,
+        help="parameter count only, e.g. 175e9 (no activations unless --layers/--hidden/--heads are given too)",
+    )
     model.add_argument("--untied", action="store_true", help="separate LM head (GPT)")
 
     train = parser.add_argument_group("training")
@@ -56,39 +59,72 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     cluster.add_argument("--instance-type", default="ml.p4d.24xlarge", help="default ml.p4d.24xlarge")
     cluster.add_argument("--instance-count", type=int, default=1)
     cluster.add_argument("--processes-per-host", type=int, default=None, help="default: one per GPU")
-    cluster.add_argument("--sharded-degree", type=int, default=None,
-                         help="sharded_data_parallel_degree (default: the whole cluster)")
-    cluster.add_argument("--persistence-threshold", type=float, default=1e6,
-                         help="sdp_param_persistence_threshold (default 1e6)")
+    cluster.add_argument(
+        "--sharded-degree", type=int, default=None, help="sharded_data_parallel_degree (default: the whole cluster)"
+    )
+    cluster.add_argument(
+        "--persistence-threshold", type=float, default=1e6, help="sdp_param_persistence_threshold (default 1e6)"
+    )
     cluster.add_argument("--max-live-parameters", type=float, default=1e9, help="sdp_max_live_parameters")
     for way in ("forward", "backward"):
-        cluster.add_argument(f"--{way}-prefetch", type=int, default=1, metavar="N",
-                             help=f"sdp_{way}_prefetch: units gathered ahead in {way} (default 1; 0: on demand)")
-    cluster.add_argument("--tensor-parallel-degree", type=int, default=1,
-                         help="tensor_parallel_degree (default 1); --batch-size is then per TP group")
+        cluster.add_argument(
+            f"--{way}-prefetch",
+            type=int,
+            default=1,
+            metavar="N",
+            help=f"sdp_{way}_prefetch: units gathered ahead in {way} (default 1; 0: on demand)",
+        )
+    cluster.add_argument(
+        "--tensor-parallel-degree",
+        type=int,
+        default=1,
+        help="tensor_parallel_degree (default 1); --batch-size is then per TP group",
+    )
     cluster.add_argument("--no-hierarchical-allgather", action="store_true")
     reshard = cluster.add_mutually_exclusive_group()
-    reshard.add_argument("--no-reshard-after-forward", action="store_true",
-                         help="sdp_reshard_after_forward=False: keep every unit gathered until its backward")
-    reshard.add_argument("--reshard-after-forward", type=int, metavar="K", default=None,
-                         help="sdp_reshard_after_forward=K (hpZ): keep 1/K of each unit after its forward and "
-                              "gather the backward's copy inside groups of K ranks on one host")
+    reshard.add_argument(
+        "--no-reshard-after-forward",
+        action="store_true",
+        help="sdp_reshard_after_forward=False: keep every unit gathered until its backward",
+    )
+    reshard.add_argument(
+        "--reshard-after-forward",
+        type=int,
+        metavar="K",
+        default=None,
+        help="sdp_reshard_after_forward=K (hpZ): keep 1/K of each unit after its forward and "
+        "gather the backward's copy inside groups of K ranks on one host",
+    )
     cluster.add_argument("--reduce-dtype", choices=("fp32", "bf16"), default="fp32", help="sdp_reduce_dtype")
     cluster.add_argument("--delayed-init", action="store_true", help="delayed_parameter_initialization")
-    cluster.add_argument("--distribution", type=json_object_arg, default=None,
-                         help="a whole SageMaker distribution dict as JSON (replaces the SMP options above)")
+    cluster.add_argument(
+        "--distribution",
+        type=json_object_arg,
+        default=None,
+        help="a whole SageMaker distribution dict as JSON (replaces the SMP options above)",
+    )
 
     assume = parser.add_argument_group("assumptions (docs/planner.md)")
-    assume.add_argument("--achieved-fraction", type=float, default=None,
-                        help="fraction of the dense peak the matmuls sustain (default 0.5)")
+    assume.add_argument(
+        "--achieved-fraction",
+        type=float,
+        default=None,
+        help="fraction of the dense peak the matmuls sustain (default 0.5)",
+    )
     assume.add_argument("--safety-margin", type=float, default=None, help="fraction kept free (default 0.10)")
     assume.add_argument("--memory-gib", type=float, default=None, help="device memory per rank to plan for")
     assume.add_argument("--overhead-gib", type=float, default=None, help="framework overhead per rank")
-    assume.add_argument("--hold-reduce-inputs", action="store_true",
-                        help="model a runtime keeping every reduce-scatter input to the end of backward")
-    assume.add_argument("--late-replica-sync", action="store_true",
-                        help="the script does not pass backward_passes_per_step to smp.DistributedModel: "
-                             "replica all-reduces wait for optimizer.step()")
+    assume.add_argument(
+        "--hold-reduce-inputs",
+        action="store_true",
+        help="model a runtime keeping every reduce-scatter input to the end of backward",
+    )
+    assume.add_argument(
+        "--late-replica-sync",
+        action="store_true",
+        help="the script does not pass backward_passes_per_step to smp.DistributedModel: "
+        "replica all-reduces wait for optimizer.step()",
+    )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
 
 
@@ -99,15 +135,22 @@ def model_from_args(args: argparse.Namespace) -> ModelSpec:
     if args.params is not None:
         spec = ModelSpec.from_param_count(args.params, n_layers=args.layers)
         if all(shape_given):
-            full = ModelSpec.gpt(args.layers, args.hidden, args.heads, args.vocab, args.seq_len,
-                                 dropout=args.dropout)
+            full = ModelSpec.gpt(args.layers, args.hidden, args.heads, args.vocab, args.seq_len, dropout=args.dropout)
             spec = spec.with_shape(full.shape)
         return spec
     if all(shape_given):
-        return ModelSpec.gpt(args.layers, args.hidden, args.heads, args.vocab, args.seq_len,
-                             tie_embeddings=not args.untied, dropout=args.dropout)
-    raise ValueError("describe the model: --model NAME, or --layers/--hidden/--heads (with --vocab/--seq-len), "
-                     "or --params N")
+        return ModelSpec.gpt(
+            args.layers,
+            args.hidden,
+            args.heads,
+            args.vocab,
+            args.seq_len,
+            tie_embeddings=not args.untied,
+            dropout=args.dropout,
+        )
+    raise ValueError(
+        "describe the model: --model NAME, or --layers/--hidden/--heads (with --vocab/--seq-len), or --params N"
+    )
 
 
 def assumptions_from_args(args: argparse.Namespace) -> Assumptions:
@@ -164,14 +207,24 @@ def _run_plan(args: argparse.Namespace) -> int:
             "sdp_forward_prefetch": args.forward_prefetch,
             "sdp_backward_prefetch": args.backward_prefetch,
             "sdp_hierarchical_allgather": not args.no_hierarchical_allgather,
-            "sdp_reshard_after_forward": (args.reshard_after_forward if args.reshard_after_forward is not None
-                                          else not args.no_reshard_after_forward),
+            "sdp_reshard_after_forward": (
+                args.reshard_after_forward
+                if args.reshard_after_forward is not None
+                else not args.no_reshard_after_forward
+            ),
             "sdp_reduce_dtype": args.reduce_dtype,
             "delayed_parameter_initialization": args.delayed_init,
         }
-    result = plan(model, batch_size=args.batch_size, grad_accum=args.grad_accum, optimizer=args.optimizer,
-                  instance_type=args.instance_type, instance_count=args.instance_count,
-                  assumptions=assumptions_from_args(args), **kwargs)
+    result = plan(
+        model,
+        batch_size=args.batch_size,
+        grad_accum=args.grad_accum,
+        optimizer=args.optimizer,
+        instance_type=args.instance_type,
+        instance_count=args.instance_count,
+        assumptions=assumptions_from_args(args),
+        **kwargs,
+    )
     print(json.dumps(result.to_dict(), indent=2) if args.json else result)
     return EXIT_FITS if result.fits else EXIT_DOES_NOT_FIT
 

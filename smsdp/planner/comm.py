@@ -28,8 +28,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from smsdp.planner.quantized import QuantizedBytes
 from smsdp.config.topology import Topology, TopologyError
+from smsdp.planner.quantized import QuantizedBytes
 
 
 @dataclass(frozen=True)
@@ -68,8 +68,13 @@ class CommBreakdown:
         return self.intra_host_bytes + self.inter_host_bytes
 
     def _all(self) -> tuple[LinkBytes, ...]:
-        return (self.all_gather, self.reduce_scatter, self.replica_all_reduce, self.persistent_all_reduce,
-                self.tensor_parallel)
+        return (
+            self.all_gather,
+            self.reduce_scatter,
+            self.replica_all_reduce,
+            self.persistent_all_reduce,
+            self.tensor_parallel,
+        )
 
 
 @dataclass(frozen=True)
@@ -143,8 +148,9 @@ def comm_per_step(
         k = reshard_degree
         gathered, regathered = psi, m * (k - 1) / k * (psi - kept_elems) * compute_bytes
 
-    hierarchical = (hierarchical_allgather and span.shard_hosts > 1 and span.hierarchical_ok
-                    and quantized.all_gather is None)  # the int8 gather is flat
+    hierarchical = (
+        hierarchical_allgather and span.shard_hosts > 1 and span.hierarchical_ok and quantized.all_gather is None
+    )  # the int8 gather is flat
     int8_sent = None if quantized.all_gather is None else m * quantized.all_gather
     all_gather = _all_gather_links(span, d, m * gathered * compute_bytes, hierarchical, int8_sent)
     all_gather = LinkBytes(intra=all_gather.intra + regathered, inter=all_gather.inter)
@@ -159,12 +165,21 @@ def comm_per_step(
     persistent_bytes = 2 * (n - 1) / n * psi_p * reduce_bytes if n > 1 else 0.0
     persistent = _on(span.dp_hosts, persistent_bytes)
     tensor_parallel = LinkBytes(intra=m * tp_bytes_per_micro_step)  # a TP group never leaves its host
-    return CommBreakdown(all_gather, reduce_scatter, replica, persistent, span.shard_hosts, hierarchical,
-                         tensor_parallel, reshard_degree if regathered else None)
+    return CommBreakdown(
+        all_gather,
+        reduce_scatter,
+        replica,
+        persistent,
+        span.shard_hosts,
+        hierarchical,
+        tensor_parallel,
+        reshard_degree if regathered else None,
+    )
 
 
-def _all_gather_links(span: GroupSpan, d: int, gathered_bytes: float, hierarchical: bool,
-                      int8_sent: float | None) -> LinkBytes:
+def _all_gather_links(
+    span: GroupSpan, d: int, gathered_bytes: float, hierarchical: bool, int8_sent: float | None
+) -> LinkBytes:
     """The shard group's all-gathers of ``gathered_bytes`` per step (their outputs), by link;
     ``int8_sent``: what the int8 all-gather sends instead, when it is on."""
     if d <= 1:
@@ -264,10 +279,12 @@ def step_time(
     compute = (flops_per_token + recompute_flops_per_token) * tokens_per_rank_per_micro_step / tp_degree
     compute /= peak_flops * achieved_fraction
     tensor_parallel = link_seconds(comm.tensor_parallel, intra_bps, inter_bps) / m
-    in_group = (link_seconds(comm.all_gather, intra_bps, inter_bps)
-                + link_seconds(comm.reduce_scatter, intra_bps, inter_bps)) / m
-    boundary = (link_seconds(comm.replica_all_reduce, intra_bps, inter_bps)
-                + link_seconds(comm.persistent_all_reduce, intra_bps, inter_bps))
+    in_group = (
+        link_seconds(comm.all_gather, intra_bps, inter_bps) + link_seconds(comm.reduce_scatter, intra_bps, inter_bps)
+    ) / m
+    boundary = link_seconds(comm.replica_all_reduce, intra_bps, inter_bps) + link_seconds(
+        comm.persistent_all_reduce, intra_bps, inter_bps
+    )
     micro = (max(compute, in_group) if overlap else compute + in_group) + tensor_parallel
     exposed = boundary
     if early_boundary_sync:

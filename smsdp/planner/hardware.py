@@ -105,7 +105,7 @@ class Hardware:
     @classmethod
     def for_instance(
         cls, instance_type: str, processes_per_host: int, ranks_on_machine: int, assumptions: Assumptions
-    ) -> "Hardware":
+    ) -> Hardware:
         eff = assumptions.link_efficiency
         if instance_type == LOCAL:
             ram = _machine_memory_bytes()
@@ -123,13 +123,16 @@ class Hardware:
         return cls.from_instance_type(it, processes_per_host, eff)
 
     @classmethod
-    def from_instance_type(cls, it: InstanceType, processes_per_host: int, link_efficiency: float) -> "Hardware":
+    def from_instance_type(cls, it: InstanceType, processes_per_host: int, link_efficiency: float) -> Hardware:
         if not it.gpus:
             return cls(
-                name=f"{it.name} (CPU only)", is_gpu=False,
+                name=f"{it.name} (CPU only)",
+                is_gpu=False,
                 device_memory_bytes=int(it.memory_gib * GiB) // max(1, processes_per_host),
-                processes_per_host=processes_per_host, peak_flops={},
-                intra_bytes_per_s=0.0, inter_bytes_per_s=0.0,
+                processes_per_host=processes_per_host,
+                peak_flops={},
+                intra_bytes_per_s=0.0,
+                inter_bytes_per_s=0.0,
             )
         peak = {
             "float16": it.gpu_fp16_tflops * 1e12,

@@ -12,9 +12,10 @@ nothing to check, and :func:`plan_for_job` says so.
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from smsdp.config import RuntimeConfig
 from smsdp.planner.hardware import Assumptions
@@ -44,7 +45,7 @@ def is_bundled_script(script: Path | None) -> bool:
     spec = importlib.util.find_spec("entrypoints")
     if spec is None or not spec.submodule_search_locations:
         return False
-    bundled = Path(list(spec.submodule_search_locations)[0]) / BUNDLED_SCRIPT
+    bundled = Path(next(iter(spec.submodule_search_locations))) / BUNDLED_SCRIPT
     try:
         return bundled.is_file() and bundled.read_bytes() == script.read_bytes()
     except OSError:
@@ -75,10 +76,19 @@ def plan_for_job(
         # The switch acts only on models built inside smp.model_creation(); this script builds eagerly.
         params = runtime.parameters.model_copy(update={"delayed_parameter_initialization": False})
         runtime = runtime.model_copy(update={"parameters": params})
-        note = (f"{BUNDLED_SCRIPT} builds its model outside smp.model_creation(), so "
-                "delayed_parameter_initialization has no effect on it: planned as eager construction")
-    result = plan_runtime(model, runtime, batch_size=batch, grad_accum=accum, optimizer=request.optimizer,
-                          assumptions=request.assumptions, recommend=recommend)
+        note = (
+            f"{BUNDLED_SCRIPT} builds its model outside smp.model_creation(), so "
+            "delayed_parameter_initialization has no effect on it: planned as eager construction"
+        )
+    result = plan_runtime(
+        model,
+        runtime,
+        batch_size=batch,
+        grad_accum=accum,
+        optimizer=request.optimizer,
+        assumptions=request.assumptions,
+        recommend=recommend,
+    )
     return replace(result, warnings=result.warnings + (note,)) if note else result
 
 

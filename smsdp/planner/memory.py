@@ -87,9 +87,7 @@ class ModelState:
         return self.params + self.grads + self.optimizer
 
 
-def model_state(
-    groups: list[GroupLayout], compute_bytes: int, optimizer_bytes: float, sdp_rank: int = 0
-) -> ModelState:
+def model_state(groups: list[GroupLayout], compute_bytes: int, optimizer_bytes: float, sdp_rank: int = 0) -> ModelState:
     """Bytes of parameters, gradients and optimizer state on shard rank ``sdp_rank``.
 
     These are what ``DistributedModel.model_state_bytes()`` (params, grads) and
@@ -261,9 +259,14 @@ def kept_slice_elems(sizes: UnitSizes, p) -> int:
     return (sum(sizes.gathered.values()) - kept_for_backward_elems(sizes, p)) // k
 
 
-def unsharded_in_flight_bytes(sizes: UnitSizes, compute_bytes: int, max_live: int,
-                              reshard_after_forward: bool = True, forward_prefetch: int = 1,
-                              backward_prefetch: int = 1) -> int:
+def unsharded_in_flight_bytes(
+    sizes: UnitSizes,
+    compute_bytes: int,
+    max_live: int,
+    reshard_after_forward: bool = True,
+    forward_prefetch: int = 1,
+    backward_prefetch: int = 1,
+) -> int:
     """Gathered parameters alive at once (``smsdp.core.prefetch``).
 
     ``reshard_after_forward=False``: every unit stays gathered from its forward to its
@@ -288,8 +291,9 @@ def unsharded_in_flight_bytes(sizes: UnitSizes, compute_bytes: int, max_live: in
     if reshard_after_forward is False:
         return live(root + list(sizes.order))
     passes = ((sizes.order, forward_prefetch), (sizes.order[::-1], backward_prefetch))
-    return max(live(root + held) for order, depth in passes
-               for held in _gathered_during_pass(sizes, order, depth, max_live))
+    return max(
+        live(root + held) for order, depth in passes for held in _gathered_during_pass(sizes, order, depth, max_live)
+    )
 
 
 def _gathered_during_pass(sizes: UnitSizes, order: list[int], depth: int, max_live: int) -> list[list[int]]:
@@ -419,8 +423,13 @@ class MemoryBreakdown:
     @property
     def training_phase(self) -> int:
         return (
-            self.model_state + self.unsharded_params + self.kept_slices + self.unsharded_grads + (self.activations or 0)
-            + self.communication_buffers + self.framework_overhead
+            self.model_state
+            + self.unsharded_params
+            + self.kept_slices
+            + self.unsharded_grads
+            + (self.activations or 0)
+            + self.communication_buffers
+            + self.framework_overhead
         )
 
     @property

@@ -110,7 +110,7 @@ class ModelSpec:
         """N of the 6N rule."""
         return self.num_params if self.matmul_params is None else self.matmul_params
 
-    def with_shape(self, shape: TransformerShape | None) -> "ModelSpec":
+    def with_shape(self, shape: TransformerShape | None) -> ModelSpec:
         return replace(self, shape=shape)
 
     def describe(self) -> str:
@@ -133,7 +133,7 @@ class ModelSpec:
         dropout: bool = False,
         attention: AttentionKind = "flash",
         name: str | None = None,
-    ) -> "ModelSpec":
+    ) -> ModelSpec:
         """A GPT laid out like ``entrypoints.gpt.GPT`` (pre-LN blocks, learned positions).
 
         Per block: ``ln_1``, ``attn.c_attn`` (3h x h), ``attn.c_proj`` (h x h),
@@ -188,7 +188,7 @@ class ModelSpec:
         n_layers: int | None = None,
         shape: TransformerShape | None = None,
         name: str | None = None,
-    ) -> "ModelSpec":
+    ) -> ModelSpec:
         """A model known only by its size: ``n_layers`` equal units, or one root unit.
 
         Every tensor is treated as large (sharded at any persistence threshold
@@ -220,7 +220,7 @@ class ModelSpec:
         shape: TransformerShape | None = None,
         seq_len: int | None = None,
         name: str | None = None,
-    ) -> "ModelSpec":
+    ) -> ModelSpec:
         """Parameters and units of an ``nn.Module`` (meta device is fine: no values are read).
 
         Units are found exactly as ``smp.DistributedModel`` finds them (each
@@ -270,8 +270,10 @@ def _shape_from_config(config: Any, seq_len: int | None) -> TransformerShape | N
                 return value
         return None
 
-    layers, hidden, heads = first("n_layer", "num_hidden_layers"), first("d_model", "n_embd", "hidden_size"), first(
-        "n_head", "num_attention_heads"
+    layers, hidden, heads = (
+        first("n_layer", "num_hidden_layers"),
+        first("d_model", "n_embd", "hidden_size"),
+        first("n_head", "num_attention_heads"),
     )
     vocab, seq = first("vocab_size"), seq_len or first("block_size", "n_positions", "max_position_embeddings")
     if None in (layers, hidden, heads, vocab, seq):
@@ -292,13 +294,23 @@ def gpt_from_hyperparameters(hyperparameters: dict[str, Any]) -> ModelSpec:
         except (TypeError, ValueError):
             raise ValueError(f"hyperparameter {key}={raw!r} is not a {type(default).__name__}") from None
     return ModelSpec.gpt(
-        values["n_layer"], values["d_model"], values["n_head"], values["vocab_size"], values["seq_len"],
-        dropout=values["dropout"] > 0, name="bundled GPT (train_gpt.py)",
+        values["n_layer"],
+        values["d_model"],
+        values["n_head"],
+        values["vocab_size"],
+        values["seq_len"],
+        dropout=values["dropout"] > 0,
+        name="bundled GPT (train_gpt.py)",
     )
 
 
 BUNDLED_GPT_DEFAULTS: dict[str, Any] = {
-    "n_layer": 4, "d_model": 256, "n_head": 4, "vocab_size": 1024, "seq_len": 128, "dropout": 0.0,
+    "n_layer": 4,
+    "d_model": 256,
+    "n_head": 4,
+    "vocab_size": 1024,
+    "seq_len": 128,
+    "dropout": 0.0,
 }
 """``entrypoints/train_gpt.py``'s model hyperparameters and their defaults (kept in sync by a test)."""
 
@@ -309,4 +321,3 @@ def _count(n: float) -> str:
         if abs(n) >= scale:
             return f"{n / scale:.3g}{unit}"
     return str(int(n))
-

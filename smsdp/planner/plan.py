@@ -15,8 +15,9 @@ together for one configuration and searches degrees and batch sizes.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 from smsdp.config import ConfigError, ConfigProblem, RuntimeConfig, SMPParameters, resolve_job_config
 from smsdp.config.instance_types import LOCAL, lookup
@@ -41,7 +42,7 @@ class PlanError(ValueError):
 class DoesNotFitError(ConfigError):
     """``Estimator.fit()`` refused a job the planner says cannot fit; ``plan`` has the numbers."""
 
-    def __init__(self, plan: "Plan"):
+    def __init__(self, plan: Plan):
         self.plan = plan
         rule = (
             f"needs {_gib(plan.memory.peak)} per {plan.device_word} at its peak "
@@ -118,8 +119,11 @@ class Plan:
     @property
     def budget_note(self) -> str:
         memory = self.assumptions.memory_budget_bytes or self.hardware.device_memory_bytes
-        source = "set by memory_budget" if self.assumptions.memory_budget_bytes else (
-            "GPU memory" if self.hardware.is_gpu else "RAM per rank")
+        source = (
+            "set by memory_budget"
+            if self.assumptions.memory_budget_bytes
+            else ("GPU memory" if self.hardware.is_gpu else "RAM per rank")
+        )
         return f"{_gib(memory)} {source} less a {self.assumptions.safety_margin:.0%} safety margin"
 
     def to_dict(self) -> dict[str, Any]:
@@ -128,27 +132,44 @@ class Plan:
         out: dict[str, Any] = {
             "model": {"name": self.model.name, "num_params": self.model.num_params, "units": self.model.num_units},
             "cluster": {
-                "instance_type": self.runtime.instance_type, "instance_count": self.runtime.instance_count,
-                "processes_per_host": self.runtime.processes_per_host, "world_size": self.world_size,
-                "sharded_degree": self.sharded_degree, "replicas": self.runtime.topology.replication_degree,
+                "instance_type": self.runtime.instance_type,
+                "instance_count": self.runtime.instance_count,
+                "processes_per_host": self.runtime.processes_per_host,
+                "world_size": self.world_size,
+                "sharded_degree": self.sharded_degree,
+                "replicas": self.runtime.topology.replication_degree,
             },
-            "batch_size": self.batch_size, "grad_accum": self.grad_accum, "optimizer": self.optimizer,
+            "batch_size": self.batch_size,
+            "grad_accum": self.grad_accum,
+            "optimizer": self.optimizer,
             "precision": _precision(self.runtime.parameters),
             "memory": {
-                "parameters": m.parameters, "gradients": m.gradients, "optimizer_state": m.optimizer_state,
-                "model_state": m.model_state, "unsharded_params_in_flight": m.unsharded_params,
+                "parameters": m.parameters,
+                "gradients": m.gradients,
+                "optimizer_state": m.optimizer_state,
+                "model_state": m.model_state,
+                "unsharded_params_in_flight": m.unsharded_params,
                 "kept_slices": m.kept_slices,
-                "unsharded_grads_in_flight": m.unsharded_grads, "activations": m.activations,
-                "communication_buffers": m.communication_buffers, "framework_overhead": m.framework_overhead,
-                "optimizer_step_temp": m.optimizer_step_temp, "construction": m.construction,
-                "peak": m.peak, "peak_phase": m.peak_phase, "budget": self.budget_bytes, "fits": self.fits,
+                "unsharded_grads_in_flight": m.unsharded_grads,
+                "activations": m.activations,
+                "communication_buffers": m.communication_buffers,
+                "framework_overhead": m.framework_overhead,
+                "optimizer_step_temp": m.optimizer_step_temp,
+                "construction": m.construction,
+                "peak": m.peak,
+                "peak_phase": m.peak_phase,
+                "budget": self.budget_bytes,
+                "fits": self.fits,
             },
             "communication_per_step": {
                 name: {"intra_host": link.intra, "inter_host": link.inter}
-                for name, link in (("all_gather", self.comm.all_gather), ("reduce_scatter", self.comm.reduce_scatter),
-                                   ("replica_all_reduce", self.comm.replica_all_reduce),
-                                   ("persistent_all_reduce", self.comm.persistent_all_reduce),
-                                   ("tensor_parallel_all_reduce", self.comm.tensor_parallel))
+                for name, link in (
+                    ("all_gather", self.comm.all_gather),
+                    ("reduce_scatter", self.comm.reduce_scatter),
+                    ("replica_all_reduce", self.comm.replica_all_reduce),
+                    ("persistent_all_reduce", self.comm.persistent_all_reduce),
+                    ("tensor_parallel_all_reduce", self.comm.tensor_parallel),
+                )
             },
             "recommendation": asdict(self.recommendation),
             "strategies": [s.to_dict() for s in self.strategies],
@@ -156,13 +177,19 @@ class Plan:
             "assumptions": asdict(self.assumptions),
         }
         out["communication_per_step"]["total"] = {
-            "intra_host": self.comm.intra_host_bytes, "inter_host": self.comm.inter_host_bytes}
+            "intra_host": self.comm.intra_host_bytes,
+            "inter_host": self.comm.inter_host_bytes,
+        }
         if self.time is not None:
             t = self.time
             out["step_time"] = {
-                "compute_s": t.compute_s, "in_group_comm_s": t.in_group_comm_s,
-                "boundary_comm_s": t.boundary_comm_s, "step_s": t.step_s, "tokens_per_s": t.tokens_per_s,
-                "model_tflops_per_gpu": t.model_tflops_per_gpu, "mfu": t.mfu,
+                "compute_s": t.compute_s,
+                "in_group_comm_s": t.in_group_comm_s,
+                "boundary_comm_s": t.boundary_comm_s,
+                "step_s": t.step_s,
+                "tokens_per_s": t.tokens_per_s,
+                "model_tflops_per_gpu": t.model_tflops_per_gpu,
+                "mfu": t.mfu,
             }
         return out
 
@@ -195,8 +222,15 @@ def plan(
     parameters dict) with ``processes_per_host`` (default: one per GPU). Invalid
     combinations raise the same ``ConfigError`` the Estimator would."""
     runtime = _runtime(runtime, distribution, parameters, instance_type, instance_count, processes_per_host)
-    return plan_runtime(model, runtime, batch_size=batch_size, grad_accum=grad_accum, optimizer=optimizer,
-                        assumptions=assumptions or Assumptions(), recommend=recommend)
+    return plan_runtime(
+        model,
+        runtime,
+        batch_size=batch_size,
+        grad_accum=grad_accum,
+        optimizer=optimizer,
+        assumptions=assumptions or Assumptions(),
+        recommend=recommend,
+    )
 
 
 def plan_runtime(
@@ -222,8 +256,11 @@ def plan_runtime(
 
 
 def _runtime(runtime, distribution, parameters, instance_type, instance_count, processes_per_host) -> RuntimeConfig:
-    given = [name for name, value in (("runtime", runtime), ("distribution", distribution),
-                                      ("parameters", parameters)) if value is not None]
+    given = [
+        name
+        for name, value in (("runtime", runtime), ("distribution", distribution), ("parameters", parameters))
+        if value is not None
+    ]
     if len(given) > 1:
         raise ValueError(f"plan(): pass only one of runtime, distribution, parameters (got {', '.join(given)})")
     if runtime is not None:
@@ -233,8 +270,12 @@ def _runtime(runtime, distribution, parameters, instance_type, instance_count, p
     if processes_per_host is None:
         processes_per_host = 1 if instance_type == LOCAL else lookup(instance_type).default_processes_per_host
     params = parameters if isinstance(parameters, SMPParameters) else SMPParameters.model_validate(parameters or {})
-    return RuntimeConfig(parameters=params, instance_type=instance_type, instance_count=instance_count,
-                         processes_per_host=processes_per_host)
+    return RuntimeConfig(
+        parameters=params,
+        instance_type=instance_type,
+        instance_count=instance_count,
+        processes_per_host=processes_per_host,
+    )
 
 
 def _check_inputs(runtime: RuntimeConfig, batch_size: int, grad_accum: int, optimizer: str) -> None:
@@ -260,18 +301,36 @@ def _activations(model: ModelSpec, p: SMPParameters, batch: int, c: int, warning
     checkpointing = p.activation_checkpointing
     if model.shape is not None:
         offload = p.offload_activations and checkpointing
-        detail = mem.activation_bytes(model.shape, batch, c, checkpointing=checkpointing, offload=offload,
-                                      loading_horizon=p.activation_loading_horizon, tp_degree=p.tensor_parallel_degree)
+        detail = mem.activation_bytes(
+            model.shape,
+            batch,
+            c,
+            checkpointing=checkpointing,
+            offload=offload,
+            loading_horizon=p.activation_loading_horizon,
+            tp_degree=p.tensor_parallel_degree,
+        )
     else:
-        warnings.append("activations not estimated: the model has no transformer shape "
-                        "(give layers/hidden/heads/vocab/seq, or ModelSpec.with_shape)")
+        warnings.append(
+            "activations not estimated: the model has no transformer shape "
+            "(give layers/hidden/heads/vocab/seq, or ModelSpec.with_shape)"
+        )
     if p.offload_activations and not checkpointing:
         warnings.append("offload_activations has no effect without activation checkpointing (as in SMP)")
     return detail
 
 
-def _step_time(model: ModelSpec, p: SMPParameters, hardware, comm, batch: int, accum: int, world: int,
-               assumptions: Assumptions, warnings: list[str]):
+def _step_time(
+    model: ModelSpec,
+    p: SMPParameters,
+    hardware,
+    comm,
+    batch: int,
+    accum: int,
+    world: int,
+    assumptions: Assumptions,
+    warnings: list[str],
+):
     """The step-time model on GPUs with a tensor-core peak for the compute dtype; None otherwise."""
     peak = hardware.peak_flops.get(p.compute_dtype_name, 0.0)
     if not hardware.is_gpu:
@@ -282,11 +341,19 @@ def _step_time(model: ModelSpec, p: SMPParameters, hardware, comm, batch: int, a
     flops, recompute = _flops_per_token(model, p.activation_checkpointing)
     tokens = batch * (model.shape.seq_len if model.shape else 1)
     time = comm_model.step_time(
-        comm, flops_per_token=flops, recompute_flops_per_token=recompute,
-        tokens_per_rank_per_micro_step=tokens, micro_steps=accum, world=world, peak_flops=peak,
-        achieved_fraction=assumptions.achieved_fraction_of_peak, intra_bps=hardware.intra_bytes_per_s,
-        inter_bps=hardware.inter_bytes_per_s, overlap=assumptions.overlap_in_group_comm,
-        early_boundary_sync=assumptions.early_replica_sync, tp_degree=p.tensor_parallel_degree,
+        comm,
+        flops_per_token=flops,
+        recompute_flops_per_token=recompute,
+        tokens_per_rank_per_micro_step=tokens,
+        micro_steps=accum,
+        world=world,
+        peak_flops=peak,
+        achieved_fraction=assumptions.achieved_fraction_of_peak,
+        intra_bps=hardware.intra_bytes_per_s,
+        inter_bps=hardware.inter_bytes_per_s,
+        overlap=assumptions.overlap_in_group_comm,
+        early_boundary_sync=assumptions.early_replica_sync,
+        tp_degree=p.tensor_parallel_degree,
     )
     if model.shape is None:
         warnings.append("step time per token of an unknown sequence length: tokens = batch x 1")
@@ -313,13 +380,25 @@ def _evaluate(
     sharded_t = sum(g.padded for g in groups if g.sharded and g.trainable)
     persistent_t = sum(g.numel for g in groups if not g.sharded and g.trainable)
     comm = comm_model.comm_per_step(
-        sharded_elems=sharded, sharded_trainable_elems=sharded_t, persistent_trainable_elems=persistent_t,
-        compute_bytes=c, sdp_degree=d, world=world, processes_per_host=ppn, micro_steps=accum,
-        hierarchical_allgather=p.sdp_hierarchical_allgather, kept_elems=mem.kept_for_backward_elems(sizes, p),
-        reduce_bytes=2 if p.sdp_reduce_dtype == "bf16" else 4, tp_degree=t, reshard_degree=mem.reshard_degree(p),
+        sharded_elems=sharded,
+        sharded_trainable_elems=sharded_t,
+        persistent_trainable_elems=persistent_t,
+        compute_bytes=c,
+        sdp_degree=d,
+        world=world,
+        processes_per_host=ppn,
+        micro_steps=accum,
+        hierarchical_allgather=p.sdp_hierarchical_allgather,
+        kept_elems=mem.kept_for_backward_elems(sizes, p),
+        reduce_bytes=2 if p.sdp_reduce_dtype == "bf16" else 4,
+        tp_degree=t,
+        reshard_degree=mem.reshard_degree(p),
         quantized=quantized_bytes(groups, sizes, p, d),
-        tp_bytes_per_micro_step=0.0 if t == 1 or model.shape is None else tp_bytes_per_micro_step(
-            batch * model.shape.seq_len, model.shape.d_model, model.shape.n_layer, t, bytes_per_element=c),
+        tp_bytes_per_micro_step=0.0
+        if t == 1 or model.shape is None
+        else tp_bytes_per_micro_step(
+            batch * model.shape.seq_len, model.shape.d_model, model.shape.n_layer, t, bytes_per_element=c
+        ),
     )
 
     # The runtime collects earlier units' reduce-scatters at each unit's post-backward.
@@ -329,25 +408,42 @@ def _evaluate(
         gradients=state.grads,
         optimizer_state=state.optimizer,
         unsharded_params=mem.unsharded_in_flight_bytes(
-            sizes, c, p.sdp_max_live_parameters, p.sdp_reshard_after_forward, p.sdp_forward_prefetch,
-            p.sdp_backward_prefetch),
+            sizes,
+            c,
+            p.sdp_max_live_parameters,
+            p.sdp_reshard_after_forward,
+            p.sdp_forward_prefetch,
+            p.sdp_backward_prefetch,
+        ),
         unsharded_grads=mem.gradient_buffer_bytes(sizes, c, pending),
         activations=activations,
         communication_buffers=mem.comm_buffer_bytes(
-            sizes, c, d, hierarchical_hosts=comm.shard_group_hosts if comm.hierarchical else 1),
+            sizes, c, d, hierarchical_hosts=comm.shard_group_hosts if comm.hierarchical else 1
+        ),
         framework_overhead=hardware.overhead_bytes(assumptions),
         optimizer_step_temp=mem.optimizer_step_temp_bytes(groups, foreach=hardware.is_gpu),
-        construction=mem.construction_bytes(model.num_params, state, sizes, p.delayed_parameter_initialization,
-                                          hardware.is_gpu),
+        construction=mem.construction_bytes(
+            model.num_params, state, sizes, p.delayed_parameter_initialization, hardware.is_gpu
+        ),
         kept_slices=c * mem.kept_slice_elems(sizes, p),
     )
 
     time = _step_time(model, p, hardware, comm, batch, accum, world, assumptions, warnings)
 
     return Plan(
-        model=model, runtime=runtime, batch_size=batch, grad_accum=accum, optimizer=optimizer,
-        hardware=hardware, assumptions=assumptions, memory=memory, budget_bytes=hardware.budget_bytes(assumptions),
-        comm=comm, time=time, recommendation=Recommendation(None, None, None), warnings=tuple(warnings),
+        model=model,
+        runtime=runtime,
+        batch_size=batch,
+        grad_accum=accum,
+        optimizer=optimizer,
+        hardware=hardware,
+        assumptions=assumptions,
+        memory=memory,
+        budget_bytes=hardware.budget_bytes(assumptions),
+        comm=comm,
+        time=time,
+        recommendation=Recommendation(None, None, None),
+        warnings=tuple(warnings),
         activation_detail=act_detail,
         prefetches_next_unit=memory.unsharded_params > mem.unsharded_in_flight_bytes(sizes, c, max_live=0),
     )
@@ -456,8 +552,10 @@ def _rescue_notes(base: Plan) -> list[str]:
         needed = _instances_needed(base, combined)
         if needed:
             extra = f" with {', '.join(f'{k}=True' for k in combined)}" if combined else ""
-            notes.append(f"at least {needed} x {runtime.instance_type} "
-                         f"({needed * runtime.processes_per_host} GPUs, full sharding){extra} fit at batch 1")
+            notes.append(
+                f"at least {needed} x {runtime.instance_type} "
+                f"({needed * runtime.processes_per_host} GPUs, full sharding){extra} fit at batch 1"
+            )
         else:
             notes.append(f"no count up to {MAX_INSTANCES_SEARCH} x {runtime.instance_type} fits")
     return notes

@@ -50,8 +50,7 @@ def quantized_bytes(groups: list[GroupLayout], sizes: UnitSizes, p, sdp_degree: 
     gather = None
     if p.sdp_quantized_allgather:
         kept = _units_kept_for_backward(sizes, p)
-        gather = float(sum((d - 1) * packed_nbytes(g.shard, block) * (1 if g.unit in kept else 2)
-                           for g in sharded))
+        gather = float(sum((d - 1) * packed_nbytes(g.shard, block) * (1 if g.unit in kept else 2) for g in sharded))
     reduce = None
     if p.sdp_quantized_gradients:
         columns = max(1, p.sdp_reduce_bucket_size // d)

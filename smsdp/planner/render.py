@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from smsdp.config.parameters import reshard_degree
 from smsdp.planner.hardware import GiB
@@ -37,8 +38,11 @@ def table(rows: Sequence[Sequence[str]], header: Sequence[str] | None = None, in
     for index, row in enumerate(all_rows):
         cells = []
         for i, cell in enumerate(row):
-            cells.append(cell.ljust(widths[i]) if i == 0 or i == len(widths) - 1 and _is_text(all_rows, i)
-                         else cell.rjust(widths[i]))
+            cells.append(
+                cell.ljust(widths[i])
+                if i == 0 or (i == len(widths) - 1 and _is_text(all_rows, i))
+                else cell.rjust(widths[i])
+            )
         lines.append(indent + "  ".join(cells).rstrip())
         if header and index == 0:
             lines.append(indent + "  ".join("-" * w for w in widths))
@@ -46,11 +50,10 @@ def table(rows: Sequence[Sequence[str]], header: Sequence[str] | None = None, in
 
 
 def _is_text(rows: list[list[str]], column: int) -> bool:
-    return any(len(r) > column and r[column] and not r[column][0].isdigit() and r[column] != "n/a"
-               for r in rows[1:])
+    return any(len(r) > column and r[column] and not r[column][0].isdigit() and r[column] != "n/a" for r in rows[1:])
 
 
-def _header_lines(plan: "Plan") -> list[str]:
+def _header_lines(plan: Plan) -> list[str]:
     rt, p, hw = plan.runtime, plan.runtime.parameters, plan.hardware
     precision = "bf16" if p.bf16 else "fp16" if p.fp16 else "fp32"
     switches = [precision, f"{plan.optimizer}"]
@@ -67,8 +70,10 @@ def _header_lines(plan: "Plan") -> list[str]:
         f"  cluster   {rt.instance_count} x {hw.name}, {rt.processes_per_host} ranks/host = {rt.world_size} ranks; "
         + (f"tensor-parallel degree {p.tensor_parallel_degree} x " if p.tensor_parallel_degree > 1 else "")
         + f"sharded degree {p.sharded_data_parallel_degree} x {rt.topology.replication_degree} replicas",
-        f"  training  batch {plan.batch_size}" + (f" x seq {seq}" if seq else "")
-        + (" per TP group (prescaled_batch)" if p.tensor_parallel_degree > 1 else f" per {word}") + f" per micro-step, {plan.grad_accum} micro-step{'s' if plan.grad_accum > 1 else ''} per step; "
+        f"  training  batch {plan.batch_size}"
+        + (f" x seq {seq}" if seq else "")
+        + (" per TP group (prescaled_batch)" if p.tensor_parallel_degree > 1 else f" per {word}")
+        + f" per micro-step, {plan.grad_accum} micro-step{'s' if plan.grad_accum > 1 else ''} per step; "
         + ", ".join(switches),
         "",
         f"memory per {word}",
@@ -76,7 +81,7 @@ def _header_lines(plan: "Plan") -> list[str]:
     return lines
 
 
-def _memory_lines(plan: "Plan") -> list[str]:
+def _memory_lines(plan: Plan) -> list[str]:
     p, m, hw = plan.runtime.parameters, plan.memory, plan.hardware
     precision = "bf16" if p.bf16 else "fp16" if p.fp16 else "fp32"
     c = 2 if precision != "fp32" else 4
@@ -85,8 +90,11 @@ def _memory_lines(plan: "Plan") -> list[str]:
     live = f"sdp_max_live_parameters={p.sdp_max_live_parameters:.3g}"
     forward, backward = p.sdp_forward_prefetch, p.sdp_backward_prefetch
     ahead = "next" if (forward, backward) == (1, 1) else f"up to {forward} ahead in forward, {backward} in backward"
-    in_flight_note = (f"root + running unit + {ahead} (prefetched within {live})" if plan.prefetches_next_unit
-                      else f"root + running unit (no room to prefetch within {live})")
+    in_flight_note = (
+        f"root + running unit + {ahead} (prefetched within {live})"
+        if plan.prefetches_next_unit
+        else f"root + running unit (no room to prefetch within {live})"
+    )
     if not forward and not backward:
         in_flight_note = "root + running unit (sdp_forward_prefetch=0, sdp_backward_prefetch=0: gathered on demand)"
     if p.sdp_reshard_after_forward is False:
@@ -102,16 +110,31 @@ def _memory_lines(plan: "Plan") -> list[str]:
         return "n/a" if nbytes is None else f"{nbytes / scale:.{1 if small else digits}f}"
 
     act = plan.activation_detail
-    act_note = "not estimated (no shape)" if act is None else (
-        f"{act.layers_on_device} x {size(act.saved_per_layer, 3)} per block + head {size(act.head_saved, 3)}"
-        f" + backward working set {size(act.transient, 3)}")
+    act_note = (
+        "not estimated (no shape)"
+        if act is None
+        else (
+            f"{act.layers_on_device} x {size(act.saved_per_layer, 3)} per block + head {size(act.head_saved, 3)}"
+            f" + backward working set {size(act.transient, 3)}"
+        )
+    )
     rows = [
         ["parameters", size(m.parameters), master],
         ["gradients", size(m.gradients), "fp32 shards"],
         ["optimizer state", size(m.optimizer_state), f"{plan.optimizer}, fp32"],
         ["unsharded parameters in flight", size(m.unsharded_params), in_flight_note],
-        *([["kept 1/k slices", size(m.kept_slices), f"1/{p.sdp_reshard_after_forward} of every unit not kept "
-            "whole, from its forward to its backward (sdp_reshard_after_forward)"]] if m.kept_slices else []),
+        *(
+            [
+                [
+                    "kept 1/k slices",
+                    size(m.kept_slices),
+                    f"1/{p.sdp_reshard_after_forward} of every unit not kept "
+                    "whole, from its forward to its backward (sdp_reshard_after_forward)",
+                ]
+            ]
+            if m.kept_slices
+            else []
+        ),
         ["unsharded gradients in flight", size(m.unsharded_grads), "root + running unit + fp32 reduce-scatter inputs"],
         ["activations", size(m.activations), act_note],
         ["communication buffers", size(m.communication_buffers), "all-gather staging"],
@@ -120,14 +143,17 @@ def _memory_lines(plan: "Plan") -> list[str]:
         ["available", size(plan.budget_bytes), plan.budget_note],
     ]
     lines.append(table(rows, ["", unit_name, ""]))
-    verdict = (f"FITS, {size(plan.headroom_bytes)} {unit_name} to spare" if plan.fits
-               else f"DOES NOT FIT: {size(-plan.headroom_bytes)} {unit_name} over")
+    verdict = (
+        f"FITS, {size(plan.headroom_bytes)} {unit_name} to spare"
+        if plan.fits
+        else f"DOES NOT FIT: {size(-plan.headroom_bytes)} {unit_name} over"
+    )
     lines += [f"  -> {verdict}", ""]
 
     return lines
 
 
-def _strategy_lines(plan: "Plan") -> list[str]:
+def _strategy_lines(plan: Plan) -> list[str]:
     """One row per ``sdp_reshard_after_forward`` the runtime accepts here (``smsdp/planner/strategies.py``)."""
     if not plan.strategies:
         return []
@@ -141,32 +167,63 @@ def _strategy_lines(plan: "Plan") -> list[str]:
     for s in plan.strategies:
         kind = s.kind.value.replace("1/k", f"1/{s.setting}")
         mine = " (this plan)" if s.label == str(current) else ""
-        rows.append([f"{s.label}: {kind}{mine}", f"{s.peak_bytes / scale:.{digits}f}", "yes" if s.fits else "no",
-                     "none" if s.smallest_degree is None else str(s.smallest_degree)])
+        rows.append(
+            [
+                f"{s.label}: {kind}{mine}",
+                f"{s.peak_bytes / scale:.{digits}f}",
+                "yes" if s.fits else "no",
+                "none" if s.smallest_degree is None else str(s.smallest_degree),
+            ]
+        )
     header = ["", f"peak {unit_name}", "fits", "smallest sharded degree that fits"]
-    title = (f"resharding strategies (sdp_reshard_after_forward) at sharded degree {plan.sharded_degree}, "
-             f"batch {plan.batch_size}")
+    title = (
+        f"resharding strategies (sdp_reshard_after_forward) at sharded degree {plan.sharded_degree}, "
+        f"batch {plan.batch_size}"
+    )
     return [title, table(rows, header), ""]
 
 
-def _comm_lines(plan: "Plan") -> list[str]:
+def _comm_lines(plan: Plan) -> list[str]:
     word = plan.device_word
     lines: list[str] = []
     cm = plan.comm
-    lines.append(f"communication per step per {word} (sharding group spans {cm.shard_group_hosts} host(s)"
-                 + (", hierarchical all-gather" if cm.hierarchical else "") + ")")
+    lines.append(
+        f"communication per step per {word} (sharding group spans {cm.shard_group_hosts} host(s)"
+        + (", hierarchical all-gather" if cm.hierarchical else "")
+        + ")"
+    )
     comm_rows = [
-        ["all-gather (parameters" + (", backward's in reshard groups" if cm.reshard_degree else "") + ")",
-         human_bytes(cm.all_gather.intra), human_bytes(cm.all_gather.inter)],
-        [f"reduce-scatter (gradients, {plan.runtime.parameters.sdp_reduce_dtype})", human_bytes(cm.reduce_scatter.intra),
-         human_bytes(cm.reduce_scatter.inter)],
-        ["all-reduce across replicas", human_bytes(cm.replica_all_reduce.intra),
-         human_bytes(cm.replica_all_reduce.inter)],
-        ["all-reduce of replicated params", human_bytes(cm.persistent_all_reduce.intra),
-         human_bytes(cm.persistent_all_reduce.inter)],
-        *([[f"all-reduce of activations (tp_group of {plan.runtime.parameters.tensor_parallel_degree})",
-            human_bytes(cm.tensor_parallel.intra), human_bytes(cm.tensor_parallel.inter)]]
-          if plan.runtime.parameters.tensor_parallel_degree > 1 else []),
+        [
+            "all-gather (parameters" + (", backward's in reshard groups" if cm.reshard_degree else "") + ")",
+            human_bytes(cm.all_gather.intra),
+            human_bytes(cm.all_gather.inter),
+        ],
+        [
+            f"reduce-scatter (gradients, {plan.runtime.parameters.sdp_reduce_dtype})",
+            human_bytes(cm.reduce_scatter.intra),
+            human_bytes(cm.reduce_scatter.inter),
+        ],
+        [
+            "all-reduce across replicas",
+            human_bytes(cm.replica_all_reduce.intra),
+            human_bytes(cm.replica_all_reduce.inter),
+        ],
+        [
+            "all-reduce of replicated params",
+            human_bytes(cm.persistent_all_reduce.intra),
+            human_bytes(cm.persistent_all_reduce.inter),
+        ],
+        *(
+            [
+                [
+                    f"all-reduce of activations (tp_group of {plan.runtime.parameters.tensor_parallel_degree})",
+                    human_bytes(cm.tensor_parallel.intra),
+                    human_bytes(cm.tensor_parallel.inter),
+                ]
+            ]
+            if plan.runtime.parameters.tensor_parallel_degree > 1
+            else []
+        ),
         ["total", human_bytes(cm.intra_host_bytes), human_bytes(cm.inter_host_bytes)],
     ]
     lines.append(table(comm_rows, ["", "intra-host", "inter-host"]))
@@ -174,7 +231,7 @@ def _comm_lines(plan: "Plan") -> list[str]:
     return lines
 
 
-def _time_lines(plan: "Plan") -> list[str]:
+def _time_lines(plan: Plan) -> list[str]:
     if plan.time is None:
         return []
     p, hw = plan.runtime.parameters, plan.hardware
@@ -184,14 +241,21 @@ def _time_lines(plan: "Plan") -> list[str]:
     lines.append(
         f"step time (compute at {a.achieved_fraction_of_peak:.0%} of {t.peak_flops / 1e12:.0f} TFLOP/s; "
         f"links at {a.link_efficiency:.0%}: {hw.intra_bytes_per_s / 1e9:.0f} GB/s intra, "
-        f"{hw.inter_bytes_per_s / 1e9:.2f} GB/s inter per GPU)")
+        f"{hw.inter_bytes_per_s / 1e9:.2f} GB/s inter per GPU)"
+    )
     time_rows = [
         ["compute", human_seconds(t.compute_s), "incl. recomputation" if p.activation_checkpointing else ""],
-        ["in-group all-gather + reduce-scatter", human_seconds(t.in_group_comm_s),
-         "overlapped with compute" if a.overlap_in_group_comm else "not overlapped"],
-        ["step-boundary all-reduces", human_seconds(t.boundary_comm_s),
-         f"{human_seconds(t.exposed_boundary_s)} exposed"
-         + (" (started in the last backward)" if a.early_replica_sync else " (after backward)")],
+        [
+            "in-group all-gather + reduce-scatter",
+            human_seconds(t.in_group_comm_s),
+            "overlapped with compute" if a.overlap_in_group_comm else "not overlapped",
+        ],
+        [
+            "step-boundary all-reduces",
+            human_seconds(t.boundary_comm_s),
+            f"{human_seconds(t.exposed_boundary_s)} exposed"
+            + (" (started in the last backward)" if a.early_replica_sync else " (after backward)"),
+        ],
         ["step", human_seconds(t.step_s), ""],
         ["tokens/s (job)", f"{t.tokens_per_s:,.0f}", ""],
         ["model TFLOP/s per GPU", f"{t.model_tflops_per_gpu:.1f}", f"6N + attention; MFU {t.mfu:.0%}"],
@@ -201,9 +265,8 @@ def _time_lines(plan: "Plan") -> list[str]:
     return lines
 
 
-def render_plan(plan: "Plan") -> str:
-    lines = (_header_lines(plan) + _memory_lines(plan) + _strategy_lines(plan) + _comm_lines(plan)
-             + _time_lines(plan))
+def render_plan(plan: Plan) -> str:
+    lines = _header_lines(plan) + _memory_lines(plan) + _strategy_lines(plan) + _comm_lines(plan) + _time_lines(plan)
     lines.append("recommendation")
     lines.append("  " + plan.recommendation.summary())
     if plan.warnings:

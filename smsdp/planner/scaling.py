@@ -27,8 +27,9 @@ from smsdp.planner.plan import Plan, plan
 INSTANCE = "ml.p4d.24xlarge"
 GPUS = (8, 16, 32, 64, 128, 256, 512)
 MICS_DEGREES = (8, 16)
-MODEL = ModelSpec.gpt(n_layer=32, d_model=4096, n_head=32, vocab_size=50257, seq_len=2048,
-                      name="GPT 6.7B (l=32, h=4096, s=2048)")
+MODEL = ModelSpec.gpt(
+    n_layer=32, d_model=4096, n_head=32, vocab_size=50257, seq_len=2048, name="GPT 6.7B (l=32, h=4096, s=2048)"
+)
 BATCH = 4
 PARAMETERS = {"bf16": True, "activation_checkpointing": True, "delayed_parameter_initialization": True}
 
@@ -50,8 +51,12 @@ class ScalingRow:
         return self.plan.comm.inter_host_bytes
 
 
-def simulate(model: ModelSpec = MODEL, batch: int = BATCH, mics_degrees: tuple[int, ...] = MICS_DEGREES,
-             gpus: tuple[int, ...] = GPUS) -> list[ScalingRow]:
+def simulate(
+    model: ModelSpec = MODEL,
+    batch: int = BATCH,
+    mics_degrees: tuple[int, ...] = MICS_DEGREES,
+    gpus: tuple[int, ...] = GPUS,
+) -> list[ScalingRow]:
     """One row per (system, GPU count). MiCS at the first degree also appears with the replica
     all-reduce left to ``optimizer.step()`` (a script that does not declare
     ``backward_passes_per_step``), to show what the early synchronization buys."""
@@ -66,8 +71,15 @@ def simulate(model: ModelSpec = MODEL, batch: int = BATCH, mics_degrees: tuple[i
         for world in gpus:
             d = world if degree is None else min(degree, world)
             params = {**PARAMETERS, "sharded_data_parallel_degree": d, "sdp_hierarchical_allgather": degree is not None}
-            p = plan(model, batch_size=batch, instance_type=INSTANCE, instance_count=world // per_host,
-                     parameters=params, recommend=False, assumptions=Assumptions(early_replica_sync=early))
+            p = plan(
+                model,
+                batch_size=batch,
+                instance_type=INSTANCE,
+                instance_count=world // per_host,
+                parameters=params,
+                recommend=False,
+                assumptions=Assumptions(early_replica_sync=early),
+            )
             rows.append(ScalingRow(system, world, d, p))
     return rows
 
@@ -122,8 +134,10 @@ def plot(rows: list[ScalingRow], path: str) -> None:
     left.set_ylim(0, 105)
     right.set_ylabel("inter-host GB sent per GPU per step")
     first = rows[0].plan
-    fig.suptitle(f"smsdp planner model: {first.model.name}, batch {first.batch_size} x 2048 per GPU, "
-                 "bf16, activation checkpointing")
+    fig.suptitle(
+        f"smsdp planner model: {first.model.name}, batch {first.batch_size} x 2048 per GPU, "
+        "bf16, activation checkpointing"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

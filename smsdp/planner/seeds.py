@@ -25,12 +25,16 @@ GPT_1T = ModelSpec.gpt(128, 25600, 160, 51200, 2048, name="GPT 1T (l=128, h=2560
 # SageMaker example "gpt2-30b": 48 layers, hidden 7168, 64 heads, context 2048 (GPT-2 vocabulary).
 GPT_30B = ModelSpec.gpt(48, 7168, 64, 50257, 2048, name="GPT-2 30B (l=48, h=7168, a=64, s=2048)")
 
-SAGEMAKER_BLOG = ("https://aws.amazon.com/blogs/machine-learning/train-gigantic-models-with-near-linear-scaling-"
-                  "using-sharded-data-parallelism-on-amazon-sagemaker/ (read via its copy at https://cybercm.tech/"
-                  "blog/2022/10/31/train-gigantic-models-with-near-linear-scaling-using-sharded-data-parallelism-on-"
-                  "amazon-sagemaker/)")
-SAGEMAKER_NOTEBOOK = ("https://github.com/aws/amazon-sagemaker-examples/blob/main/training/distributed_training/"
-                      "pytorch/model_parallel/gpt2/smp-train-gpt-sharded-data-parallel.ipynb")
+SAGEMAKER_BLOG = (
+    "https://aws.amazon.com/blogs/machine-learning/train-gigantic-models-with-near-linear-scaling-"
+    "using-sharded-data-parallelism-on-amazon-sagemaker/ (read via its copy at https://cybercm.tech/"
+    "blog/2022/10/31/train-gigantic-models-with-near-linear-scaling-using-sharded-data-parallelism-on-"
+    "amazon-sagemaker/)"
+)
+SAGEMAKER_NOTEBOOK = (
+    "https://github.com/aws/amazon-sagemaker-examples/blob/main/training/distributed_training/"
+    "pytorch/model_parallel/gpt2/smp-train-gpt-sharded-data-parallel.ipynb"
+)
 MICS_PAPER = "https://arxiv.org/abs/2205.00119 (Zhang et al., MiCS, VLDB 2023), abstract"
 
 
@@ -45,28 +49,63 @@ class Seed:
 
 
 SEEDS: tuple[Seed, ...] = (
-    Seed("GPT-3 175B on 128 A100-40GB (16 x p4d), d=128", GPT3_175B, 16, 128, 1,
-         "No MiCS / sharded-data-parallel figure found for this configuration. The MiCS paper's largest "
-         f"reported run is a 100B model on 512 GPUs at 99.4% weak-scaling efficiency ({MICS_PAPER})."),
-    Seed("GPT 1T on 512 A100-40GB (64 x p4d), d=512", GPT_1T, 64, 512, 1,
-         "No public MiCS / SageMaker sharded-data-parallel figure found for a 1T model."),
-    Seed("GPT-2 30B on 256 A100-40GB (32 x p4d), d=8", GPT_30B, 32, 8, 1,
-         "SageMaker blog: 30B GPT-2, sequence 2048, 141 TFLOP/s per GPU, 39.7% faster than DeepSpeed "
-         f"ZeRO-3 on 256 GPUs (sharded degree not stated in the text we could read) ({SAGEMAKER_BLOG})."),
-    Seed("GPT-2 30B on 256 A100-40GB (32 x p4d), d=32", GPT_30B, 32, 32, 10,
-         "SageMaker blog (as above): 141 TFLOP/s per GPU on 256 GPUs. The SMP GPT example script reports "
-         f"TFLOP/s as 8 x parameters x tokens/s / GPUs ({SAGEMAKER_NOTEBOOK.rsplit('/', 1)[0]}/train.py, "
-         "compute_tflops); we assume the blog's figure is counted the same way. The batch and degree here are "
-         "the example notebook's; the blog's own were not in the text we could read."),
-    Seed("GPT-2 30B on 128 A100-40GB (16 x p4d), d=32", GPT_30B, 16, 32, 10,
-         "SageMaker example notebook: gpt2-30b needs at least 16 ml.p4d.24xlarge; it sets "
-         f"sharded_data_parallel_degree=32 and train_batch_size=10, bf16 ({SAGEMAKER_NOTEBOOK})."),
+    Seed(
+        "GPT-3 175B on 128 A100-40GB (16 x p4d), d=128",
+        GPT3_175B,
+        16,
+        128,
+        1,
+        "No MiCS / sharded-data-parallel figure found for this configuration. The MiCS paper's largest "
+        f"reported run is a 100B model on 512 GPUs at 99.4% weak-scaling efficiency ({MICS_PAPER}).",
+    ),
+    Seed(
+        "GPT 1T on 512 A100-40GB (64 x p4d), d=512",
+        GPT_1T,
+        64,
+        512,
+        1,
+        "No public MiCS / SageMaker sharded-data-parallel figure found for a 1T model.",
+    ),
+    Seed(
+        "GPT-2 30B on 256 A100-40GB (32 x p4d), d=8",
+        GPT_30B,
+        32,
+        8,
+        1,
+        "SageMaker blog: 30B GPT-2, sequence 2048, 141 TFLOP/s per GPU, 39.7% faster than DeepSpeed "
+        f"ZeRO-3 on 256 GPUs (sharded degree not stated in the text we could read) ({SAGEMAKER_BLOG}).",
+    ),
+    Seed(
+        "GPT-2 30B on 256 A100-40GB (32 x p4d), d=32",
+        GPT_30B,
+        32,
+        32,
+        10,
+        "SageMaker blog (as above): 141 TFLOP/s per GPU on 256 GPUs. The SMP GPT example script reports "
+        f"TFLOP/s as 8 x parameters x tokens/s / GPUs ({SAGEMAKER_NOTEBOOK.rsplit('/', 1)[0]}/train.py, "
+        "compute_tflops); we assume the blog's figure is counted the same way. The batch and degree here are "
+        "the example notebook's; the blog's own were not in the text we could read.",
+    ),
+    Seed(
+        "GPT-2 30B on 128 A100-40GB (16 x p4d), d=32",
+        GPT_30B,
+        16,
+        32,
+        10,
+        "SageMaker example notebook: gpt2-30b needs at least 16 ml.p4d.24xlarge; it sets "
+        f"sharded_data_parallel_degree=32 and train_batch_size=10, bf16 ({SAGEMAKER_NOTEBOOK}).",
+    ),
 )
 
 
 def plan_seed(seed: Seed) -> Plan:
-    return plan(seed.model, batch_size=seed.batch, instance_type=P4D, instance_count=seed.instances,
-                parameters={**COMMON, "sharded_data_parallel_degree": seed.degree})
+    return plan(
+        seed.model,
+        batch_size=seed.batch,
+        instance_type=P4D,
+        instance_count=seed.instances,
+        parameters={**COMMON, "sharded_data_parallel_degree": seed.degree},
+    )
 
 
 def smp_tflops_per_gpu(p: Plan) -> float:
@@ -85,7 +124,7 @@ def markdown_table(seeds: tuple[Seed, ...] = SEEDS) -> str:
         p = plan_seed(seed)
         m = p.memory
         t = p.time
-        timing = (f"{t.step_s:.1f} s; {t.model_tflops_per_gpu:.0f} / {smp_tflops_per_gpu(p):.0f}" if t else "n/a")
+        timing = f"{t.step_s:.1f} s; {t.model_tflops_per_gpu:.0f} / {smp_tflops_per_gpu(p):.0f}" if t else "n/a"
         lines.append(
             f"| {seed.label} (batch {seed.batch}) | {m.model_state / 2**30:.1f} GiB | {m.peak / 2**30:.1f} GiB "
             f"| {'yes' if p.fits else 'no'} | {p.recommendation.summary()} | {timing} |"

@@ -31,7 +31,7 @@ class Resharding(enum.Enum):
     SLICE = "keep 1/k slices"  # int k (hpZ): regathered inside a host
 
     @classmethod
-    def of(cls, setting: bool | int) -> "Resharding":
+    def of(cls, setting: bool | int) -> Resharding:
         if setting is True:
             return cls.NOTHING
         if setting is False:
@@ -59,8 +59,14 @@ class StrategyFit:
         return str(self.setting)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"sdp_reshard_after_forward": self.setting, "kind": self.kind.value, "peak": self.peak_bytes,
-                "peak_phase": self.peak_phase, "fits": self.fits, "smallest_sharded_degree": self.smallest_degree}
+        return {
+            "sdp_reshard_after_forward": self.setting,
+            "kind": self.kind.value,
+            "peak": self.peak_bytes,
+            "peak_phase": self.peak_phase,
+            "fits": self.fits,
+            "smallest_sharded_degree": self.smallest_degree,
+        }
 
 
 def strategy_fits(base: Plan) -> tuple[StrategyFit, ...]:
@@ -73,8 +79,9 @@ def strategy_fits(base: Plan) -> tuple[StrategyFit, ...]:
     for setting, runtime in strategy_runtimes(base.runtime):
         here = evaluate(runtime)
         elsewhere = (_runtime_with(base.runtime, setting, degree) for degree in _degrees(base.runtime))
-        smallest = next((c.parameters.sharded_data_parallel_degree for c in elsewhere
-                         if c is not None and evaluate(c).fits), None)
+        smallest = next(
+            (c.parameters.sharded_data_parallel_degree for c in elsewhere if c is not None and evaluate(c).fits), None
+        )
         result.append(StrategyFit(setting, here.memory.peak, here.memory.peak_phase, here.fits, smallest))
     return tuple(result)
 
@@ -91,7 +98,8 @@ def _runtime_with(runtime: RuntimeConfig, setting: bool | int, degree: int) -> R
     """``runtime`` at ``degree`` with ``setting``, validated as an Estimator would; None where the
     runtime refuses it, or where an int ``k`` would make no reshard groups (``k`` = the degree is True)."""
     params = runtime.parameters.model_copy(
-        update={"sharded_data_parallel_degree": degree, "sdp_reshard_after_forward": setting})
+        update={"sharded_data_parallel_degree": degree, "sdp_reshard_after_forward": setting}
+    )
     if not isinstance(setting, bool) and reshard_degree(params) is None:
         return None  # k = degree: the runtime reads it as True, which is listed already
     try:

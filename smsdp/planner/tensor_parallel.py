@@ -50,9 +50,11 @@ def tp_piece(model: ModelSpec, tp_degree: int, tp_rank: int = 0) -> ModelSpec:
     if tp_degree == 1:
         return model
     if model.shape is not None and model.shape.n_head % tp_degree:
-        raise ValueError(f"tensor_parallel_degree={tp_degree} does not divide the model's {model.shape.n_head} "
-                         f"attention heads: tensor parallelism splits whole heads; use a degree that divides "
-                         f"{model.shape.n_head}")
+        raise ValueError(
+            f"tensor_parallel_degree={tp_degree} does not divide the model's {model.shape.n_head} "
+            f"attention heads: tensor parallelism splits whole heads; use a degree that divides "
+            f"{model.shape.n_head}"
+        )
     marked = any(t.tp_length for t in model.tensors)
     tensors = []
     for t in model.tensors:
@@ -65,8 +67,10 @@ def tp_piece(model: ModelSpec, tp_degree: int, tp_rank: int = 0) -> ModelSpec:
         tensors.append(replace(t, numel=numel))
     notes = model.notes
     if not marked:
-        notes += (f"tensor_parallel_degree={tp_degree}: the model records no tensor-parallel split, so every block "
-                  f"tensor is planned as split evenly over {tp_degree} ranks (layer norms and biases really stay whole)",)
+        notes += (
+            f"tensor_parallel_degree={tp_degree}: the model records no tensor-parallel split, so every block "
+            f"tensor is planned as split evenly over {tp_degree} ranks (layer norms and biases really stay whole)",
+        )
     return replace(model, name=f"{model.name}, TP rank {tp_rank} of {tp_degree}", tensors=tuple(tensors), notes=notes)
 
 
@@ -76,7 +80,8 @@ def tp_all_reduce_elements(tokens: int, hidden: int, n_layer: int, column_inputs
     return forward + backward
 
 
-def tp_bytes_per_micro_step(tokens: int, hidden: int, n_layer: int, tp_degree: int,
-                            column_inputs_per_layer: int = 2, bytes_per_element: int = 4) -> float:
+def tp_bytes_per_micro_step(
+    tokens: int, hidden: int, n_layer: int, tp_degree: int, column_inputs_per_layer: int = 2, bytes_per_element: int = 4
+) -> float:
     elements = tp_all_reduce_elements(tokens, hidden, n_layer, column_inputs_per_layer)
     return ring_bytes(CollectiveKind.ALL_REDUCE, elements * bytes_per_element, tp_degree)

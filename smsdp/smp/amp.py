@@ -20,10 +20,21 @@ from smsdp.core.loss_scaler import DynamicLossScaler
 
 
 class GradScaler:
-    def __init__(self, init_scale: float = 2.0**16, growth_factor: float = 2.0, backoff_factor: float = 0.5,
-                 growth_interval: int = 2000, enabled: bool = True, **_device_args: Any):
-        self._settings = DynamicLossScaler(scale=init_scale, growth_factor=growth_factor,
-                                           backoff_factor=backoff_factor, growth_interval=growth_interval)
+    def __init__(
+        self,
+        init_scale: float = 2.0**16,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        growth_interval: int = 2000,
+        enabled: bool = True,
+        **_device_args: Any,
+    ):
+        self._settings = DynamicLossScaler(
+            scale=init_scale,
+            growth_factor=growth_factor,
+            backoff_factor=backoff_factor,
+            growth_interval=growth_interval,
+        )
         self._enabled = enabled
         self._bound: Any = None  # the DistributedOptimizer whose scaler this one drives
 

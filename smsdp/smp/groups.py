@@ -51,8 +51,12 @@ TP_GROUP = CommGroup.TP_GROUP
 PP_GROUP = CommGroup.PP_GROUP
 
 _GROUP_OF_RANK_TYPE = {
-    RankType.WORLD_RANK: WORLD, RankType.DP_RANK: DP_GROUP, RankType.RDP_RANK: RDP_GROUP,
-    RankType.MP_RANK: MP_GROUP, RankType.TP_RANK: TP_GROUP, RankType.PP_RANK: PP_GROUP,
+    RankType.WORLD_RANK: WORLD,
+    RankType.DP_RANK: DP_GROUP,
+    RankType.RDP_RANK: RDP_GROUP,
+    RankType.MP_RANK: MP_GROUP,
+    RankType.TP_RANK: TP_GROUP,
+    RankType.PP_RANK: PP_GROUP,
 }
 _singletons: dict[int, dist.ProcessGroup] = {}  # world rank -> its one-rank group (pipeline groups)
 
@@ -84,7 +88,9 @@ def _pipeline_group() -> RankGroup:
 
 def group_of_rank_type(rank_type: RankType) -> CommGroup:
     if not isinstance(rank_type, RankType):
-        raise TypeError(f"rank_type={rank_type!r}: expected one of smp.RankType.{', smp.RankType.'.join(t.name for t in RankType)}")
+        raise TypeError(
+            f"rank_type={rank_type!r}: expected one of smp.RankType.{', smp.RankType.'.join(t.name for t in RankType)}"
+        )
     return _GROUP_OF_RANK_TYPE[rank_type]
 
 

@@ -11,16 +11,23 @@ overflow is skipped with either scaler (a fixed scale cannot repair an inf).
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from smsdp.core.loss_scaler import DynamicLossScaler
 
 logger = logging.getLogger("smsdp")
 
 #: SMP's names and defaults for ``dynamic_loss_args``.
-DYNAMIC_LOSS_ARGS = {"init_scale": 2.0**32, "scale_factor": 2.0, "scale_window": 1000, "min_scale": 1.0,
-                     "delayed_shift": 1, "consecutive_hysteresis": False}
+DYNAMIC_LOSS_ARGS = {
+    "init_scale": 2.0**32,
+    "scale_factor": 2.0,
+    "scale_window": 1000,
+    "min_scale": 1.0,
+    "delayed_shift": 1,
+    "consecutive_hysteresis": False,
+}
 
 
 @dataclass
@@ -78,16 +85,24 @@ def dynamic_scaler(args: Mapping[str, Any] | None) -> HysteresisLossScaler:
         raise ValueError(f"dynamic_loss_args: unknown key(s) {unknown}; SMP's keys are {sorted(DYNAMIC_LOSS_ARGS)}")
     a = {**DYNAMIC_LOSS_ARGS, **(args or {})}
     if a["scale_factor"] <= 1 or a["scale_window"] < 1 or a["delayed_shift"] < 1 or a["min_scale"] <= 0:
-        raise ValueError(f"dynamic_loss_args={dict(args or {})}: need scale_factor > 1, scale_window >= 1, "
-                         "delayed_shift >= 1 and min_scale > 0")
-    return HysteresisLossScaler(scale=float(a["init_scale"]), growth_factor=float(a["scale_factor"]),
-                                backoff_factor=1.0 / float(a["scale_factor"]), growth_interval=int(a["scale_window"]),
-                                min_scale=float(a["min_scale"]), delayed_shift=int(a["delayed_shift"]),
-                                consecutive_hysteresis=bool(a["consecutive_hysteresis"]))
+        raise ValueError(
+            f"dynamic_loss_args={dict(args or {})}: need scale_factor > 1, scale_window >= 1, "
+            "delayed_shift >= 1 and min_scale > 0"
+        )
+    return HysteresisLossScaler(
+        scale=float(a["init_scale"]),
+        growth_factor=float(a["scale_factor"]),
+        backoff_factor=1.0 / float(a["scale_factor"]),
+        growth_interval=int(a["scale_window"]),
+        min_scale=float(a["min_scale"]),
+        delayed_shift=int(a["delayed_shift"]),
+        consecutive_hysteresis=bool(a["consecutive_hysteresis"]),
+    )
 
 
-def scaler_for(fp16: bool, static_loss_scale: Any, dynamic_loss_scale: bool, dynamic_loss_args: Any,
-               explicit: bool) -> Any:
+def scaler_for(
+    fp16: bool, static_loss_scale: Any, dynamic_loss_scale: bool, dynamic_loss_args: Any, explicit: bool
+) -> Any:
     """The scaler SMP's arguments ask for; ``explicit=False`` (none given): smsdp's default dynamic one."""
     if not fp16:
         if explicit:

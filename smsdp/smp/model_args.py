@@ -19,7 +19,7 @@ WHY_NO_EFFECT = {
     "trace_execution_timeout": "smsdp does not trace the model to partition it (no pipeline parallelism)",
     "trace_memory_usage": "smsdp does not trace the model to partition it (no pipeline parallelism)",
     "overlapping_allreduce": "gradient reduce-scatters always overlap the backward; the replica all-reduce "
-                             "overlaps it when backward_passes_per_step is given",
+    "overlaps it when backward_passes_per_step is given",
     "bucket_cap_mb": "gradient buckets are sized by the sdp_reduce_bucket_size parameter",
     "broadcast_buffers": "buffers are broadcast from rank 0 once, when the model is wrapped",
     "gradient_as_bucket_view": "gradients already live in one flat buffer per unit, never copied into buckets",

@@ -12,14 +12,15 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from smsdp.smp import api
 from smsdp.comm import world as runtime_state
+from smsdp.smp import api
 from smsdp.smp.model_args import check_no_effect_kwargs
 
 logger = logging.getLogger("smsdp")
@@ -81,8 +82,10 @@ class SMPModelMethods:
         groups = list(self.flat_groups())
         layout = [(g.unit_name, g.numel) for g in groups]
         if [(name, numel) for name, numel, _ in state["groups"]] != layout:
-            raise RuntimeError("load_state_dict: the partial state dict was saved from a different model "
-                               "(its units and sizes differ from this model's)")
+            raise RuntimeError(
+                "load_state_dict: the partial state dict was saved from a different model "
+                "(its units and sizes differ from this model's)"
+            )
         for group, (_, _, master) in zip(groups, state["groups"]):
             group.master.copy_(master)
         buffers = dict(self.module.named_buffers())
@@ -133,8 +136,10 @@ class SMPModelMethods:
         """Accepted for SMP scripts; smsdp needs every rank to run the same number of steps."""
         if not getattr(self, "_join_logged", False):
             self._join_logged = True
-            logger.info("DistributedModel.join() has no effect in smsdp: every rank must run the same number "
-                        "of steps (uneven inputs are not supported); drop_last=True in the data loader ensures it")
+            logger.info(
+                "DistributedModel.join() has no effect in smsdp: every rank must run the same number "
+                "of steps (uneven inputs are not supported); drop_last=True in the data loader ensures it"
+            )
         yield
 
     @contextlib.contextmanager
@@ -164,6 +169,7 @@ class SMPModelMethods:
 
     def register_post_partition_hook(self, hook: Callable[..., Any]) -> RemovableHandle:
         """Run ``hook(model, optimizer)`` once, at the next forward (the model is partitioned already)."""
+
         def run_once(model: nn.Module, args: Any) -> None:
             handle.remove()
             optimizers = runtime_state.get().optimizers

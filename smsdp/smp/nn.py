@@ -22,8 +22,10 @@ class FusedLayerNorm(nn.LayerNorm):
     """SMP's ``FusedLayerNorm`` (apex's signature): a ``torch.nn.LayerNorm``."""
 
 
-USE_INSTEAD = ("build the plain model and mark it with smp.model_creation(tensor_parallelism=True) or "
-               "smp.set_tensor_parallelism(model): registered blocks become tensor-parallel when wrapped")
+USE_INSTEAD = (
+    "build the plain model and mark it with smp.model_creation(tensor_parallelism=True) or "
+    "smp.set_tensor_parallelism(model): registered blocks become tensor-parallel when wrapped"
+)
 
 
 class _TensorParallelOnly(nn.Module):
@@ -39,12 +41,24 @@ def _placeholder(name: str) -> type:
 
 
 _TP_NAMES = (
-    "DistributedEmbedding", "DistributedLayerNorm", "DistributedTransformer",
-    "DistributedTransformerLayer", "DistributedAttentionLayer", "DistributedTransformerOutputLayer",
-    "DistributedTransformerLMHead", "DistributedTransformerLMHeadModel", "FlashAttentionLayer",
+    "DistributedEmbedding",
+    "DistributedLayerNorm",
+    "DistributedTransformer",
+    "DistributedTransformerLayer",
+    "DistributedAttentionLayer",
+    "DistributedTransformerOutputLayer",
+    "DistributedTransformerLMHead",
+    "DistributedTransformerLMHeadModel",
+    "FlashAttentionLayer",
 )
 globals().update({name: _placeholder(name) for name in _TP_NAMES})
 __all__ = [
-    "FusedLayerNorm", "DistributedLinear", *_TP_NAMES, "ColumnParallelLinear", "RowParallelLinear",
-    "VocabParallelEmbedding", "distribute_embedding", "vocab_parallel_cross_entropy",
+    "FusedLayerNorm",
+    "DistributedLinear",
+    *_TP_NAMES,
+    "ColumnParallelLinear",
+    "RowParallelLinear",
+    "VocabParallelEmbedding",
+    "distribute_embedding",
+    "vocab_parallel_cross_entropy",
 ]

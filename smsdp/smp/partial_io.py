@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
-from smsdp.smp import api
-from smsdp.comm import world as runtime_state
 from smsdp.checkpoint.files import atomic_write_bytes
+from smsdp.comm import world as runtime_state
+from smsdp.smp import api
 
 
 def partial_file(f: str | os.PathLike, three_part: bool | None = None) -> str:
@@ -34,11 +34,19 @@ def partial_file(f: str | os.PathLike, three_part: bool | None = None) -> str:
     return f"{name}_{rt.coords.rdp_rank}" if three_part else name
 
 
-def save(obj: Any, f: str | os.PathLike, partial: bool = True, pickle_module: Any = pickle,
-         pickle_protocol: int = 2, v3: bool | None = None) -> None:
+def save(
+    obj: Any,
+    f: str | os.PathLike,
+    partial: bool = True,
+    pickle_module: Any = pickle,
+    pickle_protocol: int = 2,
+    v3: bool | None = None,
+) -> None:
     """Save ``obj`` (with ``partial``, to this rank's partial file); atomic."""
     if not isinstance(f, (str, os.PathLike)):
-        raise TypeError(f"smp.save: f={f!r} must be a file name (str or path), as in SMP; file objects are not accepted")
+        raise TypeError(
+            f"smp.save: f={f!r} must be a file name (str or path), as in SMP; file objects are not accepted"
+        )
     path = partial_file(f, v3) if partial else os.fspath(f)
     buffer = io.BytesIO()
     torch.save(obj, buffer, pickle_module=pickle_module, pickle_protocol=pickle_protocol)
@@ -46,8 +54,13 @@ def save(obj: Any, f: str | os.PathLike, partial: bool = True, pickle_module: An
     atomic_write_bytes(path, buffer.getvalue())
 
 
-def load(f: str | os.PathLike, map_location: Any = None, pickle_module: Any = None, partial: bool = True,
-         **pickle_load_args: Any) -> Any:
+def load(
+    f: str | os.PathLike,
+    map_location: Any = None,
+    pickle_module: Any = None,
+    partial: bool = True,
+    **pickle_load_args: Any,
+) -> Any:
     """Load what ``smp.save`` wrote (with ``partial``, this rank's partial file)."""
     path = _partial_to_read(f) if partial else os.fspath(f)
     kwargs = dict(pickle_load_args)

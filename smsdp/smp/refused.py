@@ -6,15 +6,16 @@ rather than at import with an ``AttributeError``.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 REFUSED = {
     "partition": "pipeline parallelism is not implemented; remove the smp.partition() contexts "
-                 "(pipeline_parallel_degree must be 1)",
+    "(pipeline_parallel_degree must be 1)",
     "set_partition": "pipeline parallelism is not implemented; remove smp.set_partition() "
-                     "(pipeline_parallel_degree must be 1)",
+    "(pipeline_parallel_degree must be 1)",
     "tensor_parallelism": "this context name is not implemented; use "
-                          "smp.model_creation(tensor_parallelism=True) or smp.set_tensor_parallelism()",
+    "smp.model_creation(tensor_parallelism=True) or smp.set_tensor_parallelism()",
 }
 
 

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import functools
 import inspect
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 import torch
 from torch.utils._pytree import tree_map
@@ -51,19 +52,26 @@ class StepOutput:
         return len(self.outputs)
 
 
-def step(func: Callable[..., Any] | None = None, *, non_split_inputs: Iterable[str] | None = None,
-         input_split_axes: Mapping[str, int] | None = None, detach_outputs: bool = True):
+def step(
+    func: Callable[..., Any] | None = None,
+    *,
+    non_split_inputs: Iterable[str] | None = None,
+    input_split_axes: Mapping[str, int] | None = None,
+    detach_outputs: bool = True,
+):
     """``@smp.step`` or ``@smp.step(non_split_inputs=[...], input_split_axes={...}, detach_outputs=...)``."""
     if func is None:
-        return functools.partial(step, non_split_inputs=non_split_inputs, input_split_axes=input_split_axes,
-                                 detach_outputs=detach_outputs)
+        return functools.partial(
+            step, non_split_inputs=non_split_inputs, input_split_axes=input_split_axes, detach_outputs=detach_outputs
+        )
     whole = set(non_split_inputs or ())
     axes = dict(input_split_axes or {})
     signature = inspect.signature(func)
     unknown = sorted((whole | set(axes)) - set(signature.parameters))
     if unknown:
-        raise ValueError(f"@smp.step: {unknown} in non_split_inputs/input_split_axes are not arguments of "
-                         f"{func.__name__}{signature}")
+        raise ValueError(
+            f"@smp.step: {unknown} in non_split_inputs/input_split_axes are not arguments of {func.__name__}{signature}"
+        )
 
     @functools.wraps(func)
     def run(*args: Any, **kwargs: Any):
@@ -76,8 +84,9 @@ def step(func: Callable[..., Any] | None = None, *, non_split_inputs: Iterable[s
         try:
             per_micro = []
             for i in range(chunks):
-                piece = {n: v if n in whole else _split(v, i, chunks, axes.get(n, 0), n)
-                         for n, v in bound.arguments.items()}
+                piece = {
+                    n: v if n in whole else _split(v, i, chunks, axes.get(n, 0), n) for n, v in bound.arguments.items()
+                }
                 call = inspect.BoundArguments(signature, piece)
                 out = func(*call.args, **call.kwargs)
                 per_micro.append(tree_map(_detach, out) if detach_outputs else out)
@@ -102,9 +111,11 @@ def _split(value: Any, i: int, chunks: int, axis: int, name: str) -> Any:
         if value.dim() == 0:
             return value
         if value.shape[axis] % chunks:
-            raise ValueError(f"@smp.step: argument {name!r} has size {value.shape[axis]} along axis {axis}, "
-                             f"not divisible by microbatches={chunks}; use a batch size divisible by it, or "
-                             f"name it in non_split_inputs")
+            raise ValueError(
+                f"@smp.step: argument {name!r} has size {value.shape[axis]} along axis {axis}, "
+                f"not divisible by microbatches={chunks}; use a batch size divisible by it, or "
+                f"name it in non_split_inputs"
+            )
         return value.chunk(chunks, dim=axis)[i]
     if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
         return type(value)(_split(v, i, chunks, axis, name) for v in value)

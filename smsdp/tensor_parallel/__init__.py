@@ -5,7 +5,6 @@ See ``smsdp.tensor_parallel.registry`` for how a model is converted and
 """
 
 from smsdp.tensor_parallel.batch import BatchArithmetic, batch_arithmetic
-from smsdp.tensor_parallel.tp_group import TPGroup, copy_to_tp, gather_from_tp, reduce_from_tp, scatter_to_tp
 from smsdp.tensor_parallel.partition import Even, Partition, PartitionError, Ranges, Sections
 from smsdp.tensor_parallel.registry import (
     TensorParallelError,
@@ -17,10 +16,30 @@ from smsdp.tensor_parallel.registry import (
     tp_register_with_module,
 )
 from smsdp.tensor_parallel.split_params import is_replicated, merged_state_dict, split_of, split_state_dict
+from smsdp.tensor_parallel.tp_group import TPGroup, copy_to_tp, gather_from_tp, reduce_from_tp, scatter_to_tp
 
 __all__ = [
-    "BatchArithmetic", "batch_arithmetic", "TPGroup", "copy_to_tp", "gather_from_tp", "reduce_from_tp",
-    "scatter_to_tp", "Even", "Partition", "PartitionError", "Ranges", "Sections", "TensorParallelError",
-    "registered_version", "set_tensor_parallelism", "tensor_parallelism", "to_tensor_parallel", "tp_register",
-    "tp_register_with_module", "is_replicated", "merged_state_dict", "split_of", "split_state_dict",
+    "BatchArithmetic",
+    "Even",
+    "Partition",
+    "PartitionError",
+    "Ranges",
+    "Sections",
+    "TPGroup",
+    "TensorParallelError",
+    "batch_arithmetic",
+    "copy_to_tp",
+    "gather_from_tp",
+    "is_replicated",
+    "merged_state_dict",
+    "reduce_from_tp",
+    "registered_version",
+    "scatter_to_tp",
+    "set_tensor_parallelism",
+    "split_of",
+    "split_state_dict",
+    "tensor_parallelism",
+    "to_tensor_parallel",
+    "tp_register",
+    "tp_register_with_module",
 ]

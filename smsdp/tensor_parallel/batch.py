@@ -65,16 +65,28 @@ class BatchArithmetic:
             f"= ({self.global_batch} global batches)",
         ]
         if self.seq_len is not None:
-            out.append(f"({self.global_batch} batches) * ({self.seq_len} tokens per batch) = "
-                       f"({self.tokens_per_global_batch:,} tokens)")
+            out.append(
+                f"({self.global_batch} batches) * ({self.seq_len} tokens per batch) = "
+                f"({self.tokens_per_global_batch:,} tokens)"
+            )
         return out
 
 
-def batch_arithmetic(world_size: int, tp_degree: int = 1, shard_degree: int = 1, batch_size: int = 1,
-                     seq_len: int | None = None, prescaled_batch: bool | None = None) -> BatchArithmetic:
+def batch_arithmetic(
+    world_size: int,
+    tp_degree: int = 1,
+    shard_degree: int = 1,
+    batch_size: int = 1,
+    seq_len: int | None = None,
+    prescaled_batch: bool | None = None,
+) -> BatchArithmetic:
     """The arithmetic for a job; ``prescaled_batch`` defaults to on when ``tp_degree > 1``."""
-    for name, value in (("world_size", world_size), ("tp_degree", tp_degree), ("shard_degree", shard_degree),
-                        ("batch_size", batch_size)):
+    for name, value in (
+        ("world_size", world_size),
+        ("tp_degree", tp_degree),
+        ("shard_degree", shard_degree),
+        ("batch_size", batch_size),
+    ):
         if not isinstance(value, int) or value < 1:
             raise TopologyError(f"batch_arithmetic: {name}={value!r} must be a positive integer")
     if world_size % tp_degree or (world_size // tp_degree) % shard_degree:

@@ -10,15 +10,15 @@ are cut.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 import torch.distributed as dist
 
-from smsdp.tensor_parallel.tp_group import TPGroup
 from smsdp.tensor_parallel.split_params import split_of
+from smsdp.tensor_parallel.tp_group import TPGroup
 
-__all__ = ["grad_norm", "clip_grad_norm_"]
+__all__ = ["clip_grad_norm_", "grad_norm"]
 
 
 def grad_norm(parameters: Iterable[torch.Tensor], tp_group) -> float:

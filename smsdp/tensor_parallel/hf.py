@@ -28,7 +28,7 @@ Face's label shift: the model's ``logits`` are then this rank's slice.
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 import torch.nn.functional as F
 from torch import nn
@@ -37,10 +37,10 @@ from smsdp.tensor_parallel.layers.cross_entropy import vocab_parallel_cross_entr
 from smsdp.tensor_parallel.layers.embedding import VOCAB_PARTITION, VocabParallelEmbedding
 from smsdp.tensor_parallel.layers.linear import ColumnParallelLinear, RowParallelLinear
 from smsdp.tensor_parallel.layers.transformer import heads_per_rank
-from smsdp.tensor_parallel.tp_group import TPGroup, copy_to_tp
 from smsdp.tensor_parallel.partition import Sections
+from smsdp.tensor_parallel.tp_group import TPGroup, copy_to_tp
 
-__all__ = ["convert_gpt2_block", "convert_gpt_neox_layer", "convert_llama_layer", "convert_causal_lm"]
+__all__ = ["convert_causal_lm", "convert_gpt2_block", "convert_gpt_neox_layer", "convert_llama_layer"]
 
 
 def _swap(parent: nn.Module, path: str, make: Callable[[nn.Module], nn.Module]) -> None:
@@ -126,10 +126,21 @@ def convert_causal_lm(model: nn.Module, tp_group) -> nn.Module:
     return model
 
 
-def _causal_lm_loss(logits, labels, vocab_size=None, num_items_in_batch=None, ignore_index: int = -100,
-                    shift_labels=None, *, vocab_start: int, tp: TPGroup, **_unused):
+def _causal_lm_loss(
+    logits,
+    labels,
+    vocab_size=None,
+    num_items_in_batch=None,
+    ignore_index: int = -100,
+    shift_labels=None,
+    *,
+    vocab_start: int,
+    tp: TPGroup,
+    **_unused,
+):
     """Hugging Face's causal-LM loss (labels shifted left by one) on this rank's logits slice."""
     if shift_labels is None:
         shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
-    return vocab_parallel_cross_entropy(logits, shift_labels.to(logits.device), vocab_start, tp,
-                                        ignore_index=ignore_index, num_items=num_items_in_batch)
+    return vocab_parallel_cross_entropy(
+        logits, shift_labels.to(logits.device), vocab_start, tp, ignore_index=ignore_index, num_items=num_items_in_batch
+    )

@@ -55,7 +55,8 @@ class _ColumnLinearOverlapped(torch.autograd.Function):
         return grad_x, grad_w, grad_b, None, None
 
 
-def column_linear_overlapped(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tp: TPGroup,
-                             transposed: bool = False) -> torch.Tensor:
+def column_linear_overlapped(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tp: TPGroup, transposed: bool = False
+) -> torch.Tensor:
     """``copy_to_tp(x)`` then the linear (``x @ weight`` when ``transposed``, Conv1D layout)."""
     return _ColumnLinearOverlapped.apply(x, weight, bias, tp, transposed)

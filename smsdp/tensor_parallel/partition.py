@@ -81,7 +81,7 @@ class Sections(Partition):
         out: list[list[tuple[int, int]]] = [[] for _ in range(size)]
         offset = 0
         for section in self.sections:
-            chunk = _even(section, size, f"fused section of length")
+            chunk = _even(section, size, "fused section of length")
             for r in range(size):
                 out[r].append((offset + r * chunk, offset + (r + 1) * chunk))
             offset += section
@@ -93,7 +93,9 @@ class Ranges(Partition):
     def bounds(self, length: int, size: int) -> list[list[tuple[int, int]]]:
         chunk = math.ceil(length / size)
         if length < size or chunk * (size - 1) >= length:
-            raise PartitionError(f"dimension {self.dim} of length {length} leaves a tensor-parallel rank of {size} empty")
+            raise PartitionError(
+                f"dimension {self.dim} of length {length} leaves a tensor-parallel rank of {size} empty"
+            )
         return [[(min(r * chunk, length), min((r + 1) * chunk, length))] for r in range(size)]
 
     def start(self, length: int, rank: int, size: int) -> int:

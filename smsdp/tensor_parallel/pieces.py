@@ -12,16 +12,16 @@
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 from torch import nn
 
-from smsdp.tensor_parallel.tp_group import TPGroup
 from smsdp.tensor_parallel.registry import to_tensor_parallel
 from smsdp.tensor_parallel.split_params import TPSplit, gather_full, split_of
+from smsdp.tensor_parallel.tp_group import TPGroup
 
-__all__ = ["convert_for_job", "split_names", "merge_tp_pieces", "cut_tp_pieces", "is_tp_split"]
+__all__ = ["convert_for_job", "cut_tp_pieces", "is_tp_split", "merge_tp_pieces", "split_names"]
 
 
 def convert_for_job(module: nn.Module, tp_group, stats=None) -> nn.Module:

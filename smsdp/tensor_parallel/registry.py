@@ -23,15 +23,23 @@ partition, so ``merged_state_dict`` gives back the plain model's state dict.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from torch import nn
 from torch.nn.modules.module import register_module_module_registration_hook
 
 from smsdp.tensor_parallel.tp_group import TPGroup
 
-__all__ = ["tp_register", "tp_register_with_module", "set_tensor_parallelism", "tensor_parallelism",
-           "to_tensor_parallel", "registered_version", "TensorParallelError"]
+__all__ = [
+    "TensorParallelError",
+    "registered_version",
+    "set_tensor_parallelism",
+    "tensor_parallelism",
+    "to_tensor_parallel",
+    "tp_register",
+    "tp_register_with_module",
+]
 
 _MARK = "_smsdp_tensor_parallel"
 _CONVERTED = "_smsdp_tp_converted"  # in-place conversions keep their class: never convert twice
@@ -46,16 +54,18 @@ def _hf(module: str, name: str, converter: str) -> tuple[str, str]:
     return f"transformers.models.{module}.{name}", f"smsdp.tensor_parallel.hf:{converter}"
 
 
-_BUILTIN: dict[str, str] = dict([
-    ("entrypoints.gpt.Block", "smsdp.tensor_parallel.layers.transformer:DistributedTransformerLayer"),
-    ("entrypoints.gpt.GPT", "smsdp.tensor_parallel.layers.transformer:DistributedTransformerLMHead"),
-    _hf("gpt2.modeling_gpt2", "GPT2Block", "convert_gpt2_block"),
-    _hf("gpt2.modeling_gpt2", "GPT2LMHeadModel", "convert_causal_lm"),
-    _hf("gpt_neox.modeling_gpt_neox", "GPTNeoXLayer", "convert_gpt_neox_layer"),
-    _hf("gpt_neox.modeling_gpt_neox", "GPTNeoXForCausalLM", "convert_causal_lm"),
-    _hf("llama.modeling_llama", "LlamaDecoderLayer", "convert_llama_layer"),
-    _hf("llama.modeling_llama", "LlamaForCausalLM", "convert_causal_lm"),
-])
+_BUILTIN: dict[str, str] = dict(
+    [
+        ("entrypoints.gpt.Block", "smsdp.tensor_parallel.layers.transformer:DistributedTransformerLayer"),
+        ("entrypoints.gpt.GPT", "smsdp.tensor_parallel.layers.transformer:DistributedTransformerLMHead"),
+        _hf("gpt2.modeling_gpt2", "GPT2Block", "convert_gpt2_block"),
+        _hf("gpt2.modeling_gpt2", "GPT2LMHeadModel", "convert_causal_lm"),
+        _hf("gpt_neox.modeling_gpt_neox", "GPTNeoXLayer", "convert_gpt_neox_layer"),
+        _hf("gpt_neox.modeling_gpt_neox", "GPTNeoXForCausalLM", "convert_causal_lm"),
+        _hf("llama.modeling_llama", "LlamaDecoderLayer", "convert_llama_layer"),
+        _hf("llama.modeling_llama", "LlamaForCausalLM", "convert_causal_lm"),
+    ]
+)
 _REGISTRY: dict[type, Any] = {}
 
 
@@ -70,9 +80,11 @@ def tp_register(module_cls: type, smp_cls: Any) -> None:
 
 def tp_register_with_module(module_cls: type) -> Callable[[Any], Any]:
     """Class decorator form of ``tp_register``: ``@tp_register_with_module(MyBlock)``."""
+
     def register(smp_cls: Any) -> Any:
         tp_register(module_cls, smp_cls)
         return smp_cls
+
     return register
 
 
@@ -184,8 +196,9 @@ def _check_dropout_rng(model: nn.Module, tp: TPGroup) -> None:
     if tp.size == 1 or not any(isinstance(m, nn.Dropout) and m.p > 0 for m in model.modules()):
         return
     state = torch.get_rng_state()
-    digest = torch.tensor([int(state.double().mul(torch.arange(1, state.numel() + 1)).sum().item()) % (2**52)],
-                          dtype=torch.float64)
+    digest = torch.tensor(
+        [int(state.double().mul(torch.arange(1, state.numel() + 1)).sum().item()) % (2**52)], dtype=torch.float64
+    )
     states = [torch.empty_like(digest) for _ in range(tp.size)]
     dist.all_gather(states, digest, group=tp.pg)
     if any(not torch.equal(s, digest) for s in states):

@@ -12,15 +12,15 @@ row-parallel biases, position embeddings).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from smsdp.tensor_parallel.tp_group import TPGroup
 from smsdp.tensor_parallel.partition import Partition
+from smsdp.tensor_parallel.tp_group import TPGroup
 
 _ATTR = "_smsdp_tp_split"
 _SOURCE = "_smsdp_tp_source"
@@ -38,7 +38,9 @@ class TPSplit:
         return torch.Size(shape)
 
 
-def split_parameter(full: torch.Tensor, partition: Partition, tp: TPGroup, requires_grad: bool | None = None) -> nn.Parameter:
+def split_parameter(
+    full: torch.Tensor, partition: Partition, tp: TPGroup, requires_grad: bool | None = None
+) -> nn.Parameter:
     """This rank's piece of ``full`` as a new marked ``Parameter``."""
     piece = partition.piece(full.detach(), tp.rank, tp.size)
     grad = full.requires_grad if requires_grad is None else requires_grad

@@ -48,7 +48,7 @@ class TPGroup:
     size: int
     stats: CommStats | None = field(default=None, compare=False, repr=False)  # counts the activation traffic
 
-    def counting(self, stats: CommStats | None) -> "TPGroup":
+    def counting(self, stats: CommStats | None) -> TPGroup:
         """The same group, recording what its autograd collectives send into ``stats``."""
         return replace(self, stats=stats)
 
@@ -59,12 +59,12 @@ class TPGroup:
             self.stats.record_collective(kind, nbytes, self.size, TP_LABEL)
 
     @classmethod
-    def single(cls) -> "TPGroup":
+    def single(cls) -> TPGroup:
         """No tensor parallelism: every collective is an identity."""
         return cls(None, 0, 1)
 
     @classmethod
-    def of(cls, group) -> "TPGroup":
+    def of(cls, group) -> TPGroup:
         """From a ``TPGroup``, a ``smsdp.comm.process_groups.RankGroup``, a torch group or None (the world)."""
         if isinstance(group, TPGroup):
             return group

@@ -70,19 +70,23 @@ def parse(spec: str) -> list[Fault]:
             fields[key.strip()] = value.strip()
         unknown = set(fields) - {"rank", "step", "phase", "kind", "code"}
         if unknown:
-            raise ValueError(f"{ENV_VAR}: unknown key(s) {sorted(unknown)} in {part!r}; use rank, step, phase, kind, code")
+            raise ValueError(
+                f"{ENV_VAR}: unknown key(s) {sorted(unknown)} in {part!r}; use rank, step, phase, kind, code"
+            )
         if fields.get("phase") not in PHASES:
             raise ValueError(f"{ENV_VAR}: phase={fields.get('phase')!r} in {part!r}; use one of {', '.join(PHASES)}")
         if fields.get("kind") not in KINDS:
             raise ValueError(f"{ENV_VAR}: kind={fields.get('kind')!r} in {part!r}; use one of {', '.join(KINDS)}")
         rank = fields.get("rank", "*")
-        faults.append(Fault(
-            rank=None if rank == "*" else int(rank),
-            step=int(fields.get("step", "1")),
-            phase=fields["phase"],
-            kind=fields["kind"],
-            code=int(fields.get("code", "3")),
-        ))
+        faults.append(
+            Fault(
+                rank=None if rank == "*" else int(rank),
+                step=int(fields.get("step", "1")),
+                phase=fields["phase"],
+                kind=fields["kind"],
+                code=int(fields.get("code", "3")),
+            )
+        )
     return faults
 
 

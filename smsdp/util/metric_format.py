@@ -18,18 +18,17 @@ peak memory of the rank that prints (rank 0). An optional validation line::
 from __future__ import annotations
 
 import re
-from typing import Dict, List, Optional, Union
 
 __all__ = [
-    "PROGRESS_PREFIX",
-    "PROGRESS_LINE_RE",
     "EVAL_LINE_RE",
-    "METRIC_DEFINITIONS",
     "GIB",
-    "format_progress_line",
+    "METRIC_DEFINITIONS",
+    "PROGRESS_LINE_RE",
+    "PROGRESS_PREFIX",
     "format_eval_line",
-    "parse_progress_line",
+    "format_progress_line",
     "parse_eval_line",
+    "parse_progress_line",
 ]
 
 PROGRESS_PREFIX = "[smsdp]"
@@ -47,15 +46,13 @@ PROGRESS_LINE_RE = re.compile(
     rf" mem=(?P<mem_gib>{_NUM})GiB"
 )
 
-EVAL_LINE_RE = re.compile(
-    rf"\[smsdp\] eval step (?P<step>\d+)/(?P<max_steps>\d+) val_loss=(?P<val_loss>{_NUM})"
-)
+EVAL_LINE_RE = re.compile(rf"\[smsdp\] eval step (?P<step>\d+)/(?P<max_steps>\d+) val_loss=(?P<val_loss>{_NUM})")
 
 #: SageMaker ``metric_definitions``: the first capture group is the value
 #: (float() reads the "nan"/"inf" the character class admits). "eval step"
 #: lines cannot match the train regexes, which require "step" right after the
 #: prefix.
-METRIC_DEFINITIONS: List[Dict[str, str]] = [
+METRIC_DEFINITIONS: list[dict[str, str]] = [
     {"Name": "train:loss", "Regex": r"\[smsdp\] step \d+/\d+ loss=([-+0-9.naif]+)"},
     {"Name": "train:tokens_per_s", "Regex": r"\[smsdp\] step .* tokens/s=([-+0-9.naif]+)"},
     {"Name": "train:tflops", "Regex": r"\[smsdp\] step .* tflops=([-+0-9.naif]+)"},
@@ -70,7 +67,7 @@ def format_progress_line(
     loss: float,
     tokens_per_s: float,
     tflops: float,
-    mem_bytes: Union[int, float],
+    mem_bytes: int | float,
 ) -> str:
     return (
         f"{PROGRESS_PREFIX} step {int(step)}/{int(max_steps)} loss={float(loss):.4f}"
@@ -83,7 +80,7 @@ def format_eval_line(step: int, max_steps: int, val_loss: float) -> str:
     return f"{PROGRESS_PREFIX} eval step {int(step)}/{int(max_steps)} val_loss={float(val_loss):.4f}"
 
 
-def parse_progress_line(line: str) -> Optional[Dict[str, Union[int, float]]]:
+def parse_progress_line(line: str) -> dict[str, int | float] | None:
     """The fields of the progress line in ``line``, or None (nan/inf kept).
 
     ``search`` rather than ``match``: the local backend prefixes each line
@@ -102,7 +99,7 @@ def parse_progress_line(line: str) -> Optional[Dict[str, Union[int, float]]]:
     }
 
 
-def parse_eval_line(line: str) -> Optional[Dict[str, Union[int, float]]]:
+def parse_eval_line(line: str) -> dict[str, int | float] | None:
     m = EVAL_LINE_RE.search(line)
     if m is None:
         return None

@@ -29,8 +29,9 @@ import sys
 import tempfile
 import time
 from collections import deque
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Deque, Dict, Iterator, Optional, TextIO, Tuple, Union
+from typing import Any, TextIO
 
 import torch
 
@@ -47,12 +48,12 @@ __all__ = [
     "GIB",
     "METRIC_DEFINITIONS",
     "PROGRESS_LINE_RE",
+    "SUMMARY_FILENAME",
+    "ProgressLogger",
+    "ThroughputMeter",
     "parse_progress_line",
     "peak_memory_bytes",
-    "ThroughputMeter",
-    "ProgressLogger",
     "write_summary",
-    "SUMMARY_FILENAME",
 ]
 
 SUMMARY_FILENAME = "summary.json"
@@ -63,7 +64,7 @@ def _cuda_in_use() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_initialized()
 
 
-def peak_memory_bytes(device: Optional[Union[int, torch.device]] = None) -> int:
+def peak_memory_bytes(device: int | torch.device | None = None) -> int:
     """Peak memory of this process: CUDA ``max_memory_allocated`` when the job
     uses a GPU, else the peak resident set size (which, unlike the CUDA figure,
     includes the Python interpreter and torch itself and cannot be reset)."""
@@ -92,7 +93,7 @@ class ThroughputMeter:
             raise ValueError(f"warmup_steps={warmup_steps} must be >= 0 and window={window} >= 1")
         self.warmup_steps = warmup_steps
         self._clock = clock
-        self._window: Deque[Tuple[float, int]] = deque(maxlen=window)  # (seconds, tokens)
+        self._window: deque[tuple[float, int]] = deque(maxlen=window)  # (seconds, tokens)
         self._steps = 0
         self._warmup_total = [0.0, 0]  # seconds, tokens
         self._measured_total = [0.0, 0]
@@ -176,9 +177,9 @@ class ProgressLogger:
         flops_per_token: float = 0.0,
         log_interval: int = 10,
         warmup_steps: int = 2,
-        rank: Optional[int] = None,
+        rank: int | None = None,
         world_size: int = 1,
-        stream: Optional[TextIO] = None,
+        stream: TextIO | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.max_steps = max_steps
@@ -195,7 +196,7 @@ class ProgressLogger:
         self.meter = ThroughputMeter(warmup_steps=warmup_steps, window=self.log_interval, clock=clock)
         self._t_start = clock()
         self._last_loss: Any = None
-        self._last_val_loss: Optional[float] = None
+        self._last_val_loss: float | None = None
         self.lines: list = []  # everything printed, for tests and the summary
 
     @property
@@ -216,7 +217,7 @@ class ProgressLogger:
     def tflops(self, tokens_per_s: float) -> float:
         return tokens_per_s * self.flops_per_token / 1e12
 
-    def step(self, step: int, loss: Any) -> Optional[str]:
+    def step(self, step: int, loss: Any) -> str | None:
         """Record optimizer step ``step`` (1-based) and its loss; print on
         logging steps. Returns the line printed, if any."""
         log_now = self.should_log(step)
@@ -227,13 +228,11 @@ class ProgressLogger:
         if not (log_now and self.enabled):
             return None
         rate = self.meter.tokens_per_s()
-        line = format_progress_line(
-            step, self.max_steps, _as_float(loss), rate, self.tflops(rate), peak_memory_bytes()
-        )
+        line = format_progress_line(step, self.max_steps, _as_float(loss), rate, self.tflops(rate), peak_memory_bytes())
         self._emit(line)
         return line
 
-    def eval(self, step: int, val_loss: Any) -> Optional[str]:
+    def eval(self, step: int, val_loss: Any) -> str | None:
         self._last_val_loss = _as_float(val_loss)
         if not self.enabled:
             return None
@@ -250,11 +249,11 @@ class ProgressLogger:
         self.lines.append(line)
         print(line, file=self.stream, flush=True)
 
-    def summary(self, **extra: Any) -> Dict[str, Any]:
+    def summary(self, **extra: Any) -> dict[str, Any]:
         """The run's figures, ready for :func:`write_summary`; ``extra`` wins."""
         rate = self.meter.average_tokens_per_s()
         tflops = self.tflops(rate)
-        fields: Dict[str, Any] = {
+        fields: dict[str, Any] = {
             "final_loss": None if self._last_loss is None else _as_float(self._last_loss),
             "steps": self.meter.steps,
             "max_steps": self.max_steps,
@@ -283,7 +282,7 @@ def _jsonable(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON serialisable")
 
 
-def write_summary(path_or_dir: Union[str, os.PathLike], **fields: Any) -> Path:
+def write_summary(path_or_dir: str | os.PathLike, **fields: Any) -> Path:
     """Write ``fields`` as JSON to ``summary.json`` in a directory (or to the
     given ``*.json`` path), atomically: readers such as the Estimator, which
     may poll while the job runs, see the old file or the complete new one.

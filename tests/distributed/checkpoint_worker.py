@@ -25,12 +25,13 @@ import torch.distributed as dist
 
 import smsdp as smp
 from entrypoints.gpt import GPT, GPTConfig
-from smsdp.util import fault_injection
 from smsdp.comm import world as runtime_state
+from smsdp.util import fault_injection
 from tests.mpi_harness import init_gloo_from_env, worker_main
 
-MODEL = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, d_model=32, dropout=0.1, bias=True,
-                  tie_embeddings=True)
+MODEL = GPTConfig(
+    vocab_size=64, block_size=16, n_layer=2, n_head=2, d_model=32, dropout=0.1, bias=True, tie_embeddings=True
+)
 MICRO_BATCH = 2
 STEPS = 10
 HALF = 5
@@ -43,14 +44,23 @@ def root() -> Path:
 
 def build(sdp: int, cfg: GPTConfig = MODEL):
     runtime_state.reset_for_tests()
-    smp.init({"ddp": True, "sharded_data_parallel_degree": sdp, "sdp_gradient_clipping": 1.0,
-              "sdp_param_persistence_threshold": PERSISTENCE})
+    smp.init(
+        {
+            "ddp": True,
+            "sharded_data_parallel_degree": sdp,
+            "sdp_gradient_clipping": 1.0,
+            "sdp_param_persistence_threshold": PERSISTENCE,
+        }
+    )
     torch.manual_seed(1234)
     model = smp.DistributedModel(GPT(cfg))
     decay = [p for n, p in model.named_parameters() if not (n.endswith("bias") or ".ln" in n or "ln_f" in n)]
     no_decay = [p for n, p in model.named_parameters() if n.endswith("bias") or ".ln" in n or "ln_f" in n]
-    opt = smp.DistributedOptimizer(torch.optim.AdamW(
-        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}], lr=3e-3, eps=1e-6))
+    opt = smp.DistributedOptimizer(
+        torch.optim.AdamW(
+            [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}], lr=3e-3, eps=1e-6
+        )
+    )
     torch.manual_seed(100 + smp.rank())  # every rank its own dropout stream
     return model, opt
 
@@ -87,10 +97,10 @@ def straight() -> dict:
 def first_half() -> dict:
     model, opt = build(sdp=2)
     losses = train(model, opt, range(HALF))
-    smp.save_checkpoint(root() / "main", tag=f"step{HALF}", model=model, optimizer=opt,
-                        user_content={"step": HALF})
-    smp.save_checkpoint(root() / "main", tag=f"step{HALF}", partial=False, model=model,
-                        user_content={"step": HALF, "full": True})
+    smp.save_checkpoint(root() / "main", tag=f"step{HALF}", model=model, optimizer=opt, user_content={"step": HALF})
+    smp.save_checkpoint(
+        root() / "main", tag=f"step{HALF}", partial=False, model=model, user_content={"step": HALF, "full": True}
+    )
     return {"losses": losses, "params": model.state_dict()}
 
 
@@ -104,8 +114,14 @@ def prune() -> dict:
         (stranger / "__0_0.distcp").write_bytes(b"half written")
     for step in range(1, 5):
         train(model, opt, [step])
-        smp.save_checkpoint(where, tag=f"s{step}", model=model, optimizer=opt, user_content={"step": step},
-                            num_kept_partial_checkpoints=2)
+        smp.save_checkpoint(
+            where,
+            tag=f"s{step}",
+            model=model,
+            optimizer=opt,
+            user_content={"step": step},
+            num_kept_partial_checkpoints=2,
+        )
     smp.barrier()
     return {"listing": sorted(p.name for p in where.iterdir())}
 
@@ -116,11 +132,11 @@ def crash() -> dict:
     # The checkpoint written after HALF + 2 optimizer steps: its shards are on disk, its marker not yet.
     fault_injection.configure(f"rank=1,step={HALF + 2},phase=checkpoint,kind=sigkill")
     train(model, opt, range(HALF))
-    smp.save_checkpoint(root() / "killed", tag=f"step{HALF}", model=model, optimizer=opt,
-                        user_content={"step": HALF})
+    smp.save_checkpoint(root() / "killed", tag=f"step{HALF}", model=model, optimizer=opt, user_content={"step": HALF})
     train(model, opt, range(HALF, HALF + 2))
-    smp.save_checkpoint(root() / "killed", tag=f"step{HALF + 2}", model=model, optimizer=opt,
-                        user_content={"step": HALF + 2})
+    smp.save_checkpoint(
+        root() / "killed", tag=f"step{HALF + 2}", model=model, optimizer=opt, user_content={"step": HALF + 2}
+    )
     raise AssertionError("rank 1 should have killed the job during the save")
 
 
@@ -130,8 +146,12 @@ def resume(sdp: int, where: str = "main") -> dict:
     content = smp.resume_from_checkpoint(root() / where)
     first = content["step"]
     losses = train(model, opt, range(first, STEPS))
-    return {"user_content": content, "losses": losses, "params": model.state_dict(),
-            "layout": (smp.sdp_size(), smp.rdp_size() // smp.sdp_size())}
+    return {
+        "user_content": content,
+        "losses": losses,
+        "params": model.state_dict(),
+        "layout": (smp.sdp_size(), smp.rdp_size() // smp.sdp_size()),
+    }
 
 
 def error_of(fn) -> str:
@@ -159,7 +179,7 @@ def wrong_model() -> dict:
 
 def corrupted_newest() -> dict:
     """Flip one byte of s4 (same size): tag=None falls back to s3; asking for s4 names the file."""
-    model, opt = build(sdp=2)
+    _model, _opt = build(sdp=2)
     where = root() / "prune"
     if smp.rank() == 0:
         victim = max((where / "s4_partial").glob("__*.distcp"), key=lambda f: f.stat().st_size)

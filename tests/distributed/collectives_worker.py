@@ -13,6 +13,7 @@ import logging
 import torch
 import torch.distributed as dist
 
+from smsdp.comm.accounting import CommStats
 from smsdp.comm.all_gather import AllGatherSettings, AllGatherStrategy
 from smsdp.comm.collectives import (
     _all_gather_single,
@@ -22,7 +23,6 @@ from smsdp.comm.collectives import (
     hierarchical_all_gather,
     reduce_scatter_flat,
 )
-from smsdp.comm.accounting import CommStats
 from smsdp.comm.process_groups import build_process_groups
 from smsdp.config.topology import Topology
 from tests.mpi_harness import init_gloo_from_env, worker_main
@@ -33,12 +33,12 @@ SHARD_SIZES = (1, 5, 7, 1000, 4097)
 
 #: (world, processes_per_host, tp, sdp) exercised by the group cases
 TOPOLOGIES = {
-    "2hosts_d4": (4, 2, 1, 4),   # shard group spans 2 hosts x 2 (non-identity re-layout)
-    "2hosts_d2": (4, 2, 1, 2),   # shard groups inside hosts, replicas across
+    "2hosts_d4": (4, 2, 1, 4),  # shard group spans 2 hosts x 2 (non-identity re-layout)
+    "2hosts_d2": (4, 2, 1, 2),  # shard groups inside hosts, replicas across
     "2hosts_t2_d2": (4, 2, 2, 2),  # tp inside hosts, shard groups (0,2),(1,3) across
-    "4hosts_d4": (4, 1, 1, 4),   # one member per host (identity re-layout)
-    "1host_d4": (4, 4, 1, 4),    # everything inside one host
-    "1host_t2": (4, 4, 2, 1),    # tp 2, pure data parallel
+    "4hosts_d4": (4, 1, 1, 4),  # one member per host (identity re-layout)
+    "1host_d4": (4, 4, 1, 4),  # everything inside one host
+    "1host_t2": (4, 4, 2, 1),  # tp 2, pure data parallel
 }
 
 _GROUP_CACHE: dict = {}
@@ -209,29 +209,31 @@ def case_reduce():
                 inputs = [small_ints(r, n * numel, dtype) for r in group.ranks]
                 total = torch.stack([t.double() for t in inputs]).sum(0)
                 mine = total.view(n, numel)[group.rank_of(rank)]
-                for opname, op, ref in (("sum", dist.ReduceOp.SUM, mine),
-                                        ("avg", dist.ReduceOp.AVG, mine / n)):
+                for opname, op, ref in (("sum", dist.ReduceOp.SUM, mine), ("avg", dist.ReduceOp.AVG, mine / n)):
                     stats = CommStats()
                     output = torch.empty(numel, dtype=dtype)
-                    handle = reduce_scatter_flat(output, inputs[group.rank_of(rank)], group, stats,
-                                                 op=op, async_op=True)
+                    handle = reduce_scatter_flat(
+                        output, inputs[group.rank_of(rank)], group, stats, op=op, async_op=True
+                    )
                     handle.wait()
                     out[("rs", gname, opname, dname, numel)] = {
-                        "ok": torch.equal(output.double(), ref), "stats": stats.snapshot()}
-            for gname, group, key in (("replica", pgs.replica_group, "all_reduce.replica"),
-                                      ("dp", pgs.rdp_group, "all_reduce.dp")):
+                        "ok": torch.equal(output.double(), ref),
+                        "stats": stats.snapshot(),
+                    }
+            for gname, group, key in (
+                ("replica", pgs.replica_group, "all_reduce.replica"),
+                ("dp", pgs.rdp_group, "all_reduce.dp"),
+            ):
                 tensor = small_ints(rank, numel, dtype, salt=1)
                 ref = torch.stack([small_ints(r, numel, dtype, salt=1).double() for r in group.ranks]).sum(0)
                 stats = CommStats()
                 all_reduce(tensor, group, stats, key)
-                out[("ar", gname, dname, numel)] = {
-                    "ok": torch.equal(tensor.double(), ref), "stats": stats.snapshot()}
+                out[("ar", gname, dname, numel)] = {"ok": torch.equal(tensor.double(), ref), "stats": stats.snapshot()}
     # broadcast from world rank 2 over the whole world
     stats = CommStats()
     tensor = random_bits(rank, 33, torch.bfloat16)
     broadcast(tensor, 2, world.world, stats)
-    out["broadcast"] = {"ok": same_bits(tensor, random_bits(2, 33, torch.bfloat16)),
-                        "stats": stats.snapshot()}
+    out["broadcast"] = {"ok": same_bits(tensor, random_bits(2, 33, torch.bfloat16)), "stats": stats.snapshot()}
     return out
 
 
@@ -270,18 +272,24 @@ def _staged_gathers(settings: AllGatherSettings, numel: int, calls: int, dtype=t
             handle.wait()
     finally:
         logger.removeHandler(capture)
-    return {"same": [same_bits(out, expected) for out in outputs], "messages": capture.messages,
-            "paths": {p.value: c for p, c in strategy.path_counts.items()},
-            "scratch": strategy.scratch.allocated, "sort": strategy.sort.allocated,
-            "stats": strategy.stats.snapshot()}
+    return {
+        "same": [same_bits(out, expected) for out in outputs],
+        "messages": capture.messages,
+        "paths": {p.value: c for p, c in strategy.path_counts.items()},
+        "scratch": strategy.scratch.allocated,
+        "sort": strategy.sort.allocated,
+        "stats": strategy.stats.snapshot(),
+    }
 
 
 def case_staging():
     """The SMDDP buffers hold the hierarchical gather's staging (and the buffered path's cast shard)."""
     return {
         # one gather at a time, three times: the staging is allocated once and reused
-        "reused": {**_staged_gathers(AllGatherSettings(), 1000, 1),
-                   "again": _staged_gathers_three_times(AllGatherSettings(), 1000)},
+        "reused": {
+            **_staged_gathers(AllGatherSettings(), 1000, 1),
+            "again": _staged_gathers_three_times(AllGatherSettings(), 1000),
+        },
         # two in flight at once need two sets of staging
         "in_flight": _staged_gathers(AllGatherSettings(), 1000, 2, async_op=True),
         # 1000 fp32: stage 1 needs 2 x 4000 B (fits 8192), the re-layout 4 x 4000 B (does not): flat

@@ -72,8 +72,9 @@ CASES = {
     # replicated gradients in buckets of 100 elements, in backward order: [last block's 64],
     # [first block's 64, the root's 32]; summed in step(), or (declared) as each bucket fills
     "persist_two_buckets": Case(sdp=2, threshold=100, bucket=100),
-    "early_sync_two_buckets": Case(sdp=2, accum=2, threshold=100, bucket=100, declare_accumulation=True,
-                                   record_bucket_starts=True),
+    "early_sync_two_buckets": Case(
+        sdp=2, accum=2, threshold=100, bucket=100, declare_accumulation=True, record_bucket_starts=True
+    ),
     "untied": Case(sdp=4, tie=False),
     "early_sync": Case(sdp=2, threshold=100, declare_accumulation=True),
     "early_sync_accum2": Case(sdp=2, accum=2, threshold=100, declare_accumulation=True),
@@ -87,8 +88,9 @@ CASES = {
     # each host (the forward's is hierarchical); compared bit for bit with d4_hierarchical
     "hpz_d4": Case(sdp=4, reshard_after_forward=2, reference=False),
     # accumulation, small parameters replicated, the root and last unit sliced too; and its k=True twin
-    "hpz_d4_accum2": Case(sdp=4, accum=2, threshold=100, keep_gathered=False, steps=5, reshard_after_forward=2,
-                          reference=False),
+    "hpz_d4_accum2": Case(
+        sdp=4, accum=2, threshold=100, keep_gathered=False, steps=5, reshard_after_forward=2, reference=False
+    ),
     "d4_accum2_short": Case(sdp=4, accum=2, threshold=100, keep_gathered=False, steps=5),
 }
 
@@ -153,8 +155,12 @@ def train_sharded(case: Case) -> dict:
     smp.init(smp_parameters(case))
     rank, n = smp.rank(), smp.dp_size()
     bpps = case.accum if case.declare_accumulation else None
-    model = smp.DistributedModel(build_model(case), backward_passes_per_step=bpps,
-                                 keep_gathered_for_backward=case.keep_gathered, prefetch_units=case.prefetch_units)
+    model = smp.DistributedModel(
+        build_model(case),
+        backward_passes_per_step=bpps,
+        keep_gathered_for_backward=case.keep_gathered,
+        prefetch_units=case.prefetch_units,
+    )
     depths = _record_depths(model) if case.record_depths else []
     finished, bucket_starts = _record_bucket_starts(model) if case.record_bucket_starts else ([], [])
     opt = smp.DistributedOptimizer(torch.optim.AdamW(param_groups(model.named_parameters()), lr=case.lr, eps=ADAM_EPS))
@@ -180,8 +186,9 @@ def train_sharded(case: Case) -> dict:
         norms.append(opt.last_grad_norm)
         per_step_bytes.append(_diff(smp.comm_stats(), before))
         dp_calls.append(stats.calls("all_reduce.dp") - calls_before)
-        passes.append({direction: [ahead for d, ahead in depths if d == direction]
-                       for direction in ("forward", "backward")})
+        passes.append(
+            {direction: [ahead for d, ahead in depths if d == direction] for direction in ("forward", "backward")}
+        )
     params = model.state_dict()
     return {
         "losses": losses,
@@ -189,8 +196,10 @@ def train_sharded(case: Case) -> dict:
         "params": params,
         "stray_forwards": _stray_forwards(model, case, n, rank),
         "bytes": per_step_bytes,
-        "layout": {**_layout(model, kept=case.keep_gathered, last_kept=_last_unit_kept(model, case)),
-                   "reshard_after_forward": case.reshard_after_forward},
+        "layout": {
+            **_layout(model, kept=case.keep_gathered, last_kept=_last_unit_kept(model, case)),
+            "reshard_after_forward": case.reshard_after_forward,
+        },
         "model_state": model_state,  # after the last step, before zero_grad frees the gradients
         "depths": passes if case.record_depths else None,
         "unit_numel": [u.unsharded_numel for u in model.units],  # the root last
@@ -229,9 +238,11 @@ def _record_bucket_starts(model) -> tuple[list[str], list[list[str]]]:
     a group's backward so far (the caller clears that list before each micro-step)."""
     finished, starts = [], []
     for unit in model.units:
+
         def post_backward(group, unit=unit, original=unit.post_backward):
             original(group)
             finished.append(unit.name)
+
         unit.post_backward = post_backward
     sync = model._replicated_sync
     start = sync._start
@@ -335,8 +346,9 @@ def fp16_overflow() -> dict:
         opt.step()
         opt.zero_grad()
         changed = any(not torch.equal(b, p) for b, p in zip(before, model.parameters()))
-        record.append({"overflow": opt.overflow, "changed": changed, "scale_before": scale,
-                       "scale_after": opt.loss_scaler.scale})
+        record.append(
+            {"overflow": opt.overflow, "changed": changed, "scale_before": scale, "scale_after": opt.loss_scaler.scale}
+        )
     return record
 
 

@@ -14,8 +14,8 @@ import torch.distributed as dist
 
 import smsdp as smp
 from smsdp.comm import world as runtime_state
-from tests.mpi_harness import computed_once, init_gloo_from_env, worker_main
 from tests.models import TINY_MODELS, lm_batch
+from tests.mpi_harness import computed_once, init_gloo_from_env, worker_main
 
 STEPS = 6
 MICRO_BATCH = 2
@@ -33,29 +33,51 @@ class Case:
 CASES = {
     "hf_gpt2": Case("hf_gpt2", {"sharded_data_parallel_degree": 2}),
     "encoder_decoder_shared_embeddings": Case("encdec", {"sharded_data_parallel_degree": 4}),
-    "frozen_embeddings": Case("gpt", {"sharded_data_parallel_degree": 2}, freeze=("transformer.wte", "transformer.wpe")),
+    "frozen_embeddings": Case(
+        "gpt", {"sharded_data_parallel_degree": 2}, freeze=("transformer.wte", "transformer.wpe")
+    ),
     "small_reduce_buckets": Case("gpt", {"sharded_data_parallel_degree": 2, "sdp_reduce_bucket_size": 64}),
     "no_room_to_prefetch": Case("gpt", {"sharded_data_parallel_degree": 2, "sdp_max_live_parameters": 1}),
     "activation_checkpointing": Case("gpt", {"sharded_data_parallel_degree": 2, "activation_checkpointing": True}),
-    "activation_checkpointing_hf_gpt2": Case("hf_gpt2", {"sharded_data_parallel_degree": 4, "activation_checkpointing": True}),
+    "activation_checkpointing_hf_gpt2": Case(
+        "hf_gpt2", {"sharded_data_parallel_degree": 4, "activation_checkpointing": True}
+    ),
     # the activation_checkpointing case plus offloading: bit for bit the same run
-    "activation_offloading": Case("gpt", {"sharded_data_parallel_degree": 2, "activation_checkpointing": True,
-                                          "offload_activations": True, "activation_loading_horizon": 1}),
+    "activation_offloading": Case(
+        "gpt",
+        {
+            "sharded_data_parallel_degree": 2,
+            "activation_checkpointing": True,
+            "offload_activations": True,
+            "activation_loading_horizon": 1,
+        },
+    ),
     "activation_offloading_on_demand_microbatches": Case(
-        "gpt", {"sharded_data_parallel_degree": 2, "activation_checkpointing": True, "offload_activations": True,
-                "activation_loading_horizon": 0, "microbatches": 2}, microbatches=2),
+        "gpt",
+        {
+            "sharded_data_parallel_degree": 2,
+            "activation_checkpointing": True,
+            "offload_activations": True,
+            "activation_loading_horizon": 0,
+            "microbatches": 2,
+        },
+        microbatches=2,
+    ),
     # what it keeps gathered for a backward that never comes must not outlive the step
     "forward_without_backward": Case("gpt", {"sharded_data_parallel_degree": 2}, stray_forward=True),
     "step_microbatches": Case("gpt", {"sharded_data_parallel_degree": 2, "microbatches": 2}, microbatches=2),
     # sdp_reshard_after_forward=False with recomputation, and with a forward that no backward follows
-    "no_reshard_checkpointing": Case("gpt", {"sharded_data_parallel_degree": 2, "activation_checkpointing": True,
-                                             "sdp_reshard_after_forward": False}),
-    "no_reshard_forward_without_backward": Case("gpt", {"sharded_data_parallel_degree": 4,
-                                                        "sdp_reshard_after_forward": False}, stray_forward=True),
+    "no_reshard_checkpointing": Case(
+        "gpt", {"sharded_data_parallel_degree": 2, "activation_checkpointing": True, "sdp_reshard_after_forward": False}
+    ),
+    "no_reshard_forward_without_backward": Case(
+        "gpt", {"sharded_data_parallel_degree": 4, "sdp_reshard_after_forward": False}, stray_forward=True
+    ),
     # hpZ with recomputation: the backward regathers each unit from its kept 1/2 slices inside a
     # host, then reruns its forward on them
-    "hpz_checkpointing": Case("gpt", {"sharded_data_parallel_degree": 4, "activation_checkpointing": True,
-                                      "sdp_reshard_after_forward": 2}),
+    "hpz_checkpointing": Case(
+        "gpt", {"sharded_data_parallel_degree": 4, "activation_checkpointing": True, "sdp_reshard_after_forward": 2}
+    ),
 }
 
 
@@ -125,9 +147,13 @@ def sharded(case: Case) -> dict:
         opt.zero_grad()
         losses.append(loss.item())
     offloader = runtime_state.get().activation_offloader
-    return {"losses": losses, "params": model.state_dict(), "inner_calls_per_step": len(inner_calls) / STEPS,
-            "checkpointed_units": len(model.units) - 1,
-            "offload": dataclasses.asdict(offloader.stats) if offloader is not None else None}
+    return {
+        "losses": losses,
+        "params": model.state_dict(),
+        "inner_calls_per_step": len(inner_calls) / STEPS,
+        "checkpointed_units": len(model.units) - 1,
+        "offload": dataclasses.asdict(offloader.stats) if offloader is not None else None,
+    }
 
 
 def run_case(name: str) -> dict:
@@ -141,9 +167,10 @@ def bf16_against_fsdp2() -> dict:
     """Loss deviation from the fp32 run: smsdp bf16 and FSDP2 bf16 (HSDP 2x2), same model and data."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    fp32, ours, theirs = _against_fsdp2({"sharded_data_parallel_degree": 2, "sdp_param_persistence_threshold": 0,
-                                         "bf16": True},
-                                        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
+    fp32, ours, theirs = _against_fsdp2(
+        {"sharded_data_parallel_degree": 2, "sdp_param_persistence_threshold": 0, "bf16": True},
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
+    )
     return {"fp32": fp32, "smsdp_bf16": ours, "fsdp2_bf16": theirs}
 
 
@@ -154,14 +181,26 @@ def bf16_reduce_against_fsdp2() -> dict:
 
     runtime_state.reset_for_tests()
     smp.init({"sharded_data_parallel_degree": 2, "sdp_param_persistence_threshold": 100})
-    exact = _train_data_parallel(smp.DistributedModel(build(Case("gpt"))), Case("gpt"), dist.get_rank(),
-                                 dist.get_world_size(), smsdp_optimizer=True)
+    exact = _train_data_parallel(
+        smp.DistributedModel(build(Case("gpt"))),
+        Case("gpt"),
+        dist.get_rank(),
+        dist.get_world_size(),
+        smsdp_optimizer=True,
+    )
     exact_stats = smp.comm_stats()
-    fp32, ours, theirs = _against_fsdp2({"sharded_data_parallel_degree": 2, "sdp_param_persistence_threshold": 100,
-                                         "sdp_reduce_dtype": "bf16"},
-                                        MixedPrecisionPolicy(reduce_dtype=torch.bfloat16))
-    return {"fp32": fp32, "smsdp_fp32_reduce": exact, "smsdp_bf16_reduce": ours, "fsdp2_bf16_reduce": theirs,
-            "fp32_reduce_bytes": exact_stats, "bf16_reduce_bytes": smp.comm_stats()}
+    fp32, ours, theirs = _against_fsdp2(
+        {"sharded_data_parallel_degree": 2, "sdp_param_persistence_threshold": 100, "sdp_reduce_dtype": "bf16"},
+        MixedPrecisionPolicy(reduce_dtype=torch.bfloat16),
+    )
+    return {
+        "fp32": fp32,
+        "smsdp_fp32_reduce": exact,
+        "smsdp_bf16_reduce": ours,
+        "fsdp2_bf16_reduce": theirs,
+        "fp32_reduce_bytes": exact_stats,
+        "bf16_reduce_bytes": smp.comm_stats(),
+    }
 
 
 def _against_fsdp2(smp_params: dict, policy) -> tuple[list[float], list[float], list[float]]:
@@ -237,8 +276,13 @@ def clip_norm_of_large_tensors() -> dict:
 def delayed_initialization(model: str, sdp: int) -> dict:
     """Built on meta and materialized unit by unit vs an eager build with the same seed."""
     runtime_state.reset_for_tests()
-    smp.init({"sharded_data_parallel_degree": sdp, "sdp_param_persistence_threshold": 0,
-              "delayed_parameter_initialization": True})
+    smp.init(
+        {
+            "sharded_data_parallel_degree": sdp,
+            "sdp_param_persistence_threshold": 0,
+            "delayed_parameter_initialization": True,
+        }
+    )
     eager = TINY_MODELS[model].build(seed=11).state_dict()
     torch.manual_seed(11)
     with smp.model_creation():
@@ -286,8 +330,14 @@ def unused_gate_on_odd_ranks() -> dict:
     gen = torch.Generator().manual_seed(8)
     x, y = torch.randn(4 * n, 16, generator=gen), torch.randn(4 * n, 1, generator=gen)
     runtime_state.reset_for_tests()
-    smp.init({"sharded_data_parallel_degree": 2, "sdp_param_persistence_threshold": 100,
-              "sdp_reduce_bucket_size": 20, "sdp_gradient_clipping": 0.0})
+    smp.init(
+        {
+            "sharded_data_parallel_degree": 2,
+            "sdp_param_persistence_threshold": 100,
+            "sdp_reduce_bucket_size": 20,
+            "sdp_gradient_clipping": 0.0,
+        }
+    )
     net = _GatedNet()
     net.blocks[1].use_gate = rank % 2 == 0
     model = smp.DistributedModel(net, backward_passes_per_step=1)
@@ -297,8 +347,11 @@ def unused_gate_on_odd_ranks() -> dict:
         opt.step()
         opt.zero_grad()
     buckets = [[g.numel for g in bucket.groups] for bucket in model._replicated_sync.buckets]
-    return {"sharded": model.state_dict(), "buckets": buckets,
-            "reference": computed_once(("unused_gate", n), lambda: _gated_reference(x, y, n))}
+    return {
+        "sharded": model.state_dict(),
+        "buckets": buckets,
+        "reference": computed_once(("unused_gate", n), lambda: _gated_reference(x, y, n)),
+    }
 
 
 def _gated_reference(x: torch.Tensor, y: torch.Tensor, n: int) -> dict:
@@ -313,7 +366,11 @@ def _gated_reference(x: torch.Tensor, y: torch.Tensor, n: int) -> dict:
     return {k: v.detach().clone() for k, v in net.state_dict().items()}
 
 
-DELAYED = {"delayed_init_gpt_d2": ("gpt", 2), "delayed_init_gpt_d4": ("gpt", 4), "delayed_init_hf_gpt2_d4": ("hf_gpt2", 4)}
+DELAYED = {
+    "delayed_init_gpt_d2": ("gpt", 2),
+    "delayed_init_gpt_d4": ("gpt", 4),
+    "delayed_init_hf_gpt2_d4": ("hf_gpt2", 4),
+}
 
 
 if __name__ == "__main__":

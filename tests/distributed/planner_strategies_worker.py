@@ -27,7 +27,7 @@ import torch.distributed as dist
 import smsdp as smp
 from entrypoints.gpt import GPT, GPTConfig
 from smsdp.comm import world as runtime_state
-from tests.mpi_harness import OUT_ENV, PG_TIMEOUT_ENV, destroy_process_group, world_rank, world_size, worker_main
+from tests.mpi_harness import OUT_ENV, PG_TIMEOUT_ENV, destroy_process_group, worker_main, world_rank, world_size
 
 # Twelve blocks of 1.23 M parameters (4.7 MiB in fp32): False keeps ten blocks gathered
 # beyond True's root, running and prefetched ones, and k=2 half of eleven, so the three peaks
@@ -76,8 +76,13 @@ def _measure(name: str) -> dict:
     """In the child: its own gloo group (one file store per strategy), then the measurement."""
     seconds = float(os.environ.get(PG_TIMEOUT_ENV, "60"))
     store = Path(os.environ[OUT_ENV]) / f"filestore-{name}"
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=world_rank(), world_size=world_size(),
-                            timeout=datetime.timedelta(seconds=seconds))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{store}",
+        rank=world_rank(),
+        world_size=world_size(),
+        timeout=datetime.timedelta(seconds=seconds),
+    )
     smp.init({"ddp": True, **PARAMS, "sdp_reshard_after_forward": STRATEGIES[name]})
     _train(TINY, 1, 2)  # the collectives' first use
     runtime_state.get().models.clear()
@@ -99,7 +104,7 @@ def run(name: str) -> dict:
         try:
             text = json.dumps({"ok": _measure(name)})
             code = 0
-        except BaseException:  # noqa: BLE001 - reported to the parent, which fails the case
+        except BaseException:
             text, code = json.dumps({"error": traceback.format_exc()}), 1
         with os.fdopen(write_end, "w") as pipe:
             pipe.write(text)

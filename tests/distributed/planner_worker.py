@@ -21,23 +21,39 @@ from smsdp.comm import world as runtime_state
 from tests.mpi_harness import init_gloo_from_env, worker_main
 
 # The equivalence tests' model and the benchmark's model (bench/workers/train_worker.py).
-EQUIVALENCE = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, d_model=32, bias=False,
-                        tie_embeddings=True)
+EQUIVALENCE = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, d_model=32, bias=False, tie_embeddings=True)
 BENCH = GPTConfig(vocab_size=1024, block_size=128, n_layer=4, n_head=4, d_model=256)
 
 # name: (model, batch per rank, SMP parameters)
 CASES = {
     "equivalence_d4": (EQUIVALENCE, 2, {"sharded_data_parallel_degree": 4, "sdp_param_persistence_threshold": 0}),
     # sdp_reshard_after_forward=2 at d=4 on 2 hosts of 2: each host holds one reshard group
-    "equivalence_hpz_d4": (EQUIVALENCE, 2, {"sharded_data_parallel_degree": 4, "sdp_param_persistence_threshold": 0,
-                                            "sdp_reshard_after_forward": 2}),
-    "equivalence_persist": (EQUIVALENCE, 2, {"sharded_data_parallel_degree": 2,
-                                             "sdp_param_persistence_threshold": 100}),
+    "equivalence_hpz_d4": (
+        EQUIVALENCE,
+        2,
+        {"sharded_data_parallel_degree": 4, "sdp_param_persistence_threshold": 0, "sdp_reshard_after_forward": 2},
+    ),
+    "equivalence_persist": (
+        EQUIVALENCE,
+        2,
+        {"sharded_data_parallel_degree": 2, "sdp_param_persistence_threshold": 100},
+    ),
     "bench_fp32": (BENCH, 4, {"sharded_data_parallel_degree": 2, "sdp_param_persistence_threshold": 10_000}),
-    "bench_bf16": (BENCH, 4, {"sharded_data_parallel_degree": 2, "sdp_param_persistence_threshold": 10_000,
-                              "bf16": True}),
-    "bench_tp2_d2": (BENCH, 4, {"tensor_parallel_degree": 2, "sharded_data_parallel_degree": 2,
-                                "prescaled_batch": True, "sdp_param_persistence_threshold": 10_000}),
+    "bench_bf16": (
+        BENCH,
+        4,
+        {"sharded_data_parallel_degree": 2, "sdp_param_persistence_threshold": 10_000, "bf16": True},
+    ),
+    "bench_tp2_d2": (
+        BENCH,
+        4,
+        {
+            "tensor_parallel_degree": 2,
+            "sharded_data_parallel_degree": 2,
+            "prescaled_batch": True,
+            "sdp_param_persistence_threshold": 10_000,
+        },
+    ),
 }
 STEPS = 1
 # The equivalence model's cases also take a second step: the forward's order is known from it
@@ -65,7 +81,8 @@ def run(name: str) -> dict:
         state = {**model.model_state_bytes(), "optimizer": opt.optimizer_state_bytes()}
         opt.zero_grad()
         gathered = sum(v for key, v in smp.comm_stats().items() if key.startswith("all_gather")) - sum(
-            v for key, v in before.items() if key.startswith("all_gather"))
+            v for key, v in before.items() if key.startswith("all_gather")
+        )
     return {
         "compute_copies_after_forward": copies,
         "all_gather_bytes_last_step": gathered,

@@ -33,8 +33,15 @@ CASES = {
 def run(name: str) -> dict:
     case = TINY_MODELS["gpt"]
     runtime_state.reset_for_tests()
-    smp.init({"ddp": True, "sharded_data_parallel_degree": 4, "sdp_param_persistence_threshold": 0,
-              "sdp_quantization_block": BLOCK, **CASES[name]})
+    smp.init(
+        {
+            "ddp": True,
+            "sharded_data_parallel_degree": 4,
+            "sdp_param_persistence_threshold": 0,
+            "sdp_quantization_block": BLOCK,
+            **CASES[name],
+        }
+    )
     n, rank = smp.dp_size(), smp.dp_rank()
     model = smp.DistributedModel(case.build(seed=7))
     opt = smp.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1))

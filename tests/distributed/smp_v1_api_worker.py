@@ -29,10 +29,32 @@ def groups() -> dict:
     smp.mp_barrier()
     smp.pp_barrier()
     return {
-        "ranks": [smp.rank(), smp.dp_rank(), smp.rdp_rank(), smp.mp_rank(), smp.pp_rank(), smp.tp_rank(), smp.sdp_rank()],
-        "sizes": [smp.size(), smp.dp_size(), smp.rdp_size(), smp.mp_size(), smp.pp_size(), smp.tp_size(), smp.sdp_size()],
-        "lists": [smp.get_world_group(), smp.get_dp_group(), smp.get_rdp_group(), smp.get_mp_group(),
-                  smp.get_pp_group(), smp.get_tp_group()],
+        "ranks": [
+            smp.rank(),
+            smp.dp_rank(),
+            smp.rdp_rank(),
+            smp.mp_rank(),
+            smp.pp_rank(),
+            smp.tp_rank(),
+            smp.sdp_rank(),
+        ],
+        "sizes": [
+            smp.size(),
+            smp.dp_size(),
+            smp.rdp_size(),
+            smp.mp_size(),
+            smp.pp_size(),
+            smp.tp_size(),
+            smp.sdp_size(),
+        ],
+        "lists": [
+            smp.get_world_group(),
+            smp.get_dp_group(),
+            smp.get_rdp_group(),
+            smp.get_mp_group(),
+            smp.get_pp_group(),
+            smp.get_tp_group(),
+        ],
         "pp_group_size": dist.get_world_size(smp.get_pp_process_group()),
         "cfg_sdp": smp.state.cfg.sharded_data_parallel_degree,
         "tracing": smp.is_tracing(),
@@ -66,11 +88,15 @@ def optimizer_surface() -> dict:
         module = _tiny()
         before = list(module.parameters())
         model = smp.DistributedModel(module)
-        params = {"module_before": before, "get_module": list(model.get_module().parameters()),
-                  "parameters": list(model.parameters())}[source]
-        opt = smp.DistributedOptimizer(torch.optim.SGD([{"params": params[:2]}, {"params": params[2:], "lr": 0.5}],
-                                                       lr=0.1), model=model)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 0.5 ** step)
+        params = {
+            "module_before": before,
+            "get_module": list(model.get_module().parameters()),
+            "parameters": list(model.parameters()),
+        }[source]
+        opt = smp.DistributedOptimizer(
+            torch.optim.SGD([{"params": params[:2]}, {"params": params[2:], "lr": 0.5}], lr=0.1), model=model
+        )
+        scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 0.5**step)
         for _ in range(2):
             model.backward(model(x).pow(2).mean())
             opt.step()
@@ -89,8 +115,14 @@ def optimizer_surface() -> dict:
         other_shard = None
     except RuntimeError as e:
         other_shard = str(e)
-    return {"other_shard": other_shard, "finals": finals, "lrs": lrs, "is_optimizer": isinstance(opt, torch.optim.Optimizer),
-            "foreign": foreign, "local_keys": sorted(opt.local_state_dict())}
+    return {
+        "other_shard": other_shard,
+        "finals": finals,
+        "lrs": lrs,
+        "is_optimizer": isinstance(opt, torch.optim.Optimizer),
+        "foreign": foreign,
+        "local_keys": sorted(opt.local_state_dict()),
+    }
 
 
 def step_options() -> dict:
@@ -118,16 +150,27 @@ def step_options() -> dict:
         plain_error = None
     except RuntimeError as e:
         plain_error = str(e)
-    return {"plain_error": plain_error,"seen": seen, "requires_grad": outs.outputs[0].requires_grad, "concat": tuple(outs.concat().shape),
-            "stack": tuple(outs.stack().shape), "local_mean": sums.reduce_mean().item(),
-            "local_sum": sums.reduce_sum().item(), "each": [s.item() for s in sums.outputs]}
+    return {
+        "plain_error": plain_error,
+        "seen": seen,
+        "requires_grad": outs.outputs[0].requires_grad,
+        "concat": tuple(outs.concat().shape),
+        "stack": tuple(outs.stack().shape),
+        "local_mean": sums.reduce_mean().item(),
+        "local_sum": sums.reduce_sum().item(),
+        "each": [s.item() for s in sums.outputs],
+    }
 
 
 def fp16_footguns() -> dict:
     _start(sharded_data_parallel_degree=2, fp16=True)
     model = smp.DistributedModel(_tiny())
-    opt = smp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), static_loss_scale=None,
-                                   dynamic_loss_scale=True, dynamic_loss_args={"init_scale": 2.0**10})
+    opt = smp.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        static_loss_scale=None,
+        dynamic_loss_scale=True,
+        dynamic_loss_args={"init_scale": 2.0**10},
+    )
     x = torch.randn(2, 4)
     plain_backward = None
     try:
@@ -140,8 +183,12 @@ def fp16_footguns() -> dict:
     model.backward(scaler.scale(model(x).float().pow(2).mean()))
     scaler.step(opt)
     scaler.update()
-    return {"plain_backward": plain_backward, "scale": scaler.get_scale(), "overflow": opt.overflow,
-            "optimizer_scale": opt.loss_scaler.scale}
+    return {
+        "plain_backward": plain_backward,
+        "scale": scaler.get_scale(),
+        "overflow": opt.overflow,
+        "optimizer_scale": opt.loss_scaler.scale,
+    }
 
 
 def no_clipping_without_sharding() -> dict:
@@ -171,8 +218,13 @@ def clip_before_step() -> dict:
     model.backward(model(x.chunk(smp.size())[smp.rank()]).pow(2).mean())
     norm = opt.clip_master_grads(0.01).item()
     opt.step()
-    return {"norm": norm, "ref_norm": ref_norm, "last": opt.last_grad_norm, "expected": expected,
-            "got": model.state_dict()}
+    return {
+        "norm": norm,
+        "ref_norm": ref_norm,
+        "last": opt.last_grad_norm,
+        "expected": expected,
+        "got": model.state_dict(),
+    }
 
 
 def sum_microbatches() -> dict:
@@ -198,8 +250,9 @@ def sum_microbatches() -> dict:
 def model_methods() -> dict:
     _start(sharded_data_parallel_degree=2)
     module = _tiny()
-    model = smp.DistributedModel(module, trace_device="gpu", trace_execution_times=True, bucket_cap_mb=25,
-                                 broadcast_buffers=True)
+    model = smp.DistributedModel(
+        module, trace_device="gpu", trace_execution_times=True, bucket_cap_mb=25, broadcast_buffers=True
+    )
     opt = smp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
     calls = []
     model.register_post_partition_hook(lambda m, o: calls.append((m is model, o is opt)))
@@ -211,15 +264,29 @@ def model_methods() -> dict:
     with model.join():
         plain = model.cpu()
     full = model.state_dict()
-    return {"calls": calls, "same_module": model.get_module() is module, "partitioned": model.partitioned,
-            "plain_matches": all(torch.equal(p, full[n]) for n, p in plain.named_parameters()),
-            "plain_is_plain": type(plain) is type(module) and not isinstance(plain, smp.DistributedModel),
-            "plain_output": plain(torch.ones(1, 4)), "model_output": model(torch.ones(1, 4)).detach(),
-            "local_names": [n for n, _ in model.local_named_parameters()]}
+    return {
+        "calls": calls,
+        "same_module": model.get_module() is module,
+        "partitioned": model.partitioned,
+        "plain_matches": all(torch.equal(p, full[n]) for n, p in plain.named_parameters()),
+        "plain_is_plain": type(plain) is type(module) and not isinstance(plain, smp.DistributedModel),
+        "plain_output": plain(torch.ones(1, 4)),
+        "model_output": model(torch.ones(1, 4)).detach(),
+        "local_names": [n for n, _ in model.local_named_parameters()],
+    }
 
 
-CASES = {"sum_microbatches": sum_microbatches, "model_methods": model_methods, "clip_before_step": clip_before_step, "groups": groups, "objects": objects, "optimizer_surface": optimizer_surface, "step_options": step_options,
-         "fp16_footguns": fp16_footguns, "no_clipping_without_sharding": no_clipping_without_sharding}
+CASES = {
+    "sum_microbatches": sum_microbatches,
+    "model_methods": model_methods,
+    "clip_before_step": clip_before_step,
+    "groups": groups,
+    "objects": objects,
+    "optimizer_surface": optimizer_surface,
+    "step_options": step_options,
+    "fp16_footguns": fp16_footguns,
+    "no_clipping_without_sharding": no_clipping_without_sharding,
+}
 
 if __name__ == "__main__":
     worker_main(CASES, setup=init_gloo_from_env)

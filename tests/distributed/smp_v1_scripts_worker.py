@@ -23,9 +23,19 @@ STEPS = 8
 SAVE_AT = 4
 GRAD_ACCUM = 2
 CKPT_ENV = "SMP_V1_SCRIPTS_CKPT"
-NEOX_CONFIG = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                   max_position_embeddings=32, rotary_pct=0.5, hidden_dropout=0.0, attention_dropout=0.0,
-                   use_parallel_residual=True, tie_word_embeddings=False)
+NEOX_CONFIG = dict(
+    vocab_size=64,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+    max_position_embeddings=32,
+    rotary_pct=0.5,
+    hidden_dropout=0.0,
+    attention_dropout=0.0,
+    use_parallel_residual=True,
+    tie_word_embeddings=False,
+)
 SEQ = 16
 MICRO_BATCH = 2  # per rank
 
@@ -67,18 +77,34 @@ def neox_optimizer_and_schedule(params):
 def neox_script(resume: bool) -> dict:
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
-    _start({"ddp": True, "sharded_data_parallel_degree": 2, "delayed_parameter_initialization": True,
-            "sdp_param_persistence_threshold": 0, "microbatches": 1})
+    _start(
+        {
+            "ddp": True,
+            "sharded_data_parallel_degree": 2,
+            "delayed_parameter_initialization": True,
+            "sdp_param_persistence_threshold": 0,
+            "microbatches": 1,
+        }
+    )
     torch.manual_seed(42)
     with smp.delay_param_initialization(enabled=True):
         model = GPTNeoXForCausalLM(GPTNeoXConfig(**NEOX_CONFIG))
-    model = smp.DistributedModel(model, trace_device="gpu", backward_passes_per_step=GRAD_ACCUM,
-                                 overlapping_allreduce=True, gradient_as_bucket_view=True)
+    model = smp.DistributedModel(
+        model,
+        trace_device="gpu",
+        backward_passes_per_step=GRAD_ACCUM,
+        overlapping_allreduce=True,
+        gradient_as_bucket_view=True,
+    )
     for layer in model.get_module().gpt_neox.layers:
         smp.set_activation_checkpointing(layer)
     optimizer, scheduler = neox_optimizer_and_schedule(neox_param_groups(model.get_module().named_parameters()))
-    optimizer = smp.DistributedOptimizer(optimizer, static_loss_scale=None, dynamic_loss_scale=True,
-                                         dynamic_loss_args={"scale_window": 1000, "min_scale": 1, "delayed_shift": 2})
+    optimizer = smp.DistributedOptimizer(
+        optimizer,
+        static_loss_scale=None,
+        dynamic_loss_scale=True,
+        dynamic_loss_args={"scale_window": 1000, "min_scale": 1, "delayed_shift": 2},
+    )
 
     @smp.step
     def train_step(model, input_ids, attention_mask):
@@ -110,8 +136,9 @@ def neox_script(resume: bool) -> dict:
 
 
 def _save_both(model, optimizer, name: str, user_content: dict) -> None:
-    smp.save_checkpoint(_ckpt_dir(name), tag=f"step{SAVE_AT}", partial=True, model=model, optimizer=optimizer,
-                        user_content=user_content)
+    smp.save_checkpoint(
+        _ckpt_dir(name), tag=f"step{SAVE_AT}", partial=True, model=model, optimizer=optimizer, user_content=user_content
+    )
     smp.save_checkpoint(_ckpt_dir(name), tag=f"full{SAVE_AT}", partial=False, model=model, user_content=user_content)
 
 
@@ -146,8 +173,11 @@ def neox_full_checkpoint_in_plain_model() -> dict:
     state = torch.load(os.path.join(_ckpt_dir("neox"), f"full{SAVE_AT}"), weights_only=False)
     result = plain.load_state_dict(state, strict=True)
     ids = neox_batch(0, 0, 1)
-    return {"missing": list(result.missing_keys), "unexpected": list(result.unexpected_keys),
-            "loss": plain(input_ids=ids, labels=ids).loss.item()}
+    return {
+        "missing": list(result.missing_keys),
+        "unexpected": list(result.unexpected_keys),
+        "loss": plain(input_ids=ids, labels=ids).loss.item(),
+    }
 
 
 # --------------------------------------------------------------------------- #
@@ -217,8 +247,13 @@ def mnist_script(resume: bool) -> dict:
         scheduler.step()
         losses.append(smp.allgather(loss_mb.reduce_mean().item(), smp.DP_GROUP))
         if step + 1 == SAVE_AT and not resume:
-            partial = {"model_state_dict": model.local_state_dict(), "optimizer_state_dict": optimizer.local_state_dict(),
-                       "scheduler": scheduler.state_dict(), "rng": torch.get_rng_state(), "step": step + 1}
+            partial = {
+                "model_state_dict": model.local_state_dict(),
+                "optimizer_state_dict": optimizer.local_state_dict(),
+                "scheduler": scheduler.state_dict(),
+                "rng": torch.get_rng_state(),
+                "step": step + 1,
+            }
             smp.save(partial, path, partial=True)
             full = model.state_dict()  # every rank takes part in the gather
             if smp.rdp_rank() == 0:
@@ -238,9 +273,20 @@ def mnist_full_checkpoint_in_plain_model() -> dict:
 # --------------------------------------------------------------------------- #
 # Flan-T5 (the T5 SDP example's shape: save_checkpoint / resume_from_checkpoint)
 # --------------------------------------------------------------------------- #
-T5_CONFIG = dict(vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4,
-                 dropout_rate=0.0, feed_forward_proj="gated-gelu", tie_word_embeddings=False,
-                 decoder_start_token_id=0, pad_token_id=0)
+T5_CONFIG = dict(
+    vocab_size=64,
+    d_model=32,
+    d_kv=8,
+    d_ff=64,
+    num_layers=2,
+    num_decoder_layers=2,
+    num_heads=4,
+    dropout_rate=0.0,
+    feed_forward_proj="gated-gelu",
+    tie_word_embeddings=False,
+    decoder_start_token_id=0,
+    pad_token_id=0,
+)
 
 
 def t5_batch(step: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:

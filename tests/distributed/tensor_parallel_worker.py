@@ -15,8 +15,18 @@ import torch
 import torch.distributed as dist
 
 from smsdp.comm.accounting import CommStats
-from smsdp.tensor_parallel import TPGroup, merged_state_dict, set_tensor_parallelism, split_state_dict, tensor_parallelism
-from smsdp.tensor_parallel import copy_to_tp, gather_from_tp, reduce_from_tp, scatter_to_tp, to_tensor_parallel
+from smsdp.tensor_parallel import (
+    TPGroup,
+    copy_to_tp,
+    gather_from_tp,
+    merged_state_dict,
+    reduce_from_tp,
+    scatter_to_tp,
+    set_tensor_parallelism,
+    split_state_dict,
+    tensor_parallelism,
+    to_tensor_parallel,
+)
 from smsdp.tensor_parallel.clip import clip_grad_norm_
 from tests.models import TINY_MODELS, lm_batch
 from tests.mpi_harness import OUT_ENV, init_gloo_from_env, worker_main
@@ -184,11 +194,18 @@ def dropout_rng_check() -> dict:
     return out
 
 
-CASES = {"gpt": ("gpt", True), "gpt_untied": ("gpt_untied", False), "hf_gpt2": ("hf_gpt2", False, True),
-         "hf_llama": ("hf_llama", True), "hf_neox": ("hf_neox", False)}
+CASES = {
+    "gpt": ("gpt", True),
+    "gpt_untied": ("gpt_untied", False),
+    "hf_gpt2": ("hf_gpt2", False, True),
+    "hf_llama": ("hf_llama", True),
+    "hf_neox": ("hf_neox", False),
+}
 
 
 if __name__ == "__main__":
     cases = {name: (lambda args=args: run(*args)) for name, args in CASES.items()}
-    worker_main({**cases, "regions": regions, "overlap": overlap, "dropout_rng_check": dropout_rng_check},
-                setup=init_gloo_from_env)
+    worker_main(
+        {**cases, "regions": regions, "overlap": overlap, "dropout_rng_check": dropout_rng_check},
+        setup=init_gloo_from_env,
+    )

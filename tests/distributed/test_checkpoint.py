@@ -25,8 +25,18 @@ WORKER = "tests/distributed/checkpoint_worker.py"
 NPROCS = 4
 HOSTS = {"SMSDP_SIMULATED_HOSTS": "1", "SM_HOSTS": '["algo-1", "algo-2"]'}
 SAVE_CASES = ["straight", "first_half", "prune", "crash"]  # "crash" ends the launch: keep it last
-RESUME_CASES = ["resume_d2", "resume_d4", "resume_d1", "resume_after_crash", "crashed_tag", "wrong_model",
-                "corrupted_newest", "full_resume", "other_world", "optimizer_switches"]
+RESUME_CASES = [
+    "resume_d2",
+    "resume_d4",
+    "resume_d1",
+    "resume_after_crash",
+    "crashed_tag",
+    "wrong_model",
+    "corrupted_newest",
+    "full_resume",
+    "other_world",
+    "optimizer_switches",
+]
 HALF = 5
 RESHARD_RTOL = 1e-6
 
@@ -38,15 +48,27 @@ def ckpt_root(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def saved(ckpt_root, tmp_path_factory):
-    return run_cases(WORKER, SAVE_CASES, NPROCS, env={**HOSTS, "SMSDP_CKPT_ROOT": str(ckpt_root)}, timeout=300,
-                     out_dir=tmp_path_factory.mktemp("save"))
+    return run_cases(
+        WORKER,
+        SAVE_CASES,
+        NPROCS,
+        env={**HOSTS, "SMSDP_CKPT_ROOT": str(ckpt_root)},
+        timeout=300,
+        out_dir=tmp_path_factory.mktemp("save"),
+    )
 
 
 @pytest.fixture(scope="module")
 def resumed(saved, ckpt_root, tmp_path_factory):
     saved["first_half"], saved["prune"]  # the checkpoints exist (else fail here with the cause)
-    return run_cases(WORKER, RESUME_CASES, NPROCS, env={**HOSTS, "SMSDP_CKPT_ROOT": str(ckpt_root)}, timeout=300,
-                     out_dir=tmp_path_factory.mktemp("resume"))
+    return run_cases(
+        WORKER,
+        RESUME_CASES,
+        NPROCS,
+        env={**HOSTS, "SMSDP_CKPT_ROOT": str(ckpt_root)},
+        timeout=300,
+        out_dir=tmp_path_factory.mktemp("resume"),
+    )
 
 
 def test_the_first_half_is_the_reference_run(saved):
@@ -70,9 +92,12 @@ def test_resharded_resume_matches_the_uninterrupted_run(saved, resumed, case, la
     """Saved at d=2 r=2; resumed at d=4 r=1 and d=1 r=4: the next losses agree to 1e-6."""
     for straight, res in zip(saved["straight"], resumed[case]):
         assert res["layout"] == layout
-        torch.testing.assert_close(torch.tensor(res["losses"], dtype=torch.float64),
-                                   torch.tensor(straight["losses"][HALF:], dtype=torch.float64),
-                                   rtol=RESHARD_RTOL, atol=0)
+        torch.testing.assert_close(
+            torch.tensor(res["losses"], dtype=torch.float64),
+            torch.tensor(straight["losses"][HALF:], dtype=torch.float64),
+            rtol=RESHARD_RTOL,
+            atol=0,
+        )
         for name, expected in straight["params"].items():
             torch.testing.assert_close(res["params"][name], expected, rtol=1e-5, atol=1e-6)
 
@@ -80,8 +105,14 @@ def test_resharded_resume_matches_the_uninterrupted_run(saved, resumed, case, la
 @pytest.fixture(scope="module")
 def resumed_in_two_ranks(saved, tmp_path_factory, ckpt_root):
     saved["first_half"]
-    return run_cases(WORKER, ["other_world"], 2, env={"SMSDP_CKPT_ROOT": str(ckpt_root)}, timeout=300,
-                     out_dir=tmp_path_factory.mktemp("resume2"))
+    return run_cases(
+        WORKER,
+        ["other_world"],
+        2,
+        env={"SMSDP_CKPT_ROOT": str(ckpt_root)},
+        timeout=300,
+        out_dir=tmp_path_factory.mktemp("resume2"),
+    )
 
 
 def test_resume_into_another_world_size(resumed, resumed_in_two_ranks):
@@ -89,8 +120,12 @@ def test_resume_into_another_world_size(resumed, resumed_in_two_ranks):
     four = resumed["other_world"][0]
     for two in resumed_in_two_ranks["other_world"]:
         assert (four["world"], two["world"]) == (4, 2)
-        torch.testing.assert_close(torch.tensor(two["losses"], dtype=torch.float64),
-                                   torch.tensor(four["losses"], dtype=torch.float64), rtol=RESHARD_RTOL, atol=0)
+        torch.testing.assert_close(
+            torch.tensor(two["losses"], dtype=torch.float64),
+            torch.tensor(four["losses"], dtype=torch.float64),
+            rtol=RESHARD_RTOL,
+            atol=0,
+        )
 
 
 def test_sigkill_during_a_save_leaves_the_previous_checkpoint(saved, resumed, ckpt_root):
@@ -128,7 +163,11 @@ def test_full_checkpoint_loads_into_plain_pytorch_without_smsdp(saved, ckpt_root
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     proc = subprocess.run(
         [sys.executable, "-c", code, json.dumps(MODEL.to_dict()), str(ckpt_root / "main" / f"step{HALF}"), str(out)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
     reloaded = torch.load(out)

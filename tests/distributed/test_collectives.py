@@ -97,9 +97,13 @@ def test_groups_match_topology_and_work(results):
         for name, found in by_topo.items():
             topology = Topology(*TOPOLOGIES[name])
             coords = topology.coords(rank)
-            expected = {"world": tuple(range(NPROCS)), "tp_group": coords.tp_group,
-                        "rdp_group": coords.rdp_group, "shard_group": coords.shard_group,
-                        "replica_group": coords.replica_group}
+            expected = {
+                "world": tuple(range(NPROCS)),
+                "tp_group": coords.tp_group,
+                "rdp_group": coords.rdp_group,
+                "shard_group": coords.shard_group,
+                "replica_group": coords.replica_group,
+            }
             layout = topology.hierarchical_layout(coords.shard_group)
             if layout is not None:
                 expected["stage1"] = layout.stage1_group_of(rank)
@@ -155,7 +159,7 @@ def test_buffered_path_bit_identical(results):
 @pytest.mark.distributed
 @requires_mpi
 def test_strategy_prefers_hierarchical_and_handles_group_of_one(results):
-    for rank, out in every_rank(results, "buffered"):
+    for _rank, out in every_rank(results, "buffered"):
         path, same = out["hierarchical_choice"]
         assert path.value == "hierarchical" and same
         assert set(out["hierarchical_stats"]) == {"all_gather.inter_host", "all_gather.intra_host"}
@@ -169,13 +173,28 @@ def test_strategy_prefers_hierarchical_and_handles_group_of_one(results):
 @pytest.mark.parametrize(
     "scenario, fragments",
     [
-        ("scratch", ["SMDDP_AG_SCRATCH_BUFFER_SIZE_BYTES=8192 is 3808 bytes smaller",
-                     "raise SMDDP_AG_SCRATCH_BUFFER_SIZE_BYTES to at least 16384"]),
-        ("sort", ["SMDDP_AG_SORT_BUFFER_SIZE_BYTES=8192 is 1808 bytes smaller",
-                  "input x d / 8 (d=4) = 10000 bytes",
-                  "raise SMDDP_AG_SORT_BUFFER_SIZE_BYTES to at least 16384"]),
-        ("both", ["SMDDP_AG_SCRATCH_BUFFER_SIZE_BYTES=8192 is 11808 bytes smaller",
-                  "SMDDP_AG_SORT_BUFFER_SIZE_BYTES=8192 is 1808 bytes smaller"]),
+        (
+            "scratch",
+            [
+                "SMDDP_AG_SCRATCH_BUFFER_SIZE_BYTES=8192 is 3808 bytes smaller",
+                "raise SMDDP_AG_SCRATCH_BUFFER_SIZE_BYTES to at least 16384",
+            ],
+        ),
+        (
+            "sort",
+            [
+                "SMDDP_AG_SORT_BUFFER_SIZE_BYTES=8192 is 1808 bytes smaller",
+                "input x d / 8 (d=4) = 10000 bytes",
+                "raise SMDDP_AG_SORT_BUFFER_SIZE_BYTES to at least 16384",
+            ],
+        ),
+        (
+            "both",
+            [
+                "SMDDP_AG_SCRATCH_BUFFER_SIZE_BYTES=8192 is 11808 bytes smaller",
+                "SMDDP_AG_SORT_BUFFER_SIZE_BYTES=8192 is 1808 bytes smaller",
+            ],
+        ),
         ("backend", ["ddp_dist_backend='gloo'"]),
     ],
 )
@@ -228,7 +247,7 @@ def test_gloo_dtype_support_as_documented(results):
 def test_smddp_buffers_hold_the_hierarchical_staging(results):
     """2 hosts x 2 ranks, shard 1000 fp32: stage 1 stages 2 x 4000 B in scratch, the re-layout 4 x 4000 B in sort."""
     stage1, relayout = 2 * 1000 * 4, 4 * 1000 * 4
-    for rank, out in every_rank(results, "staging"):
+    for _rank, out in every_rank(results, "staging"):
         reused = out["reused"]
         assert reused["same"] == [True] and reused["messages"] == []
         assert (reused["scratch"], reused["sort"]) == (stage1, relayout)

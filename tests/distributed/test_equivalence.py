@@ -58,13 +58,19 @@ def test_losses_and_parameters_match_single_process(results, case):
     for rank, result in enumerate(results[case]):
         sharded, reference = result["sharded"], result["reference"]
         torch.testing.assert_close(
-            torch.tensor(sharded["losses"]), torch.tensor(reference["losses"]), rtol=FP32_RTOL, atol=FP32_ATOL,
+            torch.tensor(sharded["losses"]),
+            torch.tensor(reference["losses"]),
+            rtol=FP32_RTOL,
+            atol=FP32_ATOL,
             msg=lambda m: f"{case} rank {rank} losses: {m}",
         )
         assert list(sharded["params"]) == list(reference["params"]), "state_dict keys differ from the plain model"
         for name, expected in reference["params"].items():
             torch.testing.assert_close(
-                sharded["params"][name], expected, rtol=FP32_RTOL, atol=FP32_ATOL,
+                sharded["params"][name],
+                expected,
+                rtol=FP32_RTOL,
+                atol=FP32_ATOL,
                 msg=lambda m: f"{case} rank {rank} parameter {name}: {m}",
             )
 
@@ -77,8 +83,9 @@ def test_every_rank_ends_with_the_same_full_parameters(results):
                 assert torch.equal(value, first[name]), f"{case}: {name} differs between ranks"
 
 
-@pytest.mark.parametrize("kept, resharded", [("persist_small_params", "design_count"),
-                                              ("accum2", "design_count_accum2")])
+@pytest.mark.parametrize(
+    "kept, resharded", [("persist_small_params", "design_count"), ("accum2", "design_count_accum2")]
+)
 def test_keeping_units_gathered_into_backward_changes_no_bit(results, kept, resharded):
     _assert_same_bits(results[kept], results[resharded])
 
@@ -91,8 +98,9 @@ def _assert_same_bits(runs: list, others: list) -> None:
             assert torch.equal(with_kept["sharded"]["params"][name], value), name
 
 
-@pytest.mark.parametrize("kept_all, resharded", [("no_reshard", "persist_small_params"),
-                                                  ("no_reshard_accum2", "accum2")])
+@pytest.mark.parametrize(
+    "kept_all, resharded", [("no_reshard", "persist_small_params"), ("no_reshard_accum2", "accum2")]
+)
 def test_sdp_reshard_after_forward_false_changes_no_bit(results, kept_all, resharded):
     _assert_same_bits(results[kept_all], results[resharded])
 
@@ -111,11 +119,17 @@ def test_sdp_reshard_after_forward_int_regathers_inside_the_host(results, hpz):
         micro_steps = 2 if "accum2" in hpz else 1
         for step, step_bytes in enumerate(result["sharded"]["bytes"]):
             last_kept = micro_steps - (step == 0)
-            regathered = micro_steps * layout["sharded_padded"] - micro_steps * layout["root_padded"] \
+            regathered = (
+                micro_steps * layout["sharded_padded"]
+                - micro_steps * layout["root_padded"]
                 - last_kept * layout["last_unit_padded"]
+            )
             assert step_bytes["all_gather.hpz"] == (k - 1) * regathered * 4 // k > 0
             hosts = 2  # the forward's hierarchical gather alone crosses hosts: (H-1)/d of each unit once
-            assert step_bytes["all_gather.inter_host"] == micro_steps * (hosts - 1) * layout["sharded_padded"] * 4 // layout["sdp"]
+            assert (
+                step_bytes["all_gather.inter_host"]
+                == micro_steps * (hosts - 1) * layout["sharded_padded"] * 4 // layout["sdp"]
+            )
 
 
 @pytest.mark.parametrize("hpz", list(HPZ_CASES))
@@ -125,8 +139,10 @@ def test_a_forward_without_grad_frees_the_kept_slices(results, hpz):
     for result in results[hpz]:
         layout, stray = result["sharded"]["layout"], result["sharded"]["stray_forwards"]
         k, kept_whole = layout["reshard_after_forward"], layout["root_padded"] + layout["last_unit_padded"]
-        assert stray["after_forward_with_grad"] == {"gathered": 4 * kept_whole,
-                                                    "kept_slices": 4 * (layout["sharded_padded"] - kept_whole) // k}
+        assert stray["after_forward_with_grad"] == {
+            "gathered": 4 * kept_whole,
+            "kept_slices": 4 * (layout["sharded_padded"] - kept_whole) // k,
+        }
         assert stray["after_forward_without_grad"] == {"gathered": 0, "kept_slices": 0}
 
 
@@ -184,10 +200,21 @@ def _by_kind(step_bytes: dict) -> dict:
 
 @pytest.mark.parametrize(
     "case,micro_steps",
-    [("persist_small_params", 1), ("accum2", 2), ("early_sync", 1), ("early_sync_accum2", 2),
-     ("design_count", 1), ("design_count_accum2", 2), ("no_reshard", 1), ("no_reshard_accum2", 2),
-     ("hpz_d4", 1), ("hpz_d4_accum2", 2), ("d4_accum2_short", 2), ("persist_two_buckets", 1),
-     ("early_sync_two_buckets", 2)],
+    [
+        ("persist_small_params", 1),
+        ("accum2", 2),
+        ("early_sync", 1),
+        ("early_sync_accum2", 2),
+        ("design_count", 1),
+        ("design_count_accum2", 2),
+        ("no_reshard", 1),
+        ("no_reshard_accum2", 2),
+        ("hpz_d4", 1),
+        ("hpz_d4_accum2", 2),
+        ("d4_accum2_short", 2),
+        ("persist_two_buckets", 1),
+        ("early_sync_two_buckets", 2),
+    ],
 )
 def test_bytes_per_step_match_the_formula(results, case, micro_steps):
     for result in results[case]:
@@ -196,9 +223,17 @@ def test_bytes_per_step_match_the_formula(results, case, micro_steps):
             assert _by_kind(step_bytes) == _formula(sharded["layout"], micro_steps, first_step=step == 0)
 
 
-@pytest.mark.parametrize("case,buckets", [("persist_small_params", 1), ("early_sync", 1), ("early_sync_accum2", 1),
-                                          ("hpz_d4_accum2", 1), ("persist_two_buckets", 2),
-                                          ("early_sync_two_buckets", 2)])
+@pytest.mark.parametrize(
+    "case,buckets",
+    [
+        ("persist_small_params", 1),
+        ("early_sync", 1),
+        ("early_sync_accum2", 1),
+        ("hpz_d4_accum2", 1),
+        ("persist_two_buckets", 2),
+        ("early_sync_two_buckets", 2),
+    ],
+)
 def test_replicated_gradients_are_summed_in_one_all_reduce_per_bucket(results, case, buckets):
     """Every unit has replicated layer norms; their gradients cross the data-parallel group in one
     all-reduce per step (per bucket of sdp_reduce_bucket_size elements), not one per unit."""

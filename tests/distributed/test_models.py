@@ -35,8 +35,9 @@ DELAYED = ["delayed_init_gpt_d2", "delayed_init_gpt_d4", "delayed_init_hf_gpt2_d
 def results(tmp_path_factory):
     return run_cases(
         "tests/distributed/models_worker.py",
-        CASES + DELAYED + ["bf16_against_fsdp2", "bf16_reduce_against_fsdp2", "clip_norm_of_large_tensors",
-                           "unused_gate_on_odd_ranks"],
+        CASES
+        + DELAYED
+        + ["bf16_against_fsdp2", "bf16_reduce_against_fsdp2", "clip_norm_of_large_tensors", "unused_gate_on_odd_ranks"],
         4,
         env={"SMSDP_SIMULATED_HOSTS": "1", "SM_HOSTS": '["algo-1", "algo-2"]'},
         timeout=400,
@@ -71,8 +72,10 @@ def test_activation_offloading_changes_no_bit(results):
     assert results["activation_offloading"][0]["sharded"]["inner_calls_per_step"] == 2  # still recomputed
 
 
-@pytest.mark.parametrize("case, horizon, backwards_per_step", [
-    ("activation_offloading", 1, 1), ("activation_offloading_on_demand_microbatches", 0, 2)])
+@pytest.mark.parametrize(
+    "case, horizon, backwards_per_step",
+    [("activation_offloading", 1, 1), ("activation_offloading_on_demand_microbatches", 0, 2)],
+)
 def test_activation_offloading_moves_every_checkpointed_input_once(results, case, horizon, backwards_per_step):
     from tests.distributed.models_worker import STEPS
 
@@ -121,12 +124,15 @@ def test_bf16_reduce_is_as_close_to_fp32_as_fsdp2_bf16_reduce(results):
 
 
 def test_bf16_reduce_halves_the_gradient_bytes(results):
-    fp32, bf16 = results["bf16_reduce_against_fsdp2"][0]["fp32_reduce_bytes"], \
-        results["bf16_reduce_against_fsdp2"][0]["bf16_reduce_bytes"]
+    fp32, bf16 = (
+        results["bf16_reduce_against_fsdp2"][0]["fp32_reduce_bytes"],
+        results["bf16_reduce_against_fsdp2"][0]["bf16_reduce_bytes"],
+    )
     for kind in ("reduce_scatter", "all_reduce.replica", "all_reduce.dp"):
         assert fp32[kind] > 0 and bf16[kind] * 2 == fp32[kind], (kind, fp32, bf16)
-    assert sum(v for k, v in bf16.items() if k.startswith("all_gather")) == \
-        sum(v for k, v in fp32.items() if k.startswith("all_gather"))
+    assert sum(v for k, v in bf16.items() if k.startswith("all_gather")) == sum(
+        v for k, v in fp32.items() if k.startswith("all_gather")
+    )
 
 
 @pytest.mark.parametrize("case", DELAYED)
@@ -144,8 +150,10 @@ def test_clip_norm_is_the_accurately_summed_one(results):
     # enough to move the losses of a clipped run by 1e-5 within 25 AdamW steps (bench/loss_agreement.py).
     for rank, result in enumerate(results["clip_norm_of_large_tensors"]):
         relative = abs(result["smsdp"] - result["float64"]) / result["float64"]
-        assert relative <= 5e-7, (f"rank {rank}: smsdp norm {result['smsdp']!r}, float64 {result['float64']!r} "
-                                  f"(torch vector_norm {result['torch_vector_norm']!r})")
+        assert relative <= 5e-7, (
+            f"rank {rank}: smsdp norm {result['smsdp']!r}, float64 {result['float64']!r} "
+            f"(torch vector_norm {result['torch_vector_norm']!r})"
+        )
 
 
 def test_replicated_buckets_are_summed_in_order_when_a_rank_leaves_a_group_out(results):
@@ -154,5 +162,6 @@ def test_replicated_buckets_are_summed_in_order_when_a_rank_leaves_a_group_out(r
     for rank, result in enumerate(results["unused_gate_on_odd_ranks"]):
         assert result["buckets"] == [[16], [16], [16]]
         for name, expected in result["reference"].items():
-            torch.testing.assert_close(result["sharded"][name], expected, rtol=1e-5, atol=1e-6,
-                                       msg=lambda m: f"rank {rank} {name}: {m}")
+            torch.testing.assert_close(
+                result["sharded"][name], expected, rtol=1e-5, atol=1e-6, msg=lambda m: f"rank {rank} {name}: {m}"
+            )

@@ -25,20 +25,40 @@ SIMULATED_HOSTS = {"SMSDP_SIMULATED_HOSTS": "1", "SM_HOSTS": '["algo-1", "algo-2
 
 def _shape(config) -> dict:
     """The planner's description of a GPTConfig."""
-    return dict(n_layer=config.n_layer, d_model=config.d_model, n_head=config.n_head, vocab_size=config.vocab_size,
-                seq_len=config.block_size, bias=config.bias, tie_embeddings=config.tie_embeddings)
+    return dict(
+        n_layer=config.n_layer,
+        d_model=config.d_model,
+        n_head=config.n_head,
+        vocab_size=config.vocab_size,
+        seq_len=config.block_size,
+        bias=config.bias,
+        tie_embeddings=config.tie_embeddings,
+    )
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    return run_cases("tests/distributed/planner_worker.py", list(CASES), 4, env=SIMULATED_HOSTS, timeout=120,
-                     out_dir=tmp_path_factory.mktemp("planner"))
+    return run_cases(
+        "tests/distributed/planner_worker.py",
+        list(CASES),
+        4,
+        env=SIMULATED_HOSTS,
+        timeout=120,
+        out_dir=tmp_path_factory.mktemp("planner"),
+    )
 
 
 def _plan(case: str):
     config, batch, params = CASES[case]
-    return plan(ModelSpec.gpt(**_shape(config)), batch_size=batch, instance_type="local", instance_count=2,
-                processes_per_host=2, parameters=params, recommend=False)
+    return plan(
+        ModelSpec.gpt(**_shape(config)),
+        batch_size=batch,
+        instance_type="local",
+        instance_count=2,
+        processes_per_host=2,
+        parameters=params,
+        recommend=False,
+    )
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -52,7 +72,10 @@ def test_each_rank_holds_exactly_the_predicted_model_state(results, case):
         predicted = mem.model_state(groups, c, 8, sdp_rank=result["sdp_rank"])
         measured = result["model_state"]
         assert (measured["params"], measured["grads"], measured["optimizer"]) == (
-            predicted.params, predicted.grads, predicted.optimizer), f"{case} rank {rank}"
+            predicted.params,
+            predicted.grads,
+            predicted.optimizer,
+        ), f"{case} rank {rank}"
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -70,8 +93,9 @@ def test_kept_copies_and_gathered_bytes_are_exactly_the_planned_ones(results, ca
     other unit (the planner's kept slices); a step all-gathers the planner's bytes, to the byte."""
     p = _plan(case)
     params = p.runtime.parameters
-    sizes = mem.unit_sizes(mem.layout(p.model, params.sharded_data_parallel_degree,
-                                      params.sdp_param_persistence_threshold))
+    sizes = mem.unit_sizes(
+        mem.layout(p.model, params.sharded_data_parallel_degree, params.sdp_param_persistence_threshold)
+    )
     kept_whole = 4 * mem.kept_for_backward_elems(sizes, params)
     for rank, result in enumerate(results[case]):
         copies = result["compute_copies_after_forward"]
@@ -81,5 +105,8 @@ def test_kept_copies_and_gathered_bytes_are_exactly_the_planned_ones(results, ca
         assert p.memory.kept_slices == 0
     else:
         k = params.sdp_reshard_after_forward
-        assert p.memory.kept_slices == 4 * (sum(sizes.gathered.values()) - mem.kept_for_backward_elems(
-            sizes, params)) // k > 0
+        assert (
+            p.memory.kept_slices
+            == 4 * (sum(sizes.gathered.values()) - mem.kept_for_backward_elems(sizes, params)) // k
+            > 0
+        )

@@ -22,8 +22,13 @@ LOSS_BOUND = 0.02  # relative, every step: the documented bound
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    return run_cases("tests/distributed/quantized_worker.py", list(CASES), nprocs=4, timeout=300,
-                     out_dir=tmp_path_factory.mktemp("quantized"))
+    return run_cases(
+        "tests/distributed/quantized_worker.py",
+        list(CASES),
+        nprocs=4,
+        timeout=300,
+        out_dir=tmp_path_factory.mktemp("quantized"),
+    )
 
 
 @pytest.mark.parametrize("case", ["weights", "gradients", "both"])
@@ -67,10 +72,20 @@ def test_hpz_over_the_quantized_all_gather_changes_no_bit(results):
 def test_the_planner_predicts_the_bytes_of_a_step(results, case):
     """The planner's in-group all-gather and reduce-scatter bytes per step, quantized or not, equal
     what the runtime counted in the last step, to the byte."""
-    p = plan(ModelSpec.from_module(TINY_MODELS["gpt"].build(seed=7)), batch_size=BATCH, instance_type="local",
-             instance_count=1, processes_per_host=4, recommend=False,
-             parameters={"sharded_data_parallel_degree": 4, "sdp_param_persistence_threshold": 0,
-                         "sdp_quantization_block": BLOCK, **CASES[case]})
+    p = plan(
+        ModelSpec.from_module(TINY_MODELS["gpt"].build(seed=7)),
+        batch_size=BATCH,
+        instance_type="local",
+        instance_count=1,
+        processes_per_host=4,
+        recommend=False,
+        parameters={
+            "sharded_data_parallel_degree": 4,
+            "sdp_param_persistence_threshold": 0,
+            "sdp_quantization_block": BLOCK,
+            **CASES[case],
+        },
+    )
     counted = results[case][0]["last_step"]
     gathered = sum(v for k, v in counted.items() if k.startswith("all_gather"))
     reduced = sum(v for k, v in counted.items() if k.startswith("reduce_scatter"))

@@ -11,13 +11,24 @@ from tests.mpi_harness import requires_mpi, run_cases
 
 pytestmark = [pytest.mark.distributed, requires_mpi]
 
-CASES = ["sum_microbatches", "model_methods", "clip_before_step", "groups", "objects", "optimizer_surface", "step_options", "fp16_footguns", "no_clipping_without_sharding"]
+CASES = [
+    "sum_microbatches",
+    "model_methods",
+    "clip_before_step",
+    "groups",
+    "objects",
+    "optimizer_surface",
+    "step_options",
+    "fp16_footguns",
+    "no_clipping_without_sharding",
+]
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    return run_cases("tests/distributed/smp_v1_api_worker.py", CASES, 4, timeout=300,
-                     out_dir=tmp_path_factory.mktemp("smp_v1_api"))
+    return run_cases(
+        "tests/distributed/smp_v1_api_worker.py", CASES, 4, timeout=300, out_dir=tmp_path_factory.mktemp("smp_v1_api")
+    )
 
 
 def test_ranks_and_groups_have_smp_meanings(results):
@@ -50,7 +61,7 @@ def test_optimizer_from_module_get_module_or_parameters_steps_the_same(results):
 
 
 def test_step_splits_as_told_and_reduces_locally(results):
-    for rank, got in enumerate(results["step_options"]):
+    for _rank, got in enumerate(results["step_options"]):
         assert got["seen"] == [((2, 4), (2, 3), (2, 3), (5,))] * 2
         assert got["requires_grad"] is True  # detach_outputs=False
         assert got["concat"] == (4, 2) and got["stack"] == (2, 2, 2)

@@ -21,11 +21,23 @@ WORKER = "tests/distributed/smp_v1_scripts_worker.py"
 def jobs(tmp_path_factory):
     ckpt = tmp_path_factory.mktemp("smp_v1_ckpt")
     env = {"SMP_V1_SCRIPTS_CKPT": str(ckpt)}
-    first = run_cases(WORKER, ["neox", "neox_reference", "mnist", "t5"], 4, env=env, timeout=400,
-                      out_dir=tmp_path_factory.mktemp("smp_v1_first"))
+    first = run_cases(
+        WORKER,
+        ["neox", "neox_reference", "mnist", "t5"],
+        4,
+        env=env,
+        timeout=400,
+        out_dir=tmp_path_factory.mktemp("smp_v1_first"),
+    )
     first["neox"]  # the second job needs the first's checkpoints: fail here with its traceback
-    second = run_cases(WORKER, ["neox_resumed", "neox_plain", "mnist_resumed", "mnist_plain", "t5_resumed",
-                                "t5_plain"], 4, env=env, timeout=400, out_dir=tmp_path_factory.mktemp("smp_v1_second"))
+    second = run_cases(
+        WORKER,
+        ["neox_resumed", "neox_plain", "mnist_resumed", "mnist_plain", "t5_resumed", "t5_plain"],
+        4,
+        env=env,
+        timeout=400,
+        out_dir=tmp_path_factory.mktemp("smp_v1_second"),
+    )
     return first, second
 
 
@@ -36,7 +48,9 @@ def test_gpt_neox_script_matches_one_process_on_the_global_batch(jobs):
         torch.testing.assert_close(torch.tensor(ours["losses"]), torch.tensor(reference["losses"]), rtol=0, atol=5e-4)
         assert list(ours["params"]) == list(reference["params"])
         for name, value in reference["params"].items():
-            torch.testing.assert_close(ours["params"][name], value, rtol=0, atol=5e-4, msg=lambda m: f"rank {rank} {name}: {m}")
+            torch.testing.assert_close(
+                ours["params"][name], value, rtol=0, atol=5e-4, msg=lambda m: f"rank {rank} {name}: {m}"
+            )
         assert ours["lrs"][0] < ours["lrs"][1] > ours["lrs"][-1]  # the scheduler's writes reached the steps
     assert reference["losses"][-1] < reference["losses"][0]
 

@@ -14,8 +14,13 @@ CASES = ["gpt", "gpt_untied", "hf_gpt2", "hf_llama", "hf_neox"]
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    return run_cases("tests/distributed/tensor_parallel_worker.py", [*CASES, "regions", "overlap", "dropout_rng_check"], nprocs=2, timeout=300,
-                     out_dir=tmp_path_factory.mktemp("tp"))
+    return run_cases(
+        "tests/distributed/tensor_parallel_worker.py",
+        [*CASES, "regions", "overlap", "dropout_rng_check"],
+        nprocs=2,
+        timeout=300,
+        out_dir=tmp_path_factory.mktemp("tp"),
+    )
 
 
 def assert_same_training(ours: dict, ref: dict, label: str) -> None:
@@ -24,8 +29,9 @@ def assert_same_training(ours: dict, ref: dict, label: str) -> None:
     assert list(ours["params"]) == list(ref["params"])
     for name, expected in ref["params"].items():
         assert ours["params"][name].shape == expected.shape, name
-        torch.testing.assert_close(ours["params"][name], expected, rtol=1e-5, atol=1e-6,
-                                   msg=lambda m: f"{label} {name}: {m}")
+        torch.testing.assert_close(
+            ours["params"][name], expected, rtol=1e-5, atol=1e-6, msg=lambda m: f"{label} {name}: {m}"
+        )
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -53,7 +59,13 @@ def test_merged_state_dict_cut_again_loads_into_a_fresh_tensor_parallel_model(re
 
 
 # hidden size, blocks, column-parallel inputs per block (Llama's q/k/v and gate/up share one each)
-SHAPES = {"gpt": (30, 2, 2), "gpt_untied": (30, 2, 2), "hf_gpt2": (30, 2, 2), "hf_llama": (32, 2, 2), "hf_neox": (32, 2, 2)}
+SHAPES = {
+    "gpt": (30, 2, 2),
+    "gpt_untied": (30, 2, 2),
+    "hf_gpt2": (30, 2, 2),
+    "hf_llama": (32, 2, 2),
+    "hf_neox": (32, 2, 2),
+}
 
 
 @pytest.mark.parametrize("case", CASES)

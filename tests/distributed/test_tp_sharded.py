@@ -20,16 +20,33 @@ CASES = ["gpt", "hf_gpt2", "hf_llama"]
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    return run_cases("tests/distributed/tp_sharded_worker.py", [*CASES, "gpt_checkpointed", "gpt_delayed", "hf_llama_delayed", "gpt_persistent", "gpt_accum2",
-                                                               "gpt_bf16", "gpt_fp16"], nprocs=4,
-                     timeout=400,
-                     out_dir=tmp_path_factory.mktemp("tp_sharded"))
+    return run_cases(
+        "tests/distributed/tp_sharded_worker.py",
+        [
+            *CASES,
+            "gpt_checkpointed",
+            "gpt_delayed",
+            "hf_llama_delayed",
+            "gpt_persistent",
+            "gpt_accum2",
+            "gpt_bf16",
+            "gpt_fp16",
+        ],
+        nprocs=4,
+        timeout=400,
+        out_dir=tmp_path_factory.mktemp("tp_sharded"),
+    )
 
 
 @pytest.fixture(scope="module")
 def replicated(tmp_path_factory):
-    return run_cases("tests/distributed/tp_sharded_worker.py", [*CASES, "gpt_hpz_d4"], nprocs=8, timeout=400,
-                     out_dir=tmp_path_factory.mktemp("tp_sharded_r2"))
+    return run_cases(
+        "tests/distributed/tp_sharded_worker.py",
+        [*CASES, "gpt_hpz_d4"],
+        nprocs=8,
+        timeout=400,
+        out_dir=tmp_path_factory.mktemp("tp_sharded_r2"),
+    )
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -124,5 +141,7 @@ def test_full_checkpoint_is_the_plain_model(results):
         assert list(checkpoint["resumed"]) == list(trained)
         assert all(torch.equal(checkpoint["resumed"][k], v) for k, v in trained.items())
     saved = per_rank[0]["sharded"]["checkpoint"]["saved"]
-    assert {k: tuple(v.shape) for k, v in saved.items()} == {k: tuple(v.shape) for k, v in per_rank[0]["reference"]["params"].items()}
+    assert {k: tuple(v.shape) for k, v in saved.items()} == {
+        k: tuple(v.shape) for k, v in per_rank[0]["reference"]["params"].items()
+    }
     assert all(torch.equal(saved[k], v) for k, v in per_rank[0]["sharded"]["params"].items())

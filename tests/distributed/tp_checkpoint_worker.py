@@ -36,8 +36,15 @@ def _directory() -> Path:
 def train(name: str, tp: int, shard: int, steps: range, resume: bool = False, save_at: int | None = None) -> dict:
     case = MODELS[name]
     runtime_state.reset_for_tests()
-    smp.init({"ddp": True, "tensor_parallel_degree": tp, "sharded_data_parallel_degree": shard,
-              "prescaled_batch": tp > 1, "sdp_param_persistence_threshold": PERSISTENCE_THRESHOLD})
+    smp.init(
+        {
+            "ddp": True,
+            "tensor_parallel_degree": tp,
+            "sharded_data_parallel_degree": shard,
+            "prescaled_batch": tp > 1,
+            "sdp_param_persistence_threshold": PERSISTENCE_THRESHOLD,
+        }
+    )
     rdp, rdp_rank = smp.rdp_size(), smp.rdp_rank()
     with smp.model_creation(tensor_parallelism=tp > 1):
         model = smp.DistributedModel(case.build(seed=7 if not resume else 99))

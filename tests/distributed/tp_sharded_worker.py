@@ -51,14 +51,22 @@ def _train_plain(name: str, rdp: int, steps: int) -> dict:
     return {"losses": losses, "params": {k: v.detach().clone() for k, v in model.state_dict().items()}}
 
 
-def sharded(name: str, tp: int = 2, readers: int | None = None, accum: int = 1, steps: int = STEPS,
-            **extra) -> dict:
+def sharded(name: str, tp: int = 2, readers: int | None = None, accum: int = 1, steps: int = STEPS, **extra) -> dict:
     """``readers``: the model replicas the global batch is made for (default: this job's);
     ``accum``: backward passes per step, each on an equal part of this rank's batch."""
     case = MODELS[name]
     runtime_state.reset_for_tests()
-    smp.init({"ddp": True, "tensor_parallel_degree": tp, "sharded_data_parallel_degree": 2, "prescaled_batch": tp > 1,
-              "sdp_param_persistence_threshold": 0, "sdp_gradient_clipping": 1.0, **extra})
+    smp.init(
+        {
+            "ddp": True,
+            "tensor_parallel_degree": tp,
+            "sharded_data_parallel_degree": 2,
+            "prescaled_batch": tp > 1,
+            "sdp_param_persistence_threshold": 0,
+            "sdp_gradient_clipping": 1.0,
+            **extra,
+        }
+    )
     rdp, rdp_rank = smp.rdp_size(), smp.rdp_rank()
     if name == "gpt":  # as SMP scripts do
         with smp.model_creation(tensor_parallelism=tp > 1):
@@ -83,8 +91,13 @@ def sharded(name: str, tp: int = 2, readers: int | None = None, accum: int = 1, 
         dist.all_reduce(value, group=smp.get_rdp_process_group())
         losses.append(value.item() / rdp)
         per_step_bytes.append({k: v - before.get(k, 0) for k, v in smp.comm_stats().items()})
-    out = {"losses": losses, "params": model.state_dict(), "comm": smp.comm_stats(), "bytes": per_step_bytes,
-           "layout": {**_layout(model, kept=True), "reshard_after_forward": True}}
+    out = {
+        "losses": losses,
+        "params": model.state_dict(),
+        "comm": smp.comm_stats(),
+        "bytes": per_step_bytes,
+        "layout": {**_layout(model, kept=True), "reshard_after_forward": True},
+    }
     if name == "gpt" and tp == 2 and accum == 1 and not extra:
         out["checkpoint"] = _full_checkpoint_round_trip(model, case)
     return out
@@ -109,20 +122,31 @@ def run(name: str, steps: int = STEPS, **extra) -> dict:
 def low_precision_against_t1(precision: str, steps: int = STEPS) -> dict:
     """bf16 or fp16 at t=2, d=2 and at t=1, d=2 (4 ranks, so r=2), same global batch, and the fp32 reference."""
     flag = {precision: True}
-    return {"t2": sharded("gpt", steps=steps, **flag), "t1": sharded("gpt", tp=1, readers=2, steps=steps, **flag),
-            "reference": reference("gpt", 2, steps)}
+    return {
+        "t2": sharded("gpt", steps=steps, **flag),
+        "t1": sharded("gpt", tp=1, readers=2, steps=steps, **flag),
+        "reference": reference("gpt", 2, steps),
+    }
 
 
 if __name__ == "__main__":
-    worker_main({**{name: (lambda name=name: run(name)) for name in ("gpt", "hf_gpt2", "hf_llama")},
-                 "gpt_checkpointed": lambda: run("gpt", activation_checkpointing=True),
-                 **{f"{name}_delayed": (lambda name=name: run(name, SHORT, delayed_parameter_initialization=True))
-                    for name in ("gpt", "hf_llama")},
-                 "gpt_persistent": lambda: run("gpt", SHORT, sdp_param_persistence_threshold=1000),
-                 # 8 ranks: t=2, d=4, each TP rank's backward regathering from 1/2 slices (hpZ)
-                 "gpt_hpz_d4": lambda: run("gpt", SHORT, sharded_data_parallel_degree=4, sdp_reshard_after_forward=2),
-                 "gpt_accum2": lambda: {"sharded": sharded("gpt", accum=2, steps=SHORT),
-                                        "reference": reference("gpt", 2, SHORT)},
-                 "gpt_bf16": lambda: low_precision_against_t1("bf16"),
-                 "gpt_fp16": lambda: low_precision_against_t1("fp16", SHORT)},
-                setup=init_gloo_from_env)
+    worker_main(
+        {
+            **{name: (lambda name=name: run(name)) for name in ("gpt", "hf_gpt2", "hf_llama")},
+            "gpt_checkpointed": lambda: run("gpt", activation_checkpointing=True),
+            **{
+                f"{name}_delayed": (lambda name=name: run(name, SHORT, delayed_parameter_initialization=True))
+                for name in ("gpt", "hf_llama")
+            },
+            "gpt_persistent": lambda: run("gpt", SHORT, sdp_param_persistence_threshold=1000),
+            # 8 ranks: t=2, d=4, each TP rank's backward regathering from 1/2 slices (hpZ)
+            "gpt_hpz_d4": lambda: run("gpt", SHORT, sharded_data_parallel_degree=4, sdp_reshard_after_forward=2),
+            "gpt_accum2": lambda: {
+                "sharded": sharded("gpt", accum=2, steps=SHORT),
+                "reference": reference("gpt", 2, SHORT),
+            },
+            "gpt_bf16": lambda: low_precision_against_t1("bf16"),
+            "gpt_fp16": lambda: low_precision_against_t1("fp16", SHORT),
+        },
+        setup=init_gloo_from_env,
+    )

@@ -44,7 +44,7 @@ def build():
 def error_of(fn) -> str:
     try:
         fn()
-    except Exception as exc:  # noqa: BLE001 - the test checks type and text
+    except Exception as exc:
         return f"{type(exc).__name__}: {exc}"
     return "no error"
 
@@ -56,8 +56,12 @@ def save(where: Path, tag: str, model, opt) -> None:
 def intact(where: Path, tag: str) -> dict:
     """What a later job would find: the pointer, the checkpoint's marker and files, and a resume."""
     [found] = [f for f in files.scan(where, files.PARTIAL) if f.tag == tag and f.state == "final"]
-    return {"newest": files.read_pointer(where, files.PARTIAL), "complete": found.complete,
-            "files_problem": files.check_files(found), "resumed": smp.resume_from_checkpoint(where)}
+    return {
+        "newest": files.read_pointer(where, files.PARTIAL),
+        "complete": found.complete,
+        "files_problem": files.check_files(found),
+        "resumed": smp.resume_from_checkpoint(where),
+    }
 
 
 def truncated_shard() -> dict:
@@ -68,8 +72,10 @@ def truncated_shard() -> dict:
         victim = max((where / "a_partial").glob("__*.distcp"), key=lambda f: f.stat().st_size)
         os.truncate(victim, victim.stat().st_size // 2)
     smp.barrier()
-    return {"by_tag": error_of(lambda: smp.resume_from_checkpoint(where, tag="a")),
-            "newest": error_of(lambda: smp.resume_from_checkpoint(where))}
+    return {
+        "by_tag": error_of(lambda: smp.resume_from_checkpoint(where, tag="a")),
+        "newest": error_of(lambda: smp.resume_from_checkpoint(where)),
+    }
 
 
 def disk_full() -> dict:
@@ -98,5 +104,6 @@ def read_only() -> dict:
 
 
 if __name__ == "__main__":
-    worker_main({"truncated_shard": truncated_shard, "disk_full": disk_full, "read_only": read_only},
-                setup=init_gloo_from_env)
+    worker_main(
+        {"truncated_shard": truncated_shard, "disk_full": disk_full, "read_only": read_only}, setup=init_gloo_from_env
+    )

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
-
 
 _POPEN = subprocess.Popen  # tests that forbid starting processes replace subprocess.Popen; mounting is ours
 

@@ -10,13 +10,12 @@
 
 from __future__ import annotations
 
-import json
 import time
 
 import pytest
 
 from smsdp.config import CONFIG_ENV_VAR, RuntimeConfig
-from tests.conftest import USER_SCRIPTS, processes_in
+from tests.conftest import processes_in
 from tests.faults.mounts import tmpfs
 from tests.mpi_harness import REPO_ROOT, requires_mpi, run_cases, run_mpi
 
@@ -30,8 +29,11 @@ def results(tmp_path_factory):
     root = tmp_path_factory.mktemp("faults")
     with tmpfs(root / "tmpfs", size="4m") as small:
         cases = ["truncated_shard"] + (["disk_full", "read_only"] if small else [])
-        env = {"SMSDP_FAULT_ROOT": str(root), "SMSDP_TEST_PG_TIMEOUT": "30",
-               **({"SMSDP_FAULT_TMPFS": str(small)} if small else {})}
+        env = {
+            "SMSDP_FAULT_ROOT": str(root),
+            "SMSDP_TEST_PG_TIMEOUT": "30",
+            **({"SMSDP_FAULT_TMPFS": str(small)} if small else {}),
+        }
         started = time.monotonic()
         out = run_cases(WORKER, cases, 2, env=env, timeout=120, out_dir=root / "out")
         out.elapsed = time.monotonic() - started
@@ -56,8 +58,9 @@ def _needs_tmpfs(results):
         pytest.skip("cannot mount a tmpfs here (needs root with CAP_SYS_ADMIN)")
 
 
-@pytest.mark.parametrize("case, reason", [("disk_full", "No space left on device"),
-                                          ("read_only", "Read-only file system")])
+@pytest.mark.parametrize(
+    "case, reason", [("disk_full", "No space left on device"), ("read_only", "Read-only file system")]
+)
 def test_a_save_that_cannot_write_fails_clearly_and_keeps_the_previous_checkpoint(results, case, reason):
     _needs_tmpfs(results)
     reports = results[0][case]
@@ -83,8 +86,9 @@ def test_config_that_does_not_match_the_world_fails_every_rank_before_any_collec
     (tmp_path / "output").mkdir()
     env = {CONFIG_ENV_VAR: config, "SM_OUTPUT_DIR": str(tmp_path / "output"), "PYTHONPATH": str(REPO_ROOT)}
     started = time.monotonic()
-    result = run_mpi(["-m", "entrypoints.launcher", str(script)], nprocs=2, env=env, out_dir=tmp_path,
-                     check=False, timeout=60)
+    result = run_mpi(
+        ["-m", "entrypoints.launcher", str(script)], nprocs=2, env=env, out_dir=tmp_path, check=False, timeout=60
+    )
     elapsed = time.monotonic() - started
     assert not result.timed_out and result.returncode != 0 and elapsed < 30
     assert "initialized" not in result.stdout

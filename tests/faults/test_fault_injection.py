@@ -15,7 +15,6 @@ hang case uses a 5 s collective timeout.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -35,15 +34,37 @@ HANG_TIMEOUT_S = 5
 BOUND_S = 20
 
 
-def tiny_job(jobs: Path, instance_count: int = 1, ppn: int = 2, sdp: int = 1, collective_timeout: float = 30,
-             checkpoint_s3_uri: str | None = None, **hyperparameters) -> Estimator:
+def tiny_job(
+    jobs: Path,
+    instance_count: int = 1,
+    ppn: int = 2,
+    sdp: int = 1,
+    collective_timeout: float = 30,
+    checkpoint_s3_uri: str | None = None,
+    **hyperparameters,
+) -> Estimator:
     distribution = {"mpi": {"enabled": True, "processes_per_host": ppn}}
     if sdp > 1:
-        distribution["smdistributed"] = {"modelparallel": {"enabled": True, "parameters": {
-            "ddp": True, "sharded_data_parallel_degree": sdp, "sdp_param_persistence_threshold": 100}}}
-    return Estimator("train_gpt.py", source_dir=str(BUNDLED), instance_count=instance_count, distribution=distribution,
-                     hyperparameters={**TINY_GPT, **hyperparameters}, output_path=str(jobs),
-                     collective_timeout=collective_timeout, checkpoint_s3_uri=checkpoint_s3_uri)
+        distribution["smdistributed"] = {
+            "modelparallel": {
+                "enabled": True,
+                "parameters": {
+                    "ddp": True,
+                    "sharded_data_parallel_degree": sdp,
+                    "sdp_param_persistence_threshold": 100,
+                },
+            }
+        }
+    return Estimator(
+        "train_gpt.py",
+        source_dir=str(BUNDLED),
+        instance_count=instance_count,
+        distribution=distribution,
+        hyperparameters={**TINY_GPT, **hyperparameters},
+        output_path=str(jobs),
+        collective_timeout=collective_timeout,
+        checkpoint_s3_uri=checkpoint_s3_uri,
+    )
 
 
 def fault_time(log: str) -> float:
@@ -66,14 +87,30 @@ def run_faulty(est: Estimator, name: str, spec: str, monkeypatch) -> tuple[dict,
 
 CASES = {
     # id: (fault spec, job shape, what the FailureReason starts with, what it shows)
-    "raise-forward": ("rank=1,step=2,phase=forward,kind=raise", {},
-                      "rank 1: Traceback", ["InjectedFault: injected fault", "phase forward", "train_gpt.py"]),
-    "exit-backward": ("rank=1,step=2,phase=backward,kind=exit,code=3", {},
-                      "rank 1: exited with status 3", ["phase backward, kind exit on rank 1"]),
-    "sigkill-optimizer-step": ("rank=0,step=3,phase=optimizer_step,kind=sigkill", {},
-                               "rank 0: killed by signal 9", ["phase optimizer_step, kind sigkill on rank 0"]),
-    "raise-checkpoint": ("rank=1,step=2,phase=checkpoint,kind=raise", {"checkpoint_interval": 1},
-                         "rank 1: Traceback", ["InjectedFault: injected fault", "phase checkpoint", "save_checkpoint"]),
+    "raise-forward": (
+        "rank=1,step=2,phase=forward,kind=raise",
+        {},
+        "rank 1: Traceback",
+        ["InjectedFault: injected fault", "phase forward", "train_gpt.py"],
+    ),
+    "exit-backward": (
+        "rank=1,step=2,phase=backward,kind=exit,code=3",
+        {},
+        "rank 1: exited with status 3",
+        ["phase backward, kind exit on rank 1"],
+    ),
+    "sigkill-optimizer-step": (
+        "rank=0,step=3,phase=optimizer_step,kind=sigkill",
+        {},
+        "rank 0: killed by signal 9",
+        ["phase optimizer_step, kind sigkill on rank 0"],
+    ),
+    "raise-checkpoint": (
+        "rank=1,step=2,phase=checkpoint,kind=raise",
+        {"checkpoint_interval": 1},
+        "rank 1: Traceback",
+        ["InjectedFault: injected fault", "phase checkpoint", "save_checkpoint"],
+    ),
 }
 
 
@@ -123,8 +160,9 @@ def test_a_hung_rank_ends_the_job_after_the_collective_timeout(tmp_path, monkeyp
     assert match and match[1] != "3", reason[:500]  # a peer that timed out, with the collective it was in
     # gloo's two words for it: this rank's own wait timed out, or its connection was closed
     # because a peer's did (which of the two ranks gets there first varies run to run)
-    assert f"Timed out waiting {HANG_TIMEOUT_S * 1000}ms" in reason or \
-        "Application timeout caused pair closure" in reason, reason[-500:]
+    assert (
+        f"Timed out waiting {HANG_TIMEOUT_S * 1000}ms" in reason or "Application timeout caused pair closure" in reason
+    ), reason[-500:]
     assert "lost a peer in a collective" in reason
     assert HANG_TIMEOUT_S - 1 < detect < HANG_TIMEOUT_S + BOUND_S
     assert processes_in(tmp_path / "hang-backward") == []
@@ -138,10 +176,12 @@ def test_fault_specs_parse_and_bad_ones_are_named():
     assert (fault.rank, fault.step, fault.phase, fault.kind) == (1, 3, "backward", "raise")
     two = fault_injection.parse("rank=*,phase=forward,kind=hang; rank=2,step=5,phase=checkpoint,kind=exit,code=7")
     assert two[0].rank is None and two[0].step == 1 and two[1].code == 7
-    for bad, named in [("rank=1,phase=sideways,kind=raise", "phase='sideways'"),
-                       ("rank=1,phase=forward,kind=explode", "kind='explode'"),
-                       ("rank=1,phase=forward,kind=raise,when=now", "unknown key(s) ['when']"),
-                       ("rank=1,forward", "'forward' in")]:
+    for bad, named in [
+        ("rank=1,phase=sideways,kind=raise", "phase='sideways'"),
+        ("rank=1,phase=forward,kind=explode", "kind='explode'"),
+        ("rank=1,phase=forward,kind=raise,when=now", "unknown key(s) ['when']"),
+        ("rank=1,forward", "'forward' in"),
+    ]:
         with pytest.raises(ValueError, match=re.escape(named)):
             fault_injection.parse(bad)
 

@@ -25,11 +25,20 @@ from tests.mpi_harness import requires_mpi
 pytestmark = [pytest.mark.integration, requires_mpi, pytest.mark.timeout(120)]
 
 SCRIPTS = Path(__file__).resolve().parent / "user_scripts"
-HOSTILE = {"cmd": "$(touch PWNED); `touch PWNED2` && touch PWNED3 | cat; echo ${HOME} > PWNED4",
-           "lines": "one\ntwo\n", "quotes": "it's \"quoted\" \\ back", "uni": "héllo ✓", "dashes": "--cmd x"}
-SECRETS = {"HF_TOKEN": "hf_Zq8nT4s9VbW2xYc7LmK3pR6dA1eF0gH5jU", "DATABASE_URL": "postgres://app:pw-Xy7q92zz@db/app",
-           "WANDB_API_KEY": "wandb-7f3e9a1c5b2d8e4f6a0b", "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
-           "AWS_ACCESS_KEY_ID": "AKIAIOSFODNN7EXAMPLE"}
+HOSTILE = {
+    "cmd": "$(touch PWNED); `touch PWNED2` && touch PWNED3 | cat; echo ${HOME} > PWNED4",
+    "lines": "one\ntwo\n",
+    "quotes": 'it\'s "quoted" \\ back',
+    "uni": "héllo ✓",
+    "dashes": "--cmd x",
+}
+SECRETS = {
+    "HF_TOKEN": "hf_Zq8nT4s9VbW2xYc7LmK3pR6dA1eF0gH5jU",
+    "DATABASE_URL": "postgres://app:pw-Xy7q92zz@db/app",
+    "WANDB_API_KEY": "wandb-7f3e9a1c5b2d8e4f6a0b",
+    "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+    "AWS_ACCESS_KEY_ID": "AKIAIOSFODNN7EXAMPLE",
+}
 LEAKS = [*SECRETS.values(), "pw-Xy7q92zz"]
 
 
@@ -40,11 +49,24 @@ def job(tmp_path_factory):
     mp.setenv("AWS_SECRET_ACCESS_KEY", SECRETS["AWS_SECRET_ACCESS_KEY"])  # the client's own credentials
     mp.setenv("AWS_ACCESS_KEY_ID", SECRETS["AWS_ACCESS_KEY_ID"])
     try:
-        est = Estimator("leaky.py", source_dir=str(SCRIPTS), output_path=str(jobs), hyperparameters=HOSTILE,
-                        environment={"HF_TOKEN": SECRETS["HF_TOKEN"], "DATABASE_URL": SECRETS["DATABASE_URL"],
-                                     "PLAIN": "plain-visible-value"},
-                        distribution={"mpi": {"enabled": True, "processes_per_host": 1,
-                                              "custom_mpi_options": f"-x WANDB_API_KEY={SECRETS['WANDB_API_KEY']}"}})
+        est = Estimator(
+            "leaky.py",
+            source_dir=str(SCRIPTS),
+            output_path=str(jobs),
+            hyperparameters=HOSTILE,
+            environment={
+                "HF_TOKEN": SECRETS["HF_TOKEN"],
+                "DATABASE_URL": SECRETS["DATABASE_URL"],
+                "PLAIN": "plain-visible-value",
+            },
+            distribution={
+                "mpi": {
+                    "enabled": True,
+                    "processes_per_host": 1,
+                    "custom_mpi_options": f"-x WANDB_API_KEY={SECRETS['WANDB_API_KEY']}",
+                }
+            },
+        )
         with pytest.raises(JobFailedError) as raised:
             est.fit(job_name="careless", logs=False)
     finally:
@@ -56,7 +78,7 @@ def test_hostile_arguments_arrive_verbatim_and_no_shell_ran(job):
     _, job_dir, _ = job
     argv = json.loads((job_dir / "output" / "data" / "argv.json").read_text())
     assert argv == [word for name, value in HOSTILE.items() for word in (f"--{name}", value)]
-    assert not [p for p in job_dir.parent.rglob("PWNED*")] and not list(Path.cwd().glob("PWNED*"))
+    assert not list(job_dir.parent.rglob("PWNED*")) and not list(Path.cwd().glob("PWNED*"))
 
 
 def test_the_script_saw_the_secrets_but_the_job_kept_none(job):
@@ -75,12 +97,19 @@ def test_the_script_saw_the_secrets_but_the_job_kept_none(job):
 
 
 def test_the_job_directory_is_the_owners_alone(job):
-    est, job_dir, _ = job
+    _est, job_dir, _ = job
     assert stat.S_IMODE(job_dir.stat().st_mode) == 0o700
     assert stat.S_IMODE((job_dir / "logs").stat().st_mode) == 0o700
-    ours = [job_dir / "logs" / "job.log", job_dir / "logs" / "supervisor.log", job_dir / "status.json",
-            job_dir / "job.json", job_dir / "output" / "failure", job_dir / "output" / "failure-rank0",
-            job_dir / "output" / "data" / "argv.json", job_dir / "model" / "weights.txt"]
+    ours = [
+        job_dir / "logs" / "job.log",
+        job_dir / "logs" / "supervisor.log",
+        job_dir / "status.json",
+        job_dir / "job.json",
+        job_dir / "output" / "failure",
+        job_dir / "output" / "failure-rank0",
+        job_dir / "output" / "data" / "argv.json",
+        job_dir / "model" / "weights.txt",
+    ]
     for path in ours:
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
     for path in job_dir.rglob("*"):  # everything the job made (the copied code keeps its modes, inside 0700)

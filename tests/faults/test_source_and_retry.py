@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import signal
 import threading
@@ -24,11 +23,11 @@ from pathlib import Path
 
 import pytest
 
-from estimator import Estimator, JobFailedError, JobStatus
-from smsdp.util import fault_injection
+from estimator import Estimator, JobStatus
 from smsdp.config import ConfigError
+from smsdp.util import fault_injection
 from tests.faults.test_fault_injection import fault_time, tiny_job
-from tests.faults.test_user_hazards import BOUND_S, SCRIPTS, marked
+from tests.faults.test_user_hazards import SCRIPTS, marked
 from tests.mpi_harness import requires_mpi
 
 HAZARD = SCRIPTS / "hazard.py"
@@ -62,8 +61,12 @@ def tree(tmp_path: Path) -> Path:
 def test_a_real_source_tree_ships_what_it_should(tmp_path):
     src = tree(tmp_path)
     outputs = src / "jobs"  # output_path inside source_dir
-    est = Estimator("hazard.py", source_dir=str(src), output_path=str(outputs),
-                    hyperparameters={"mode": "secret", "hf_token": "", "api_secret": ""})
+    est = Estimator(
+        "hazard.py",
+        source_dir=str(src),
+        output_path=str(outputs),
+        hyperparameters={"mode": "secret", "hf_token": "", "api_secret": ""},
+    )
     est.fit(job_name="tree", logs=False)
     code = outputs / "tree" / "code"
     shipped = sorted(p.relative_to(code).as_posix() for p in code.rglob("*"))
@@ -74,12 +77,15 @@ def test_a_real_source_tree_ships_what_it_should(tmp_path):
     assert marked(outputs / "tree") == []
 
 
-@pytest.mark.parametrize("make, says", [
-    (lambda src, tmp: os.mkfifo(src / "pipe"), "'pipe' is a FIFO"),
-    (lambda src, tmp: (src / "gone").symlink_to(tmp / "nowhere"), "'gone' is a dangling symbolic link"),
-    (lambda src, tmp: (src / "out").symlink_to(tmp), "'out' is a symbolic link to"),
-    (lambda src, tmp: (src / "pkg" / "secret.py").chmod(0), "'pkg/secret.py' cannot be read"),
-])
+@pytest.mark.parametrize(
+    "make, says",
+    [
+        (lambda src, tmp: os.mkfifo(src / "pipe"), "'pipe' is a FIFO"),
+        (lambda src, tmp: (src / "gone").symlink_to(tmp / "nowhere"), "'gone' is a dangling symbolic link"),
+        (lambda src, tmp: (src / "out").symlink_to(tmp), "'out' is a symbolic link to"),
+        (lambda src, tmp: (src / "pkg" / "secret.py").chmod(0), "'pkg/secret.py' cannot be read"),
+    ],
+)
 def test_every_source_dir_problem_is_named_when_the_estimator_is_built(tmp_path, make, says):
     src = tmp_path / "src"
     (src / "pkg").mkdir(parents=True)
@@ -125,8 +131,11 @@ def test_ctrl_c_during_the_copy_leaves_no_half_made_job(tmp_path):
     def interrupt_when_copying():
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            if any(p.name.startswith(".copy-me.creating-") and (p / "code").exists()
-                   for p in jobs.glob(".*")) if jobs.exists() else False:
+            if (
+                any(p.name.startswith(".copy-me.creating-") and (p / "code").exists() for p in jobs.glob(".*"))
+                if jobs.exists()
+                else False
+            ):
                 signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
                 return
             time.sleep(0.001)
@@ -176,9 +185,14 @@ def test_a_retried_job_resumes_from_its_checkpoint_bit_identically(tmp_path, mon
 
 
 def _kwargs(est: Estimator) -> dict:
-    return dict(entry_point=est.entry_point, source_dir=est.source_dir, output_path=est.output_path,
-                hyperparameters=est.hyperparameters(), distribution=est.distribution,
-                collective_timeout=est.runtime_config.collective_timeout_s)
+    return dict(
+        entry_point=est.entry_point,
+        source_dir=est.source_dir,
+        output_path=est.output_path,
+        hyperparameters=est.hyperparameters(),
+        distribution=est.distribution,
+        collective_timeout=est.runtime_config.collective_timeout_s,
+    )
 
 
 def test_max_retry_attempts_is_checked_when_the_estimator_is_built(tmp_path):
@@ -193,13 +207,25 @@ def test_max_retry_attempts_is_checked_when_the_estimator_is_built(tmp_path):
 @pytest.mark.integration
 @requires_mpi
 @pytest.mark.timeout(120)
-def test_run_example_with_ones_own_script_passes_no_extra_arguments_and_shows_usage(tmp_path, capsys,
-                                                                                  monkeypatch):
+def test_run_example_with_ones_own_script_passes_no_extra_arguments_and_shows_usage(tmp_path, capsys, monkeypatch):
     from estimator.cli import main
 
     monkeypatch.setenv("SMSDP_STATE_DIR", str(tmp_path / "state"))
-    args = ["run-example", "--entry-point", "hazard.py", "--source-dir", str(SCRIPTS), "--instance-count", "1",
-            "--processes-per-host", "1", "--sharded-degree", "1", "--output-path", str(tmp_path / "elsewhere")]
+    args = [
+        "run-example",
+        "--entry-point",
+        "hazard.py",
+        "--source-dir",
+        str(SCRIPTS),
+        "--instance-count",
+        "1",
+        "--processes-per-host",
+        "1",
+        "--sharded-degree",
+        "1",
+        "--output-path",
+        str(tmp_path / "elsewhere"),
+    ]
     assert main([*args, "-H", "mode=secret", "-H", "hf_token=", "-H", "api_secret=", "--job-name", "own"]) == 0
     assert main([*args, "-H", "mode=secret", "-H", "bogus=1", "--job-name", "strict"]) == 1
     out = capsys.readouterr().out

@@ -61,4 +61,3 @@ def test_stop_finishes_the_step_checkpoints_and_the_next_job_resumes(tmp_path):
     progress = re.findall(r"\[algo-1 rank0\] \[smsdp\] step (\d+)/", log)
     assert progress and int(progress[0]) == step + 1 and int(progress[-1]) == step + 2
     assert again.latest_job.status() is JobStatus.COMPLETED
-

@@ -48,8 +48,13 @@ def marked(job_dir: Path) -> list[int]:
 
 
 def hazard(jobs: Path, ranks: int = 1, **hyperparameters) -> Estimator:
-    return Estimator("hazard.py", source_dir=str(SCRIPTS), output_path=str(jobs), hyperparameters=hyperparameters,
-                     distribution={"mpi": {"enabled": True, "processes_per_host": ranks}})
+    return Estimator(
+        "hazard.py",
+        source_dir=str(SCRIPTS),
+        output_path=str(jobs),
+        hyperparameters=hyperparameters,
+        distribution={"mpi": {"enabled": True, "processes_per_host": ranks}},
+    )
 
 
 def wait_for(predicate, timeout: float = 60, what: str = "") -> None:
@@ -114,8 +119,13 @@ def test_a_job_on_a_full_disk_still_stops(small_disk, tmp_path, how):
 
 
 def _kwargs(est: Estimator) -> dict:
-    return dict(entry_point=est.entry_point, source_dir=est.source_dir, output_path=est.output_path,
-                hyperparameters=est.hyperparameters(), distribution=est.distribution)
+    return dict(
+        entry_point=est.entry_point,
+        source_dir=est.source_dir,
+        output_path=est.output_path,
+        hyperparameters=est.hyperparameters(),
+        distribution=est.distribution,
+    )
 
 
 # ------------------------------------------------------------------------------ 4. a killed supervisor
@@ -134,8 +144,10 @@ def test_the_ranks_die_with_a_killed_supervisor_and_stop_ends_what_is_left(tmp_p
     # The kill reaches the ranks (death signals, at the supervisor's exit) before the supervisor is
     # a zombie its parent can see: the status turns Failed a moment later.
     wait_for(lambda: job.status().is_terminal, timeout=BOUND_S, what="the status to say so")
-    print(f"\n[faults] supervisor SIGKILLed: its ranks were gone {took:.1f} s later, "
-          f"the status Failed {time.monotonic() - killed:.1f} s later")
+    print(
+        f"\n[faults] supervisor SIGKILLed: its ranks were gone {took:.1f} s later, "
+        f"the status Failed {time.monotonic() - killed:.1f} s later"
+    )
     described = job.describe()
     assert described["TrainingJobStatus"] == "Failed"
     reason = described["FailureReason"]
@@ -192,13 +204,18 @@ def test_generated_names_never_collide(tmp_path, monkeypatch):
     jobs, errors, start = [], [], threading.Barrier(6)
 
     def launch():
-        est = Estimator("hazard.py", source_dir=str(SCRIPTS), output_path=str(tmp_path), base_job_name="race",
-                        hyperparameters={"mode": "secret", "hf_token": "", "api_secret": ""})
+        est = Estimator(
+            "hazard.py",
+            source_dir=str(SCRIPTS),
+            output_path=str(tmp_path),
+            base_job_name="race",
+            hyperparameters={"mode": "secret", "hf_token": "", "api_secret": ""},
+        )
         try:
             start.wait()
             est.fit(wait=False)
             jobs.append(est.latest_job)
-        except Exception as exc:  # noqa: BLE001 - reported below
+        except Exception as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=launch) for _ in range(6)]

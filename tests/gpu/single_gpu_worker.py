@@ -45,9 +45,14 @@ def main(mode: str, out: str) -> None:
     # No clipping: sdp_gradient_clipping applies only with sharding on (degree > 1), as in SMP.
     autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
     theirs = _train(reference, ref_opt, lambda loss: loss.backward(), autocast)
-    torch.save({"smsdp": {"losses": ours, "params": {k: v.cpu() for k, v in model.state_dict().items()}},
-                "plain": {"losses": theirs, "params": {k: v.detach().cpu() for k, v in reference.state_dict().items()}},
-                "device": torch.cuda.get_device_name()}, out)
+    torch.save(
+        {
+            "smsdp": {"losses": ours, "params": {k: v.cpu() for k, v in model.state_dict().items()}},
+            "plain": {"losses": theirs, "params": {k: v.detach().cpu() for k, v in reference.state_dict().items()}},
+            "device": torch.cuda.get_device_name(),
+        },
+        out,
+    )
 
 
 if __name__ == "__main__":

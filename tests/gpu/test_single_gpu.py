@@ -22,8 +22,14 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 def _run(mode: str, tmp_path) -> dict:
     out = tmp_path / f"{mode}.pt"
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    done = subprocess.run([sys.executable, "-m", "tests.gpu.single_gpu_worker", mode, str(out)], env=env,
-                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.gpu.single_gpu_worker", mode, str(out)],
+        env=env,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     return torch.load(out, weights_only=False)
 

@@ -18,20 +18,36 @@ from tests.mpi_harness import requires_mpi
 pytestmark = [pytest.mark.integration, requires_mpi, pytest.mark.timeout(300)]
 
 REPO = Path(__file__).resolve().parents[2]
-TINY = {"n_layer": 2, "d_model": 64, "n_head": 2, "seq_len": 32, "batch_size": 2, "vocab_size": 256,
-        "log_interval": 1, "dropout": 0.1}
+TINY = {
+    "n_layer": 2,
+    "d_model": 64,
+    "n_head": 2,
+    "seq_len": 32,
+    "batch_size": 2,
+    "vocab_size": 256,
+    "log_interval": 1,
+    "dropout": 0.1,
+}
 TWO_HOSTS_SHARDED = {
-    "smdistributed": {"modelparallel": {"enabled": True, "parameters": {
-        "sharded_data_parallel_degree": 2, "sdp_param_persistence_threshold": 0}}},
+    "smdistributed": {
+        "modelparallel": {
+            "enabled": True,
+            "parameters": {"sharded_data_parallel_degree": 2, "sdp_param_persistence_threshold": 0},
+        }
+    },
     "mpi": {"enabled": True, "processes_per_host": 2},
 }
 
 
 def _fit(jobs: Path, name: str, max_steps: int, checkpoints: Path | None) -> Path:
     est = Estimator(
-        "train_gpt.py", source_dir=str(REPO / "entrypoints"), instance_count=2, distribution=TWO_HOSTS_SHARDED,
+        "train_gpt.py",
+        source_dir=str(REPO / "entrypoints"),
+        instance_count=2,
+        distribution=TWO_HOSTS_SHARDED,
         hyperparameters={**TINY, "max_steps": max_steps, "checkpoint_interval": 2 if checkpoints else 0},
-        output_path=str(jobs), checkpoint_local_path=str(checkpoints) if checkpoints else None,
+        output_path=str(jobs),
+        checkpoint_local_path=str(checkpoints) if checkpoints else None,
     )
     est.fit(job_name=name, logs=False)
     return jobs / name

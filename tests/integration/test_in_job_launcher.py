@@ -33,19 +33,45 @@ pytestmark = [pytest.mark.integration, requires_mpi, pytest.mark.timeout(240)]
 
 HOSTS = ["algo-1", "algo-2"]
 PROCESSES_PER_HOST = 2
-TINY_GPT = {"max_steps": 4, "n_layer": 2, "d_model": 64, "seq_len": 32, "batch_size": 2, "eval_batches": 1,
-            "log_interval": 1}
+TINY_GPT = {
+    "max_steps": 4,
+    "n_layer": 2,
+    "d_model": 64,
+    "seq_len": 32,
+    "batch_size": 2,
+    "eval_batches": 1,
+    "log_interval": 1,
+}
 DISTRIBUTION = example_distribution(PROCESSES_PER_HOST, sharded_degree=2)
-TOOLKIT_MPI_OPTIONS = ["--allow-run-as-root", "--oversubscribe", "--tag-output", "--bind-to", "none",
-                       "--map-by", "slot", "--mca", "btl", "self,sm", "--mca", "pml", "ob1"]
+TOOLKIT_MPI_OPTIONS = [
+    "--allow-run-as-root",
+    "--oversubscribe",
+    "--tag-output",
+    "--bind-to",
+    "none",
+    "--map-by",
+    "slot",
+    "--mca",
+    "btl",
+    "self,sm",
+    "--mca",
+    "pml",
+    "ob1",
+]
 
 
 def _request():
     est = Estimator(
-        "train_gpt.py", example_source_dir(), instance_type="ml.g5.12xlarge", instance_count=len(HOSTS),
-        distribution=DISTRIBUTION, hyperparameters=TINY_GPT, role="arn:aws:iam::111122223333:role/SageMakerRole",
+        "train_gpt.py",
+        example_source_dir(),
+        instance_type="ml.g5.12xlarge",
+        instance_count=len(HOSTS),
+        distribution=DISTRIBUTION,
+        hyperparameters=TINY_GPT,
+        role="arn:aws:iam::111122223333:role/SageMakerRole",
         image_uri="763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training:2.8.0-gpu-py312",
-        sagemaker_session=types.SimpleNamespace(boto_region_name="us-east-1"), output_path="s3://bucket/jobs",
+        sagemaker_session=types.SimpleNamespace(boto_region_name="us-east-1"),
+        output_path="s3://bucket/jobs",
     )
     return est.dry_run(job_name="in-job")
 
@@ -55,8 +81,9 @@ def _fabricate_host(root: Path, host: str, request) -> Path:
     request.bundle.write_to(root / "code")
     config = root / "input" / "config"
     config.mkdir(parents=True)
-    (config / "resourceconfig.json").write_text(json.dumps(
-        {"current_host": host, "hosts": HOSTS, "network_interface_name": "eth0"}))
+    (config / "resourceconfig.json").write_text(
+        json.dumps({"current_host": host, "hosts": HOSTS, "network_interface_name": "eth0"})
+    )
     (config / "hyperparameters.json").write_text(json.dumps(request.create_training_job["HyperParameters"]))
     for directory in ("model", "output/data", "checkpoints"):
         (root / directory).mkdir(parents=True)
@@ -82,11 +109,25 @@ def _toolkit_command(request, roots: list[Path], forwarded: list[str]) -> list[s
     for index, root in enumerate(roots):
         if index:
             command.append(":")
-        command += ["-np", str(PROCESSES_PER_HOST), "--wdir", str(root / "code"),
-                    "-x", f"SM_INPUT_CONFIG_DIR={root / 'input' / 'config'}",
-                    "-x", f"SM_MODEL_DIR={root / 'model'}", "-x", f"SM_OUTPUT_DIR={root / 'output'}",
-                    "-x", f"SM_OUTPUT_DATA_DIR={root / 'output' / 'data'}",
-                    sys.executable, "-m", "mpi4py", json.loads(hps["sagemaker_program"]), *_user_args(hps)]
+        command += [
+            "-np",
+            str(PROCESSES_PER_HOST),
+            "--wdir",
+            str(root / "code"),
+            "-x",
+            f"SM_INPUT_CONFIG_DIR={root / 'input' / 'config'}",
+            "-x",
+            f"SM_MODEL_DIR={root / 'model'}",
+            "-x",
+            f"SM_OUTPUT_DIR={root / 'output'}",
+            "-x",
+            f"SM_OUTPUT_DATA_DIR={root / 'output' / 'data'}",
+            sys.executable,
+            "-m",
+            "mpi4py",
+            json.loads(hps["sagemaker_program"]),
+            *_user_args(hps),
+        ]
     return command
 
 
@@ -96,9 +137,16 @@ def in_job(tmp_path_factory):
     base = tmp_path_factory.mktemp("hosts")
     roots = [_fabricate_host(base / host / "opt" / "ml", host, request) for host in HOSTS]
     toolkit_env = {  # what the toolkit sets on the first host; mpirun forwards these to every rank
-        "SM_HOSTS": json.dumps(HOSTS), "SM_CURRENT_HOST": HOSTS[0], "SM_NUM_GPUS": "0",
-        "SM_HPS": json.dumps({k: json.loads(v) for k, v in request.create_training_job["HyperParameters"].items()
-                              if not k.startswith("sagemaker_")}),
+        "SM_HOSTS": json.dumps(HOSTS),
+        "SM_CURRENT_HOST": HOSTS[0],
+        "SM_NUM_GPUS": "0",
+        "SM_HPS": json.dumps(
+            {
+                k: json.loads(v)
+                for k, v in request.create_training_job["HyperParameters"].items()
+                if not k.startswith("sagemaker_")
+            }
+        ),
     }
     job_env = {**request.create_training_job["Environment"], "SM_CHECKPOINT_DIR": str(roots[0] / "checkpoints")}
     env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root"), **toolkit_env, **job_env}
@@ -111,8 +159,14 @@ def in_job(tmp_path_factory):
 @pytest.fixture(scope="module")
 def local_job(tmp_path_factory):
     jobs = tmp_path_factory.mktemp("jobs")
-    est = Estimator("train_gpt.py", example_source_dir(), instance_count=len(HOSTS), distribution=DISTRIBUTION,
-                    hyperparameters=TINY_GPT, output_path=str(jobs))
+    est = Estimator(
+        "train_gpt.py",
+        example_source_dir(),
+        instance_count=len(HOSTS),
+        distribution=DISTRIBUTION,
+        hyperparameters=TINY_GPT,
+        output_path=str(jobs),
+    )
     est.fit(job_name="local-twin", logs=False)
     return (jobs / "local-twin" / "logs" / "job.log").read_text()
 
@@ -126,8 +180,9 @@ def test_each_rank_finds_its_host_from_its_own_resource_config(in_job):
     for rank in range(4):
         host = HOSTS[rank // PROCESSES_PER_HOST]
         root = roots[rank // PROCESSES_PER_HOST]
-        assert f"[smsdp] rank {rank} of 4 on {host}: running train_gpt.py (smsdp from {root / 'code' / 'smsdp'})" \
-            in stdout
+        assert (
+            f"[smsdp] rank {rank} of 4 on {host}: running train_gpt.py (smsdp from {root / 'code' / 'smsdp'})" in stdout
+        )
 
 
 def test_the_bundled_gpt_trains_and_writes_model_and_summary_on_the_first_host(in_job):
@@ -154,9 +209,15 @@ def _rank_env(tmp_path: Path, rank: int, current_host_file: str) -> dict[str, st
     config_dir.mkdir(exist_ok=True)
     (config_dir / "resourceconfig.json").write_text(json.dumps({"current_host": current_host_file, "hosts": HOSTS}))
     request = _request()
-    return {**request.create_training_job["Environment"], "SM_INPUT_CONFIG_DIR": str(config_dir),
-            "SM_HOSTS": json.dumps(HOSTS), "SM_CURRENT_HOST": "algo-1", "SM_OUTPUT_DIR": str(tmp_path / "output"),
-            "OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": "4"}
+    return {
+        **request.create_training_job["Environment"],
+        "SM_INPUT_CONFIG_DIR": str(config_dir),
+        "SM_HOSTS": json.dumps(HOSTS),
+        "SM_CURRENT_HOST": "algo-1",
+        "SM_OUTPUT_DIR": str(tmp_path / "output"),
+        "OMPI_COMM_WORLD_RANK": str(rank),
+        "OMPI_COMM_WORLD_SIZE": "4",
+    }
 
 
 def test_the_host_comes_from_this_hosts_resource_config_not_the_forwarded_variable(tmp_path):

@@ -26,8 +26,9 @@ def _job_like_env(tmp_path: Path) -> dict[str, str]:
 
 
 def test_by_hand_on_four_ranks(tmp_path):
-    result = run_mpi(["-m", "entrypoints.launcher", SCRIPT, "--steps", "2"], nprocs=4,
-                     env=_job_like_env(tmp_path), out_dir=tmp_path)
+    result = run_mpi(
+        ["-m", "entrypoints.launcher", SCRIPT, "--steps", "2"], nprocs=4, env=_job_like_env(tmp_path), out_dir=tmp_path
+    )
     for rank in range(4):
         assert f"rank {rank} of 4 on algo-1: sum 6" in result.stdout
     assert "[smsdp] step 2/2 loss=0.5000" in result.stdout
@@ -37,8 +38,14 @@ def test_by_hand_on_four_ranks(tmp_path):
 def test_a_failing_rank_aborts_the_job_at_once(tmp_path):
     env = _job_like_env(tmp_path)
     started = time.monotonic()
-    result = run_mpi(["-m", "entrypoints.launcher", SCRIPT, "--fail_rank", "1"], nprocs=4,
-                     env=env, out_dir=tmp_path, check=False, timeout=60)
+    result = run_mpi(
+        ["-m", "entrypoints.launcher", SCRIPT, "--fail_rank", "1"],
+        nprocs=4,
+        env=env,
+        out_dir=tmp_path,
+        check=False,
+        timeout=60,
+    )
     assert not result.timed_out and result.returncode != 0
     assert time.monotonic() - started < 30  # the other ranks sat in a barrier: aborted, not waited for
     assert "[smsdp] rank 1 failed:" in result.stderr and "ValueError: boom on rank 1" in result.stderr
@@ -49,18 +56,34 @@ def test_a_failing_rank_aborts_the_job_at_once(tmp_path):
 
 
 def test_a_plain_process_is_a_world_of_one(tmp_path):
-    env = {**_job_like_env(tmp_path), "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1",
-           "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
-    result = subprocess.run([sys.executable, "-m", "entrypoints.launcher", SCRIPT, "--steps", "1"],
-                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    env = {
+        **_job_like_env(tmp_path),
+        "PYTHONPATH": str(REPO_ROOT),
+        "OMP_NUM_THREADS": "1",
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "entrypoints.launcher", SCRIPT, "--steps", "1"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     assert "rank 0 of 1 on algo-1: sum 0" in result.stdout
 
 
 def test_a_missing_script_is_reported(tmp_path):
     env = {"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin", "SM_OUTPUT_DIR": str(tmp_path)}
-    result = subprocess.run([sys.executable, "-m", "entrypoints.launcher", "nope.py"],
-                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "entrypoints.launcher", "nope.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 1
     assert "training script not found: nope.py" in result.stderr
     assert "training script not found" in (tmp_path / "failure-rank0").read_text()

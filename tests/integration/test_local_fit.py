@@ -25,8 +25,12 @@ TWO_HOSTS = {"mpi": {"enabled": True, "processes_per_host": 2}}
 
 def _estimator(user_scripts: Path, jobs_dir: Path, **hyperparameters) -> Estimator:
     return Estimator(
-        "allreduce.py", source_dir=str(user_scripts), instance_count=2, distribution=TWO_HOSTS,
-        hyperparameters=hyperparameters, output_path=str(jobs_dir),
+        "allreduce.py",
+        source_dir=str(user_scripts),
+        instance_count=2,
+        distribution=TWO_HOSTS,
+        hyperparameters=hyperparameters,
+        output_path=str(jobs_dir),
     )
 
 
@@ -155,8 +159,7 @@ def test_stop_ends_a_running_job(tmp_path, user_scripts):
 
 
 BUNDLED_SCRIPT = Path(__file__).resolve().parents[2] / "entrypoints" / "train_gpt.py"
-TINY_GPT = ["-H", "n_layer=2", "-H", "d_model=64", "-H", "seq_len=32", "-H", "batch_size=2",
-            "-H", "eval_batches=1"]
+TINY_GPT = ["-H", "n_layer=2", "-H", "d_model=64", "-H", "seq_len=32", "-H", "batch_size=2", "-H", "eval_batches=1"]
 
 
 @pytest.mark.skipif(not BUNDLED_SCRIPT.exists(), reason="entrypoints/train_gpt.py is not in the repo yet")
@@ -189,12 +192,25 @@ def test_the_bundled_gpt_trains_with_tensor_parallelism(tmp_path, capsys):
     from entrypoints.gpt import GPT, GPTConfig
     from estimator.cli import main
 
-    parameters = {"ddp": True, "tensor_parallel_degree": 2, "sharded_data_parallel_degree": 2,
-                  "prescaled_batch": True}
-    distribution = {"smdistributed": {"modelparallel": {"enabled": True, "parameters": parameters}},
-                    "mpi": {"enabled": True, "processes_per_host": 2}}
-    argv = ["run-example", "--max-steps", "2", *TINY_GPT, "--output-path", str(tmp_path), "--job-name", "tp",
-            "--instance-count", "2", "--distribution", json.dumps(distribution)]
+    parameters = {"ddp": True, "tensor_parallel_degree": 2, "sharded_data_parallel_degree": 2, "prescaled_batch": True}
+    distribution = {
+        "smdistributed": {"modelparallel": {"enabled": True, "parameters": parameters}},
+        "mpi": {"enabled": True, "processes_per_host": 2},
+    }
+    argv = [
+        "run-example",
+        "--max-steps",
+        "2",
+        *TINY_GPT,
+        "--output-path",
+        str(tmp_path),
+        "--job-name",
+        "tp",
+        "--instance-count",
+        "2",
+        "--distribution",
+        json.dumps(distribution),
+    ]
     assert main(argv) == 0, capsys.readouterr().out
     log = (tmp_path / "tp" / "logs" / "job.log").read_text()
     assert "tensor-parallel degree 2, sharded degree 2" in log
@@ -208,8 +224,13 @@ def test_the_bundled_gpt_trains_with_tensor_parallelism(tmp_path, capsys):
 
 
 def test_max_run_stops_the_job(tmp_path, user_scripts):
-    est = Estimator("allreduce.py", source_dir=str(user_scripts), hyperparameters={"sleep": 120},
-                    output_path=str(tmp_path), max_run=3)
+    est = Estimator(
+        "allreduce.py",
+        source_dir=str(user_scripts),
+        hyperparameters={"sleep": 120},
+        output_path=str(tmp_path),
+        max_run=3,
+    )
     started = time.monotonic()
     est.fit(job_name="too-long", logs=False)  # Stopped is not a failure, as on SageMaker
     assert time.monotonic() - started < 60
@@ -235,8 +256,9 @@ def test_ctrl_c_in_fit_stops_the_local_job(tmp_path, user_scripts):
         "est.fit(job_name='interrupted')\n"
     )
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    client = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
+    client = subprocess.Popen(
+        [sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     log = tmp_path / "interrupted" / "logs" / "job.log"
     deadline = time.monotonic() + 60
     while not (log.exists() and "sum 0" in log.read_text()):

@@ -24,10 +24,15 @@ def this_interpreter_kernel(tmp_path, monkeypatch) -> str:
     pytest.importorskip("ipykernel")
     spec_dir = tmp_path / "jupyter" / "kernels" / KERNEL
     spec_dir.mkdir(parents=True)
-    (spec_dir / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "smsdp test", "language": "python",
-    }))
+    (spec_dir / "kernel.json").write_text(
+        json.dumps(
+            {
+                "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": "smsdp test",
+                "language": "python",
+            }
+        )
+    )
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
     pythonpath = [str(REPO_ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(pythonpath))
@@ -50,8 +55,9 @@ def test_quickstart_notebook_runs(this_interpreter_kernel, tmp_path):
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    client = NotebookClient(notebook, kernel_name=this_interpreter_kernel, timeout=240,
-                            resources={"metadata": {"path": str(run_dir)}})
+    client = NotebookClient(
+        notebook, kernel_name=this_interpreter_kernel, timeout=240, resources={"metadata": {"path": str(run_dir)}}
+    )
     client.execute()  # raises CellExecutionError, with the cell's traceback, if any cell fails
 
     outputs = [_text_outputs(cell) for cell in notebook.cells if cell.cell_type == "code"]

@@ -36,8 +36,9 @@ OUTPUT = f"s3://{BUCKET}/jobs"
 JOB = "gpt-moto-1"
 IMAGE = f"763104351884.dkr.ecr.{REGION}.amazonaws.com/pytorch-training:2.8.0-gpu-py312"
 DISTRIBUTION = {
-    "smdistributed": {"modelparallel": {"enabled": True, "parameters": {
-        "ddp": True, "sharded_data_parallel_degree": 8, "bf16": True}}},
+    "smdistributed": {
+        "modelparallel": {"enabled": True, "parameters": {"ddp": True, "sharded_data_parallel_degree": 8, "bf16": True}}
+    },
     "mpi": {"enabled": True, "processes_per_host": 8, "custom_mpi_options": "-x NCCL_DEBUG=WARN"},
 }
 
@@ -93,13 +94,25 @@ def submitted(aws, user_code):
     """One fit(wait=False) with spot, checkpoints, VPC, tags, retries and a channel."""
     capture = Capture()
     est = Estimator(
-        "train.py", str(user_code), instance_type="ml.p4d.24xlarge", instance_count=2, distribution=DISTRIBUTION,
+        "train.py",
+        str(user_code),
+        instance_type="ml.p4d.24xlarge",
+        instance_count=2,
+        distribution=DISTRIBUTION,
         hyperparameters={"max_steps": 100, "lr": 3e-4, "run": "moto"},
         environment={"SMDDP_AG_SORT_BUFFER_SIZE_BYTES": str(64 * 2**20), "MY_FLAG": "1"},
-        role=ROLE, output_path=OUTPUT, sagemaker_session=sagemaker_session(capture),
-        checkpoint_s3_uri=f"s3://{BUCKET}/checkpoints/gpt", use_spot_instances=True, max_wait=48 * 3600,
-        max_run=24 * 3600, volume_size=100, max_retry_attempts=2, tags=[{"Key": "team", "Value": "nlp"}],
-        subnets=["subnet-0abc"], security_group_ids=["sg-0abc"],
+        role=ROLE,
+        output_path=OUTPUT,
+        sagemaker_session=sagemaker_session(capture),
+        checkpoint_s3_uri=f"s3://{BUCKET}/checkpoints/gpt",
+        use_spot_instances=True,
+        max_wait=48 * 3600,
+        max_run=24 * 3600,
+        volume_size=100,
+        max_retry_attempts=2,
+        tags=[{"Key": "team", "Value": "nlp"}],
+        subnets=["subnet-0abc"],
+        security_group_ids=["sg-0abc"],
     )
     inputs = {"train": f"s3://{BUCKET}/data/train"}
     est.fit(inputs, wait=False, job_name=JOB)
@@ -115,7 +128,9 @@ def test_the_request_sent_is_the_dry_run(submitted):
 def test_request_image_and_hyperparameters(submitted):
     _, sent, _ = submitted
     assert sent["AlgorithmSpecification"] == {
-        "TrainingInputMode": "File", "TrainingImage": IMAGE, "MetricDefinitions": METRIC_DEFINITIONS,
+        "TrainingInputMode": "File",
+        "TrainingImage": IMAGE,
+        "MetricDefinitions": METRIC_DEFINITIONS,
         "EnableSageMakerMetricsTimeSeries": True,
     }
     hps = sent["HyperParameters"]
@@ -127,7 +142,8 @@ def test_request_image_and_hyperparameters(submitted):
     assert hps["sagemaker_mpi_num_of_processes_per_host"] == "8"
     assert json.loads(hps["sagemaker_mpi_custom_mpi_options"]) == (
         "-x SMSDP_CONFIG -x SMDDP_AG_SCRATCH_BUFFER_SIZE_BYTES -x SMDDP_AG_SORT_BUFFER_SIZE_BYTES "
-        "-x SM_CHECKPOINT_DIR -x PYTHONUNBUFFERED -x MY_FLAG -x NCCL_DEBUG=WARN")
+        "-x SM_CHECKPOINT_DIR -x PYTHONUNBUFFERED -x MY_FLAG -x NCCL_DEBUG=WARN"
+    )
     assert "mp_parameters" not in json.dumps(sent) and "smdistributed" not in json.dumps(hps)
 
 
@@ -158,15 +174,26 @@ def test_request_instances_limits_checkpoints_spot_and_output(submitted):
 def test_the_source_tarball_is_in_s3_with_code_entry_launcher_and_requirements(submitted):
     import boto3
 
-    body = boto3.client("s3", region_name=REGION).get_object(
-        Bucket=BUCKET, Key=f"{JOB}/source/sourcedir.tar.gz")["Body"].read()
+    body = (
+        boto3.client("s3", region_name=REGION)
+        .get_object(Bucket=BUCKET, Key=f"{JOB}/source/sourcedir.tar.gz")["Body"]
+        .read()
+    )
     with tarfile.open(fileobj=io.BytesIO(body), mode="r:gz") as tar:
         names = set(tar.getnames())
         requirements = tar.extractfile("requirements.txt").read().decode()
         entry = tar.extractfile("smsdp_entry.py").read().decode()
-    assert {"train.py", "helpers.py", "smsdp_entry.py", "requirements.txt", "smsdp_job.json",
-            "smsdp/config/__init__.py", "smsdp/comm/rendezvous.py", "entrypoints/launcher.py",
-            "entrypoints/sagemaker_entry.py"} <= names
+    assert {
+        "train.py",
+        "helpers.py",
+        "smsdp_entry.py",
+        "requirements.txt",
+        "smsdp_job.json",
+        "smsdp/config/__init__.py",
+        "smsdp/comm/rendezvous.py",
+        "entrypoints/launcher.py",
+        "entrypoints/sagemaker_entry.py",
+    } <= names
     assert not any("__pycache__" in name or name.startswith("estimator") for name in names)
     assert requirements.splitlines()[0] == "sentencepiece" and "pydantic>=2,<3" in requirements.splitlines()
     assert "main('train.py', sys.argv[1:])" in entry
@@ -190,10 +217,15 @@ def test_logs_come_from_cloudwatch_and_wait_shows_progress(submitted, capsys):
     stream = f"{JOB}/algo-1-1700000000"
     logs.create_log_group(logGroupName=LOG_GROUP)
     logs.create_log_stream(logGroupName=LOG_GROUP, logStreamName=stream)
-    lines = ["[1,0]<stdout>:[smsdp] rank 0 of 16 on algo-1: running train.py",
-             "[1,0]<stdout>:" + format_progress_line(100, 100, 2.5, 1e5, 12.0, 2**30)]
-    logs.put_log_events(logGroupName=LOG_GROUP, logStreamName=stream,
-                        logEvents=[{"timestamp": int(time.time() * 1000) + i, "message": m} for i, m in enumerate(lines)])
+    lines = [
+        "[1,0]<stdout>:[smsdp] rank 0 of 16 on algo-1: running train.py",
+        "[1,0]<stdout>:" + format_progress_line(100, 100, 2.5, 1e5, 12.0, 2**30),
+    ]
+    logs.put_log_events(
+        logGroupName=LOG_GROUP,
+        logStreamName=stream,
+        logEvents=[{"timestamp": int(time.time() * 1000) + i, "message": m} for i, m in enumerate(lines)],
+    )
     assert est.latest_job.logs().splitlines() == lines
     assert est.latest_job.wait(logs=True) is JobStatus.COMPLETED
     out = capsys.readouterr().out
@@ -220,8 +252,13 @@ def test_attach_to_an_unknown_name_says_so(submitted):
 
 
 def test_default_session_and_bucket_and_fit_waits(aws, user_code, capsys):
-    est = Estimator("train.py", str(user_code), instance_type="ml.g5.12xlarge", role=ROLE,
-                    distribution={"mpi": {"enabled": True, "processes_per_host": 4}})
+    est = Estimator(
+        "train.py",
+        str(user_code),
+        instance_type="ml.g5.12xlarge",
+        role=ROLE,
+        distribution={"mpi": {"enabled": True, "processes_per_host": 4}},
+    )
     est.fit(job_name="default-bucket-1")  # waits, streams (no) logs, prints the summary
     assert est.latest_job.status() is JobStatus.COMPLETED
     assert est.model_data == f"s3://sagemaker-{REGION}-{ACCOUNT}/default-bucket-1/output/model.tar.gz"
@@ -238,11 +275,20 @@ def _objects(bucket: str) -> list[str]:
 def test_a_missing_bucket_fails_before_any_upload(aws, user_code):
     capture = Capture()
     before = _objects(BUCKET)
-    est = Estimator("train.py", str(user_code), instance_type="ml.g5.12xlarge", role=ROLE,
-                    distribution={"mpi": {"enabled": True, "processes_per_host": 4}},
-                    output_path=OUTPUT, code_location=f"s3://{BUCKET}/code",
-                    checkpoint_s3_uri="s3://no-such-bucket-smsdp/ckpt", sagemaker_session=sagemaker_session(capture))
-    with pytest.raises(ConfigError, match="checkpoint_s3_uri=.* names bucket 'no-such-bucket-smsdp', which does not exist"):
+    est = Estimator(
+        "train.py",
+        str(user_code),
+        instance_type="ml.g5.12xlarge",
+        role=ROLE,
+        distribution={"mpi": {"enabled": True, "processes_per_host": 4}},
+        output_path=OUTPUT,
+        code_location=f"s3://{BUCKET}/code",
+        checkpoint_s3_uri="s3://no-such-bucket-smsdp/ckpt",
+        sagemaker_session=sagemaker_session(capture),
+    )
+    with pytest.raises(
+        ConfigError, match="checkpoint_s3_uri=.* names bucket 'no-such-bucket-smsdp', which does not exist"
+    ):
         est.fit(job_name="missing-bucket-1")
     assert capture.requests == [] and _objects(BUCKET) == before
 
@@ -251,8 +297,14 @@ def test_missing_credentials_fail_before_any_upload(aws, user_code, monkeypatch)
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
         monkeypatch.delenv(name, raising=False)
     before = _objects(BUCKET)
-    est = Estimator("train.py", str(user_code), instance_type="ml.g5.12xlarge", role=ROLE, output_path=OUTPUT,
-                    distribution={"mpi": {"enabled": True, "processes_per_host": 4}})
+    est = Estimator(
+        "train.py",
+        str(user_code),
+        instance_type="ml.g5.12xlarge",
+        role=ROLE,
+        output_path=OUTPUT,
+        distribution={"mpi": {"enabled": True, "processes_per_host": 4}},
+    )
     with pytest.raises(ConfigError, match="credentials: no AWS credentials found"):
         est.fit(job_name="no-credentials-1")
     assert _objects(BUCKET) == before

@@ -21,6 +21,7 @@ installs them when the test extras are requested).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -49,8 +50,10 @@ def missing_reason() -> str | None:
         return "the Slurm test cluster needs root (network namespaces, munged, slurmd)"
     missing = [name for name in DAEMONS if shutil.which(name) is None and not Path("/usr/sbin", name).exists()]
     if missing:
-        return (f"Slurm is not installed (missing {', '.join(missing)}): run `bash scripts/bootstrap dev` "
-                "as root, which installs Debian's slurm-wlm and munge")
+        return (
+            f"Slurm is not installed (missing {', '.join(missing)}): run `bash scripts/bootstrap dev` "
+            "as root, which installs Debian's slurm-wlm and munge"
+        )
     if shutil.which("ip") is None or shutil.which("unshare") is None:
         return "the Slurm test cluster needs `ip` (iproute2) and `unshare` (util-linux)"
     return None
@@ -91,8 +94,10 @@ class SlurmTestCluster:
         net = SUBNET.format(net=100 + int(self.tag, 16) % 100)
         self.bridge = f"smsdpb{self.tag}"
         self.controller_address = f"{net}.1"
-        self.nodes = [Node(f"node{i + 1}", f"{net}.{11 + i}", f"smsdp{self.tag}n{i + 1}", f"smsdp{self.tag}h{i + 1}")
-                      for i in range(self.nodes_count)]
+        self.nodes = [
+            Node(f"node{i + 1}", f"{net}.{11 + i}", f"smsdp{self.tag}n{i + 1}", f"smsdp{self.tag}h{i + 1}")
+            for i in range(self.nodes_count)
+        ]
         self.conf = self.root / "slurm.conf"
         self.munge_socket = self.root / "munge.sock"
 
@@ -103,14 +108,17 @@ class SlurmTestCluster:
         """What a client needs in its environment to talk to this cluster."""
         return {"SLURM_CONF": str(self.conf)}
 
-    def start(self) -> "SlurmTestCluster":
+    def start(self) -> SlurmTestCluster:
         began = time.monotonic()
         try:
             self._network()
             self._write_files()
             self._munged()
-            self.daemons.append(self._in_namespace(
-                None, CONTROLLER, ["slurmctld", "-D", "-i", "-f", str(self.conf)], self.root / "slurmctld.out"))
+            self.daemons.append(
+                self._in_namespace(
+                    None, CONTROLLER, ["slurmctld", "-D", "-i", "-f", str(self.conf)], self.root / "slurmctld.out"
+                )
+            )
             for node in self.nodes:
                 self.start_slurmd(node.name)
             self._wait_idle()
@@ -155,22 +163,40 @@ class SlurmTestCluster:
             f"SlurmctldHost={CONTROLLER}({self.controller_address})",
             f"SlurmctldPort={_free_port()}",
             f"SlurmdPort={_free_port()}",
-            "SlurmUser=root", "SlurmdUser=root",
-            "AuthType=auth/munge", f"AuthInfo=socket={self.munge_socket}", "CredType=cred/munge",
-            f"StateSaveLocation={r}/state", f"SlurmdSpoolDir={r}/spool/%n",
-            f"SlurmctldPidFile={r}/slurmctld.pid", f"SlurmdPidFile={r}/slurmd-%n.pid",
-            f"SlurmctldLogFile={r}/log/slurmctld.log", f"SlurmdLogFile={r}/log/slurmd-%n.log",
-            "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none",
-            "SelectType=select/cons_tres", "SelectTypeParameters=CR_CPU",
-            "SchedulerType=sched/backfill", "MpiDefault=none", "SwitchType=switch/none",
-            "JobAcctGatherType=jobacct_gather/none", "AccountingStorageType=accounting_storage/none",
-            "JobCompType=jobcomp/none", "ReturnToService=2",
+            "SlurmUser=root",
+            "SlurmdUser=root",
+            "AuthType=auth/munge",
+            f"AuthInfo=socket={self.munge_socket}",
+            "CredType=cred/munge",
+            f"StateSaveLocation={r}/state",
+            f"SlurmdSpoolDir={r}/spool/%n",
+            f"SlurmctldPidFile={r}/slurmctld.pid",
+            f"SlurmdPidFile={r}/slurmd-%n.pid",
+            f"SlurmctldLogFile={r}/log/slurmctld.log",
+            f"SlurmdLogFile={r}/log/slurmd-%n.log",
+            "ProctrackType=proctrack/linuxproc",
+            "TaskPlugin=task/none",
+            "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_CPU",
+            "SchedulerType=sched/backfill",
+            "MpiDefault=none",
+            "SwitchType=switch/none",
+            "JobAcctGatherType=jobacct_gather/none",
+            "AccountingStorageType=accounting_storage/none",
+            "JobCompType=jobcomp/none",
+            "ReturnToService=2",
             # A node whose slurmd stops is declared DOWN (and its jobs NODE_FAIL) within seconds.
-            "SlurmdTimeout=6", "KillWait=15", "MinJobAge=600", "MessageTimeout=5",
-            "InactiveLimit=0", "SlurmctldTimeout=10",
+            "SlurmdTimeout=6",
+            "KillWait=15",
+            "MinJobAge=600",
+            "MessageTimeout=5",
+            "InactiveLimit=0",
+            "SlurmctldTimeout=10",
         ]
-        lines += [f"NodeName={node.name} NodeAddr={node.address} CPUs={self.cpus_per_node} State=UNKNOWN"
-                  for node in self.nodes]
+        lines += [
+            f"NodeName={node.name} NodeAddr={node.address} CPUs={self.cpus_per_node} State=UNKNOWN"
+            for node in self.nodes
+        ]
         lines.append(f"PartitionName={PARTITION} Nodes={node_names} Default=YES MaxTime=INFINITE State=UP")
         return "\n".join(lines) + "\n"
 
@@ -178,20 +204,32 @@ class SlurmTestCluster:
         key = self.root / "munge.key"
         _run("mungekey", "--create", "--keyfile", str(key))
         os.chmod(key, 0o600)
-        _run("munged", "--force", f"--socket={self.munge_socket}", f"--key-file={key}",
-             f"--pid-file={self.root}/munged.pid", f"--seed-file={self.root}/munged.seed",
-             f"--log-file={self.root}/log/munged.log")
+        _run(
+            "munged",
+            "--force",
+            f"--socket={self.munge_socket}",
+            f"--key-file={key}",
+            f"--pid-file={self.root}/munged.pid",
+            f"--seed-file={self.root}/munged.seed",
+            f"--log-file={self.root}/log/munged.log",
+        )
 
     def _in_namespace(self, netns: str | None, hostname: str, argv: list[str], out: Path) -> subprocess.Popen:
         """``argv`` with its own hostname and /etc/hosts (and network namespace ``netns``)."""
-        script = f"mount --bind {self.root}/hosts /etc/hosts && hostname {hostname} && exec \"$@\""
+        script = f'mount --bind {self.root}/hosts /etc/hosts && hostname {hostname} && exec "$@"'
         full = ["unshare", "--uts", "--mount", "--propagation", "private", "sh", "-c", script, "sh", *argv]
         if netns is not None:
             # nsenter, not `ip netns exec`: that remounts /sys, hiding the cgroup file system slurmd reads.
             full = ["nsenter", f"--net=/run/netns/{netns}", *full]
         with open(out, "ab") as log:
-            return subprocess.Popen(full, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env={**os.environ, **self.env}, start_new_session=True)
+            return subprocess.Popen(
+                full,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **self.env},
+                start_new_session=True,
+            )
 
     def _wait_idle(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -200,15 +238,20 @@ class SlurmTestCluster:
             for daemon in [*self.daemons, *(node.process for node in self.nodes)]:
                 if daemon is not None and daemon.poll() is not None:
                     raise RuntimeError(f"a Slurm daemon exited ({daemon.args[-5:]}):\n{self._logs_tail()}")
-            result = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True, text=True,
-                                    env={**os.environ, **self.env}, timeout=30)
+            result = subprocess.run(
+                ["sinfo", "-h", "-N", "-o", "%N %t"],
+                capture_output=True,
+                text=True,
+                env={**os.environ, **self.env},
+                timeout=30,
+            )
             states = result.stdout.strip()
-            if result.returncode == 0 and states and all(
-                    line.split()[1] == "idle" for line in states.splitlines()):
+            if result.returncode == 0 and states and all(line.split()[1] == "idle" for line in states.splitlines()):
                 return
             time.sleep(0.3)
-        raise RuntimeError(f"the Slurm nodes did not come up idle in {START_TIMEOUT_S} s: {states!r}; "
-                           f"\n{self._logs_tail()}")
+        raise RuntimeError(
+            f"the Slurm nodes did not come up idle in {START_TIMEOUT_S} s: {states!r}; \n{self._logs_tail()}"
+        )
 
     def _logs_tail(self, lines: int = 15) -> str:
         """The end of every daemon log (the temp dir is removed on failure: say it here)."""
@@ -230,8 +273,11 @@ class SlurmTestCluster:
     def start_slurmd(self, node_name: str) -> None:
         node = self.node(node_name)
         node.process = self._in_namespace(
-            node.netns, node.name, ["slurmd", "-D", "-N", node.name, "-f", str(self.conf)],
-            self.root / f"slurmd-{node.name}.out")
+            node.netns,
+            node.name,
+            ["slurmd", "-D", "-N", node.name, "-f", str(self.conf)],
+            self.root / f"slurmd-{node.name}.out",
+        )
 
     def node(self, name: str) -> Node:
         return next(node for node in self.nodes if node.name == name)
@@ -258,23 +304,17 @@ class SlurmTestCluster:
 
 
 def _kill_group(process: subprocess.Popen) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         process.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        pass
 
 
 def _kill_pid(pid: int) -> None:
     if pid <= 1:
         return
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _netns_pids(netns: str) -> list[int]:

@@ -31,12 +31,28 @@ from tests.slurm.conftest import no_job_processes_left, rank_pid
 pytestmark = [pytest.mark.integration, pytest.mark.slurm, requires_mpi, pytest.mark.timeout(300)]
 
 REPO = Path(__file__).resolve().parents[2]
-GPT = {"n_layer": 2, "d_model": 64, "n_head": 2, "seq_len": 32, "batch_size": 2, "vocab_size": 256,
-       "log_interval": 1, "eval_interval": 0, "eval_batches": 1}
+GPT = {
+    "n_layer": 2,
+    "d_model": 64,
+    "n_head": 2,
+    "seq_len": 32,
+    "batch_size": 2,
+    "vocab_size": 256,
+    "log_interval": 1,
+    "eval_interval": 0,
+    "eval_batches": 1,
+}
 DISTRIBUTION = {
-    "smdistributed": {"modelparallel": {"enabled": True, "parameters": {
-        "sharded_data_parallel_degree": 4, "sdp_param_persistence_threshold": 100,
-        "sdp_hierarchical_allgather": True}}},
+    "smdistributed": {
+        "modelparallel": {
+            "enabled": True,
+            "parameters": {
+                "sharded_data_parallel_degree": 4,
+                "sdp_param_persistence_threshold": 100,
+                "sdp_hierarchical_allgather": True,
+            },
+        }
+    },
     "mpi": {"enabled": True, "processes_per_host": 2},
 }
 STEP_RE = re.compile(r"^\[algo-1 rank0\] \[smsdp\] step (\d+)/\d+ loss=(\S+)", re.M)
@@ -44,8 +60,13 @@ STEP_RE = re.compile(r"^\[algo-1 rank0\] \[smsdp\] step (\d+)/\d+ loss=(\S+)", r
 
 def _gpt(instance_type: str, output_path: Path, retries: int | None = None, **hyperparameters) -> Estimator:
     return Estimator(
-        "train_gpt.py", source_dir=str(REPO / "entrypoints"), instance_type=instance_type, instance_count=2,
-        distribution=DISTRIBUTION, hyperparameters={**GPT, **hyperparameters}, output_path=str(output_path),
+        "train_gpt.py",
+        source_dir=str(REPO / "entrypoints"),
+        instance_type=instance_type,
+        instance_count=2,
+        distribution=DISTRIBUTION,
+        hyperparameters={**GPT, **hyperparameters},
+        output_path=str(output_path),
         **({"slurm_options": {"partition": "smsdp"}} if instance_type == "slurm" else {}),
         **({"max_retry_attempts": retries} if retries is not None else {}),
     )
@@ -90,8 +111,12 @@ def test_two_node_gpt_matches_the_local_job(slurm_cluster, shared_dir, tmp_path)
     assert attached.latest_job.describe()["SlurmJob"]["JobId"] == (slurm_dir / "slurm-job-id").read_text().strip()
     # Real host boundaries: ranks 0,1 on node1 and 2,3 on node2, each its own hostname.
     log = (slurm_dir / "logs" / "job.log").read_text()
-    for rank, host, node in [(0, "algo-1", "node1"), (1, "algo-1", "node1"), (2, "algo-2", "node2"),
-                             (3, "algo-2", "node2")]:
+    for rank, host, node in [
+        (0, "algo-1", "node1"),
+        (1, "algo-1", "node1"),
+        (2, "algo-2", "node2"),
+        (3, "algo-2", "node2"),
+    ]:
         assert f"[{host} rank{rank}] [smsdp] rank {rank}: host {host} ({host[-1]} of 2), Slurm node {node}" in log
     # The hierarchical all-gather ran, and its first stage crossed the two nodes.
     slurm_comm, local_comm = _summary(slurm_dir)["comm_bytes"], _summary(local_dir)["comm_bytes"]
@@ -137,7 +162,7 @@ def test_stop_checkpoints_then_stopped(slurm_cluster, shared_dir):
 
 
 def test_rank_killed_on_one_node_fails_with_that_rank(slurm_cluster, shared_dir):
-    est, job_dir = _start_long_job(shared_dir, "gpt-kill")
+    est, _job_dir = _start_long_job(shared_dir, "gpt-kill")
     victim = rank_pid("gpt-kill", 3)
     began = time.monotonic()
     os.kill(victim, signal.SIGKILL)
@@ -169,7 +194,7 @@ def test_a_retry_restarts_the_ranks_from_the_newest_checkpoint(slurm_cluster, sh
 
 
 def test_slurmd_stopped_fails_the_job_with_the_node(slurm_cluster, shared_dir):
-    est, job_dir = _start_long_job(shared_dir, "gpt-node")
+    est, _job_dir = _start_long_job(shared_dir, "gpt-node")
     began = time.monotonic()
     slurm_cluster.stop_slurmd("node2")
     try:
@@ -185,17 +210,24 @@ def test_slurmd_stopped_fails_the_job_with_the_node(slurm_cluster, shared_dir):
 # ---------------------------------------------------------------- before submitting
 
 
-@pytest.mark.parametrize("change, words", [
-    ({"instance_count": 3}, ["instance_count 3 exceeds the 2 node(s) of partition 'smsdp'", "at most 2"]),
-    ({"processes_per_host": 3}, ["processes_per_host 3 exceeds the", "CPUs of each node"]),
-    ({"slurm_options": {"partition": "nosuch"}}, ["Slurm has no partition 'nosuch'"]),
-    ({"slurm_options": {"partition": "smsdp", "gres": "gpu:1"}}, ["asks 1 GPU(s) per node", "have 0"]),
-])
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"instance_count": 3}, ["instance_count 3 exceeds the 2 node(s) of partition 'smsdp'", "at most 2"]),
+        ({"processes_per_host": 3}, ["processes_per_host 3 exceeds the", "CPUs of each node"]),
+        ({"slurm_options": {"partition": "nosuch"}}, ["Slurm has no partition 'nosuch'"]),
+        ({"slurm_options": {"partition": "smsdp", "gres": "gpu:1"}}, ["asks 1 GPU(s) per node", "have 0"]),
+    ],
+)
 def test_preflight_says_what_the_partition_cannot_hold(slurm_cluster, shared_dir, change, words):
     count, per_host = change.get("instance_count", 2), change.get("processes_per_host", 2)
     est = Estimator(
-        "train_gpt.py", source_dir=str(REPO / "entrypoints"), instance_type="slurm", instance_count=count,
-        distribution={"mpi": {"enabled": True, "processes_per_host": per_host}}, output_path=str(shared_dir),
+        "train_gpt.py",
+        source_dir=str(REPO / "entrypoints"),
+        instance_type="slurm",
+        instance_count=count,
+        distribution={"mpi": {"enabled": True, "processes_per_host": per_host}},
+        output_path=str(shared_dir),
         slurm_options=change.get("slurm_options", {"partition": "smsdp"}),
     )
     with pytest.raises(ConfigError) as err:
@@ -215,8 +247,14 @@ def test_preflight_needs_the_output_path_and_sbatch(slurm_cluster, tmp_path, mon
 
 
 def test_stop_of_a_pending_job_cancels_it(slurm_cluster, shared_dir):
-    est = Estimator("train_gpt.py", source_dir=str(REPO / "entrypoints"), instance_type="slurm", instance_count=1,
-                    output_path=str(shared_dir), slurm_options={"partition": "smsdp", "hold": True})
+    est = Estimator(
+        "train_gpt.py",
+        source_dir=str(REPO / "entrypoints"),
+        instance_type="slurm",
+        instance_count=1,
+        output_path=str(shared_dir),
+        slurm_options={"partition": "smsdp", "hold": True},
+    )
     est.fit(job_name="held", wait=False, check_memory=False)
     job = est.latest_job
     assert job.status() is JobStatus.IN_PROGRESS and job.slurm_state(fresh=True).state == "PENDING"

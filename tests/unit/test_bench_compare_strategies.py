@@ -19,21 +19,44 @@ def compare():
 
 
 def row(system: str, tokens_per_s: float, launch: str = "main", precision: str = "fp32", **extra) -> dict:
-    return {"system": system, "precision": precision, "launch": launch, "tokens_per_s": tokens_per_s,
-            "step_s": 8192 / tokens_per_s, "peak_rss_mib": 400.0, "model_state_total": 26 * 2**20,
-            "bytes_per_step": {"all_gather.shard": 11 * 2**20, "reduce_scatter.shard": 6 * 2**20},
-            "bytes_smsdp_stats": None, "final_loss": 2.5, "load_before": 4.2, **extra}
+    return {
+        "system": system,
+        "precision": precision,
+        "launch": launch,
+        "tokens_per_s": tokens_per_s,
+        "step_s": 8192 / tokens_per_s,
+        "peak_rss_mib": 400.0,
+        "model_state_total": 26 * 2**20,
+        "bytes_per_step": {"all_gather.shard": 11 * 2**20, "reduce_scatter.shard": 6 * 2**20},
+        "bytes_smsdp_stats": None,
+        "final_loss": 2.5,
+        "load_before": 4.2,
+        **extra,
+    }
 
 
 def rows() -> list[dict]:
     return [
-        row("smsdp", 4500), row("fsdp2", 3000), row("ddp", 5000), row("nocomm", 6000),
-        row("smsdp_keep", 4900), row("fsdp2_keep", 3500),
-        row("smsdp_qgz", 4000, bytes_per_step={"all_to_all.shard": 2**20},
-            bytes_smsdp_stats={"all_gather": 11 * 2**20, "reduce_scatter.quantized": 2**20}),
-        row("smsdp", 3000, launch="k2", bytes_smsdp_stats={"all_gather.hpz": 4 * 2**20,
-                                                          "all_gather.inter_host": 3 * 2**20}),
-        row("fsdp2_k2", 2500, launch="k2"), row("ddp", 6000, launch="k2"),
+        row("smsdp", 4500),
+        row("fsdp2", 3000),
+        row("ddp", 5000),
+        row("nocomm", 6000),
+        row("smsdp_keep", 4900),
+        row("fsdp2_keep", 3500),
+        row(
+            "smsdp_qgz",
+            4000,
+            bytes_per_step={"all_to_all.shard": 2**20},
+            bytes_smsdp_stats={"all_gather": 11 * 2**20, "reduce_scatter.quantized": 2**20},
+        ),
+        row(
+            "smsdp",
+            3000,
+            launch="k2",
+            bytes_smsdp_stats={"all_gather.hpz": 4 * 2**20, "all_gather.inter_host": 3 * 2**20},
+        ),
+        row("fsdp2_k2", 2500, launch="k2"),
+        row("ddp", 6000, launch="k2"),
     ]
 
 

@@ -14,8 +14,15 @@ from smsdp.checkpoint.files import FULL, PARTIAL
 TOKEN = "ourjob123"
 
 
-def make_partial(root: Path, tag: str, *, saved_at: int, complete: bool = True, token: str | None = None,
-                 payload: bytes = b"shard bytes") -> Path:
+def make_partial(
+    root: Path,
+    tag: str,
+    *,
+    saved_at: int,
+    complete: bool = True,
+    token: str | None = None,
+    payload: bytes = b"shard bytes",
+) -> Path:
     """A partial checkpoint as smsdp writes it: data files, then (if complete) the marker."""
     directory = cf.staging_dir(root, tag, token) if token else cf.partial_dir(root, tag)
     directory.mkdir(parents=True)
@@ -59,11 +66,14 @@ def test_half_written_marker_never_counts(tmp_path):
     assert not found.complete and "not valid JSON" in found.problem
 
 
-@pytest.mark.parametrize("damage,expected", [
-    (lambda p: p.write_bytes(b"shard bytez"), "CRC-32"),  # same size, one byte different
-    (lambda p: p.write_bytes(b"shard"), "has 5 bytes, the marker recorded 11"),
-    (lambda p: p.unlink(), "missing"),
-])
+@pytest.mark.parametrize(
+    "damage,expected",
+    [
+        (lambda p: p.write_bytes(b"shard bytez"), "CRC-32"),  # same size, one byte different
+        (lambda p: p.write_bytes(b"shard"), "has 5 bytes, the marker recorded 11"),
+        (lambda p: p.unlink(), "missing"),
+    ],
+)
 def test_size_and_checksum_mismatches_are_named(tmp_path, damage, expected):
     directory = make_partial(tmp_path, "t", saved_at=1)
     assert cf.check_files(cf.scan(tmp_path, PARTIAL)[0]) is None

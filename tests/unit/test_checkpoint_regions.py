@@ -51,11 +51,15 @@ def _cuttable(partition, shape, size: int) -> bool:
     return isinstance(partition, Ranges) or shape[partition.dim] % size == 0
 
 
-@pytest.mark.parametrize("partition,shape,size,shards", [
-    (partition, shape, size, shards)
-    for partition, shape in PARTITIONS for size, shards in [(2, 1), (2, 3), (4, 2), (3, 5)]
-    if _cuttable(partition, shape, size)
-])
+@pytest.mark.parametrize(
+    "partition,shape,size,shards",
+    [
+        (partition, shape, size, shards)
+        for partition, shape in PARTITIONS
+        for size, shards in [(2, 1), (2, 3), (4, 2), (3, 5)]
+        if _cuttable(partition, shape, size)
+    ],
+)
 def test_every_run_of_every_piece_lands_once_where_it_is_in_the_plain_tensor(partition, shape, size, shards):
     full = torch.arange(math.prod(shape), dtype=torch.float32).view(shape)
     seen = torch.zeros(shape, dtype=torch.int64)

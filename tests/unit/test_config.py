@@ -10,16 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.sagemaker_docs_examples import docs_p3_distribution, docs_p4d_distribution
-
 from smsdp.config import (
     CONFIG_ENV_VAR,
     SCRATCH_BUFFER_ENV_VAR,
     SORT_BUFFER_ENV_VAR,
     ConfigError,
     Distribution,
-    MPIOptions,
     ModelParallelOptions,
+    MPIOptions,
     RuntimeConfig,
     SMDDPBuffers,
     SMPParameters,
@@ -27,6 +25,7 @@ from smsdp.config import (
     resolve_job_config,
 )
 from smsdp.config.instance_types import INSTANCE_TYPES, InstanceType, lookup
+from tests.sagemaker_docs_examples import docs_p3_distribution, docs_p4d_distribution
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PARAMS = "smdistributed.modelparallel.parameters"
@@ -215,8 +214,9 @@ def test_sdp_reshard_after_forward_accepts_the_two_strategies():
 
 @pytest.mark.parametrize("bad", [3, 0, "false", 1.5])
 def test_sdp_reshard_after_forward_rejects_what_is_not_built(bad):
-    message = error_of(SMPParameters.model_validate, {"sharded_data_parallel_degree": 4,
-                                                      "sdp_reshard_after_forward": bad})
+    message = error_of(
+        SMPParameters.model_validate, {"sharded_data_parallel_degree": 4, "sdp_reshard_after_forward": bad}
+    )
     assert "sdp_reshard_after_forward" in message, message
     if isinstance(bad, int):
         assert "use True" in message and "False" in message, message
@@ -225,8 +225,13 @@ def test_sdp_reshard_after_forward_rejects_what_is_not_built(bad):
 @pytest.mark.parametrize("k, reshard_degree", [(2, 2), (4, None)])
 def test_sdp_reshard_after_forward_accepts_a_divisor_of_the_shard_degree(k, reshard_degree):
     """k splits each shard group into groups of k ranks; k = d is True (no groups to make)."""
-    config = resolve_job_config(dist({"sharded_data_parallel_degree": 4, "sdp_reshard_after_forward": k},
-                                     mpi={"enabled": True, "processes_per_host": 2}), instance_count=4)
+    config = resolve_job_config(
+        dist(
+            {"sharded_data_parallel_degree": 4, "sdp_reshard_after_forward": k},
+            mpi={"enabled": True, "processes_per_host": 2},
+        ),
+        instance_count=4,
+    )
     assert config.parameters.sdp_reshard_after_forward == k
     topology = config.topology
     assert topology.reshard_degree == reshard_degree
@@ -248,8 +253,9 @@ def test_sdp_reshard_after_forward_accepts_a_divisor_of_the_shard_degree(k, resh
     ],
 )
 def test_sdp_reshard_after_forward_int_rules_name_field_value_why_and_fix(k, d, says):
-    message = error_of(SMPParameters.model_validate, {"sharded_data_parallel_degree": d,
-                                                      "sdp_reshard_after_forward": k})
+    message = error_of(
+        SMPParameters.model_validate, {"sharded_data_parallel_degree": d, "sdp_reshard_after_forward": k}
+    )
     assert message.startswith(f"sdp_reshard_after_forward={k!r} {says}"), message
     assert "use True (reshard every unit after its forward), False (keep every unit gathered" in message
     if d == 4:
@@ -260,8 +266,10 @@ def test_sdp_reshard_after_forward_int_rules_name_field_value_why_and_fix(k, d, 
 
 def test_sdp_reshard_after_forward_groups_must_each_lie_on_one_host():
     """d=6 over hosts of 3: the group of shard ranks 2-3 would straddle two hosts; 3 fits."""
-    distribution = dist({"sharded_data_parallel_degree": 6, "sdp_reshard_after_forward": 2},
-                        mpi={"enabled": True, "processes_per_host": 3})
+    distribution = dist(
+        {"sharded_data_parallel_degree": 6, "sdp_reshard_after_forward": 2},
+        mpi={"enabled": True, "processes_per_host": 3},
+    )
     message = error_of(resolve_job_config, distribution, instance_count=2)
     assert message == (
         f"{PARAMS}.sdp_reshard_after_forward=2 does not fit the hosts: reshard group (2, 3) of 2 consecutive "
@@ -269,22 +277,27 @@ def test_sdp_reshard_after_forward_groups_must_each_lie_on_one_host():
         "all-gather runs inside each group of 2 consecutive shard ranks, so each must lie on one host; "
         "use True, False, or 3, whose groups each lie on one host"
     )
-    fits = dist({"sharded_data_parallel_degree": 6, "sdp_reshard_after_forward": 3},
-                mpi={"enabled": True, "processes_per_host": 3})
+    fits = dist(
+        {"sharded_data_parallel_degree": 6, "sdp_reshard_after_forward": 3},
+        mpi={"enabled": True, "processes_per_host": 3},
+    )
     assert resolve_job_config(fits, instance_count=2).topology.reshard_groups() == ((0, 1, 2), (3, 4, 5))
 
 
 def test_sdp_reshard_after_forward_groups_across_hosts_without_a_fit_offer_only_the_bools():
-    distribution = dist({"sharded_data_parallel_degree": 4, "sdp_reshard_after_forward": 2},
-                        mpi={"enabled": True, "processes_per_host": 1})
+    distribution = dist(
+        {"sharded_data_parallel_degree": 4, "sdp_reshard_after_forward": 2},
+        mpi={"enabled": True, "processes_per_host": 1},
+    )
     message = error_of(resolve_job_config, distribution, instance_count=4)
     assert message.endswith("so each must lie on one host; use True, False"), message
 
 
 def test_sdp_reshard_after_forward_is_checked_on_the_ranks_too():
     """smp.init({...}) builds its config with for_world: the same host rule holds there."""
-    message = error_of(RuntimeConfig.for_world, 4, 1, {"sharded_data_parallel_degree": 4,
-                                                       "sdp_reshard_after_forward": 2})
+    message = error_of(
+        RuntimeConfig.for_world, 4, 1, {"sharded_data_parallel_degree": 4, "sdp_reshard_after_forward": 2}
+    )
     assert message.startswith("parameters.sdp_reshard_after_forward=2 does not fit the hosts"), message
     config = RuntimeConfig.for_world(4, 2, {"sharded_data_parallel_degree": 4, "sdp_reshard_after_forward": 2})
     assert RuntimeConfig.model_validate_json(config.to_env_value()).topology.reshard_degree == 2
@@ -297,13 +310,14 @@ def test_prefetch_depths_default_to_one_unit_ahead_and_accept_zero_and_more():
     assert type(p.sdp_backward_prefetch) is int
 
 
-@pytest.mark.parametrize("key, direction", [("sdp_forward_prefetch", "forward"),
-                                            ("sdp_backward_prefetch", "backward")])
+@pytest.mark.parametrize("key, direction", [("sdp_forward_prefetch", "forward"), ("sdp_backward_prefetch", "backward")])
 def test_a_negative_prefetch_depth_names_field_value_why_and_fix(key, direction):
     message = error_of(SMPParameters.model_validate, {key: -1})
-    assert message == (f"{key}=-1 is a number of units to gather ahead of the one running its {direction}, so it "
-                       "cannot be negative; use 0 (gather each unit on demand), 1 (the default: the next unit) "
-                       "or more (bounded by sdp_max_live_parameters)"), message
+    assert message == (
+        f"{key}=-1 is a number of units to gather ahead of the one running its {direction}, so it "
+        "cannot be negative; use 0 (gather each unit on demand), 1 (the default: the next unit) "
+        "or more (bounded by sdp_max_live_parameters)"
+    ), message
 
 
 @pytest.mark.parametrize("bad", [True, 1.5, "2", None])
@@ -561,8 +575,10 @@ def test_option_models_directly():
 def test_type_errors_in_sections_suggest_what_to_write():
     with pytest.raises(ConfigError) as info:
         resolve_job_config(
-            {"smdistributed": {"modelparallel": {"enabled": "yes", "parameters": 5}},
-             "mpi": {"enabled": True, "processes_per_host": "eight"}}
+            {
+                "smdistributed": {"modelparallel": {"enabled": "yes", "parameters": 5}},
+                "mpi": {"enabled": True, "processes_per_host": "eight"},
+            }
         )
     lines = str(info.value).splitlines()[1:]
     assert lines == [
@@ -606,19 +622,24 @@ def test_rule_a_tensor_degree_divides_world():
 
 def test_rule_a_mentions_defaulted_processes_per_host():
     message = error_of(
-        resolve_job_config, dist({"sharded_data_parallel_degree": 16}, mpi={"enabled": True}),
+        resolve_job_config,
+        dist({"sharded_data_parallel_degree": 16}, mpi={"enabled": True}),
         instance_type="ml.p4d.24xlarge",
     )
     assert "the default for 'ml.p4d.24xlarge' as mpi.processes_per_host is not set" in message
 
 
 def test_rule_e_processes_per_host_at_most_gpu_count():
-    config = resolve_job_config(dist({}, mpi={"enabled": True, "processes_per_host": 4}), instance_type="ml.g5.12xlarge")
+    config = resolve_job_config(
+        dist({}, mpi={"enabled": True, "processes_per_host": 4}), instance_type="ml.g5.12xlarge"
+    )
     assert config.processes_per_host == 4
     message = error_of(
         resolve_job_config, dist({}, mpi={"enabled": True, "processes_per_host": 8}), instance_type="ml.g5.12xlarge"
     )
-    assert message == "mpi.processes_per_host=8 exceeds the 4 GPUs of ml.g5.12xlarge; use at most 4 (one process per GPU)"
+    assert (
+        message == "mpi.processes_per_host=8 exceeds the 4 GPUs of ml.g5.12xlarge; use at most 4 (one process per GPU)"
+    )
 
 
 def test_rule_e_default_processes_per_host_is_gpu_count():
@@ -645,8 +666,13 @@ def test_rule_e_cpu_instance_types_limit_by_vcpus():
 
 @pytest.mark.parametrize(
     ("instance_type", "suggestion"),
-    [("ml.p4d.24xlage", "ml.p4d.24xlarge"), ("p4d.24xlarge", "ml.p4d.24xlarge"), ("ml.g5.12xl", "ml.g5.12xlarge"),
-     ("local_gpu", "local"), ("Local", "local")],
+    [
+        ("ml.p4d.24xlage", "ml.p4d.24xlarge"),
+        ("p4d.24xlarge", "ml.p4d.24xlarge"),
+        ("ml.g5.12xl", "ml.g5.12xlarge"),
+        ("local_gpu", "local"),
+        ("Local", "local"),
+    ],
 )
 def test_unknown_instance_types_did_you_mean(instance_type, suggestion):
     message = error_of(resolve_job_config, None, instance_type=instance_type)
@@ -672,7 +698,8 @@ def test_rule_f_nccl_needs_gpus():
         config = resolve_job_config(dist({"ddp_dist_backend": backend}), instance_type="ml.p4d.24xlarge")
         assert config.parameters.ddp_dist_backend == backend
     message = error_of(
-        resolve_job_config, dist({"ddp_dist_backend": "nccl"}, mpi={"enabled": True, "processes_per_host": 1}),
+        resolve_job_config,
+        dist({"ddp_dist_backend": "nccl"}, mpi={"enabled": True, "processes_per_host": 1}),
         instance_type="ml.m5.xlarge",
     )
     assert "NCCL needs GPUs and ml.m5.xlarge has none" in message
@@ -721,7 +748,9 @@ def test_smddp_from_environment():
 
 
 def test_smddp_from_custom_mpi_options():
-    options = f"--mca btl_vader_single_copy_mechanism none -x {SCRATCH_BUFFER_ENV_VAR}=8192 -x {SORT_BUFFER_ENV_VAR}=16384"
+    options = (
+        f"--mca btl_vader_single_copy_mechanism none -x {SCRATCH_BUFFER_ENV_VAR}=8192 -x {SORT_BUFFER_ENV_VAR}=16384"
+    )
     buffers = SMDDPBuffers.from_environment({}, options)
     assert (buffers.scratch_buffer_size_bytes, buffers.sort_buffer_size_bytes) == (8192, 16384)
 
@@ -742,7 +771,9 @@ def test_smddp_not_multiple_of_8192():
 @pytest.mark.parametrize("bad", ["-8192", "0"])
 def test_smddp_negative_or_zero(bad):
     message = error_of(SMDDPBuffers.from_environment, {SORT_BUFFER_ENV_VAR: bad})
-    assert message.startswith(f"{SORT_BUFFER_ENV_VAR}={int(bad)} (from environment) must be a positive multiple of 8192")
+    assert message.startswith(
+        f"{SORT_BUFFER_ENV_VAR}={int(bad)} (from environment) must be a positive multiple of 8192"
+    )
 
 
 @pytest.mark.parametrize("bad", ["abc", "16MiB", "1.5e7", ""])
@@ -761,7 +792,7 @@ def test_smddp_doc_concatenation_typo_names_the_variable():
 
 def test_smddp_unbalanced_quotes():
     message = error_of(SMDDPBuffers.from_environment, {}, "-x 'A=1")
-    assert message.startswith("mpi.custom_mpi_options=\"-x 'A=1\" cannot be split into mpirun arguments")
+    assert message.startswith('mpi.custom_mpi_options="-x \'A=1" cannot be split into mpirun arguments')
 
 
 def test_smddp_direct_construction_validates():
@@ -772,7 +803,9 @@ def test_smddp_direct_construction_validates():
 
 def test_smddp_flows_into_job_config():
     config = resolve_job_config(
-        dist({}, mpi={"enabled": True, "processes_per_host": 2, "custom_mpi_options": f"-x {SORT_BUFFER_ENV_VAR}=8192"}),
+        dist(
+            {}, mpi={"enabled": True, "processes_per_host": 2, "custom_mpi_options": f"-x {SORT_BUFFER_ENV_VAR}=8192"}
+        ),
         environment={SCRATCH_BUFFER_ENV_VAR: "16777216"},
     )
     assert config.smddp == SMDDPBuffers(scratch_buffer_size_bytes=16 * MiB, sort_buffer_size_bytes=8192)
@@ -783,8 +816,10 @@ def test_smddp_flows_into_job_config():
 
 def test_round_trip_through_environment_variable():
     config = resolve_job_config(
-        dist({"sharded_data_parallel_degree": 2, "bf16": True, "partitions": 1, "sdp_reduce_bucket_size": 5e8},
-             mpi={"enabled": True, "processes_per_host": 2}),
+        dist(
+            {"sharded_data_parallel_degree": 2, "bf16": True, "partitions": 1, "sdp_reduce_bucket_size": 5e8},
+            mpi={"enabled": True, "processes_per_host": 2},
+        ),
         instance_count=2,
         environment={SCRATCH_BUFFER_ENV_VAR: "8192"},
     )
@@ -860,9 +895,19 @@ def test_for_world_errors_name_the_field():
 
 def test_instance_table_names_and_shapes():
     assert all(name.startswith("ml.") and t.name == name for name, t in INSTANCE_TYPES.items())
-    for name in ("ml.p3.2xlarge", "ml.p3.8xlarge", "ml.p3.16xlarge", "ml.p3dn.24xlarge", "ml.p4d.24xlarge",
-                 "ml.p4de.24xlarge", "ml.p5.48xlarge", "ml.g5.xlarge", "ml.g5.48xlarge", "ml.g4dn.12xlarge",
-                 "ml.g4dn.metal"):
+    for name in (
+        "ml.p3.2xlarge",
+        "ml.p3.8xlarge",
+        "ml.p3.16xlarge",
+        "ml.p3dn.24xlarge",
+        "ml.p4d.24xlarge",
+        "ml.p4de.24xlarge",
+        "ml.p5.48xlarge",
+        "ml.g5.xlarge",
+        "ml.g5.48xlarge",
+        "ml.g4dn.12xlarge",
+        "ml.g4dn.metal",
+    ):
         assert INSTANCE_TYPES[name].gpus > 0, name
     for name in ("ml.c5.xlarge", "ml.m5.large", "ml.m5.24xlarge"):
         assert INSTANCE_TYPES[name].gpus == 0, name

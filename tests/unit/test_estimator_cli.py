@@ -14,16 +14,42 @@ def test_subcommands():
 
 
 def test_dry_run_of_the_example_as_json(tmp_path, capsys):
-    argv = ["dry-run", "--json", "--output-path", str(tmp_path), "--job-name", "ex", "-H", "lr=0.01",
-            "-H", "bf16=true", "-H", "tag=v1", "-e", "HF_TOKEN=secret", "--max-steps", "20"]
+    argv = [
+        "dry-run",
+        "--json",
+        "--output-path",
+        str(tmp_path),
+        "--job-name",
+        "ex",
+        "-H",
+        "lr=0.01",
+        "-H",
+        "bf16=true",
+        "-H",
+        "tag=v1",
+        "-e",
+        "HF_TOKEN=secret",
+        "--max-steps",
+        "20",
+    ]
     assert main(argv) == 0
     request = json.loads(capsys.readouterr().out)
     assert request["job_name"] == "ex" and request["world_size"] == 4
     argv_out = request["argv"]
     script = argv_out.index("train_gpt.py")
-    assert argv_out[script - 2:script] == ["-m", "entrypoints.launcher"]
-    assert argv_out[script + 1:] == ["--max_steps", "20", "--log_interval", "2", "--lr", "0.01",
-                                     "--bf16", "True", "--tag", "v1"]
+    assert argv_out[script - 2 : script] == ["-m", "entrypoints.launcher"]
+    assert argv_out[script + 1 :] == [
+        "--max_steps",
+        "20",
+        "--log_interval",
+        "2",
+        "--lr",
+        "0.01",
+        "--bf16",
+        "True",
+        "--tag",
+        "v1",
+    ]
     assert request["env"]["HF_TOKEN"] == "********"
     assert request["code"].endswith("entrypoints")
     assert json.loads(request["env"]["SMSDP_CONFIG"])["parameters"]["sharded_data_parallel_degree"] == 2
@@ -44,6 +70,8 @@ def test_config_errors_exit_2_with_the_message(tmp_path, capsys):
 
 def test_a_whole_distribution_dict_can_be_given(tmp_path, capsys):
     dist = json.dumps({"mpi": {"enabled": True, "processes_per_host": 3}})
-    assert main(["dry-run", "--json", "--distribution", dist, "--instance-count", "1",
-                 "--output-path", str(tmp_path)]) == 0
+    assert (
+        main(["dry-run", "--json", "--distribution", dist, "--instance-count", "1", "--output-path", str(tmp_path)])
+        == 0
+    )
     assert json.loads(capsys.readouterr().out)["world_size"] == 3

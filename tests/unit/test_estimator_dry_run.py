@@ -15,9 +15,14 @@ from estimator.redact import REDACTED
 from smsdp.config import ConfigError, RuntimeConfig
 
 SHARDED = {
-    "smdistributed": {"modelparallel": {"enabled": True, "parameters": {"ddp": True, "sharded_data_parallel_degree": 2}}},
-    "mpi": {"enabled": True, "processes_per_host": 2,
-            "custom_mpi_options": "-x NCCL_DEBUG=WARN --mca btl_tcp_if_include 'lo'"},
+    "smdistributed": {
+        "modelparallel": {"enabled": True, "parameters": {"ddp": True, "sharded_data_parallel_degree": 2}}
+    },
+    "mpi": {
+        "enabled": True,
+        "processes_per_host": 2,
+        "custom_mpi_options": "-x NCCL_DEBUG=WARN --mca btl_tcp_if_include 'lo'",
+    },
 }
 
 
@@ -39,7 +44,10 @@ def data(tmp_path: Path) -> Path:
 @pytest.fixture
 def request_(src, data, tmp_path) -> LocalRequest:
     est = Estimator(
-        "train.py", str(src), instance_count=2, distribution=SHARDED,
+        "train.py",
+        str(src),
+        instance_count=2,
+        distribution=SHARDED,
         hyperparameters={"max_steps": 5, "lr": 0.001, "bf16": True, "name": "gpt"},
         environment={"AWS_SECRET_ACCESS_KEY": "hunter2", "MY_FLAG": "1"},
         output_path=str(tmp_path / "jobs"),
@@ -50,18 +58,42 @@ def request_(src, data, tmp_path) -> LocalRequest:
 def test_argv_is_mpirun_with_local_options_then_the_launcher(request_):
     argv = list(request_.argv)
     assert argv[:3] == [find_mpirun() or "mpirun", "-np", "4"]
-    assert argv[3:15] == ["--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "--output", "tag",
-                          "--mca", "btl", "self,sm", "--mca", "pml", "ob1"]
+    assert argv[3:15] == [
+        "--allow-run-as-root",
+        "--oversubscribe",
+        "--bind-to",
+        "none",
+        "--output",
+        "tag",
+        "--mca",
+        "btl",
+        "self,sm",
+        "--mca",
+        "pml",
+        "ob1",
+    ]
     launcher = argv.index(sys.executable)
-    assert argv[launcher:] == [sys.executable, "-m", "entrypoints.launcher", "train.py",
-                               "--max_steps", "5", "--lr", "0.001", "--bf16", "True", "--name", "gpt"]
+    assert argv[launcher:] == [
+        sys.executable,
+        "-m",
+        "entrypoints.launcher",
+        "train.py",
+        "--max_steps",
+        "5",
+        "--lr",
+        "0.001",
+        "--bf16",
+        "True",
+        "--name",
+        "gpt",
+    ]
     # custom_mpi_options come verbatim (shell-split, no shell) right before python
-    assert argv[launcher - 5:launcher] == ["-x", "NCCL_DEBUG=WARN", "--mca", "btl_tcp_if_include", "lo"]
+    assert argv[launcher - 5 : launcher] == ["-x", "NCCL_DEBUG=WARN", "--mca", "btl_tcp_if_include", "lo"]
 
 
 def test_every_job_variable_is_exported_by_name(request_):
     argv = list(request_.argv)
-    exported = {argv[i + 1] for i, arg in enumerate(argv[:argv.index(sys.executable) - 5]) if arg == "-x"}
+    exported = {argv[i + 1] for i, arg in enumerate(argv[: argv.index(sys.executable) - 5]) if arg == "-x"}
     assert exported == set(request_.env)
     assert "hunter2" not in " ".join(argv)  # values travel in the environment, never on the command line
 
@@ -80,7 +112,12 @@ def test_environment_follows_the_container_contract(request_, tmp_path):
     assert env["SM_CHANNEL_TRAIN"] == str(job / "input" / "data" / "train")
     assert json.loads(env["SM_CHANNELS"]) == ["train"]
     assert json.loads(env["SM_HPS"]) == {"max_steps": 5, "lr": 0.001, "bf16": True, "name": "gpt"}
-    assert (env["SM_HP_MAX_STEPS"], env["SM_HP_LR"], env["SM_HP_BF16"], env["SM_HP_NAME"]) == ("5", "0.001", "true", "gpt")
+    assert (env["SM_HP_MAX_STEPS"], env["SM_HP_LR"], env["SM_HP_BF16"], env["SM_HP_NAME"]) == (
+        "5",
+        "0.001",
+        "true",
+        "gpt",
+    )
     assert env["MY_FLAG"] == "1" and env["AWS_SECRET_ACCESS_KEY"] == "hunter2"
     assert env["PYTHONUNBUFFERED"] == "1" and int(env["OMP_NUM_THREADS"]) >= 1
     config = RuntimeConfig.from_env(env)
@@ -127,7 +164,11 @@ def test_job_dir_plan_holds_the_config_files(request_, src, data, tmp_path):
     assert plan.code_source == src
     assert plan.channels == {"train": data}
     assert plan.config_files["input/config/hyperparameters.json"] == {
-        "max_steps": "5", "lr": "0.001", "bf16": "true", "name": '"gpt"'}
+        "max_steps": "5",
+        "lr": "0.001",
+        "bf16": "true",
+        "name": '"gpt"',
+    }
     assert plan.config_files["input/config/resourceconfig.json"]["hosts"] == ["algo-1", "algo-2"]
     assert set(plan.config_files["input/config/inputdataconfig.json"]) == {"train"}
 

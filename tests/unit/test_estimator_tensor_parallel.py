@@ -15,9 +15,20 @@ BUNDLED = str(Path(entrypoints.__file__).parent)
 
 
 def _distribution(t: int, d: int, processes_per_host: int = 4) -> dict:
-    return {"smdistributed": {"modelparallel": {"enabled": True, "parameters": {
-        "tensor_parallel_degree": t, "sharded_data_parallel_degree": d, "prescaled_batch": True, "ddp": True}}},
-        "mpi": {"enabled": True, "processes_per_host": processes_per_host}}
+    return {
+        "smdistributed": {
+            "modelparallel": {
+                "enabled": True,
+                "parameters": {
+                    "tensor_parallel_degree": t,
+                    "sharded_data_parallel_degree": d,
+                    "prescaled_batch": True,
+                    "ddp": True,
+                },
+            }
+        },
+        "mpi": {"enabled": True, "processes_per_host": processes_per_host},
+    }
 
 
 @pytest.fixture
@@ -48,8 +59,13 @@ def test_without_tensor_parallelism_nothing_is_scanned(src, tmp_path):
 
 def test_the_bundled_gpt_must_split_its_heads(tmp_path):
     with pytest.raises(ConfigError) as error:
-        Estimator("train_gpt.py", BUNDLED, distribution=_distribution(4, 1), hyperparameters={"n_head": 6, "d_model": 240},
-                  output_path=str(tmp_path / "out"))
+        Estimator(
+            "train_gpt.py",
+            BUNDLED,
+            distribution=_distribution(4, 1),
+            hyperparameters={"n_head": 6, "d_model": 240},
+            output_path=str(tmp_path / "out"),
+        )
     assert str(error.value).startswith(f"{T_FIELD}=4 cannot split train_gpt.py's GPT")
     assert "does not divide the model's 6 attention heads" in str(error.value)
 

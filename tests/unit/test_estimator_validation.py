@@ -13,7 +13,9 @@ from estimator.backends import BackendUnavailable
 from smsdp.config import ConfigError
 
 SHARDED = {
-    "smdistributed": {"modelparallel": {"enabled": True, "parameters": {"ddp": True, "sharded_data_parallel_degree": 2}}},
+    "smdistributed": {
+        "modelparallel": {"enabled": True, "parameters": {"ddp": True, "sharded_data_parallel_degree": 2}}
+    },
     "mpi": {"enabled": True, "processes_per_host": 2},
 }
 
@@ -30,6 +32,7 @@ def src(tmp_path: Path) -> Path:
 @pytest.fixture(autouse=True)
 def nothing_launches(monkeypatch):
     """Validation must never start a process."""
+
     def refuse(*args, **kwargs):
         raise AssertionError(f"a process was started during validation: {args}")
 
@@ -52,7 +55,10 @@ def test_a_valid_estimator_is_built_without_side_effects(src, tmp_path):
 
 
 def test_bad_sharded_degree_names_field_value_rule_and_fix(src, tmp_path):
-    dist = {**SHARDED, "smdistributed": {"modelparallel": {"enabled": True, "parameters": {"sharded_data_parallel_degree": 3}}}}
+    dist = {
+        **SHARDED,
+        "smdistributed": {"modelparallel": {"enabled": True, "parameters": {"sharded_data_parallel_degree": 3}}},
+    }
     started = time.perf_counter()
     with pytest.raises(ConfigError) as raised:
         build(src, tmp_path, instance_count=2, distribution=dist)
@@ -66,19 +72,28 @@ def test_bad_sharded_degree_names_field_value_rule_and_fix(src, tmp_path):
 
 def test_every_problem_is_reported_at_once(src, tmp_path):
     with pytest.raises(ConfigError) as raised:
-        build(src, tmp_path, entry_point="missing.py", hyperparameters={"layers": [1]},
-              environment={"SM_HOSTS": "x"}, max_run=0)
+        build(
+            src,
+            tmp_path,
+            entry_point="missing.py",
+            hyperparameters={"layers": [1]},
+            environment={"SM_HOSTS": "x"},
+            max_run=0,
+        )
     paths = {p.dotted_path for p in raised.value.problems}
     assert paths == {"entry_point", "hyperparameters.layers", "environment.SM_HOSTS", "max_run"}
     assert str(raised.value).startswith("4 problems in the smsdp configuration:")
 
 
-@pytest.mark.parametrize("entry_point, expected", [
-    ("tran.py", "did you mean 'train.py'?"),
-    ("../outside.py", "lies outside source_dir"),
-    ("README.md", "must be a Python file ending in .py"),
-    ("", "must be the path of a Python script"),
-])
+@pytest.mark.parametrize(
+    "entry_point, expected",
+    [
+        ("tran.py", "did you mean 'train.py'?"),
+        ("../outside.py", "lies outside source_dir"),
+        ("README.md", "must be a Python file ending in .py"),
+        ("", "must be the path of a Python script"),
+    ],
+)
 def test_entry_point_must_be_a_script_inside_source_dir(src, tmp_path, entry_point, expected):
     (src.parent / "outside.py").write_text("")
     with pytest.raises(ConfigError, match=expected):
@@ -99,15 +114,18 @@ def test_source_dir_must_be_a_local_directory(src, tmp_path):
         build(src, tmp_path, source_dir=str(src / "train.py"))
 
 
-@pytest.mark.parametrize("hyperparameters, expected", [
-    ({"layers": [1, 2]}, "hyperparameters.layers=[1, 2] is a list"),
-    ({"config": {"a": 1}}, "is a dict"),
-    ({"lr": None}, "is None; give a value or leave the key out"),
-    ({"lr": float("nan")}, "is not a finite number"),
-    ({"bad name": 1}, "has an invalid name"),
-    ({"sagemaker_program": "x"}, "reserved prefix 'sagemaker_'"),
-    ({"text": "x" * 2501}, "longer than SageMaker's 2500 characters"),
-])
+@pytest.mark.parametrize(
+    "hyperparameters, expected",
+    [
+        ({"layers": [1, 2]}, "hyperparameters.layers=[1, 2] is a list"),
+        ({"config": {"a": 1}}, "is a dict"),
+        ({"lr": None}, "is None; give a value or leave the key out"),
+        ({"lr": float("nan")}, "is not a finite number"),
+        ({"bad name": 1}, "has an invalid name"),
+        ({"sagemaker_program": "x"}, "reserved prefix 'sagemaker_'"),
+        ({"text": "x" * 2501}, "longer than SageMaker's 2500 characters"),
+    ],
+)
 def test_hyperparameters_are_named_scalars(src, tmp_path, hyperparameters, expected):
     with pytest.raises(ConfigError, match=expected.replace("[", r"\[").replace("]", r"\]")):
         build(src, tmp_path, hyperparameters=hyperparameters)
@@ -118,13 +136,16 @@ def test_scalar_hyperparameters_are_accepted(src, tmp_path):
     assert build(src, tmp_path, hyperparameters=hps).hyperparameters() == hps
 
 
-@pytest.mark.parametrize("environment, expected", [
-    ({"SMSDP_CONFIG": "{}"}, "is set by smsdp for every job"),
-    ({"SM_CHANNEL_TRAIN": "/x"}, "is set by smsdp for every job"),
-    ({"1BAD": "x"}, "is not a valid variable name"),
-    ({"FLAG": True}, "must be a string"),
-    ({"SMDDP_AG_SCRATCH_BUFFER_SIZE_BYTES": "1000"}, "SMDDP_AG_SCRATCH_BUFFER_SIZE_BYTES=1000"),
-])
+@pytest.mark.parametrize(
+    "environment, expected",
+    [
+        ({"SMSDP_CONFIG": "{}"}, "is set by smsdp for every job"),
+        ({"SM_CHANNEL_TRAIN": "/x"}, "is set by smsdp for every job"),
+        ({"1BAD": "x"}, "is not a valid variable name"),
+        ({"FLAG": True}, "must be a string"),
+        ({"SMDDP_AG_SCRATCH_BUFFER_SIZE_BYTES": "1000"}, "SMDDP_AG_SCRATCH_BUFFER_SIZE_BYTES=1000"),
+    ],
+)
 def test_environment_is_checked(src, tmp_path, environment, expected):
     with pytest.raises(ConfigError, match=expected):
         build(src, tmp_path, environment=environment)
@@ -167,11 +188,14 @@ def test_default_job_name_is_base_and_timestamp(src, tmp_path):
     assert name.startswith("gpt-small-") and len(name) == len("gpt-small-") + 23
 
 
-@pytest.mark.parametrize("inputs, expected", [
-    ({"bad/name": "file:///tmp"}, "invalid channel name"),
-    ({"train": 3}, "must be a 'file://' path or an 's3://' URI"),
-    (["file:///tmp"], "must be a 'file://' path, an 's3://' URI, or a dict"),
-])
+@pytest.mark.parametrize(
+    "inputs, expected",
+    [
+        ({"bad/name": "file:///tmp"}, "invalid channel name"),
+        ({"train": 3}, "must be a 'file://' path or an 's3://' URI"),
+        (["file:///tmp"], "must be a 'file://' path, an 's3://' URI, or a dict"),
+    ],
+)
 def test_inputs_are_checked_before_anything_runs(src, tmp_path, inputs, expected):
     with pytest.raises(ConfigError, match=expected):
         build(src, tmp_path).fit(inputs)
@@ -188,8 +212,13 @@ def test_local_inputs_must_exist_and_be_local(src, tmp_path):
 
 
 def test_ml_instance_types_are_validated_at_construction(src, tmp_path):
-    est = build(src, tmp_path, instance_type="ml.p4d.24xlarge", output_path="s3://bucket/out",
-                distribution={"mpi": {"enabled": True, "processes_per_host": 8}})
+    est = build(
+        src,
+        tmp_path,
+        instance_type="ml.p4d.24xlarge",
+        output_path="s3://bucket/out",
+        distribution={"mpi": {"enabled": True, "processes_per_host": 8}},
+    )
     assert (est.instance_type, est.processes_per_host, est.output_path) == ("ml.p4d.24xlarge", 8, "s3://bucket/out")
 
 
@@ -204,5 +233,9 @@ def test_a_backend_that_cannot_be_imported_says_what_to_install(src, tmp_path, m
 
 def test_processes_per_host_is_bounded_by_the_instance_gpus(src, tmp_path):
     with pytest.raises(ConfigError, match="mpi.processes_per_host=16 exceeds the 8 GPUs"):
-        build(src, tmp_path, instance_type="ml.p4d.24xlarge",
-              distribution={"mpi": {"enabled": True, "processes_per_host": 16}})
+        build(
+            src,
+            tmp_path,
+            instance_type="ml.p4d.24xlarge",
+            distribution={"mpi": {"enabled": True, "processes_per_host": 16}},
+        )

@@ -46,7 +46,7 @@ def test_forward_shapes_and_initial_loss():
     # Small init: the first prediction is close to uniform over the vocabulary.
     assert abs(out.loss.item() - math.log(64)) < 0.1
     assert model(x).loss is None
-    logits, loss = model(x, y)  # also a plain tuple
+    logits, _loss = model(x, y)  # also a plain tuple
     assert torch.equal(logits, out.logits)
 
 
@@ -93,7 +93,7 @@ def test_tied_embedding_is_one_parameter():
 
 def test_same_seed_same_weights_different_seed_different_weights():
     a, b, c = tiny_gpt(seed=3), tiny_gpt(seed=3), tiny_gpt(seed=4)
-    for (name, pa), pb, pc in zip(a.state_dict().items(), b.state_dict().values(), c.state_dict().values()):
+    for (name, pa), pb, _pc in zip(a.state_dict().items(), b.state_dict().values(), c.state_dict().values()):
         assert torch.equal(pa, pb), name
     assert not torch.equal(a.transformer.wte.weight, c.transformer.wte.weight)
 
@@ -230,7 +230,12 @@ def test_progress_line_has_the_documented_shape():
     assert line == "[smsdp] step 10/50 loss=3.2100 tokens/s=12345.6 tflops=0.012 mem=1.23GiB"
     assert PROGRESS_LINE_RE.fullmatch(line)
     assert parse_progress_line("[1,0]<stdout>: " + line) == {
-        "step": 10, "max_steps": 50, "loss": 3.21, "tokens_per_s": 12345.6, "tflops": 0.012, "mem_gib": 1.23,
+        "step": 10,
+        "max_steps": 50,
+        "loss": 3.21,
+        "tokens_per_s": 12345.6,
+        "tflops": 0.012,
+        "mem_gib": 1.23,
     }
     assert parse_progress_line("[smsdp] something else") is None
     diverged = parse_progress_line(format_progress_line(1, 2, float("nan"), 0.0, 0.0, 0))
@@ -241,8 +246,13 @@ def test_metric_definitions_pick_the_right_numbers():
     train = format_progress_line(20, 50, 2.5, 999.0, 1.5, 2 * 1024**3)
     val = format_eval_line(20, 50, 2.75)
     assert EVAL_LINE_RE.fullmatch(val) and parse_eval_line(val)["val_loss"] == 2.75
-    expected = {"train:loss": "2.5000", "train:tokens_per_s": "999.0", "train:tflops": "1.500",
-                "train:mem_gib": "2.00", "val:loss": "2.7500"}
+    expected = {
+        "train:loss": "2.5000",
+        "train:tokens_per_s": "999.0",
+        "train:tflops": "1.500",
+        "train:mem_gib": "2.00",
+        "val:loss": "2.7500",
+    }
     assert {d["Name"] for d in METRIC_DEFINITIONS} == set(expected)
     for definition in METRIC_DEFINITIONS:
         found = [m.group(1) for m in map(re.compile(definition["Regex"]).search, (train, val)) if m]
@@ -285,8 +295,17 @@ def test_throughput_meter_excludes_warmup_and_paused_time():
 def test_progress_logger_prints_on_rank0_at_intervals_only():
     clock = FakeClock()
     out = io.StringIO()
-    log = ProgressLogger(5, tokens_per_step=1000, flops_per_token=2e9, log_interval=2,
-                         warmup_steps=1, rank=0, world_size=4, stream=out, clock=clock)
+    log = ProgressLogger(
+        5,
+        tokens_per_step=1000,
+        flops_per_token=2e9,
+        log_interval=2,
+        warmup_steps=1,
+        rank=0,
+        world_size=4,
+        stream=out,
+        clock=clock,
+    )
     log.start()
     for step in range(1, 6):
         clock.now += 0.5
@@ -295,8 +314,15 @@ def test_progress_logger_prints_on_rank0_at_intervals_only():
     lines = out.getvalue().splitlines()
     assert [parse_progress_line(l)["step"] for l in lines[:-1]] == [2, 4, 5]
     assert parse_progress_line(lines[1]) == pytest.approx(
-        {"step": 4, "max_steps": 5, "loss": 0.0, "tokens_per_s": 2000.0, "tflops": 4.0,
-         "mem_gib": parse_progress_line(lines[1])["mem_gib"]})
+        {
+            "step": 4,
+            "max_steps": 5,
+            "loss": 0.0,
+            "tokens_per_s": 2000.0,
+            "tflops": 4.0,
+            "mem_gib": parse_progress_line(lines[1])["mem_gib"],
+        }
+    )
     assert parse_eval_line(lines[-1])["val_loss"] == 0.5
     summary = log.summary(model_params=7)
     assert summary["final_loss"] == -1.0 and summary["steps"] == 5 and summary["val_loss"] == 0.5
@@ -355,12 +381,38 @@ def test_training_script_runs_as_one_plain_process(tmp_path):
     channel.mkdir()
     (channel / "text.txt").write_bytes(CORPUS_PATH.read_bytes()[:20_000])
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "SMSDP_", "SM_"))}
-    env.update(SM_CHANNEL_TRAIN=str(channel), SM_MODEL_DIR=str(tmp_path / "model"),
-               SM_OUTPUT_DATA_DIR=str(tmp_path / "output"), OMP_NUM_THREADS="1")
-    args = ["--max_steps", "3", "--log_interval", "1", "--n_layer", "1", "--d_model", "32", "--n_head", "2",
-            "--seq_len", "32", "--vocab_size", "256", "--batch_size", "2"]
-    proc = subprocess.run([sys.executable, str(REPO_ROOT / "entrypoints" / "train_gpt.py"), *args],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    env.update(
+        SM_CHANNEL_TRAIN=str(channel),
+        SM_MODEL_DIR=str(tmp_path / "model"),
+        SM_OUTPUT_DATA_DIR=str(tmp_path / "output"),
+        OMP_NUM_THREADS="1",
+    )
+    args = [
+        "--max_steps",
+        "3",
+        "--log_interval",
+        "1",
+        "--n_layer",
+        "1",
+        "--d_model",
+        "32",
+        "--n_head",
+        "2",
+        "--seq_len",
+        "32",
+        "--vocab_size",
+        "256",
+        "--batch_size",
+        "2",
+    ]
+    proc = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "entrypoints" / "train_gpt.py"), *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     progress = [p for p in map(parse_progress_line, proc.stdout.splitlines()) if p]
     assert [p["step"] for p in progress] == [1, 2, 3]

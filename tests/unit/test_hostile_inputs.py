@@ -46,8 +46,9 @@ def nothing_launches(monkeypatch):
 
 
 def est(src: Path, tmp_path: Path, **kwargs) -> Estimator:
-    return Estimator(**{"entry_point": "train.py", "source_dir": str(src), "output_path": str(tmp_path / "jobs"),
-                        **kwargs})
+    return Estimator(
+        **{"entry_point": "train.py", "source_dir": str(src), "output_path": str(tmp_path / "jobs"), **kwargs}
+    )
 
 
 def rejected(fn, field: str) -> str:
@@ -61,16 +62,38 @@ def rejected(fn, field: str) -> str:
 # ------------------------------------------------------------------------------ names
 
 
-BAD_JOB_NAMES = ["job\n", "job\r", "../job", "job/x", ".", "..", "", "a" * 64, "-job", "job-", "job_1", "jöb",
-                 "job\x00", "j o b", "$(id)", "job;rm"]
+BAD_JOB_NAMES = [
+    "job\n",
+    "job\r",
+    "../job",
+    "job/x",
+    ".",
+    "..",
+    "",
+    "a" * 64,
+    "-job",
+    "job-",
+    "job_1",
+    "jöb",
+    "job\x00",
+    "j o b",
+    "$(id)",
+    "job;rm",
+]
 
 
 @pytest.mark.parametrize("name", BAD_JOB_NAMES)
 def test_job_names_follow_sagemaker_rules_for_local_and_remote_jobs(src, tmp_path, name):
     rejected(lambda: est(src, tmp_path).dry_run(job_name=name), "job_name")
-    remote = est(src, tmp_path, instance_type="ml.p4d.24xlarge", role="arn:aws:iam::111122223333:role/R",
-                 image_uri="111122223333.dkr.ecr.us-west-2.amazonaws.com/x:1", output_path="s3://b/jobs",
-                 sagemaker_session=types.SimpleNamespace(boto_region_name="us-west-2"))
+    remote = est(
+        src,
+        tmp_path,
+        instance_type="ml.p4d.24xlarge",
+        role="arn:aws:iam::111122223333:role/R",
+        image_uri="111122223333.dkr.ecr.us-west-2.amazonaws.com/x:1",
+        output_path="s3://b/jobs",
+        sagemaker_session=types.SimpleNamespace(boto_region_name="us-west-2"),
+    )
     rejected(lambda: remote.dry_run(job_name=name), "job_name")  # before any request is built or sent
     rejected(lambda: est(src, tmp_path, base_job_name=name or "-"), "base_job_name")
 
@@ -93,12 +116,14 @@ def test_channel_names_that_become_the_same_variable_are_refused(src, tmp_path):
     message = rejected(lambda: est(src, tmp_path).dry_run({"train": data, "TRAIN": data}), "inputs.TRAIN")
     assert "SM_CHANNEL_TRAIN" in message
     request = est(src, tmp_path).dry_run({"train.v2": data, "val-1": data}, job_name="ok")
-    assert {p.parent for p in [request.job_path / "input" / "data" / n for n in request.job_dir.channels]} == \
-        {request.job_path / "input" / "data"}
+    assert {p.parent for p in [request.job_path / "input" / "data" / n for n in request.job_dir.channels]} == {
+        request.job_path / "input" / "data"
+    }
 
 
-@pytest.mark.parametrize("name", ["a b", "a;b", "$(id)", "--x", "a\n", "a=b", "ä", "", "1st", "x" * 257,
-                                  "sagemaker_program"])
+@pytest.mark.parametrize(
+    "name", ["a b", "a;b", "$(id)", "--x", "a\n", "a=b", "ä", "", "1st", "x" * 257, "sagemaker_program"]
+)
 def test_hyperparameter_names_are_plain(src, tmp_path, name):
     rejected(lambda: est(src, tmp_path, hyperparameters={name: 1}), "hyperparameters")
 
@@ -109,8 +134,14 @@ def test_hyperparameter_names_that_become_the_same_variable_are_refused(src, tmp
 
 
 def test_hostile_hyperparameter_values_are_single_argv_words(src, tmp_path):
-    values = {"cmd": SHELL, "lines": "one\ntwo", "dashes": "--max_steps 1000", "uni": "héllo ✓ 名前",
-              "empty": "", "spaces": "  padded  "}
+    values = {
+        "cmd": SHELL,
+        "lines": "one\ntwo",
+        "dashes": "--max_steps 1000",
+        "uni": "héllo ✓ 名前",
+        "empty": "",
+        "spaces": "  padded  ",
+    }
     request = est(src, tmp_path, hyperparameters=values).dry_run(job_name="hostile")
     argv = list(request.argv)
     assert isinstance(request.argv, tuple) and all(isinstance(w, str) for w in argv)
@@ -124,8 +155,9 @@ def test_hostile_hyperparameter_values_are_single_argv_words(src, tmp_path):
 # ------------------------------------------------------------------------------ paths
 
 
-@pytest.mark.parametrize("entry_point", ["../outside.py", "pkg/../../outside.py", "escape.py", "/etc/passwd.py",
-                                         "{tmp}/outside.py"])
+@pytest.mark.parametrize(
+    "entry_point", ["../outside.py", "pkg/../../outside.py", "escape.py", "/etc/passwd.py", "{tmp}/outside.py"]
+)
 def test_entry_points_cannot_leave_the_source_dir(src, tmp_path, entry_point):
     entry_point = entry_point.format(tmp=tmp_path)
     assert "lies outside source_dir" in rejected(lambda: est(src, tmp_path, entry_point=entry_point), "entry_point")
@@ -140,15 +172,18 @@ BAD_TEXT = {"NUL": "a\x00b", "lone surrogate": "a\ud800b"}
 
 
 @pytest.mark.parametrize("what", list(BAD_TEXT))
-@pytest.mark.parametrize("field, make", [
-    ("hyperparameters", lambda v: {"hyperparameters": {"name": v}}),
-    ("environment", lambda v: {"environment": {"NAME": v}}),
-    ("entry_point", lambda v: {"entry_point": v + ".py"}),
-    ("source_dir", lambda v: {"source_dir": v}),
-    ("output_path", lambda v: {"output_path": v}),
-    ("checkpoint_s3_uri", lambda v: {"checkpoint_s3_uri": "file:///tmp/" + v}),
-    ("checkpoint_local_path", lambda v: {"checkpoint_local_path": v}),
-])
+@pytest.mark.parametrize(
+    "field, make",
+    [
+        ("hyperparameters", lambda v: {"hyperparameters": {"name": v}}),
+        ("environment", lambda v: {"environment": {"NAME": v}}),
+        ("entry_point", lambda v: {"entry_point": v + ".py"}),
+        ("source_dir", lambda v: {"source_dir": v}),
+        ("output_path", lambda v: {"output_path": v}),
+        ("checkpoint_s3_uri", lambda v: {"checkpoint_s3_uri": "file:///tmp/" + v}),
+        ("checkpoint_local_path", lambda v: {"checkpoint_local_path": v}),
+    ],
+)
 def test_text_no_process_can_take_is_refused_by_name(src, tmp_path, what, field, make):
     message = rejected(lambda: est(src, tmp_path, **make(BAD_TEXT[what])), field)
     assert ("NUL" in message) if what == "NUL" else ("UTF-8" in message)

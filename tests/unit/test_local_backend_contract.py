@@ -15,15 +15,25 @@ def _job_env(tmp_path: Path, instance_count: int, processes_per_host: int) -> di
     src = tmp_path / "src"
     src.mkdir(exist_ok=True)
     (src / "train.py").write_text("")
-    est = Estimator("train.py", str(src), instance_count=instance_count, output_path=str(tmp_path),
-                    distribution={"mpi": {"enabled": True, "processes_per_host": processes_per_host}})
+    est = Estimator(
+        "train.py",
+        str(src),
+        instance_count=instance_count,
+        output_path=str(tmp_path),
+        distribution={"mpi": {"enabled": True, "processes_per_host": processes_per_host}},
+    )
     return dict(est.dry_run(job_name=f"j{instance_count}x{processes_per_host}").env)
 
 
 def _rank_env(job_env: dict[str, str], rank: int, world: int, mpi_local_rank: int) -> dict[str, str]:
     """What mpirun adds on one machine (its local ranks need not follow world order)."""
-    return {**job_env, "OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": str(world),
-            "OMPI_COMM_WORLD_LOCAL_RANK": str(mpi_local_rank), "OMPI_COMM_WORLD_LOCAL_SIZE": str(world)}
+    return {
+        **job_env,
+        "OMPI_COMM_WORLD_RANK": str(rank),
+        "OMPI_COMM_WORLD_SIZE": str(world),
+        "OMPI_COMM_WORLD_LOCAL_RANK": str(mpi_local_rank),
+        "OMPI_COMM_WORLD_LOCAL_SIZE": str(world),
+    }
 
 
 def test_simulated_hosts_are_host_major(tmp_path):
@@ -45,8 +55,14 @@ def test_one_host_uses_mpi_local_ranks(tmp_path):
 
 
 def test_by_hand_mpirun_without_any_job_variables():
-    info = ClusterInfo.from_env({"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4",
-                                 "OMPI_COMM_WORLD_LOCAL_RANK": "3", "OMPI_COMM_WORLD_LOCAL_SIZE": "4"})
+    info = ClusterInfo.from_env(
+        {
+            "OMPI_COMM_WORLD_RANK": "3",
+            "OMPI_COMM_WORLD_SIZE": "4",
+            "OMPI_COMM_WORLD_LOCAL_RANK": "3",
+            "OMPI_COMM_WORLD_LOCAL_SIZE": "4",
+        }
+    )
     assert (info.rank, info.world_size, info.processes_per_host, info.hosts) == (3, 4, 4, ("algo-1",))
 
 
@@ -62,18 +78,30 @@ def test_a_plain_process_is_a_world_of_one():
 
 
 def test_real_hosts_trust_sagemakers_current_host():
-    env = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
-           "OMPI_COMM_WORLD_LOCAL_SIZE": "1", "SM_HOSTS": '["algo-1", "algo-2"]', "SM_CURRENT_HOST": "algo-2"}
+    env = {
+        "OMPI_COMM_WORLD_RANK": "0",
+        "OMPI_COMM_WORLD_SIZE": "2",
+        "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+        "OMPI_COMM_WORLD_LOCAL_SIZE": "1",
+        "SM_HOSTS": '["algo-1", "algo-2"]',
+        "SM_CURRENT_HOST": "algo-2",
+    }
     assert ClusterInfo.from_env(env).host == "algo-2"
 
 
-@pytest.mark.parametrize("env, message", [
-    ({"OMPI_COMM_WORLD_RANK": "4", "OMPI_COMM_WORLD_SIZE": "4"}, "outside a world of 4"),
-    ({"OMPI_COMM_WORLD_SIZE": "3", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}, "not a multiple of 2"),
-    ({"OMPI_COMM_WORLD_SIZE": "4", "SM_HOSTS": '["a", "b", "c"]', "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}, "!= world size 4"),
-    ({"SM_HOSTS": "algo-1"}, "not a JSON list"),
-    ({"OMPI_COMM_WORLD_RANK": "x"}, "is not an integer"),
-])
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        ({"OMPI_COMM_WORLD_RANK": "4", "OMPI_COMM_WORLD_SIZE": "4"}, "outside a world of 4"),
+        ({"OMPI_COMM_WORLD_SIZE": "3", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}, "not a multiple of 2"),
+        (
+            {"OMPI_COMM_WORLD_SIZE": "4", "SM_HOSTS": '["a", "b", "c"]', "OMPI_COMM_WORLD_LOCAL_SIZE": "2"},
+            "!= world size 4",
+        ),
+        ({"SM_HOSTS": "algo-1"}, "not a JSON list"),
+        ({"OMPI_COMM_WORLD_RANK": "x"}, "is not an integer"),
+    ],
+)
 def test_impossible_clusters_are_errors(env, message):
     with pytest.raises(ClusterError, match=message):
         ClusterInfo.from_env(env)

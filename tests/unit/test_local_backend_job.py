@@ -21,9 +21,15 @@ def estimator(tmp_path: Path) -> Estimator:
     src = tmp_path / "src"
     src.mkdir()
     (src / "train.py").write_text("")
-    return Estimator("train.py", str(src), instance_count=2, output_path=str(tmp_path / "jobs"),
-                     distribution={"mpi": {"enabled": True, "processes_per_host": 2}},
-                     hyperparameters={"max_steps": 7}, environment={"X": "1"})
+    return Estimator(
+        "train.py",
+        str(src),
+        instance_count=2,
+        output_path=str(tmp_path / "jobs"),
+        distribution={"mpi": {"enabled": True, "processes_per_host": 2}},
+        hyperparameters={"max_steps": 7},
+        environment={"X": "1"},
+    )
 
 
 def _lay_out(estimator: Estimator, name: str, record: StatusRecord, supervisor_pid: int | None = None) -> LocalJob:

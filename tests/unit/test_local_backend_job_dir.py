@@ -33,8 +33,13 @@ def test_create_lays_out_opt_ml(src, tmp_path):
     single = tmp_path / "one.csv"
     single.write_text("1,2")
     keep = tmp_path / "ckpt"
-    est = Estimator("train.py", str(src), hyperparameters={"max_steps": 5}, output_path=str(tmp_path / "jobs"),
-                    checkpoint_s3_uri=f"file://{keep}")
+    est = Estimator(
+        "train.py",
+        str(src),
+        hyperparameters={"max_steps": 5},
+        output_path=str(tmp_path / "jobs"),
+        checkpoint_s3_uri=f"file://{keep}",
+    )
     plan = est.dry_run({"train": f"file://{data}", "eval": str(single)}, job_name="j").job_dir
     job = plan.create()
     assert job.root == tmp_path / "jobs" / "j"
@@ -101,7 +106,7 @@ def test_status_readers_never_see_a_partial_record(tmp_path):
         while not stop.is_set():
             try:
                 read_status(path)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 errors.append(exc)
 
     thread = threading.Thread(target=reader)

@@ -34,13 +34,16 @@ def test_tags_become_host_and_rank_prefixes(tagger):
 
 def test_untagged_lines_are_mpirun_s_own(tagger):
     assert tagger.retag("prterun has exited due to process rank 2\n") == [
-        "[mpirun] prterun has exited due to process rank 2"]
+        "[mpirun] prterun has exited due to process rank 2"
+    ]
     assert tagger.retag("\n") == []
 
 
 def test_unterminated_output_running_into_the_next_tag_is_split(tagger):
     assert tagger.retag("[1,0]<stdout>: partial[1,1]<stdout>: next\n") == [
-        "[algo-1 rank0] partial", "[algo-1 rank1] next"]
+        "[algo-1 rank0] partial",
+        "[algo-1 rank1] next",
+    ]
 
 
 def test_split_prefix_inverts_the_prefix(tagger):
@@ -55,8 +58,9 @@ def test_progress_lines_become_a_bar_in_place_on_a_terminal():
     display.feed("[algo-1 rank0] other", "other")
     display.close()
     text = out.getvalue()
-    bar = format_progress({"step": 10, "max_steps": 50, "loss": 3.21, "tokens_per_s": 12345.6,
-                           "tflops": 0.012, "mem_gib": 1.23})
+    bar = format_progress(
+        {"step": 10, "max_steps": 50, "loss": 3.21, "tokens_per_s": 12345.6, "tflops": 0.012, "mem_gib": 1.23}
+    )
     assert text.startswith("\r" + bar)
     assert "[algo-1 rank0] other\n" + bar in text  # a log line clears the bar, then it is redrawn
     assert text.endswith("\n")
@@ -131,8 +135,9 @@ def test_metrics_come_from_summary_json_first(tmp_path):
     job = _job(tmp_path)
     job.log_file.write_text("[algo-1 rank0] " + PROGRESS + "\n")
     assert Metrics.of(job).final_loss == 3.21  # from the log
-    (job.output_data / "summary.json").write_text(json.dumps(
-        {"final_loss": 2.5, "tokens_per_s": 100.0, "tflops": 0.5, "peak_mem_bytes": 2 * 1024**3}))
+    (job.output_data / "summary.json").write_text(
+        json.dumps({"final_loss": 2.5, "tokens_per_s": 100.0, "tflops": 0.5, "peak_mem_bytes": 2 * 1024**3})
+    )
     metrics = Metrics.of(job)
     assert (metrics.final_loss, metrics.tokens_per_s, metrics.tflops, metrics.peak_mem_gib) == (2.5, 100.0, 0.5, 2.0)
 

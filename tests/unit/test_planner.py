@@ -22,10 +22,17 @@ BF16_CKPT = {"bf16": True, "activation_checkpointing": True, "delayed_parameter_
 
 def toy() -> ModelSpec:
     """Unit 0: 10 and 3 elements; unit 1: 10 and 3; root: 7 (trainable) and 5 (frozen)."""
-    return ModelSpec("toy", (
-        ParamTensor("a", 10, 0), ParamTensor("b", 3, 0), ParamTensor("c", 10, 1), ParamTensor("d", 3, 1),
-        ParamTensor("e", 7, ROOT), ParamTensor("f", 5, ROOT, trainable=False),
-    ))
+    return ModelSpec(
+        "toy",
+        (
+            ParamTensor("a", 10, 0),
+            ParamTensor("b", 3, 0),
+            ParamTensor("c", 10, 1),
+            ParamTensor("d", 3, 1),
+            ParamTensor("e", 7, ROOT),
+            ParamTensor("f", 5, ROOT, trainable=False),
+        ),
+    )
 
 
 # ------------------------------------------------------------------------------ model description
@@ -100,8 +107,9 @@ def test_model_state_by_hand():
 
 def test_layer_activations_equal_korthikanti_for_eager_attention_with_dropout():
     for s, b, h, a in [(2048, 1, 12288, 96), (1024, 4, 4096, 32), (128, 2, 256, 4)]:
-        shape = TransformerShape(n_layer=1, d_model=h, n_head=a, seq_len=s, vocab_size=1000, dropout=True,
-                                 attention="eager")
+        shape = TransformerShape(
+            n_layer=1, d_model=h, n_head=a, seq_len=s, vocab_size=1000, dropout=True, attention="eager"
+        )
         assert mem.layer_activation_bytes(shape, b, compute_bytes=2) == pytest.approx(s * b * h * (34 + 5 * a * s / h))
 
 
@@ -182,8 +190,26 @@ def test_plan_follows_the_prefetch_depths():
 def test_plan_cli_takes_the_prefetch_depths(capsys):
     from estimator.cli import main
 
-    argv = ["plan", "--layers", "4", "--hidden", "256", "--heads", "4", "--vocab", "1024", "--seq-len", "128",
-            "--instance-type", "local", "--instance-count", "2", "--processes-per-host", "2", "--json"]
+    argv = [
+        "plan",
+        "--layers",
+        "4",
+        "--hidden",
+        "256",
+        "--heads",
+        "4",
+        "--vocab",
+        "1024",
+        "--seq-len",
+        "128",
+        "--instance-type",
+        "local",
+        "--instance-count",
+        "2",
+        "--processes-per-host",
+        "2",
+        "--json",
+    ]
     assert main(argv) == 0
     default = json.loads(capsys.readouterr().out)["memory"]["unsharded_params_in_flight"]
     assert main(argv + ["--forward-prefetch", "3", "--backward-prefetch", "0"]) == 0
@@ -208,9 +234,17 @@ def test_gradient_buffers_by_hand():
 
 def test_comm_matches_the_design_formula_inside_one_host():
     psi, psi_p, d, m, world = 8_000, 300, 4, 2, 16
-    c = comm_model.comm_per_step(sharded_elems=psi, sharded_trainable_elems=psi, persistent_trainable_elems=psi_p,
-                                 compute_bytes=2, sdp_degree=d, world=world, processes_per_host=8, micro_steps=m,
-                                 hierarchical_allgather=True)
+    c = comm_model.comm_per_step(
+        sharded_elems=psi,
+        sharded_trainable_elems=psi,
+        persistent_trainable_elems=psi_p,
+        compute_bytes=2,
+        sdp_degree=d,
+        world=world,
+        processes_per_host=8,
+        micro_steps=m,
+        hierarchical_allgather=True,
+    )
     r = world // d
     assert c.all_gather == comm_model.LinkBytes(intra=2 * m * (d - 1) / d * psi * 2)
     assert c.reduce_scatter == comm_model.LinkBytes(intra=m * (d - 1) / d * psi * 4)
@@ -221,8 +255,16 @@ def test_comm_matches_the_design_formula_inside_one_host():
 
 def test_hierarchical_all_gather_splits_the_flat_volume():
     psi, d = 64_000, 32  # 4 hosts x 8
-    kwargs = dict(sharded_elems=psi, sharded_trainable_elems=psi, persistent_trainable_elems=0, compute_bytes=2,
-                  sdp_degree=d, world=64, processes_per_host=8, micro_steps=1)
+    kwargs = dict(
+        sharded_elems=psi,
+        sharded_trainable_elems=psi,
+        persistent_trainable_elems=0,
+        compute_bytes=2,
+        sdp_degree=d,
+        world=64,
+        processes_per_host=8,
+        micro_steps=1,
+    )
     hier = comm_model.comm_per_step(hierarchical_allgather=True, **kwargs)
     flat = comm_model.comm_per_step(hierarchical_allgather=False, **kwargs)
     assert hier.hierarchical and not flat.hierarchical and hier.shard_group_hosts == 4
@@ -233,9 +275,14 @@ def test_hierarchical_all_gather_splits_the_flat_volume():
 
 def test_plan_comm_equals_what_the_runtime_counted_for_the_benchmark():
     # bench/compare.py, smsdp fp32 d=2 on 4 ranks: smp.comm_stats() per step
-    p = plan(ModelSpec.gpt(4, 256, 4, 1024, 128), batch_size=4, instance_count=2, processes_per_host=2,
-             parameters={"sharded_data_parallel_degree": 2, "sdp_param_persistence_threshold": 10_000},
-             recommend=False)
+    p = plan(
+        ModelSpec.gpt(4, 256, 4, 1024, 128),
+        batch_size=4,
+        instance_count=2,
+        processes_per_host=2,
+        parameters={"sharded_data_parallel_degree": 2, "sdp_param_persistence_threshold": 10_000},
+        recommend=False,
+    )
     # 2 x 3,440,640 sharded elements gathered per step, less the root (294,912) and the last block
     # (786,432) kept gathered into the backward: (d-1)/d x 5,799,936 x 4 bytes
     assert p.comm.all_gather.total == 11_599_872
@@ -279,16 +326,43 @@ def test_plan_with_reshard_to_k_gathers_the_backward_inside_the_host_and_keeps_s
     assert "kept 1/k slices" in str(hpz) and "kept 1/k slices" not in str(full)
     # k = d is True, and a recommendation at other sharded degrees plans them resharding fully
     assert plan(spec, parameters={**base, "sdp_reshard_after_forward": 8}, **kwargs).comm == full.comm
-    assert plan(spec, parameters={**base, "sdp_reshard_after_forward": 4}, batch_size=4, instance_count=2,
-                processes_per_host=4).recommendation.sharded_degree == 1
+    assert (
+        plan(
+            spec,
+            parameters={**base, "sdp_reshard_after_forward": 4},
+            batch_size=4,
+            instance_count=2,
+            processes_per_host=4,
+        ).recommendation.sharded_degree
+        == 1
+    )
 
 
 def test_plan_cli_takes_a_reshard_degree(capsys):
     from estimator.cli import main
 
-    argv = ["plan", "--layers", "4", "--hidden", "256", "--heads", "4", "--vocab", "1024", "--seq-len", "128",
-            "--instance-type", "local", "--instance-count", "2", "--processes-per-host", "4", "--persistence-threshold",
-            "10000", "--json"]
+    argv = [
+        "plan",
+        "--layers",
+        "4",
+        "--hidden",
+        "256",
+        "--heads",
+        "4",
+        "--vocab",
+        "1024",
+        "--seq-len",
+        "128",
+        "--instance-type",
+        "local",
+        "--instance-count",
+        "2",
+        "--processes-per-host",
+        "4",
+        "--persistence-threshold",
+        "10000",
+        "--json",
+    ]
     assert main(argv + ["--reshard-after-forward", "4"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["memory"]["kept_slices"] > 0
@@ -311,10 +385,25 @@ def test_plan_with_bf16_reduction_halves_the_gradient_bytes():
 
 
 def test_step_time_by_hand():
-    comm = comm_model.CommBreakdown(comm_model.LinkBytes(intra=100.0), comm_model.LinkBytes(inter=10.0),
-                                    comm_model.LinkBytes(inter=5.0), comm_model.LinkBytes(), 2, False)
-    kwargs = dict(flops_per_token=6e3, recompute_flops_per_token=2e3, tokens_per_rank_per_micro_step=10,
-                  micro_steps=2, world=4, peak_flops=1e4, achieved_fraction=0.5, intra_bps=100.0, inter_bps=5.0)
+    comm = comm_model.CommBreakdown(
+        comm_model.LinkBytes(intra=100.0),
+        comm_model.LinkBytes(inter=10.0),
+        comm_model.LinkBytes(inter=5.0),
+        comm_model.LinkBytes(),
+        2,
+        False,
+    )
+    kwargs = dict(
+        flops_per_token=6e3,
+        recompute_flops_per_token=2e3,
+        tokens_per_rank_per_micro_step=10,
+        micro_steps=2,
+        world=4,
+        peak_flops=1e4,
+        achieved_fraction=0.5,
+        intra_bps=100.0,
+        inter_bps=5.0,
+    )
     t = comm_model.step_time(comm, overlap=True, **kwargs)
     compute = 8e3 * 10 / 5e3  # 16 s per micro-step
     in_group = (100 / 100 + 10 / 5) / 2  # 1.5 s per micro-step
@@ -349,25 +438,50 @@ def test_more_degree_means_less_model_state_and_checkpointing_less_activations()
     spec = gpt30b()
     states = []
     for d in (8, 16, 32, 64, 128):
-        p = plan(spec, instance_type=P4D, instance_count=16, parameters={**BF16_CKPT, "sharded_data_parallel_degree": d},
-                 recommend=False)
+        p = plan(
+            spec,
+            instance_type=P4D,
+            instance_count=16,
+            parameters={**BF16_CKPT, "sharded_data_parallel_degree": d},
+            recommend=False,
+        )
         states.append(p.memory.model_state)
     assert states == sorted(states, reverse=True) and states[0] > 15 * states[-1]
     acts = {}
     for ckpt in (False, True):
-        p = plan(spec, instance_type=P4D, instance_count=16, batch_size=2, recommend=False,
-                 parameters={**BF16_CKPT, "activation_checkpointing": ckpt, "sharded_data_parallel_degree": 32})
+        p = plan(
+            spec,
+            instance_type=P4D,
+            instance_count=16,
+            batch_size=2,
+            recommend=False,
+            parameters={**BF16_CKPT, "activation_checkpointing": ckpt, "sharded_data_parallel_degree": 32},
+        )
         acts[ckpt] = p.memory.activations
     assert acts[True] < acts[False] / 5
-    small, big = (plan(spec, instance_type=P4D, instance_count=16, batch_size=b, recommend=False,
-                       parameters={**BF16_CKPT, "sharded_data_parallel_degree": 32}).memory.activations for b in (1, 4))
+    small, big = (
+        plan(
+            spec,
+            instance_type=P4D,
+            instance_count=16,
+            batch_size=b,
+            recommend=False,
+            parameters={**BF16_CKPT, "sharded_data_parallel_degree": 32},
+        ).memory.activations
+        for b in (1, 4)
+    )
     assert big > 3 * small
 
 
 def test_model_state_of_a_sharded_gpt_is_16_bytes_per_parameter_over_d_plus_the_persistent_ones():
     spec = gpt30b()
-    p = plan(spec, instance_type=P4D, instance_count=16, parameters={**BF16_CKPT, "sharded_data_parallel_degree": 128},
-             recommend=False)
+    p = plan(
+        spec,
+        instance_type=P4D,
+        instance_count=16,
+        parameters={**BF16_CKPT, "sharded_data_parallel_degree": 128},
+        recommend=False,
+    )
     # bf16: 4 (master) + 4 (grad) + 8 (Adam) = 16 bytes per element; the LayerNorms and
     # biases (13 h per block + 2 h for ln_f, all under the 1e6 threshold) are kept whole on every GPU.
     h = 7168
@@ -378,8 +492,13 @@ def test_model_state_of_a_sharded_gpt_is_16_bytes_per_parameter_over_d_plus_the_
 
 def test_fit_decision_and_recommendation():
     spec = gpt30b()
-    tight = plan(spec, instance_type=P4D, instance_count=16, batch_size=2,
-                 parameters={**BF16_CKPT, "sharded_data_parallel_degree": 8})
+    tight = plan(
+        spec,
+        instance_type=P4D,
+        instance_count=16,
+        batch_size=2,
+        parameters={**BF16_CKPT, "sharded_data_parallel_degree": 8},
+    )
     assert not tight.fits and tight.headroom_bytes < 0
     rec = tight.recommendation
     assert rec.sharded_degree is not None and rec.sharded_degree > 8
@@ -396,8 +515,12 @@ def test_fit_decision_and_recommendation():
 
 def test_reduce_scatter_inputs_in_flight_are_two_units_in_every_backward():
     spec = gpt30b()
-    at = dict(instance_type=P4D, instance_count=16, recommend=False,
-              parameters={**BF16_CKPT, "sharded_data_parallel_degree": 32})
+    at = dict(
+        instance_type=P4D,
+        instance_count=16,
+        recommend=False,
+        parameters={**BF16_CKPT, "sharded_data_parallel_degree": 32},
+    )
     early = plan(spec, **at)
     accumulating = plan(spec, grad_accum=2, **at)
     undeclared = plan(spec, assumptions=Assumptions(early_replica_sync=False), **at)
@@ -411,38 +534,77 @@ def test_reduce_scatter_inputs_in_flight_are_two_units_in_every_backward():
 
 def test_a_memory_budget_override_turns_a_fit_into_a_refusal():
     spec = ModelSpec.gpt(4, 256, 4, 1024, 128)
-    roomy = plan(spec, batch_size=4, instance_count=2, processes_per_host=2,
-                 parameters={"sharded_data_parallel_degree": 2}, recommend=False)
+    roomy = plan(
+        spec,
+        batch_size=4,
+        instance_count=2,
+        processes_per_host=2,
+        parameters={"sharded_data_parallel_degree": 2},
+        recommend=False,
+    )
     assert roomy.fits
     small = Assumptions(memory_budget_bytes=roomy.memory.peak, safety_margin=0.2)
-    assert not plan(spec, batch_size=4, instance_count=2, processes_per_host=2,
-                    parameters={"sharded_data_parallel_degree": 2}, assumptions=small).fits
+    assert not plan(
+        spec,
+        batch_size=4,
+        instance_count=2,
+        processes_per_host=2,
+        parameters={"sharded_data_parallel_degree": 2},
+        assumptions=small,
+    ).fits
 
 
 def test_nothing_fits_says_what_would():
-    p = plan(ModelSpec.gpt(96, 12288, 96, 50257, 2048), instance_type=P4D, instance_count=2,
-             parameters={**BF16_CKPT, "sharded_data_parallel_degree": 16})
+    p = plan(
+        ModelSpec.gpt(96, 12288, 96, 50257, 2048),
+        instance_type=P4D,
+        instance_count=2,
+        parameters={**BF16_CKPT, "sharded_data_parallel_degree": 16},
+    )
     assert not p.fits and p.recommendation.sharded_degree is None
     assert any("x ml.p4d.24xlarge" in note for note in p.recommendation.notes)
-    huge = plan(ModelSpec.gpt(128, 25600, 160, 51200, 2048), instance_type=P4D, instance_count=64,
-                parameters={**BF16_CKPT, "sharded_data_parallel_degree": 512})
+    huge = plan(
+        ModelSpec.gpt(128, 25600, 160, 51200, 2048),
+        instance_type=P4D,
+        instance_count=64,
+        parameters={**BF16_CKPT, "sharded_data_parallel_degree": 512},
+    )
     assert any("more instances cannot help" in note for note in huge.recommendation.notes)
 
 
 def test_construction_without_delayed_init_holds_the_whole_model():
     spec = gpt30b()
-    eager = plan(spec, instance_type=P4D, instance_count=16, recommend=False,
-                 parameters={**BF16_CKPT, "sharded_data_parallel_degree": 128, "delayed_parameter_initialization": False})
+    eager = plan(
+        spec,
+        instance_type=P4D,
+        instance_count=16,
+        recommend=False,
+        parameters={**BF16_CKPT, "sharded_data_parallel_degree": 128, "delayed_parameter_initialization": False},
+    )
     assert eager.memory.peak_phase == "model construction"
     assert eager.memory.construction >= 4 * spec.num_params
 
 
 def test_plan_prints_a_table_and_dumps_json():
-    p = plan(gpt30b(), instance_type=P4D, instance_count=16, batch_size=2,
-             parameters={**BF16_CKPT, "sharded_data_parallel_degree": 32})
+    p = plan(
+        gpt30b(),
+        instance_type=P4D,
+        instance_count=16,
+        batch_size=2,
+        parameters={**BF16_CKPT, "sharded_data_parallel_degree": 32},
+    )
     text = str(p)
-    for needle in ("parameters", "optimizer state", "activations", "communication buffers", "framework overhead",
-                   "inter-host", "step", "recommendation", "FITS"):
+    for needle in (
+        "parameters",
+        "optimizer state",
+        "activations",
+        "communication buffers",
+        "framework overhead",
+        "inter-host",
+        "step",
+        "recommendation",
+        "FITS",
+    ):
         assert needle in text
     data = json.loads(json.dumps(p.to_dict()))
     assert data["memory"]["fits"] is True and data["step_time"]["step_s"] > 0
@@ -453,8 +615,12 @@ def test_invalid_inputs_are_refused():
     with pytest.raises(ConfigError, match="sharded_data_parallel_degree"):
         plan(spec, instance_count=2, processes_per_host=2, parameters={"sharded_data_parallel_degree": 3})
     with pytest.raises(ValueError, match="does not divide the model's 2 attention heads"):
-        plan(spec, instance_count=2, processes_per_host=4,
-             parameters={"tensor_parallel_degree": 4, "prescaled_batch": True})
+        plan(
+            spec,
+            instance_count=2,
+            processes_per_host=4,
+            parameters={"tensor_parallel_degree": 4, "prescaled_batch": True},
+        )
     with pytest.raises(ValueError, match="batch_size"):
         plan(spec, batch_size=0)
     with pytest.raises(ValueError, match="optimizer"):

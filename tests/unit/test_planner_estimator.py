@@ -26,8 +26,17 @@ HUGE_GPT = {"n_layer": 48, "d_model": 7168, "n_head": 64, "vocab_size": 50257, "
 # 175B: built eagerly it needs 700 GB per rank, more than any machine running this test has per rank.
 GPT3_175B = {"n_layer": 96, "d_model": 12288, "n_head": 96, "vocab_size": 50257, "seq_len": 2048}
 P4D_DISTRIBUTION = {
-    "smdistributed": {"modelparallel": {"enabled": True, "parameters": {
-        "ddp": True, "sharded_data_parallel_degree": 16, "bf16": True, "activation_checkpointing": True}}},
+    "smdistributed": {
+        "modelparallel": {
+            "enabled": True,
+            "parameters": {
+                "ddp": True,
+                "sharded_data_parallel_degree": 16,
+                "bf16": True,
+                "activation_checkpointing": True,
+            },
+        }
+    },
     "mpi": {"enabled": True, "processes_per_host": 8},
 }
 
@@ -36,16 +45,41 @@ P4D_DISTRIBUTION = {
 
 
 def test_plan_prints_the_table_and_exits_0_when_it_fits(capsys):
-    argv = ["plan", "--model", "gpt2-30b", "--instance-count", "16", "--sharded-degree", "32",
-            "--activation-checkpointing", "--delayed-init", "--batch-size", "2"]
+    argv = [
+        "plan",
+        "--model",
+        "gpt2-30b",
+        "--instance-count",
+        "16",
+        "--sharded-degree",
+        "32",
+        "--activation-checkpointing",
+        "--delayed-init",
+        "--batch-size",
+        "2",
+    ]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "memory per GPU" in out and "FITS" in out and "smallest sharded degree that fits: 32" in out
 
 
 def test_plan_exits_1_when_it_does_not_fit_and_json_has_the_numbers(capsys):
-    argv = ["plan", "--layers", "48", "--hidden", "7168", "--heads", "64", "--instance-count", "16",
-            "--sharded-degree", "8", "--activation-checkpointing", "--delayed-init", "--json"]
+    argv = [
+        "plan",
+        "--layers",
+        "48",
+        "--hidden",
+        "7168",
+        "--heads",
+        "64",
+        "--instance-count",
+        "16",
+        "--sharded-degree",
+        "8",
+        "--activation-checkpointing",
+        "--delayed-init",
+        "--json",
+    ]
     assert main(argv) == 1
     data = json.loads(capsys.readouterr().out)
     assert data["memory"]["fits"] is False and data["memory"]["peak"] > data["memory"]["budget"]
@@ -54,8 +88,14 @@ def test_plan_exits_1_when_it_does_not_fit_and_json_has_the_numbers(capsys):
 
 
 def test_plan_from_a_parameter_count_and_a_distribution(capsys):
-    dist = json.dumps({"smdistributed": {"modelparallel": {"enabled": True, "parameters": {
-        "sharded_data_parallel_degree": 8, "bf16": True}}}, "mpi": {"enabled": True, "processes_per_host": 8}})
+    dist = json.dumps(
+        {
+            "smdistributed": {
+                "modelparallel": {"enabled": True, "parameters": {"sharded_data_parallel_degree": 8, "bf16": True}}
+            },
+            "mpi": {"enabled": True, "processes_per_host": 8},
+        }
+    )
     assert main(["plan", "--params", "1e9", "--layers", "24", "--distribution", dist, "--instance-count", "2"]) == 0
     out = capsys.readouterr().out
     assert "activations not estimated" in out and "sharded degree 8 x 2 replicas" in out
@@ -69,9 +109,25 @@ def test_plan_usage_errors_exit_2(capsys):
 
 
 def test_plan_as_a_subprocess():
-    out = subprocess.run([sys.executable, "-m", "estimator.cli", "plan", "--model", "gpt3-6.7b",
-                          "--instance-count", "2", "--sharded-degree", "8", "--activation-checkpointing"],
-                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "estimator.cli",
+            "plan",
+            "--model",
+            "gpt3-6.7b",
+            "--instance-count",
+            "2",
+            "--sharded-degree",
+            "8",
+            "--activation-checkpointing",
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     assert "communication per step per GPU" in out.stdout
 
@@ -80,9 +136,14 @@ def test_plan_as_a_subprocess():
 
 
 def local_estimator(tmp_path, **hyperparameters) -> Estimator:
-    return Estimator("train_gpt.py", example_source_dir(), instance_count=2,
-                     distribution=example_distribution(2, 2), hyperparameters={"max_steps": 1, **hyperparameters},
-                     output_path=str(tmp_path / "jobs"))
+    return Estimator(
+        "train_gpt.py",
+        example_source_dir(),
+        instance_count=2,
+        distribution=example_distribution(2, 2),
+        hyperparameters={"max_steps": 1, **hyperparameters},
+        output_path=str(tmp_path / "jobs"),
+    )
 
 
 def test_estimator_plan_of_the_bundled_gpt_uses_its_hyperparameters(tmp_path):
@@ -142,9 +203,16 @@ class RecordingBackend:
 def test_fit_on_sagemaker_refuses_and_the_override_launches(tmp_path, monkeypatch):
     backend = RecordingBackend()
     monkeypatch.setattr(estimator_module, "backend_for", lambda instance_type: backend)
-    est = Estimator("train_gpt.py", example_source_dir(), instance_type="ml.p4d.24xlarge", instance_count=2,
-                    distribution=P4D_DISTRIBUTION, hyperparameters=HUGE_GPT, output_path="s3://bucket/out",
-                    role="arn:aws:iam::123456789012:role/x")
+    est = Estimator(
+        "train_gpt.py",
+        example_source_dir(),
+        instance_type="ml.p4d.24xlarge",
+        instance_count=2,
+        distribution=P4D_DISTRIBUTION,
+        hyperparameters=HUGE_GPT,
+        output_path="s3://bucket/out",
+        role="arn:aws:iam::123456789012:role/x",
+    )
     with pytest.raises(DoesNotFitError, match="ml.p4d.24xlarge"):
         est.fit(wait=False)
     assert backend.launched == []
@@ -178,8 +246,9 @@ def test_fit_of_an_unknown_model_is_not_checked(tmp_path, monkeypatch):
 def test_delayed_init_is_planned_as_eager_for_the_bundled_script(tmp_path):
     dist = example_distribution(2, 2)
     dist["smdistributed"]["modelparallel"]["parameters"]["delayed_parameter_initialization"] = True
-    est = Estimator("train_gpt.py", example_source_dir(), instance_count=2, distribution=dist,
-                    output_path=str(tmp_path / "jobs"))
+    est = Estimator(
+        "train_gpt.py", example_source_dir(), instance_count=2, distribution=dist, output_path=str(tmp_path / "jobs")
+    )
     p = est.plan()
     assert any("outside smp.model_creation()" in w for w in p.warnings)
     assert p.memory.construction >= 4 * p.model.num_params

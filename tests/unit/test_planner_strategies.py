@@ -19,9 +19,19 @@ MiB = 2**20
 
 def _plan(setting=True, degree=8, ppn=4, budget=None, **kwargs):
     assumptions = Assumptions(memory_budget_bytes=budget, safety_margin=0.0) if budget else Assumptions()
-    return plan(SPEC, batch_size=4, instance_count=8 // ppn, processes_per_host=ppn, assumptions=assumptions,
-                parameters={"sharded_data_parallel_degree": degree, "sdp_param_persistence_threshold": 10_000,
-                            "sdp_reshard_after_forward": setting}, **kwargs)
+    return plan(
+        SPEC,
+        batch_size=4,
+        instance_count=8 // ppn,
+        processes_per_host=ppn,
+        assumptions=assumptions,
+        parameters={
+            "sharded_data_parallel_degree": degree,
+            "sdp_param_persistence_threshold": 10_000,
+            "sdp_reshard_after_forward": setting,
+        },
+        **kwargs,
+    )
 
 
 @pytest.mark.parametrize("ppn, offered", [(4, [True, False, 2, 4]), (2, [True, False, 2]), (1, [True, False])])
@@ -39,8 +49,12 @@ def test_each_strategy_is_planned_as_its_own_plan_would_be():
     for s in base.strategies:
         alone = _plan(s.setting, budget=budget, recommend=False)
         assert (s.peak_bytes, s.peak_phase, s.fits) == (alone.memory.peak, alone.memory.peak_phase, alone.fits)
-        fitting = [d for d in (1, 2, 4, 8) if (isinstance(s.setting, bool) or s.setting < d)
-                   and _plan(s.setting, degree=d, budget=budget, recommend=False).fits]
+        fitting = [
+            d
+            for d in (1, 2, 4, 8)
+            if (isinstance(s.setting, bool) or s.setting < d)
+            and _plan(s.setting, degree=d, budget=budget, recommend=False).fits
+        ]
         assert s.smallest_degree == (fitting[0] if fitting else None)
     peaks = {s.setting: s.peak_bytes for s in base.strategies}
     assert peaks[True] < peaks[4] < peaks[2] < peaks[False]  # 1/4 slices are smaller than 1/2 ones
@@ -70,9 +84,13 @@ def test_strategies_are_in_the_text_and_the_json():
     data = json.loads(json.dumps(p.to_dict()))
     assert [s["sdp_reshard_after_forward"] for s in data["strategies"]] == [True, False, 2, 4]
     assert data["strategies"][1] == {
-        "sdp_reshard_after_forward": False, "kind": "keep gathered", "peak": p.strategies[1].peak_bytes,
-        "peak_phase": "forward/backward", "fits": p.strategies[1].fits,
-        "smallest_sharded_degree": p.strategies[1].smallest_degree}
+        "sdp_reshard_after_forward": False,
+        "kind": "keep gathered",
+        "peak": p.strategies[1].peak_bytes,
+        "peak_phase": "forward/backward",
+        "fits": p.strategies[1].fits,
+        "smallest_sharded_degree": p.strategies[1].smallest_degree,
+    }
 
 
 def test_k_equal_to_the_degree_is_marked_as_true():
@@ -82,9 +100,29 @@ def test_k_equal_to_the_degree_is_marked_as_true():
 def test_plan_cli_prints_the_strategies(capsys):
     from estimator.cli import main
 
-    argv = ["plan", "--layers", "4", "--hidden", "256", "--heads", "4", "--vocab", "1024", "--seq-len", "128",
-            "--instance-type", "local", "--instance-count", "2", "--processes-per-host", "4", "--persistence-threshold",
-            "10000", "--batch-size", "4"]
+    argv = [
+        "plan",
+        "--layers",
+        "4",
+        "--hidden",
+        "256",
+        "--heads",
+        "4",
+        "--vocab",
+        "1024",
+        "--seq-len",
+        "128",
+        "--instance-type",
+        "local",
+        "--instance-count",
+        "2",
+        "--processes-per-host",
+        "4",
+        "--persistence-threshold",
+        "10000",
+        "--batch-size",
+        "4",
+    ]
     assert main(argv) == 0
     assert "False: keep gathered" in capsys.readouterr().out
     assert main(argv + ["--json"]) == 0

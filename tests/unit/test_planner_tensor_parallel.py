@@ -33,8 +33,17 @@ def test_pieces_add_up_to_the_plain_tensors_and_rank_zero_holds_the_most():
 
 def test_what_stays_whole_is_the_bundled_gpts_replicated_parameters():
     whole = {re.sub(r"^transformer\.(h\.\d+\.)?", "", t.name) for t in ModelSpec.gpt(**GPT).tensors if not t.tp_length}
-    assert whole == {"wpe.weight", "ln_f.weight", "ln_f.bias", "ln_1.weight", "ln_1.bias", "ln_2.weight", "ln_2.bias",
-                     "attn.c_proj.bias", "mlp.c_proj.bias"}
+    assert whole == {
+        "wpe.weight",
+        "ln_f.weight",
+        "ln_f.bias",
+        "ln_1.weight",
+        "ln_1.bias",
+        "ln_2.weight",
+        "ln_2.bias",
+        "attn.c_proj.bias",
+        "mlp.c_proj.bias",
+    }
 
 
 def test_a_model_without_recorded_splits_is_split_evenly_and_says_so():
@@ -50,9 +59,20 @@ def test_piece_length_is_the_runtimes_ceil_ranges():
 
 
 def _plan(t: int, d: int, **params):
-    return plan(ModelSpec.gpt(**GPT), instance_count=1, processes_per_host=t * d, batch_size=2, recommend=False,
-                parameters={"tensor_parallel_degree": t, "sharded_data_parallel_degree": d,
-                            "prescaled_batch": t > 1, "sdp_param_persistence_threshold": 0, **params})
+    return plan(
+        ModelSpec.gpt(**GPT),
+        instance_count=1,
+        processes_per_host=t * d,
+        batch_size=2,
+        recommend=False,
+        parameters={
+            "tensor_parallel_degree": t,
+            "sharded_data_parallel_degree": d,
+            "prescaled_batch": t > 1,
+            "sdp_param_persistence_threshold": 0,
+            **params,
+        },
+    )
 
 
 def test_model_state_follows_the_pieces_sharded_over_d():

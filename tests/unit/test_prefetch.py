@@ -43,8 +43,9 @@ def gathered(units) -> list[str]:
     return [u.name for u in units if u.gathered and u.name != "root"]
 
 
-@pytest.mark.parametrize("forward, expected", [(0, ["u0"]), (1, ["u0", "u1"]), (2, ["u0", "u1", "u2"]),
-                                               (9, ["u0", "u1", "u2", "u3"])])
+@pytest.mark.parametrize(
+    "forward, expected", [(0, ["u0"]), (1, ["u0", "u1"]), (2, ["u0", "u1", "u2"]), (9, ["u0", "u1", "u2", "u3"])]
+)
 def test_forward_depth_counts_the_units_after_the_running_one(forward, expected):
     prefetcher, units = schedule(forward, backward=0)
     units[0].gathered = True  # the running unit, gathered on demand

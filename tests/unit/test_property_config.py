@@ -20,12 +20,23 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from smsdp.config import (
-    CONFIG_ENV_VAR, SCRATCH_BUFFER_ENV_VAR, SORT_BUFFER_ENV_VAR, ConfigError, ConfigProblem, Distribution,
-    RuntimeConfig, SMPParameters, resolve_job_config,
+    CONFIG_ENV_VAR,
+    SCRATCH_BUFFER_ENV_VAR,
+    SORT_BUFFER_ENV_VAR,
+    ConfigError,
+    ConfigProblem,
+    Distribution,
+    RuntimeConfig,
+    SMPParameters,
+    resolve_job_config,
 )
 
-SETTINGS = dict(derandomize=True, deadline=None, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+SETTINGS = dict(
+    derandomize=True,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 # --------------------------------------------------------------------------- strategies
 
@@ -33,8 +44,28 @@ SETTINGS = dict(derandomize=True, deadline=None, database=None,
 hostile_text = st.one_of(
     st.text(max_size=12),
     st.text(st.characters(categories=("Cs", "Cc", "Zs", "Po", "Sm")), max_size=6),
-    st.sampled_from(["", " ", "\n", "1\n", "auto\n", "$(id)", "; rm -rf /", "../..", "\x00", "\udcff", "5e8",
-                     "1e6", "nan", "true", "True", "-1", "0", "8192"]),
+    st.sampled_from(
+        [
+            "",
+            " ",
+            "\n",
+            "1\n",
+            "auto\n",
+            "$(id)",
+            "; rm -rf /",
+            "../..",
+            "\x00",
+            "\udcff",
+            "5e8",
+            "1e6",
+            "nan",
+            "true",
+            "True",
+            "-1",
+            "0",
+            "8192",
+        ]
+    ),
 )
 numbers = st.one_of(
     st.integers(-3, 17),
@@ -44,8 +75,11 @@ numbers = st.one_of(
     st.sampled_from([5e8, 1e6, 1.0, 2.0, 0.5, -0.0, 1e308, float("nan"), float("inf")]),
 )
 scalars = st.one_of(st.none(), st.booleans(), numbers, hostile_text)
-junk = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=3),
-                                                     st.dictionaries(hostile_text, inner, max_size=3)), max_leaves=6)
+junk = st.recursive(
+    scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(hostile_text, inner, max_size=3)),
+    max_leaves=6,
+)
 plausible = {
     "sharded_data_parallel_degree": st.sampled_from([1, 2, 4, 8, 3, 0, 2.0]),
     "tensor_parallel_degree": st.sampled_from([1, 2, 4, 3]),
@@ -70,8 +104,11 @@ plausible = {
     "hybrid_shard_degree": st.just(2),  # an SMP v2 key
 }
 _PLAUSIBLE_KEYS = sorted(k for k in plausible if k != "hybrid_shard_degree")
-_OTHER_KEYS = st.one_of(st.sampled_from(sorted(SMPParameters._accepted_keys()) + ["hybrid_shard_degree"]),
-                        hostile_text, st.sampled_from(["sharded_degree", "bf_16", "Ddp"]))
+_OTHER_KEYS = st.one_of(
+    st.sampled_from(sorted(SMPParameters._accepted_keys()) + ["hybrid_shard_degree"]),
+    hostile_text,
+    st.sampled_from(["sharded_degree", "bf_16", "Ddp"]),
+)
 
 
 def _mostly(draw, percent: int, usual, unusual):
@@ -96,19 +133,36 @@ def distributions(draw):
         return draw(junk)
     dist = {}
     if draw(st.booleans()):
-        mp = {"enabled": _mostly(draw, 90, st.just(True), scalars),
-              "parameters": _mostly(draw, 90, smp_parameters(), junk)}
+        mp = {
+            "enabled": _mostly(draw, 90, st.just(True), scalars),
+            "parameters": _mostly(draw, 90, smp_parameters(), junk),
+        }
         if draw(st.integers(0, 19)) == 0:
             mp.pop(draw(st.sampled_from(["enabled", "parameters"])))  # a section goes missing
-        dist["smdistributed"] = _mostly(draw, 90, st.just({"modelparallel": mp}),
-                                        st.sampled_from([{}, {"dataparallel": {}}]))
+        dist["smdistributed"] = _mostly(
+            draw, 90, st.just({"modelparallel": mp}), st.sampled_from([{}, {"dataparallel": {}}])
+        )
     if _mostly(draw, 85, st.just(True), st.just(False)):
-        dist["mpi"] = {"enabled": _mostly(draw, 90, st.just(True), scalars),
-                       "processes_per_host": _mostly(draw, 85, st.sampled_from([1, 2, 4, 8]), st.one_of(numbers, scalars)),
-                       "custom_mpi_options": _mostly(draw, 80, st.just(""), st.one_of(
-                           st.sampled_from([f"-x {SCRATCH_BUFFER_ENV_VAR}=8192", "-x 'unclosed",
-                                            f"-x {SORT_BUFFER_ENV_VAR}=100", "--mca btl self"]),
-                           hostile_text))}
+        dist["mpi"] = {
+            "enabled": _mostly(draw, 90, st.just(True), scalars),
+            "processes_per_host": _mostly(draw, 85, st.sampled_from([1, 2, 4, 8]), st.one_of(numbers, scalars)),
+            "custom_mpi_options": _mostly(
+                draw,
+                80,
+                st.just(""),
+                st.one_of(
+                    st.sampled_from(
+                        [
+                            f"-x {SCRATCH_BUFFER_ENV_VAR}=8192",
+                            "-x 'unclosed",
+                            f"-x {SORT_BUFFER_ENV_VAR}=100",
+                            "--mca btl self",
+                        ]
+                    ),
+                    hostile_text,
+                ),
+            ),
+        }
     if draw(st.integers(0, 19)) == 0:
         dist[draw(st.sampled_from(["torch_distributed", "pytorchddp", "mpii", "smdistributed_"]))] = {}
     return dist
@@ -119,15 +173,26 @@ def environments(draw):
     env = {}
     for name in (SCRATCH_BUFFER_ENV_VAR, SORT_BUFFER_ENV_VAR, "OTHER"):
         if draw(st.integers(0, 3)) == 0:
-            env[name] = _mostly(draw, 70, st.sampled_from(["16777216", "8192", "134217728"]), st.one_of(
-                st.sampled_from(["100", "-8192", "0", "1e6", " 8192 ", "x"]), hostile_text))
+            env[name] = _mostly(
+                draw,
+                70,
+                st.sampled_from(["16777216", "8192", "134217728"]),
+                st.one_of(st.sampled_from(["100", "-8192", "0", "1e6", " 8192 ", "x"]), hostile_text),
+            )
     return env
 
 
 @st.composite
 def instance_types(draw):
-    return _mostly(draw, 85, st.just("local"), st.one_of(st.sampled_from(
-        ["ml.p4d.24xlarge", "ml.g5.xlarge", "ml.c5.xlarge", "ml.p4d.24xlarge\n", "ml.nope"]), scalars))
+    return _mostly(
+        draw,
+        85,
+        st.just("local"),
+        st.one_of(
+            st.sampled_from(["ml.p4d.24xlarge", "ml.g5.xlarge", "ml.c5.xlarge", "ml.p4d.24xlarge\n", "ml.nope"]),
+            scalars,
+        ),
+    )
 
 
 @st.composite
@@ -209,11 +274,19 @@ def test_job_configs_accept_or_name_the_field():
     @settings(max_examples=500, **SETTINGS)
     @given(distributions(), instance_types(), instance_counts(), environments())
     def run(distribution, instance_type, instance_count, environment):
-        given_ = {"distribution": distribution, "instance_type": instance_type, "instance_count": instance_count,
-                  "environment": environment}
-        result = accepted_or_config_error(tally, lambda: resolve_job_config(
-            distribution, instance_type=instance_type, instance_count=instance_count, environment=environment),
-            given_)
+        given_ = {
+            "distribution": distribution,
+            "instance_type": instance_type,
+            "instance_count": instance_count,
+            "environment": environment,
+        }
+        result = accepted_or_config_error(
+            tally,
+            lambda: resolve_job_config(
+                distribution, instance_type=instance_type, instance_count=instance_count, environment=environment
+            ),
+            given_,
+        )
         if result is not None:
             world = result.world_size
             p = result.parameters
@@ -232,7 +305,9 @@ def test_distribution_dicts_accept_or_name_the_field():
     @settings(max_examples=300, **SETTINGS)
     @given(distributions().filter(lambda d: isinstance(d, dict)))  # a non-dict is resolve_job_config's to name
     def run(distribution):
-        accepted_or_config_error(tally, lambda: Distribution.model_validate(distribution), {"distribution": distribution})
+        accepted_or_config_error(
+            tally, lambda: Distribution.model_validate(distribution), {"distribution": distribution}
+        )
 
     run()
     tally.check(300)
@@ -243,6 +318,7 @@ _HUGE = "<huge>"
 
 def _dumps(value) -> str:
     """JSON of anything ``junk`` makes, a 5,001-digit int included (json.dumps refuses to write it)."""
+
     def tame(v):
         if isinstance(v, int) and not isinstance(v, bool) and v.bit_length() > 10000:
             return _HUGE
@@ -256,11 +332,17 @@ def _dumps(value) -> str:
 config_texts = st.one_of(
     hostile_text,
     junk.map(_dumps),
-    st.fixed_dictionaries({}, optional={
-        "parameters": smp_parameters(), "instance_type": instance_types(), "instance_count": instance_counts(),
-        "processes_per_host": instance_counts(), "collective_timeout_s": numbers,
-        "smddp": st.dictionaries(st.sampled_from(["scratch_bytes", "sort_bytes", "x"]), numbers, max_size=2),
-    }).map(_dumps),
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "parameters": smp_parameters(),
+            "instance_type": instance_types(),
+            "instance_count": instance_counts(),
+            "processes_per_host": instance_counts(),
+            "collective_timeout_s": numbers,
+            "smddp": st.dictionaries(st.sampled_from(["scratch_bytes", "sort_bytes", "x"]), numbers, max_size=2),
+        },
+    ).map(_dumps),
 )
 
 
@@ -273,8 +355,9 @@ def test_runtime_config_from_the_environment_accepts_or_names_the_variable():
     def run(text):
         if "\x00" in text or any(0xD800 <= ord(c) <= 0xDFFF for c in text):
             text = text.replace("\x00", "").encode("utf-8", "replace").decode()  # no env var can hold these
-        result = accepted_or_config_error(tally, lambda: RuntimeConfig.from_env({CONFIG_ENV_VAR: text}),
-                                          {CONFIG_ENV_VAR: None})
+        result = accepted_or_config_error(
+            tally, lambda: RuntimeConfig.from_env({CONFIG_ENV_VAR: text}), {CONFIG_ENV_VAR: None}
+        )
         if result is None:
             return
         assert result.collective_timeout_s > 0 and math.isfinite(result.collective_timeout_s)

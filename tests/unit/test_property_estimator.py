@@ -24,15 +24,38 @@ from estimator import Estimator
 from estimator.backends.local.job_dir import JobDir
 from smsdp.config import ConfigError
 from tests.unit.test_property_config import (
-    SETTINGS, Tally, _mostly, distributions, environments, hostile_text, instance_counts, instance_types, numbers,
+    SETTINGS,
+    Tally,
+    _mostly,
+    distributions,
+    environments,
+    hostile_text,
+    instance_counts,
+    instance_types,
+    numbers,
     scalars,
 )
 
 #: Where a problem may point: the Estimator's arguments, dry_run's, and the distribution's own paths.
 FIELDS = {
-    "entry_point", "source_dir", "instance_type", "instance_count", "distribution", "smdistributed", "mpi",
-    "hyperparameters", "environment", "output_path", "base_job_name", "checkpoint_s3_uri", "checkpoint_local_path",
-    "max_run", "collective_timeout", "inputs", "job_name", "SMDDP_AG_SCRATCH_BUFFER_SIZE_BYTES",
+    "entry_point",
+    "source_dir",
+    "instance_type",
+    "instance_count",
+    "distribution",
+    "smdistributed",
+    "mpi",
+    "hyperparameters",
+    "environment",
+    "output_path",
+    "base_job_name",
+    "checkpoint_s3_uri",
+    "checkpoint_local_path",
+    "max_run",
+    "collective_timeout",
+    "inputs",
+    "job_name",
+    "SMDDP_AG_SCRATCH_BUFFER_SIZE_BYTES",
     "SMDDP_AG_SORT_BUFFER_SIZE_BYTES",
 }
 SHELL_WORDS = ["$(touch PWNED)", "`touch PWNED`", "a; touch PWNED", "a && b", "a | b", "'quoted'", '"dq"', "*", "~"]
@@ -69,32 +92,93 @@ def hostile_arguments(sandbox: Path) -> dict[str, st.SearchStrategy]:
     src, jobs = sandbox / "src", sandbox / "jobs"
     return {
         "entry_point": st.one_of(
-            st.sampled_from(["../outside.py", str(sandbox / "outside.py"), "pkg/../train.py", "pkg/other.py",
-                             "/etc/passwd.py", "train.py\n", "tr\x00ain.py", "\udcfftrain.py", "$(id).py", "train",
-                             str(src / "train.py"), "./train.py", "pkg/../../outside.py"]),
-            hostile_text, scalars, st.just(Path("train.py")), st.just(b"train.py")),
+            st.sampled_from(
+                [
+                    "../outside.py",
+                    str(sandbox / "outside.py"),
+                    "pkg/../train.py",
+                    "pkg/other.py",
+                    "/etc/passwd.py",
+                    "train.py\n",
+                    "tr\x00ain.py",
+                    "\udcfftrain.py",
+                    "$(id).py",
+                    "train",
+                    str(src / "train.py"),
+                    "./train.py",
+                    "pkg/../../outside.py",
+                ]
+            ),
+            hostile_text,
+            scalars,
+            st.just(Path("train.py")),
+            st.just(b"train.py"),
+        ),
         "source_dir": st.one_of(
-            st.sampled_from([str(src) + "/", str(sandbox), "..", "s3://bucket/src", str(src) + "\x00", None,
-                             str(src) + "\n", "/nonexistent", str(src / "pkg" / "..")]), hostile_text, scalars,
-            st.just(src)),
+            st.sampled_from(
+                [
+                    str(src) + "/",
+                    str(sandbox),
+                    "..",
+                    "s3://bucket/src",
+                    str(src) + "\x00",
+                    None,
+                    str(src) + "\n",
+                    "/nonexistent",
+                    str(src / "pkg" / ".."),
+                ]
+            ),
+            hostile_text,
+            scalars,
+            st.just(src),
+        ),
         "instance_type": instance_types(),
         "instance_count": instance_counts(),
         "distribution": st.one_of(st.none(), distributions()),
-        "hyperparameters": st.one_of(st.dictionaries(
-            names(["max_steps", "lr", "name", "a-b", "A_B", "sagemaker_x", "x" * 257]),
-            st.one_of(st.sampled_from([5, 0.001, True, "gpt", "--max_steps 1000", "x" * 2501]), scalars,
-                      st.sampled_from(SHELL_WORDS)), max_size=3), st.none(), scalars),
-        "environment": st.one_of(environments(), st.dictionaries(
-            names(["MY_VAR", "HF_TOKEN", "SM_HOSTS", "SMSDP_CONFIG", "OMPI_COMM_WORLD_RANK", "PATH", "1X"]),
-            st.one_of(st.sampled_from(["1", "hunter2hunter2", "x\ny"]), scalars, st.sampled_from(SHELL_WORDS)),
-            max_size=3), st.none(), scalars),
-        "output_path": st.one_of(st.sampled_from([str(jobs) + "\x00", "s3://bucket/out", "", str(jobs / "..\n"),
-                                                  f"file://{jobs}", "~/smsdp-jobs-never-created"]),
-                                 hostile_text, scalars, st.just(jobs)),
-        "base_job_name": st.one_of(st.sampled_from(["gpt", "gpt-", "-gpt", "a" * 64, "gpt\n", "../gpt", "g_p_t"]),
-                                   hostile_text, scalars),
-        "checkpoint_s3_uri": st.one_of(st.sampled_from([f"file://{sandbox / 'ckpt'}", "s3://bucket/ckpt", "file://\x00"]),
-                                       hostile_text, scalars),
+        "hyperparameters": st.one_of(
+            st.dictionaries(
+                names(["max_steps", "lr", "name", "a-b", "A_B", "sagemaker_x", "x" * 257]),
+                st.one_of(
+                    st.sampled_from([5, 0.001, True, "gpt", "--max_steps 1000", "x" * 2501]),
+                    scalars,
+                    st.sampled_from(SHELL_WORDS),
+                ),
+                max_size=3,
+            ),
+            st.none(),
+            scalars,
+        ),
+        "environment": st.one_of(
+            environments(),
+            st.dictionaries(
+                names(["MY_VAR", "HF_TOKEN", "SM_HOSTS", "SMSDP_CONFIG", "OMPI_COMM_WORLD_RANK", "PATH", "1X"]),
+                st.one_of(st.sampled_from(["1", "hunter2hunter2", "x\ny"]), scalars, st.sampled_from(SHELL_WORDS)),
+                max_size=3,
+            ),
+            st.none(),
+            scalars,
+        ),
+        "output_path": st.one_of(
+            st.sampled_from(
+                [
+                    str(jobs) + "\x00",
+                    "s3://bucket/out",
+                    "",
+                    str(jobs / "..\n"),
+                    f"file://{jobs}",
+                    "~/smsdp-jobs-never-created",
+                ]
+            ),
+            hostile_text,
+            scalars,
+            st.just(jobs),
+        ),
+        "base_job_name": st.one_of(
+            st.sampled_from(["gpt", "gpt-", "-gpt", "a" * 64, "gpt\n", "../gpt", "g_p_t"]), hostile_text, scalars
+        ),
+        "checkpoint_s3_uri": st.one_of(
+            st.sampled_from([f"file://{sandbox / 'ckpt'}", "s3://bucket/ckpt", "file://\x00"]), hostile_text, scalars
+        ),
         "checkpoint_local_path": st.one_of(hostile_text, scalars),
         "max_run": st.one_of(numbers, scalars, st.sampled_from([1, 28 * 86400, 28 * 86400 + 1])),
         "collective_timeout": st.one_of(numbers, scalars),
@@ -107,8 +191,14 @@ def valid_arguments(sandbox: Path) -> dict:
 
 #: Where a problem about an argument may point (the distribution's own paths for the distribution).
 ROOTS = {
-    "distribution": {"distribution", "smdistributed", "mpi", "SMDDP_AG_SCRATCH_BUFFER_SIZE_BYTES",
-                     "SMDDP_AG_SORT_BUFFER_SIZE_BYTES", ""},
+    "distribution": {
+        "distribution",
+        "smdistributed",
+        "mpi",
+        "SMDDP_AG_SCRATCH_BUFFER_SIZE_BYTES",
+        "SMDDP_AG_SORT_BUFFER_SIZE_BYTES",
+        "",
+    },
     "instance_type": {"instance_type", "mpi"},
     "environment": {"environment", "SMDDP_AG_SCRATCH_BUFFER_SIZE_BYTES", "SMDDP_AG_SORT_BUFFER_SIZE_BYTES"},
     "source_dir": {"source_dir", "entry_point"},  # the script is looked for in it
@@ -134,14 +224,32 @@ def one_hostile_argument(draw, sandbox: Path):
 @st.composite
 def fit_arguments(draw, sandbox: Path):
     data = f"file://{sandbox / 'data'}"
-    uris = st.one_of(*[st.just(data)] * 4, st.sampled_from(
-        ["s3://bucket/data", f"file://{sandbox / 'missing'}", "file://\x00", ""]), hostile_text, scalars)
-    inputs = _mostly(draw, 75, st.one_of(st.none(), st.just(data), st.dictionaries(
-        names(["train", "val", "train.v2", "TRAIN", ".", "..", "a/b", "x" * 65]), uris, max_size=2)),
-        st.one_of(scalars, st.lists(scalars, max_size=2)))
-    job_name = _mostly(draw, 70, st.one_of(st.none(), st.sampled_from(["job-1", "a" * 63])), st.one_of(
-        st.sampled_from(["job_1", "../job", "job\n", "-job", "job-", "a" * 64, ".", "j o b", "job/x"]),
-        hostile_text, scalars))
+    uris = st.one_of(
+        *[st.just(data)] * 4,
+        st.sampled_from(["s3://bucket/data", f"file://{sandbox / 'missing'}", "file://\x00", ""]),
+        hostile_text,
+        scalars,
+    )
+    inputs = _mostly(
+        draw,
+        75,
+        st.one_of(
+            st.none(),
+            st.just(data),
+            st.dictionaries(names(["train", "val", "train.v2", "TRAIN", ".", "..", "a/b", "x" * 65]), uris, max_size=2),
+        ),
+        st.one_of(scalars, st.lists(scalars, max_size=2)),
+    )
+    job_name = _mostly(
+        draw,
+        70,
+        st.one_of(st.none(), st.sampled_from(["job-1", "a" * 63])),
+        st.one_of(
+            st.sampled_from(["job_1", "../job", "job\n", "-job", "job-", "a" * 64, ".", "j o b", "job/x"]),
+            hostile_text,
+            scalars,
+        ),
+    )
     return inputs, job_name
 
 
@@ -238,8 +346,10 @@ def test_accepted_hostile_jobs_create_nothing_outside_their_directory(sandbox, t
     created = Tally()
 
     @settings(max_examples=40, **SETTINGS)
-    @given(fit_arguments(sandbox), st.dictionaries(names(["lr", "name"]), st.one_of(scalars, st.sampled_from(SHELL_WORDS)),
-                                                  max_size=3))
+    @given(
+        fit_arguments(sandbox),
+        st.dictionaries(names(["lr", "name"]), st.one_of(scalars, st.sampled_from(SHELL_WORDS)), max_size=3),
+    )
     def run(fit_args, hyperparameters):
         out = tmp_path / f"out{created.tried}"
         try:

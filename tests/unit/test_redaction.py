@@ -48,14 +48,26 @@ def leaked(text: str) -> list[str]:
     return [value for value in ALL_VALUES if value in text]
 
 
-@pytest.mark.parametrize("name, value, secret", [
-    ("AWS_SECRET_ACCESS_KEY", "x", True), ("AWS_ACCESS_KEY_ID", "x", True), ("aws_session_token", "x", True),
-    ("HF_TOKEN", "x", True), ("OPENAI_API_KEY", "x", True), ("GITHUB_AUTH", "x", True), ("PGPASSWORD", "x", True),
-    ("ANY", "AKIAIOSFODNN7EXAMPLE", True), ("ANY", "-----BEGIN RSA PRIVATE KEY-----\nMII", True),
-    ("ANY", "xoxb-123456789012-abcdef", True), ("ANY", "https://u:pw@host/x", True),
-    ("NCCL_DEBUG", "WARN", False), ("MY_FLAG", "1", False), ("URL", "https://host/x", False),
-    ("SMDDP_AG_SCRATCH_BUFFER_SIZE_BYTES", "16777216", False),
-])
+@pytest.mark.parametrize(
+    "name, value, secret",
+    [
+        ("AWS_SECRET_ACCESS_KEY", "x", True),
+        ("AWS_ACCESS_KEY_ID", "x", True),
+        ("aws_session_token", "x", True),
+        ("HF_TOKEN", "x", True),
+        ("OPENAI_API_KEY", "x", True),
+        ("GITHUB_AUTH", "x", True),
+        ("PGPASSWORD", "x", True),
+        ("ANY", "AKIAIOSFODNN7EXAMPLE", True),
+        ("ANY", "-----BEGIN RSA PRIVATE KEY-----\nMII", True),
+        ("ANY", "xoxb-123456789012-abcdef", True),
+        ("ANY", "https://u:pw@host/x", True),
+        ("NCCL_DEBUG", "WARN", False),
+        ("MY_FLAG", "1", False),
+        ("URL", "https://host/x", False),
+        ("SMDDP_AG_SCRATCH_BUFFER_SIZE_BYTES", "16777216", False),
+    ],
+)
 def test_what_counts_as_a_secret(name, value, secret):
     assert is_secret(name, value) is secret
 
@@ -71,20 +83,28 @@ def test_redact_env_and_argv_keep_the_names_and_drop_the_values():
 
 
 def test_scrubber_removes_known_values_anywhere_and_secret_shaped_text():
-    scrub = Scrubber.from_environment({**SECRETS, URL[0]: URL[1], "PLAIN": "visible"}, ["WANDB_API_KEY=wandb-secret-0123456789"])
+    scrub = Scrubber.from_environment(
+        {**SECRETS, URL[0]: URL[1], "PLAIN": "visible"}, ["WANDB_API_KEY=wandb-secret-0123456789"]
+    )
     text = "\n".join(f"line with {v} inside" for v in ALL_VALUES) + "\nvisible\nAKIAABCDEFGHIJKLMNOP"
     clean = scrub(text)
     assert not leaked(clean) and "AKIAABCDEFGHIJKLMNOP" not in clean
     assert "visible" in clean and clean.count(REDACTED) == len(ALL_VALUES) + 1
-    assert scrub.tree({"a": [SECRETS["HF_TOKEN"], 3], "b": {"c": SECRETS["DB_PASSWORD"]}}) == \
-        {"a": [REDACTED, 3], "b": {"c": REDACTED}}
+    assert scrub.tree({"a": [SECRETS["HF_TOKEN"], 3], "b": {"c": SECRETS["DB_PASSWORD"]}}) == {
+        "a": [REDACTED, 3],
+        "b": {"c": REDACTED},
+    }
 
 
 def local(src: Path, tmp_path: Path, **overrides) -> Estimator:
-    return Estimator("train.py", str(src), output_path=str(tmp_path / "jobs"),
-                     environment={**SECRETS, URL[0]: URL[1], "PLAIN": "visible"},
-                     distribution={"mpi": {"enabled": True, "processes_per_host": 1, "custom_mpi_options": CUSTOM}},
-                     **overrides)
+    return Estimator(
+        "train.py",
+        str(src),
+        output_path=str(tmp_path / "jobs"),
+        environment={**SECRETS, URL[0]: URL[1], "PLAIN": "visible"},
+        distribution={"mpi": {"enabled": True, "processes_per_host": 1, "custom_mpi_options": CUSTOM}},
+        **overrides,
+    )
 
 
 def test_local_dry_run_and_job_json_hold_no_secret(src, tmp_path):
@@ -102,22 +122,38 @@ def test_local_dry_run_and_job_json_hold_no_secret(src, tmp_path):
 
 def test_errors_about_a_secret_variable_do_not_quote_it(src, tmp_path):
     with pytest.raises(ConfigError) as raised:
-        Estimator("train.py", str(src), output_path=str(tmp_path),
-                  environment={"SM_API_TOKEN": "hf_abcdefghijklmnopqrstuvwxyzABCDEF",  # reserved prefix
-                               "DB_PASSWORD": b"correct-horse-battery", "GH": ["ghp_0123456789abcdefghijklmnopqrstuvwxyz"]})
+        Estimator(
+            "train.py",
+            str(src),
+            output_path=str(tmp_path),
+            environment={
+                "SM_API_TOKEN": "hf_abcdefghijklmnopqrstuvwxyzABCDEF",  # reserved prefix
+                "DB_PASSWORD": b"correct-horse-battery",
+                "GH": ["ghp_0123456789abcdefghijklmnopqrstuvwxyz"],
+            },
+        )
     message = str(raised.value)
-    assert {p.dotted_path for p in raised.value.problems} == {"environment.SM_API_TOKEN", "environment.DB_PASSWORD",
-                                                             "environment.GH"}
+    assert {p.dotted_path for p in raised.value.problems} == {
+        "environment.SM_API_TOKEN",
+        "environment.DB_PASSWORD",
+        "environment.GH",
+    }
     assert not leaked(message) and "correct-horse" not in message and message.count(REDACTED) == 3
 
 
 def test_sagemaker_dry_run_holds_no_secret(src):
     pytest.importorskip("yaml")
-    est = Estimator("train.py", str(src), instance_type="ml.p4d.24xlarge", role="arn:aws:iam::111122223333:role/R",
-                    image_uri="111122223333.dkr.ecr.us-west-2.amazonaws.com/x:latest",
-                    sagemaker_session=types.SimpleNamespace(boto_region_name="us-west-2"),
-                    environment={**SECRETS, URL[0]: URL[1]}, output_path="s3://bucket/jobs",
-                    distribution={"mpi": {"enabled": True, "processes_per_host": 8, "custom_mpi_options": CUSTOM}})
+    est = Estimator(
+        "train.py",
+        str(src),
+        instance_type="ml.p4d.24xlarge",
+        role="arn:aws:iam::111122223333:role/R",
+        image_uri="111122223333.dkr.ecr.us-west-2.amazonaws.com/x:latest",
+        sagemaker_session=types.SimpleNamespace(boto_region_name="us-west-2"),
+        environment={**SECRETS, URL[0]: URL[1]},
+        output_path="s3://bucket/jobs",
+        distribution={"mpi": {"enabled": True, "processes_per_host": 8, "custom_mpi_options": CUSTOM}},
+    )
     request = est.dry_run(job_name="j")
     for text in (str(request), request.to_json(), request.to_yaml()):
         assert not leaked(text), [v for v in ALL_VALUES if v in text]

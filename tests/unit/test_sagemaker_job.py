@@ -22,8 +22,12 @@ class FakeSageMaker:
 
     def describe_training_job(self, TrainingJobName):
         state = self.states.pop(0) if len(self.states) > 1 else self.states[0]
-        return {"TrainingJobName": TrainingJobName, "OutputDataConfig": {"S3OutputPath": "s3://b/out/"},
-                "ResponseMetadata": {"HTTPStatusCode": 200}, **state}
+        return {
+            "TrainingJobName": TrainingJobName,
+            "OutputDataConfig": {"S3OutputPath": "s3://b/out/"},
+            "ResponseMetadata": {"HTTPStatusCode": 200},
+            **state,
+        }
 
     def stop_training_job(self, TrainingJobName):
         self.stopped = True
@@ -55,11 +59,23 @@ def job(*states, logs=None) -> SageMakerJob:
 
 
 def test_wait_follows_the_job_to_completed_and_reports_secondary_status(capsys):
-    handle = job({"TrainingJobStatus": "InProgress", "SecondaryStatus": "Starting"},
-                 {"TrainingJobStatus": "InProgress", "SecondaryStatus": "Training",
-                  "SecondaryStatusTransitions": [{"Status": "Training", "StatusMessage": "Training image download completed."}]},
-                 {"TrainingJobStatus": "Completed", "SecondaryStatus": "Completed", "TrainingTimeInSeconds": 42,
-                  "BillableTimeInSeconds": 21, "ModelArtifacts": {"S3ModelArtifacts": "s3://b/out/j/output/model.tar.gz"}})
+    handle = job(
+        {"TrainingJobStatus": "InProgress", "SecondaryStatus": "Starting"},
+        {
+            "TrainingJobStatus": "InProgress",
+            "SecondaryStatus": "Training",
+            "SecondaryStatusTransitions": [
+                {"Status": "Training", "StatusMessage": "Training image download completed."}
+            ],
+        },
+        {
+            "TrainingJobStatus": "Completed",
+            "SecondaryStatus": "Completed",
+            "TrainingTimeInSeconds": 42,
+            "BillableTimeInSeconds": 21,
+            "ModelArtifacts": {"S3ModelArtifacts": "s3://b/out/j/output/model.tar.gz"},
+        },
+    )
     assert handle.wait() is JobStatus.COMPLETED
     out = capsys.readouterr().out
     assert "[smsdp] j: Starting\n" in out and "[smsdp] j: Training - Training image download completed." in out

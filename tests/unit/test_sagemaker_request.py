@@ -14,22 +14,22 @@ from pathlib import Path
 
 import pytest
 
-from tests.sagemaker_docs_examples import docs_p3_distribution, docs_p4d_distribution
-
+from entrypoints.sagemaker_entry import joined_config
 from estimator import Estimator
 from estimator.backends.sagemaker import SageMakerRequest
 from estimator.backends.sagemaker.environment import CONFIG_PART_PREFIX, config_environment
 from estimator.backends.sagemaker.sdk_estimator import sdk_arguments
-from entrypoints.sagemaker_entry import joined_config
 from smsdp.config import CONFIG_ENV_VAR, RuntimeConfig, resolve_job_config
 from smsdp.util.metric_format import METRIC_DEFINITIONS
+from tests.sagemaker_docs_examples import docs_p3_distribution, docs_p4d_distribution
 
 ROLE = "arn:aws:iam::111122223333:role/SageMakerRole"
 IMAGE = "111122223333.dkr.ecr.us-west-2.amazonaws.com/pytorch-smsdp:latest"
 SESSION = types.SimpleNamespace(boto_region_name="us-west-2")  # a dry run needs only the region
 SHARDED = {
-    "smdistributed": {"modelparallel": {"enabled": True, "parameters": {
-        "ddp": True, "sharded_data_parallel_degree": 4, "bf16": True}}},
+    "smdistributed": {
+        "modelparallel": {"enabled": True, "parameters": {"ddp": True, "sharded_data_parallel_degree": 4, "bf16": True}}
+    },
     "mpi": {"enabled": True, "processes_per_host": 8, "custom_mpi_options": "-x NCCL_DEBUG=WARN"},
 }
 
@@ -48,8 +48,14 @@ def src(tmp_path: Path) -> Path:
 
 def remote(src: Path, **overrides) -> Estimator:
     kwargs = dict(
-        entry_point="train.py", source_dir=str(src), instance_type="ml.p4d.24xlarge", instance_count=2,
-        distribution=SHARDED, role=ROLE, image_uri=IMAGE, sagemaker_session=SESSION,
+        entry_point="train.py",
+        source_dir=str(src),
+        instance_type="ml.p4d.24xlarge",
+        instance_count=2,
+        distribution=SHARDED,
+        role=ROLE,
+        image_uri=IMAGE,
+        sagemaker_session=SESSION,
         hyperparameters={"max_steps": 100, "lr": 3e-4, "bf16": True, "name": "gpt"},
         environment={"SMDDP_AG_SCRATCH_BUFFER_SIZE_BYTES": "33554432", "MY_FLAG": "1"},
         output_path="s3://my-bucket/jobs",
@@ -60,9 +66,18 @@ def remote(src: Path, **overrides) -> Estimator:
 
 @pytest.fixture
 def request_(src) -> SageMakerRequest:
-    est = remote(src, checkpoint_s3_uri="s3://my-bucket/ckpt", use_spot_instances=True, max_wait=2 * 86400,
-                 tags={"team": "nlp"}, subnets=["subnet-1"], security_group_ids=["sg-1"], max_retry_attempts=2,
-                 volume_size=200, input_mode="FastFile")
+    est = remote(
+        src,
+        checkpoint_s3_uri="s3://my-bucket/ckpt",
+        use_spot_instances=True,
+        max_wait=2 * 86400,
+        tags={"team": "nlp"},
+        subnets=["subnet-1"],
+        security_group_ids=["sg-1"],
+        max_retry_attempts=2,
+        volume_size=200,
+        input_mode="FastFile",
+    )
     return est.dry_run({"train": "s3://my-bucket/data/train"}, job_name="gpt-1")
 
 
@@ -81,14 +96,28 @@ def test_request_top_level_fields(request_):
     assert request["Tags"] == [{"Key": "team", "Value": "nlp"}]
     assert request["VpcConfig"] == {"Subnets": ["subnet-1"], "SecurityGroupIds": ["sg-1"]}
     assert request["RetryStrategy"] == {"MaximumRetryAttempts": 2}
-    assert request["InputDataConfig"] == [{"ChannelName": "train", "DataSource": {"S3DataSource": {
-        "S3DataType": "S3Prefix", "S3Uri": "s3://my-bucket/data/train", "S3DataDistributionType": "FullyReplicated"}}}]
+    assert request["InputDataConfig"] == [
+        {
+            "ChannelName": "train",
+            "DataSource": {
+                "S3DataSource": {
+                    "S3DataType": "S3Prefix",
+                    "S3Uri": "s3://my-bucket/data/train",
+                    "S3DataDistributionType": "FullyReplicated",
+                }
+            },
+        }
+    ]
 
 
 def test_hyperparameters_are_json_encoded_with_the_mpi_launch(request_):
     hps = request_.create_training_job["HyperParameters"]
     assert {k: hps[k] for k in ("max_steps", "lr", "bf16", "name")} == {
-        "max_steps": "100", "lr": "0.0003", "bf16": "true", "name": '"gpt"'}
+        "max_steps": "100",
+        "lr": "0.0003",
+        "bf16": "true",
+        "name": '"gpt"',
+    }
     assert json.loads(hps["sagemaker_program"]) == "smsdp_entry.py"
     assert json.loads(hps["sagemaker_submit_directory"]) == "s3://my-bucket/gpt-1/source/sourcedir.tar.gz"
     assert json.loads(hps["sagemaker_region"]) == "us-west-2"
@@ -120,16 +149,34 @@ def test_config_round_trips_through_the_environment(request_, src):
 
 
 def test_a_config_too_long_for_one_variable_is_split_and_joined_in_the_job():
-    params = {"ddp": True, "sharded_data_parallel_degree": 2, "sdp_reduce_bucket_size": 123456789,
-              "sdp_param_persistence_threshold": 12345, "sdp_max_live_parameters": 987654321,
-              "sdp_gradient_clipping": 0.5, "bf16": True, "delayed_parameter_initialization": True,
-              "activation_loading_horizon": 2, "offload_activations": True, "memory_weight": 0.4,
-              "optimize": "memory", "tensor_parallel_seed": 7, "contiguous": False,
-              "skip_tracing": True, "checkpoint_attentions": True, "fast_mode": True, "static_mode": True}
+    params = {
+        "ddp": True,
+        "sharded_data_parallel_degree": 2,
+        "sdp_reduce_bucket_size": 123456789,
+        "sdp_param_persistence_threshold": 12345,
+        "sdp_max_live_parameters": 987654321,
+        "sdp_gradient_clipping": 0.5,
+        "bf16": True,
+        "delayed_parameter_initialization": True,
+        "activation_loading_horizon": 2,
+        "offload_activations": True,
+        "memory_weight": 0.4,
+        "optimize": "memory",
+        "tensor_parallel_seed": 7,
+        "contiguous": False,
+        "skip_tracing": True,
+        "checkpoint_attentions": True,
+        "fast_mode": True,
+        "static_mode": True,
+    }
     config = resolve_job_config(
-        {"smdistributed": {"modelparallel": {"enabled": True, "parameters": params}},
-         "mpi": {"enabled": True, "processes_per_host": 8}},
-        instance_type="ml.p4d.24xlarge", instance_count=16)
+        {
+            "smdistributed": {"modelparallel": {"enabled": True, "parameters": params}},
+            "mpi": {"enabled": True, "processes_per_host": 8},
+        },
+        instance_type="ml.p4d.24xlarge",
+        instance_count=16,
+    )
     config = config.model_copy(update={"collective_timeout_s": 1234.5})
     env = config_environment(config)
     assert len(config.model_dump_json(exclude_defaults=True)) > 512  # else this test tests nothing
@@ -147,7 +194,10 @@ def test_the_sdk_gets_an_mpi_distribution_only(request_):
     assert arguments["debugger_hook_config"] is False and arguments["disable_profiler"] is True
     assert arguments["image_uri"] == IMAGE and "framework_version" not in arguments
     assert (arguments["checkpoint_s3_uri"], arguments["max_wait"], arguments["use_spot_instances"]) == (
-        "s3://my-bucket/ckpt", 172800, True)
+        "s3://my-bucket/ckpt",
+        172800,
+        True,
+    )
 
 
 def test_checkpoint_local_path_is_the_runtime_checkpoint_dir(src):
@@ -191,8 +241,15 @@ def test_bundle_has_the_user_code_the_entry_the_packages_and_merged_requirements
     user = [f.arcname for f in bundle.user_files]
     assert user == ["lib/helpers.py", "train.py"]  # requirements.txt merged, __pycache__ skipped
     added = {f.arcname for f in bundle.added_files}
-    assert {"smsdp_entry.py", "requirements.txt", "smsdp_job.json", "smsdp/config/__init__.py",
-            "entrypoints/launcher.py", "entrypoints/sagemaker_entry.py", "entrypoints/data/corpus.txt"} <= added
+    assert {
+        "smsdp_entry.py",
+        "requirements.txt",
+        "smsdp_job.json",
+        "smsdp/config/__init__.py",
+        "entrypoints/launcher.py",
+        "entrypoints/sagemaker_entry.py",
+        "entrypoints/data/corpus.txt",
+    } <= added
     assert not any(name.startswith("estimator/") for name in added)  # the client stays home
     assert bundle.requirements == ["sentencepiece", "pydantic>=2,<3", "numpy"]
     entry = next(f.text for f in bundle.added_files if f.arcname == "smsdp_entry.py")
@@ -222,9 +279,15 @@ def test_a_lone_script_and_dependencies(tmp_path):
     dep = tmp_path / "mylib"
     dep.mkdir()
     (dep / "__init__.py").write_text("")
-    request = Estimator(str(script), instance_type="ml.g5.12xlarge", role=ROLE, image_uri=IMAGE,
-                        sagemaker_session=SESSION, dependencies=[str(dep)],
-                        distribution={"mpi": {"enabled": True, "processes_per_host": 4}}).dry_run()
+    request = Estimator(
+        str(script),
+        instance_type="ml.g5.12xlarge",
+        role=ROLE,
+        image_uri=IMAGE,
+        sagemaker_session=SESSION,
+        dependencies=[str(dep)],
+        distribution={"mpi": {"enabled": True, "processes_per_host": 4}},
+    ).dry_run()
     assert [f.arcname for f in request.bundle.user_files] == ["solo.py", "mylib/__init__.py"]
     assert request.create_training_job["HyperParameters"]["sagemaker_mpi_num_of_processes_per_host"] == "4"
 
@@ -244,10 +307,13 @@ def _assert_valid_create_training_job(request: dict) -> None:
     assert all(len(v) <= 2500 for v in request["HyperParameters"].values())
 
 
-@pytest.mark.parametrize("distribution, instance_type, count, world, degree", [
-    (docs_p3_distribution(), "ml.p3.16xlarge", 1, 8, 2),
-    (docs_p4d_distribution(), "ml.p4d.24xlarge", 8, 64, 64),
-])
+@pytest.mark.parametrize(
+    "distribution, instance_type, count, world, degree",
+    [
+        (docs_p3_distribution(), "ml.p3.16xlarge", 1, 8, 2),
+        (docs_p4d_distribution(), "ml.p4d.24xlarge", 8, 64, 64),
+    ],
+)
 def test_the_sagemaker_docs_examples_make_valid_requests(src, distribution, instance_type, count, world, degree):
     est = remote(src, instance_type=instance_type, instance_count=count, distribution=distribution, environment={})
     request = est.dry_run({"train": "s3://my-bucket/data"}).create_training_job

@@ -31,9 +31,16 @@ def src(tmp_path: Path) -> Path:
 
 
 def remote(src: Path, **overrides) -> Estimator:
-    kwargs = dict(entry_point="train.py", source_dir=str(src), instance_type="ml.p4d.24xlarge", distribution=MPI8,
-                  role=ROLE, image_uri="x.dkr.ecr.us-west-2.amazonaws.com/img:1", sagemaker_session=SESSION,
-                  output_path="s3://bucket/out")
+    kwargs = dict(
+        entry_point="train.py",
+        source_dir=str(src),
+        instance_type="ml.p4d.24xlarge",
+        distribution=MPI8,
+        role=ROLE,
+        image_uri="x.dkr.ecr.us-west-2.amazonaws.com/img:1",
+        sagemaker_session=SESSION,
+        output_path="s3://bucket/out",
+    )
     kwargs.update(overrides)
     return Estimator(**kwargs)
 
@@ -46,31 +53,37 @@ def error_of(est: Estimator, inputs=None) -> str:
 
 def test_no_role(src):
     assert "role: is missing: a SageMaker training job runs as an IAM role; pass role='arn:aws:iam::" in error_of(
-        remote(src, role=None))
+        remote(src, role=None)
+    )
 
 
 def test_instance_type_without_gpus_unless_allowed(src):
     message = error_of(remote(src, instance_type="ml.c5.xlarge", distribution={"mpi": {"enabled": True}}))
     assert "instance_type='ml.c5.xlarge' has no GPUs" in message and "allow_cpu_instances=True" in message
-    request = remote(src, instance_type="ml.c5.xlarge", distribution={"mpi": {"enabled": True}},
-                     allow_cpu_instances=True).dry_run()
+    request = remote(
+        src, instance_type="ml.c5.xlarge", distribution={"mpi": {"enabled": True}}, allow_cpu_instances=True
+    ).dry_run()
     assert request.create_training_job["ResourceConfig"]["InstanceType"] == "ml.c5.xlarge"
 
 
 def test_local_paths_are_refused_for_remote_jobs(src):
     assert "inputs.train='file:///data' is on this machine but SageMaker jobs read their inputs from S3" in error_of(
-        remote(src), {"train": "file:///data"})
+        remote(src), {"train": "file:///data"}
+    )
     assert "output_path=" in error_of(remote(src, output_path=str(src)))
     assert "checkpoint_s3_uri='file:///ckpt' must be an s3:// URI" in error_of(
-        remote(src, checkpoint_s3_uri="file:///ckpt"))
+        remote(src, checkpoint_s3_uri="file:///ckpt")
+    )
     assert "checkpoint_local_path='ckpt' must be an absolute path" in error_of(
-        remote(src, checkpoint_s3_uri="s3://b/c", checkpoint_local_path="ckpt"))
+        remote(src, checkpoint_s3_uri="s3://b/c", checkpoint_local_path="ckpt")
+    )
 
 
 def test_spot_needs_max_wait_of_at_least_max_run(src):
     assert "max_wait: is missing: spot training needs max_wait" in error_of(remote(src, use_spot_instances=True))
     assert "max_wait=10 must be a whole number of seconds >= max_run (3600)" in error_of(
-        remote(src, use_spot_instances=True, max_wait=10, max_run=3600))
+        remote(src, use_spot_instances=True, max_wait=10, max_run=3600)
+    )
     assert "max_wait=7200 only applies to spot training" in error_of(remote(src, max_wait=7200))
 
 
@@ -98,8 +111,16 @@ def test_generated_names_must_be_free_in_source_dir(src):
 
 
 def test_every_problem_at_once(src):
-    message = error_of(remote(src, role=None, instance_type="ml.c5.xlarge", distribution={"mpi": {"enabled": True}},
-                              use_spot_instances=True, smsdp_source="git"))
+    message = error_of(
+        remote(
+            src,
+            role=None,
+            instance_type="ml.c5.xlarge",
+            distribution={"mpi": {"enabled": True}},
+            use_spot_instances=True,
+            smsdp_source="git",
+        )
+    )
     assert message.startswith("4 problems")
     for part in ("role: is missing", "max_wait: is missing", "smsdp_source='git'", "has no GPUs"):
         assert part in message
@@ -120,7 +141,7 @@ import sys
 sys.modules["sagemaker"] = sys.modules["boto3"] = sys.modules["botocore"] = None
 from estimator import Estimator
 from estimator.backends import BackendUnavailable
-local = Estimator("train.py", {str(src)!r}, output_path={str(src / 'jobs')!r})
+local = Estimator("train.py", {str(src)!r}, output_path={str(src / "jobs")!r})
 print(local.dry_run().job_name.startswith("train-"))
 est = Estimator("train.py", {str(src)!r}, instance_type="ml.p4d.24xlarge", role={ROLE!r},
                 output_path="s3://b/o", distribution={MPI8!r})

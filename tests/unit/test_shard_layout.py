@@ -7,20 +7,23 @@ import pytest
 from smsdp.config.shard_layout import ShardLayout
 
 
-@pytest.mark.parametrize("sizes, degree", [((5, 3, 8), 4), ((1,), 3), ((7, 7), 1), ((4, 4), 2), ((0,), 2), ((2, 9, 1, 6), 8)])
+@pytest.mark.parametrize(
+    "sizes, degree", [((5, 3, 8), 4), ((1,), 3), ((7, 7), 1), ((4, 4), 2), ((0,), 2), ((2, 9, 1, 6), 8)]
+)
 def test_parts_cover_every_parameter_once(sizes, degree):
     offsets = [sum(sizes[:i]) for i in range(len(sizes))]
     numel = sum(sizes)
     layouts = [ShardLayout.of(numel, degree, r) for r in range(degree)]
     padded = layouts[0].padded_numel
     assert padded % degree == 0 and numel <= padded < numel + degree
-    assert [(lay.start, lay.stop) for lay in layouts] == [(r * padded // degree, (r + 1) * padded // degree)
-                                                          for r in range(degree)]
+    assert [(lay.start, lay.stop) for lay in layouts] == [
+        (r * padded // degree, (r + 1) * padded // degree) for r in range(degree)
+    ]
     for offset, size in zip(offsets, sizes):
         covered = []
         for lay in layouts:
             part = lay.part(offset, size)
-            assert 0 <= part.local and part.local + part.numel <= lay.shard_numel
+            assert part.local >= 0 and part.local + part.numel <= lay.shard_numel
             if part.numel:
                 # the part's elements sit at the same place of the padded buffer from both ends
                 assert lay.start + part.local == offset + part.start

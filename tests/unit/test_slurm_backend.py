@@ -10,12 +10,12 @@ import pytest
 
 from estimator import Estimator
 from estimator.backends.local.container_env import hyperparameter_args
-from estimator.backends.slurm.failure import slurm_failure_reason
 from estimator.backends.local.job_dir import JobDir
+from estimator.backends.slurm.failure import slurm_failure_reason
 from estimator.backends.slurm.options import check_slurm_options
 from estimator.backends.slurm.srun import SrunTagger, ranks_that_died
-from smsdp.config.cluster import ClusterError, ClusterInfo, slurm_rank_env
 from smsdp.config import ConfigError
+from smsdp.config.cluster import ClusterError, ClusterInfo, slurm_rank_env
 
 REPO = Path(__file__).resolve().parents[2]
 TWO_BY_TWO = {
@@ -25,33 +25,43 @@ TWO_BY_TWO = {
 
 
 def _estimator(tmp_path: Path, instance_type: str = "slurm", **kwargs) -> Estimator:
-    return Estimator("train_gpt.py", source_dir=str(REPO / "entrypoints"), instance_type=instance_type,
-                     instance_count=2, distribution=TWO_BY_TWO, hyperparameters={"max_steps": 3},
-                     output_path=str(tmp_path), **kwargs)
+    return Estimator(
+        "train_gpt.py",
+        source_dir=str(REPO / "entrypoints"),
+        instance_type=instance_type,
+        instance_count=2,
+        distribution=TWO_BY_TWO,
+        hyperparameters={"max_steps": 3},
+        output_path=str(tmp_path),
+        **kwargs,
+    )
 
 
 # ---------------------------------------------------------------- slurm_options
 
 
 def test_options_take_either_spelling_and_flags():
-    assert check_slurm_options({"partition": "gpu", "cpus_per_task": 4, "exclusive": True, "time": "1-02:00:00"},
-                               "slurm") == {"partition": "gpu", "cpus-per-task": "4", "exclusive": True,
-                                            "time": "1-02:00:00"}
+    assert check_slurm_options(
+        {"partition": "gpu", "cpus_per_task": 4, "exclusive": True, "time": "1-02:00:00"}, "slurm"
+    ) == {"partition": "gpu", "cpus-per-task": "4", "exclusive": True, "time": "1-02:00:00"}
 
 
-@pytest.mark.parametrize("options, words", [
-    ({"nodes": 4}, ["slurm_options.nodes", "instance_count"]),
-    ({"ntasks_per_node": 8}, ["processes_per_host"]),
-    ({"output": "/tmp/x"}, ["job directory"]),
-    ({"partiton": "gpu"}, ["not an sbatch option", "did you mean 'partition'"]),
-    ({"time": "two hours"}, ["slurm_options.time", "not a Slurm time", "'2:00:00'"]),
-    ({"gres": "gpu 8"}, ["not a Slurm GRES list", "'gpu:8'"]),
-    ({"account": "a b"}, ["slurm_options.account", "must be a name"]),
-    ({"comment": "x\n#SBATCH --nodes=9"}, ["must be one line"]),
-    ({"exclusive": False}, ["leave it out"]),
-    ({"mem": -1}, ["must not be negative"]),
-    ("partition=gpu", ["must be a dict of sbatch options"]),
-])
+@pytest.mark.parametrize(
+    "options, words",
+    [
+        ({"nodes": 4}, ["slurm_options.nodes", "instance_count"]),
+        ({"ntasks_per_node": 8}, ["processes_per_host"]),
+        ({"output": "/tmp/x"}, ["job directory"]),
+        ({"partiton": "gpu"}, ["not an sbatch option", "did you mean 'partition'"]),
+        ({"time": "two hours"}, ["slurm_options.time", "not a Slurm time", "'2:00:00'"]),
+        ({"gres": "gpu 8"}, ["not a Slurm GRES list", "'gpu:8'"]),
+        ({"account": "a b"}, ["slurm_options.account", "must be a name"]),
+        ({"comment": "x\n#SBATCH --nodes=9"}, ["must be one line"]),
+        ({"exclusive": False}, ["leave it out"]),
+        ({"mem": -1}, ["must not be negative"]),
+        ("partition=gpu", ["must be a dict of sbatch options"]),
+    ],
+)
 def test_bad_options_name_the_field_the_value_and_a_fix(options, words):
     with pytest.raises(ConfigError) as err:
         check_slurm_options(options, "slurm")
@@ -77,8 +87,9 @@ def test_slurm_only_arguments_are_checked_when_the_estimator_is_built(tmp_path):
 
 
 def test_dry_run_is_the_exact_batch_script_and_argv_and_writes_nothing(tmp_path):
-    est = _estimator(tmp_path, slurm_options={"partition": "gpu", "time": "30"},
-                     environment={"HF_TOKEN": "hf_secretvalue123"})
+    est = _estimator(
+        tmp_path, slurm_options={"partition": "gpu", "time": "30"}, environment={"HF_TOKEN": "hf_secretvalue123"}
+    )
     request = est.dry_run(job_name="gpt-dry")
     root = tmp_path / "gpt-dry"
     assert not root.exists() and list(tmp_path.iterdir()) == []
@@ -86,15 +97,28 @@ def test_dry_run_is_the_exact_batch_script_and_argv_and_writes_nothing(tmp_path)
     assert request.batch_script.splitlines() == [
         "#!/bin/bash",
         "# smsdp training job gpt-dry: 2 node(s) x 2 process(es); written by estimator.backends.slurm.",
-        "#SBATCH --job-name=gpt-dry", "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=2",
-        f"#SBATCH --output={root}/logs/slurm-%j.out", f"#SBATCH --chdir={root}", "#SBATCH --no-requeue",
-        "#SBATCH --partition=gpu", "#SBATCH --time=30",
+        "#SBATCH --job-name=gpt-dry",
+        "#SBATCH --nodes=2",
+        "#SBATCH --ntasks-per-node=2",
+        f"#SBATCH --output={root}/logs/slurm-%j.out",
+        f"#SBATCH --chdir={root}",
+        "#SBATCH --no-requeue",
+        "#SBATCH --partition=gpu",
+        "#SBATCH --time=30",
         "# The supervisor starts the ranks with srun, keeps logs/job.log and status.json, and ends the job.",
         f"exec {sys.executable} -m estimator.backends.slurm.supervisor {root}",
     ]
-    assert request.srun_argv[:9] == ("srun", "--nodes=2", "--ntasks=4", "--ntasks-per-node=2",
-                                     "--distribution=block", "--mpi=none", "--kill-on-bad-exit=1", "--label",
-                                     "--unbuffered")
+    assert request.srun_argv[:9] == (
+        "srun",
+        "--nodes=2",
+        "--ntasks=4",
+        "--ntasks-per-node=2",
+        "--distribution=block",
+        "--mpi=none",
+        "--kill-on-bad-exit=1",
+        "--label",
+        "--unbuffered",
+    )
     assert request.srun_argv[-3:] == ("train_gpt.py", *hyperparameter_args({"max_steps": 3}))
     assert request.description["Smsdp"]["Argv"] == list(request.srun_argv)
     assert request.description["ResourceConfig"]["InstanceType"] == "slurm"
@@ -108,7 +132,8 @@ def test_container_variables_are_the_local_jobs(tmp_path):
     slurm = _estimator(tmp_path).dry_run(job_name="same").env
     local = _estimator(tmp_path, instance_type="local").dry_run(job_name="same").env
     assert {k: v for k, v in slurm.items() if k.startswith("SM_")} == {
-        k: v for k, v in local.items() if k.startswith("SM_")}
+        k: v for k, v in local.items() if k.startswith("SM_")
+    }
     assert slurm["SMSDP_CONFIG"] == local["SMSDP_CONFIG"]
     assert "SMSDP_SIMULATED_HOSTS" in local and "SMSDP_SIMULATED_HOSTS" not in slurm
     assert json.loads(slurm["SM_HOSTS"]) == ["algo-1", "algo-2"]
@@ -116,8 +141,14 @@ def test_container_variables_are_the_local_jobs(tmp_path):
 
 def test_mpirun_options_are_refused_for_slurm(tmp_path):
     dist = {**TWO_BY_TWO, "mpi": {**TWO_BY_TWO["mpi"], "custom_mpi_options": "--mca btl tcp"}}
-    est = Estimator("train_gpt.py", source_dir=str(REPO / "entrypoints"), instance_type="slurm",
-                    instance_count=2, distribution=dist, output_path=str(tmp_path))
+    est = Estimator(
+        "train_gpt.py",
+        source_dir=str(REPO / "entrypoints"),
+        instance_type="slurm",
+        instance_count=2,
+        distribution=dist,
+        output_path=str(tmp_path),
+    )
     with pytest.raises(ConfigError, match=r"custom_mpi_options.*srun.*slurm_options"):
         est.dry_run(job_name="mpi-opts")
 
@@ -138,10 +169,15 @@ def test_the_rank_srun_saw_killed_is_the_reason_not_its_peers(tmp_path):
     (tmp_path / "logs").mkdir()
     (tmp_path / "output").mkdir()
     (tmp_path / "output" / "failure-rank0").write_text("RuntimeError: Connection closed by peer\n")
-    job.log_file.write_text("[algo-1 rank0] boom\n[srun] srun: error: node1: tasks 0-1: Exited with exit code 1\n"
-                            "[srun] srun: error: node2: task 3: Killed\n")
+    job.log_file.write_text(
+        "[algo-1 rank0] boom\n[srun] srun: error: node1: tasks 0-1: Exited with exit code 1\n"
+        "[srun] srun: error: node2: task 3: Killed\n"
+    )
     assert ranks_that_died(job.log_file.read_text()) == [
-        (0, "node1", "Exited with exit code 1"), (1, "node1", "Exited with exit code 1"), (3, "node2", "Killed")]
+        (0, "node1", "Exited with exit code 1"),
+        (1, "node1", "Exited with exit code 1"),
+        (3, "node2", "Killed"),
+    ]
     assert slurm_failure_reason(job, 137).startswith("rank 3 on Slurm node node2: Killed")
 
 
@@ -149,19 +185,38 @@ def test_the_rank_srun_saw_killed_is_the_reason_not_its_peers(tmp_path):
 
 
 def _task_env(procid: int, node: int, local: int) -> dict[str, str]:
-    return {"SLURM_PROCID": str(procid), "SLURM_NODEID": str(node), "SLURM_LOCALID": str(local),
-            "SLURM_NTASKS": "4", "SLURM_NTASKS_PER_NODE": "2", "SLURM_STEP_ID": "0",
-            "SLURM_LAUNCH_NODE_IPADDR": "10.0.0.5", "SM_HOSTS": '["algo-1", "algo-2"]', "SM_CURRENT_HOST": "algo-1"}
+    return {
+        "SLURM_PROCID": str(procid),
+        "SLURM_NODEID": str(node),
+        "SLURM_LOCALID": str(local),
+        "SLURM_NTASKS": "4",
+        "SLURM_NTASKS_PER_NODE": "2",
+        "SLURM_STEP_ID": "0",
+        "SLURM_LAUNCH_NODE_IPADDR": "10.0.0.5",
+        "SM_HOSTS": '["algo-1", "algo-2"]',
+        "SM_CURRENT_HOST": "algo-1",
+    }
 
 
 def test_slurm_task_variables_become_torchrun_ones_and_the_real_host():
     env = _task_env(3, 1, 1)
     torch_env = slurm_rank_env(env)
-    assert torch_env == {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
-                         "SM_CURRENT_HOST": "algo-2", "MASTER_ADDR": "10.0.0.5"}
+    assert torch_env == {
+        "RANK": "3",
+        "WORLD_SIZE": "4",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "2",
+        "SM_CURRENT_HOST": "algo-2",
+        "MASTER_ADDR": "10.0.0.5",
+    }
     cluster = ClusterInfo.from_env({**env, **torch_env})
     assert (cluster.rank, cluster.host, cluster.local_rank, cluster.num_hosts, cluster.simulated) == (
-        3, "algo-2", 1, 2, False)
+        3,
+        "algo-2",
+        1,
+        2,
+        False,
+    )
 
 
 def test_mpirun_ranks_and_batch_scripts_are_not_slurm_tasks():

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import smsdp as smp
-from smsdp.smp.model_methods import SMPModelMethods
 from smsdp.smp.loss_scalers import StaticLossScaler, dynamic_scaler, scaler_for
 from smsdp.smp.model_args import check_no_effect_kwargs
+from smsdp.smp.model_methods import SMPModelMethods
 from smsdp.smp.step import _split
 
 TABLE = Path(__file__).resolve().parents[2] / "docs" / "smp_v1_api.md"
@@ -41,8 +41,13 @@ def call_refused(name: str) -> None:
 
 def test_the_table_lists_refused_names():
     names = [name for name, _ in refused_rows()]
-    assert {"partition", "tensor_parallelism", "register_comm_hook", "optimizers.FusedLamb",
-            "nn.DistributedTransformerLMHead"} <= set(names)
+    assert {
+        "partition",
+        "tensor_parallelism",
+        "register_comm_hook",
+        "optimizers.FusedLamb",
+        "nn.DistributedTransformerLMHead",
+    } <= set(names)
 
 
 @pytest.mark.parametrize("name, use_instead", refused_rows())
@@ -55,7 +60,7 @@ def test_every_refused_name_raises_what_the_table_says(name, use_instead):
 
 def test_unknown_names_stay_attribute_errors():
     with pytest.raises(AttributeError):
-        smp.no_such_function  # noqa: B018
+        smp.no_such_function
 
 
 def test_fused_layer_norm_is_a_layer_norm_and_tp_names_resolve():

@@ -12,13 +12,23 @@ from estimator.source_tree import IgnoreRules, scan_source_dir
 RULES = ["# a comment", "*.bin", "/data", "**/cache/", "!keep.bin", "docs/*.md", "a?c", "[xy].txt", ""]
 
 
-@pytest.mark.parametrize("path, is_dir, ignored", [
-    ("x.bin", False, True), ("sub/x.bin", False, True), ("keep.bin", False, False),  # last match wins
-    ("data", True, True), ("sub/data", True, False),  # a leading / anchors at source_dir
-    ("sub/cache", True, True), ("cache", False, False),  # a trailing / matches directories only
-    ("docs/a.md", False, True), ("docs/sub/a.md", False, False),  # * stops at /
-    ("abc", False, True), ("x.txt", False, True), ("z.txt", False, False),
-])
+@pytest.mark.parametrize(
+    "path, is_dir, ignored",
+    [
+        ("x.bin", False, True),
+        ("sub/x.bin", False, True),
+        ("keep.bin", False, False),  # last match wins
+        ("data", True, True),
+        ("sub/data", True, False),  # a leading / anchors at source_dir
+        ("sub/cache", True, True),
+        ("cache", False, False),  # a trailing / matches directories only
+        ("docs/a.md", False, True),
+        ("docs/sub/a.md", False, False),  # * stops at /
+        ("abc", False, True),
+        ("x.txt", False, True),
+        ("z.txt", False, False),
+    ],
+)
 def test_ignore_rules_are_gitignores(path, is_dir, ignored):
     assert IgnoreRules(RULES).ignores(path, is_dir) is ignored
 

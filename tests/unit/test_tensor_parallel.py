@@ -7,13 +7,25 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from smsdp.tensor_parallel.layers.cross_entropy import vocab_parallel_cross_entropy
-from smsdp.tensor_parallel import (
-    Even, PartitionError, Ranges, Sections, TensorParallelError, TPGroup, batch_arithmetic, merged_state_dict,
-    registered_version, set_tensor_parallelism, split_state_dict, tensor_parallelism, to_tensor_parallel,
-    tp_register, tp_register_with_module,
-)
 from smsdp.config.topology import Topology
+from smsdp.tensor_parallel import (
+    Even,
+    PartitionError,
+    Ranges,
+    Sections,
+    TensorParallelError,
+    TPGroup,
+    batch_arithmetic,
+    merged_state_dict,
+    registered_version,
+    set_tensor_parallelism,
+    split_state_dict,
+    tensor_parallelism,
+    to_tensor_parallel,
+    tp_register,
+    tp_register_with_module,
+)
+from smsdp.tensor_parallel.layers.cross_entropy import vocab_parallel_cross_entropy
 from tests.models import TINY_MODELS, lm_batch
 from tests.tp_models import TP_MODELS
 
@@ -59,7 +71,7 @@ def test_neox_interleaved_qkv_even_cut_gives_whole_heads():
     full = F.linear(x, w).view(3, n_head, 3 * head_dim)
     for r, piece in enumerate(_round_trip(Even(0), w, size)):
         mine = F.linear(x, piece).view(3, -1, 3 * head_dim)
-        torch.testing.assert_close(mine, full[:, r * n_head // size:(r + 1) * n_head // size], rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(mine, full[:, r * n_head // size : (r + 1) * n_head // size], rtol=1e-6, atol=1e-6)
 
 
 def test_llama_gqa_separate_projections_round_trip():
@@ -69,11 +81,13 @@ def test_llama_gqa_separate_projections_round_trip():
     q_pieces, kv_pieces = _round_trip(Even(0), q_w, size), _round_trip(Even(0), kv_w, size)
     # query heads 2r, 2r+1 share key/value head r, as in the plain model (num_key_value_groups = 2)
     for r in range(size):
-        assert torch.equal(q_pieces[r], q_w[2 * r * head_dim:(2 * r + 2) * head_dim])
-        assert torch.equal(kv_pieces[r], kv_w[r * head_dim:(r + 1) * head_dim])
+        assert torch.equal(q_pieces[r], q_w[2 * r * head_dim : (2 * r + 2) * head_dim])
+        assert torch.equal(kv_pieces[r], kv_w[r * head_dim : (r + 1) * head_dim])
 
 
-@pytest.mark.parametrize("length, size, expected", [(63, 2, [32, 31]), (50257, 8, [6283] * 7 + [6276]), (64, 4, [16] * 4)])
+@pytest.mark.parametrize(
+    "length, size, expected", [(63, 2, [32, 31]), (50257, 8, [6283] * 7 + [6276]), (64, 4, [16] * 4)]
+)
 def test_vocab_ranges_split_an_undivided_vocabulary(length, size, expected):
     part = Ranges(0)
     pieces = _round_trip(part, torch.randn(length, 3), size)
@@ -166,17 +180,19 @@ def test_registry_converts_only_marked_instances():
 
 
 def test_nothing_to_convert_is_an_error_naming_the_fix():
-    with pytest.raises(TensorParallelError, match=r"converted nothing in _Net.*model_creation\(tensor_parallelism=True\)"):
+    with pytest.raises(
+        TensorParallelError, match=r"converted nothing in _Net.*model_creation\(tensor_parallelism=True\)"
+    ):
         to_tensor_parallel(nn.Module.__new__(_Net).__class__(), TPGroup(None, 0, 2))
     with pytest.raises(TypeError, match="nn.Module subclass"):
         tp_register(int, _Block)
 
 
 def test_builtin_versions_are_found_by_class_name():
-    from entrypoints.gpt import GPT, Block
     from transformers.models.gpt2.modeling_gpt2 import GPT2Block
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
+    from entrypoints.gpt import GPT, Block
     from smsdp.tensor_parallel.layers.transformer import DistributedTransformerLayer, DistributedTransformerLMHead
 
     assert registered_version(Block) is DistributedTransformerLayer

@@ -116,7 +116,7 @@ def test_hierarchical_layout_unequal_hosts_is_an_error():
 
 def _simulate_hierarchical_gather(layout) -> list[int]:
     """Which member's shard lands in each block of the re-laid result."""
-    stage1 = {m: [g for g in layout.stage1_groups if m in g][0] for m in layout.group}
+    stage1 = {m: next(g for g in layout.stage1_groups if m in g) for m in layout.group}
     stage2_blocks = [s for member in layout.stage2_groups[0] for s in stage1[member]]
     flat = [None] * len(layout.group)
     for k, owner in enumerate(stage2_blocks):
@@ -124,11 +124,12 @@ def _simulate_hierarchical_gather(layout) -> list[int]:
     return flat
 
 
-@given(hosts=st.integers(1, 4), pph=st.sampled_from([1, 2, 4, 8]), t=st.sampled_from([1, 2, 4]),
-       d_pow=st.integers(0, 4))
+@given(
+    hosts=st.integers(1, 4), pph=st.sampled_from([1, 2, 4, 8]), t=st.sampled_from([1, 2, 4]), d_pow=st.integers(0, 4)
+)
 @settings(max_examples=200, deadline=None)
 def test_hierarchical_relayout_equals_flat_order(hosts, pph, t, d_pow):
-    world, d = hosts * pph, 2 ** d_pow
+    world, d = hosts * pph, 2**d_pow
     if world % t or (world // t) % d:
         return
     topo = Topology(world, pph, t, d)
@@ -232,8 +233,9 @@ def test_reshard_groups_are_consecutive_shard_ranks_also_under_tensor_parallelis
     assert Topology(world_size=8, processes_per_host=4, shard_degree=4).reshard_groups() == ()
 
 
-@pytest.mark.parametrize("k, says", [(3, "must divide sdp 4"), (4, "strictly between 1 and 4"),
-                                     (1, "strictly between 1 and 4")])
+@pytest.mark.parametrize(
+    "k, says", [(3, "must divide sdp 4"), (4, "strictly between 1 and 4"), (1, "strictly between 1 and 4")]
+)
 def test_reshard_degree_must_be_a_proper_divisor(k, says):
     with pytest.raises(TopologyError) as info:
         Topology(world_size=8, processes_per_host=4, shard_degree=4, reshard_degree=k)

@@ -7,21 +7,22 @@ import os
 import site
 import subprocess
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
-
-from smsdp.config import ConfigProblem
-from smsdp.config.instance_types import LOCAL
-from smsdp.util.metric_format import METRIC_DEFINITIONS
+from typing import Any
 
 from estimator.backends.base import AttachedJob, Backend
 from estimator.backends.local.container_env import (
-    container_env, encoded_hyperparameters, host_names, hyperparameter_args, process_env,
+    container_env,
+    encoded_hyperparameters,
+    host_names,
+    hyperparameter_args,
+    process_env,
 )
 from estimator.backends.local.job import LocalJob
 from estimator.backends.local.job_dir import JobDir, JobDirPlan, JobNameTaken, read_json, write_text_atomically
-from estimator.backends.local.mpirun import mpirun_argv, require_mpirun
 from estimator.backends.local.known_paths import places_to_look, remember_output_path
+from estimator.backends.local.mpirun import mpirun_argv, require_mpirun
 from estimator.backends.local.process_session import JOB_MARKER
 from estimator.backends.local.request import LocalRequest
 from estimator.backends.local.status import SecondaryStatus, StatusRecord, utcnow, write_status
@@ -30,6 +31,9 @@ from estimator.naming import JobNameTakenError
 from estimator.redact import Scrubber, is_secret, redact_env
 from estimator.spec import S3_SCHEME, JobSpec
 from estimator.validation import check_output_path, problem
+from smsdp.config import ConfigProblem
+from smsdp.config.instance_types import LOCAL
+from smsdp.util.metric_format import METRIC_DEFINITIONS
 
 SUPERVISOR_MODULE = "estimator.backends.local.supervisor"
 JOB_UMASK = 0o077  # what the supervisor, mpirun and every rank create is the owner's alone
@@ -64,8 +68,14 @@ class LocalBackend(Backend[LocalRequest]):
             code_exclude=tuple(p for p in (Path(spec.output_path), _checkpoint_source(spec)) if p is not None),
         )
         return LocalRequest(
-            job_name=spec.job_name, argv=tuple(argv), env=env, cwd=job.code, job_dir=plan,
-            description=_description(spec, argv, env), max_run_s=spec.max_run_s, world_size=spec.world_size,
+            job_name=spec.job_name,
+            argv=tuple(argv),
+            env=env,
+            cwd=job.code,
+            job_dir=plan,
+            description=_description(spec, argv, env),
+            max_run_s=spec.max_run_s,
+            world_size=spec.world_size,
         )
 
     # ---------------------------------------------------------------- launch
@@ -74,22 +84,31 @@ class LocalBackend(Backend[LocalRequest]):
         require_mpirun(request.argv[0])
         now = utcnow()
         try:
-            job = request.job_dir.create({
-                "job.json": {**request.description, "CreationTime": now, "TrainingStartTime": now},
-                "status.json": StatusRecord.starting().to_json(),
-            })
+            job = request.job_dir.create(
+                {
+                    "job.json": {**request.description, "CreationTime": now, "TrainingStartTime": now},
+                    "status.json": StatusRecord.starting().to_json(),
+                }
+            )
         except JobNameTaken:
             raise _name_taken(request.job_name, request.job_path) from None
         except OSError as exc:  # read-only or full file system, no permission: at the first write
-            raise problem("output_path", f"cannot hold the job directory {request.job_path}: {exc.strerror or exc} "
-                          f"({type(exc).__name__}); pick a writable output_path with free space",
-                          str(request.job_path.parent)) from exc
+            raise problem(
+                "output_path",
+                f"cannot hold the job directory {request.job_path}: {exc.strerror or exc} "
+                f"({type(exc).__name__}); pick a writable output_path with free space",
+                str(request.job_path.parent),
+            ) from exc
         remember_output_path(request.job_path.parent)
         try:
             supervisor = _start_supervisor(job, request.env, request.argv)
         except BaseException as exc:  # Ctrl-C, no fork: the job must not stay "Starting" for ever
-            write_status(job.status_file, StatusRecord.starting().moved_to(
-                JobStatus.FAILED, SecondaryStatus.FAILED, failure_reason=f"the supervisor did not start: {exc!r}"))
+            write_status(
+                job.status_file,
+                StatusRecord.starting().moved_to(
+                    JobStatus.FAILED, SecondaryStatus.FAILED, failure_reason=f"the supervisor did not start: {exc!r}"
+                ),
+            )
             raise
         return LocalJob(job.root, supervisor=supervisor)
 
@@ -143,8 +162,12 @@ def _start_supervisor(job: JobDir, env: Mapping[str, str], argv: Sequence[str]) 
     with open(log_fd, "ab") as supervisor_log:
         supervisor = subprocess.Popen(
             [sys.executable, "-m", SUPERVISOR_MODULE, str(job.root)],
-            env={**os.environ, **env}, cwd=job.root, stdin=subprocess.PIPE,
-            stdout=supervisor_log, stderr=subprocess.STDOUT, umask=JOB_UMASK,
+            env={**os.environ, **env},
+            cwd=job.root,
+            stdin=subprocess.PIPE,
+            stdout=supervisor_log,
+            stderr=subprocess.STDOUT,
+            umask=JOB_UMASK,
             start_new_session=True,  # the job outlives this process, like a SageMaker job
         )
     assert supervisor.stdin is not None
@@ -155,8 +178,9 @@ def _start_supervisor(job: JobDir, env: Mapping[str, str], argv: Sequence[str]) 
 
 
 def _name_taken(job_name: str, root: Path) -> JobNameTakenError:
-    return JobNameTakenError.from_problems([ConfigProblem(
-        ("job_name",), f"is taken: {root} exists; pick another name or output_path", job_name)])
+    return JobNameTakenError.from_problems(
+        [ConfigProblem(("job_name",), f"is taken: {root} exists; pick another name or output_path", job_name)]
+    )
 
 
 def _source_root() -> str | None:
@@ -171,9 +195,12 @@ def _local_channels(spec: JobSpec) -> dict[str, Path]:
     for channel in spec.channels:
         path = channel.local_path
         if path is None:
-            raise problem(("inputs", channel.name), "is in S3 but local jobs read from this machine; "
-                          "download it and pass 'file:///path/to/data' (or use an 'ml.*' instance_type)",
-                          channel.uri)
+            raise problem(
+                ("inputs", channel.name),
+                "is in S3 but local jobs read from this machine; "
+                "download it and pass 'file:///path/to/data' (or use an 'ml.*' instance_type)",
+                channel.uri,
+            )
         if not path.exists():
             raise problem(("inputs", channel.name), f"does not exist (looked for {path})", channel.uri)
         channels[channel.name] = path
@@ -193,11 +220,12 @@ def _config_files(spec: JobSpec) -> dict[str, Any]:
     return {
         "input/config/hyperparameters.json": encoded_hyperparameters(dict(spec.hyperparameters)),
         "input/config/resourceconfig.json": {
-            "current_host": hosts[0], "hosts": hosts, "network_interface_name": "lo",
+            "current_host": hosts[0],
+            "hosts": hosts,
+            "network_interface_name": "lo",
         },
         "input/config/inputdataconfig.json": {
-            c.name: {"TrainingInputMode": "File", "S3DistributionType": "FullyReplicated",
-                     "RecordWrapperType": "None"}
+            c.name: {"TrainingInputMode": "File", "S3DistributionType": "FullyReplicated", "RecordWrapperType": "None"}
             for c in spec.channels
         },
     }
@@ -209,10 +237,11 @@ def _description(spec: JobSpec, argv: list[str], env: dict[str, str]) -> dict[st
         "TrainingJobName": spec.job_name,
         "HyperParameters": encoded_hyperparameters(dict(spec.hyperparameters)),
         "AlgorithmSpecification": {
-            "TrainingImage": "local", "TrainingInputMode": "File", "MetricDefinitions": METRIC_DEFINITIONS,
+            "TrainingImage": "local",
+            "TrainingInputMode": "File",
+            "MetricDefinitions": METRIC_DEFINITIONS,
         },
-        "ResourceConfig": {"InstanceType": LOCAL, "InstanceCount": spec.runtime.instance_count,
-                           "VolumeSizeInGB": 0},
+        "ResourceConfig": {"InstanceType": LOCAL, "InstanceCount": spec.runtime.instance_count, "VolumeSizeInGB": 0},
         "InputDataConfig": [
             {"ChannelName": c.name, "InputMode": "File", "DataSource": {"FileDataSource": {"FileUri": c.uri}}}
             for c in spec.channels
@@ -240,7 +269,8 @@ def _description(spec: JobSpec, argv: list[str], env: dict[str, str]) -> dict[st
     }
     if spec.checkpoints.s3_uri or spec.checkpoints.local_path:
         description["CheckpointConfig"] = {
-            "S3Uri": spec.checkpoints.s3_uri, "LocalPath": spec.checkpoints.local_path,
+            "S3Uri": spec.checkpoints.s3_uri,
+            "LocalPath": spec.checkpoints.local_path,
         }
     # job.json is on disk: no secret value anywhere in it (custom_mpi_options' -x NAME=VALUE and
     # secret hyperparameters included); the supervisor gets the real argv on its stdin.

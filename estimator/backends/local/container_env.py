@@ -14,11 +14,10 @@ import shutil
 import subprocess
 from functools import lru_cache
 
-from smsdp.config.cluster import SIMULATED_HOSTS_ENV
-from smsdp.config import CONFIG_ENV_VAR
-
 from estimator.backends.local.job_dir import JobDir
 from estimator.spec import Hyperparameter, JobSpec
+from smsdp.config import CONFIG_ENV_VAR
+from smsdp.config.cluster import SIMULATED_HOSTS_ENV
 
 
 def host_names(instance_count: int) -> list[str]:
@@ -77,8 +76,9 @@ def process_env(spec: JobSpec, source_root: str | None) -> dict[str, str]:
         "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // spec.world_size)),
     }
     if source_root is not None:
-        inherited = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep)
-                     if entry and entry != source_root]
+        inherited = [
+            entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry and entry != source_root
+        ]
         env["PYTHONPATH"] = os.pathsep.join([source_root, *inherited])
     return env
 

@@ -30,9 +30,11 @@ _LOG_SCAN_BYTES = 256 * 1024
 _PEER_LOSS_MARK = "this rank lost a peer in a collective"
 # Open MPI 5 (prterun) on a rank that died; its messages wrap lines, hence \s+.
 _SIGNALLED_RE = re.compile(
-    r"process\s+rank\s+(\d+)\s+with\s+PID\s+\d+\s+on\s+node\s+\S+\s+exited\s+on\s+signal\s+(\d+)(?:\s+\(([^)]*)\))?")
+    r"process\s+rank\s+(\d+)\s+with\s+PID\s+\d+\s+on\s+node\s+\S+\s+exited\s+on\s+signal\s+(\d+)(?:\s+\(([^)]*)\))?"
+)
 _NONZERO_RE = re.compile(
-    r"exited\s+with\s+non-zero\s+status.*?Process\s+name:\s*\[[^\]]*,(\d+)\]\s*Exit\s+code:\s*(-?\d+)", re.S)
+    r"exited\s+with\s+non-zero\s+status.*?Process\s+name:\s*\[[^\]]*,(\d+)\]\s*Exit\s+code:\s*(-?\d+)", re.S
+)
 
 
 def failure_reason(job: JobDir, exit_code: int | None, log_lines: list[str] | None = None) -> str:
@@ -44,16 +46,20 @@ def failure_reason(job: JobDir, exit_code: int | None, log_lines: list[str] | No
     died = rank_died_outside_python(job, log_lines)
     if died is not None:
         rank, how = died
-        return (f"rank {rank}: {how}, without a Python traceback (the other ranks' errors, if any, "
-                f"are the consequence); the end of the log:\n{log_tail(job, lines=log_lines)}")
+        return (
+            f"rank {rank}: {how}, without a Python traceback (the other ranks' errors, if any, "
+            f"are the consequence); the end of the log:\n{log_tail(job, lines=log_lines)}"
+        )
     if first_text is not None:
         return first_text
     earliest = _earliest_rank_file(job)
     if earliest is not None:
         rank, path = earliest
         return f"rank {rank}: {path.read_text(errors='replace')}"
-    return f"mpirun exited with code {exit_code} and no rank reported an exception; " \
-           f"the end of the log:\n{log_tail(job, lines=log_lines)}"
+    return (
+        f"mpirun exited with code {exit_code} and no rank reported an exception; "
+        f"the end of the log:\n{log_tail(job, lines=log_lines)}"
+    )
 
 
 def rank_died_outside_python(job: JobDir, log_lines: list[str] | None = None) -> tuple[int, str] | None:
@@ -81,7 +87,7 @@ def _log_end(job: JobDir, lines: list[str] | None = None) -> str:
             size = f.seek(0, 2)
             f.seek(max(0, size - _LOG_SCAN_BYTES))
             lines = f.read().decode(errors="replace").splitlines()
-    return "\n".join(line[len(MPIRUN_PREFIX):] for line in lines if line.startswith(MPIRUN_PREFIX))
+    return "\n".join(line[len(MPIRUN_PREFIX) :] for line in lines if line.startswith(MPIRUN_PREFIX))
 
 
 def _earliest_rank_file(job: JobDir) -> tuple[int, Path] | None:

@@ -7,6 +7,7 @@ process sees exactly what the submitting one does.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import signal
@@ -58,17 +59,20 @@ class LocalJob(Job):
         if record.status.is_terminal:
             return record
         left = self._wait_for_orphans()
-        fate = (f"{len(left)} process(es) of the job are still running (pids {', '.join(map(str, left))}); "
-                "job.stop() ends them" if left else "its ranks ended with it (no process of the job is left)")
-        record = record.moved_to(
-            JobStatus.FAILED, SecondaryStatus.FAILED,
-            failure_reason=f"the job's supervisor process died before the job ended; {fate}; "
-                           f"see {self.paths.supervisor_log}",
+        fate = (
+            f"{len(left)} process(es) of the job are still running (pids {', '.join(map(str, left))}); "
+            "job.stop() ends them"
+            if left
+            else "its ranks ended with it (no process of the job is left)"
         )
-        try:
+        record = record.moved_to(
+            JobStatus.FAILED,
+            SecondaryStatus.FAILED,
+            failure_reason=f"the job's supervisor process died before the job ended; {fate}; "
+            f"see {self.paths.supervisor_log}",
+        )
+        with contextlib.suppress(OSError):  # a full or read-only disk: the answer stands, it is only not kept
             write_status(self.paths.status_file, record)
-        except OSError:
-            pass  # a full or read-only disk: the answer stands, it is only not kept
         return record
 
     def processes(self) -> JobProcesses:
@@ -117,14 +121,14 @@ class LocalJob(Job):
             described["TrainingEndTime"] = record.end_time
         if record.attempts:  # one entry per failed and restarted attempt (max_retry_attempts)
             described["SecondaryStatusTransitions"] = [
-                {k: _as_datetime(v) if k.endswith("Time") else v for k, v in entry.items()}
-                for entry in record.attempts]
+                {k: _as_datetime(v) if k.endswith("Time") else v for k, v in entry.items()} for entry in record.attempts
+            ]
         if self.paths.model_archive.is_file():
             described["ModelArtifacts"] = {"S3ModelArtifacts": self.model_data}
         described = {k: _as_datetime(v) if k.endswith("Time") else v for k, v in described.items()}
         if "TrainingEndTime" in described and "TrainingStartTime" in described:
             seconds = (described["TrainingEndTime"] - described["TrainingStartTime"]).total_seconds()
-            described["TrainingTimeInSeconds"] = int(round(seconds))
+            described["TrainingTimeInSeconds"] = round(seconds)
         return described
 
     def logs(self) -> str:
@@ -139,8 +143,11 @@ class LocalJob(Job):
         deadline = None if timeout is None else time.monotonic() + timeout
         display = ProgressDisplay() if logs else None
         if logs:
-            print(f"[smsdp] training job {self.name}: {self.status().value}, in {self.job_dir} "
-                  f"(log: {self.paths.log_file})", flush=True)
+            print(
+                f"[smsdp] training job {self.name}: {self.status().value}, in {self.job_dir} "
+                f"(log: {self.paths.log_file})",
+                flush=True,
+            )
         with LogFollower(self.paths.log_file) as follower:
             while True:
                 ended = self.status().is_terminal  # before reading, so the last lines are drained
@@ -172,10 +179,8 @@ class LocalJob(Job):
     def _let_supervisor_exit(self, timeout: float = 10.0) -> None:
         """The status turns terminal just before the supervisor exits: let it go (and reap it)."""
         if self._supervisor is not None:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self._supervisor.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                pass
             return
         pid, deadline = self._supervisor_pid(), time.monotonic() + timeout
         while pid is not None and _process_running(pid, str(self.paths.root)) and time.monotonic() < deadline:

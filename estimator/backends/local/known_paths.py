@@ -12,9 +12,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from smsdp.config.instance_types import LOCAL
-
 from estimator.validation import check_output_path
+from smsdp.config.instance_types import LOCAL
 
 MAX_REMEMBERED = 50
 
@@ -31,7 +30,7 @@ def remembered() -> list[Path]:
 
 
 def remember_output_path(path: Path) -> None:
-    known = [p for p in remembered() if p != path][-(MAX_REMEMBERED - 1):] + [path]
+    known = [p for p in remembered() if p != path][-(MAX_REMEMBERED - 1) :] + [path]
     try:
         state_file().parent.mkdir(parents=True, exist_ok=True)
         tmp = state_file().with_name(f".output_paths.{os.getpid()}")

@@ -48,7 +48,7 @@ class LogFollower:
             self._file.close()
             self._file = None
 
-    def __enter__(self) -> "LogFollower":
+    def __enter__(self) -> LogFollower:
         return self
 
     def __exit__(self, *exc) -> None:

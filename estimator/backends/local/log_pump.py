@@ -12,11 +12,13 @@ again (so that it never eats the little room the status file needs).
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import threading
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import IO, Callable, Iterable
+from typing import IO
 
 RETRY_S = 2.0
 KEPT_LINES = 200
@@ -45,7 +47,7 @@ class LogPump:
         self._next_try = 0.0
         self._thread = threading.Thread(target=self._run, name="log-pump", daemon=True)
 
-    def start(self) -> "LogPump":
+    def start(self) -> LogPump:
         self._thread.start()
         return self
 
@@ -97,14 +99,14 @@ class LogPump:
     def _close(self) -> None:
         log, self._log = self._log, None
         if log is not None:
-            try:
+            with contextlib.suppress(OSError):
                 log.close()  # flushes what is buffered: may fail the same way
-            except OSError:
-                pass
 
     def report(self) -> str | None:
         """One sentence on lost output, or None when every line reached the log."""
         if self.write_error is None:
             return None
-        return (f"the job log was not fully written: {self.write_error}; {self.lost_lines} line(s) of output "
-                f"were lost (the job's output was still read, so no rank blocked on it)")
+        return (
+            f"the job log was not fully written: {self.write_error}; {self.lost_lines} line(s) of output "
+            f"were lost (the job's output was still read, so no rank blocked on it)"
+        )

@@ -5,8 +5,8 @@ from __future__ import annotations
 import shlex
 import shutil
 import sys
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 LAUNCHER_MODULE = "entrypoints.launcher"
 
@@ -15,9 +15,18 @@ LAUNCHER_MODULE = "entrypoints.launcher"
 #: ("--output tag"), and use only the self/shared-memory transports, which cut
 #: MPI start-up from 1.2 s to 0.1 s on one machine.
 LOCAL_MPI_OPTIONS = (
-    "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
-    "--output", "tag",
-    "--mca", "btl", "self,sm", "--mca", "pml", "ob1",
+    "--allow-run-as-root",
+    "--oversubscribe",
+    "--bind-to",
+    "none",
+    "--output",
+    "tag",
+    "--mca",
+    "btl",
+    "self,sm",
+    "--mca",
+    "pml",
+    "ob1",
 )
 
 

@@ -16,6 +16,7 @@ contract a backend needs (the Slurm backend reuses it for its job steps).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -80,10 +81,8 @@ def marked_processes(marker: str, exclude: tuple[int, ...] = ()) -> list[int]:
 
 def _send(pids: list[int], sig: int) -> None:
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 def signal_session(session_id: int, sig: int) -> None:

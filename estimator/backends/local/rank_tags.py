@@ -37,7 +37,7 @@ class RankTagger:
             lines.append(MPIRUN_PREFIX + raw_line[: matches[0].start()])
         for match, following in zip(matches, matches[1:] + [None]):
             end = following.start() if following else len(raw_line)
-            lines.append(self.prefix(int(match["rank"])) + raw_line[match.end():end])
+            lines.append(self.prefix(int(match["rank"])) + raw_line[match.end() : end])
         return lines
 
 
@@ -46,4 +46,4 @@ def split_prefix(log_line: str) -> tuple[int | None, str]:
     match = PREFIX_RE.match(log_line)
     if match is None:
         return None, log_line
-    return int(match["rank"]), log_line[match.end():]
+    return int(match["rank"]), log_line[match.end() :]

@@ -11,13 +11,14 @@ job is left (mpirun then sees its pipes close and exits with the ranks' status).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
 import subprocess
 import sys
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from estimator.backends.local.process_session import JobProcesses, children_of
 from estimator.backends.local.status_writer import note
@@ -61,13 +62,13 @@ class RankWatch:
     def _end_leftovers(self) -> None:
         leftovers = [pid for pid in self.processes().members() if pid != self.mpirun.pid]
         if leftovers:
-            note(f"[smsdp] every rank has exited; ending {len(leftovers)} process(es) they left running: "
-                 f"{_describe(leftovers)}")
+            note(
+                f"[smsdp] every rank has exited; ending {len(leftovers)} process(es) they left running: "
+                f"{_describe(leftovers)}"
+            )
         for pid in leftovers:
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
 
 
 def _describe(pids: list[int]) -> str:

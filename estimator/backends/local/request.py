@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any
 
 from estimator.backends.local.job_dir import JobDirPlan
 from estimator.redact import Scrubber, redact_argv, redact_env
@@ -53,36 +54,42 @@ class LocalRequest:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly and redacted, for tools and tests."""
-        return self.scrubber().tree({
-            "job_name": self.job_name,
-            "job_dir": str(self.job_path),
-            "cwd": str(self.cwd),
-            "argv": self.redacted_argv(),
-            "env": self.redacted_env(),
-            "world_size": self.world_size,
-            "max_run_s": self.max_run_s,
-            "config_files": dict(self.job_dir.config_files),
-            "channels": {name: str(path) for name, path in self.job_dir.channels.items()},
-            "code": str(self.job_dir.code_source),
-        })
+        return self.scrubber().tree(
+            {
+                "job_name": self.job_name,
+                "job_dir": str(self.job_path),
+                "cwd": str(self.cwd),
+                "argv": self.redacted_argv(),
+                "env": self.redacted_env(),
+                "world_size": self.world_size,
+                "max_run_s": self.max_run_s,
+                "config_files": dict(self.job_dir.config_files),
+                "channels": {name: str(path) for name, path in self.job_dir.channels.items()},
+                "code": str(self.job_dir.code_source),
+            }
+        )
 
     def __str__(self) -> str:
         env_lines = [f"    {name}={value}" for name, value in sorted(self.redacted_env().items())]
         channels = [f"    {name} <- {path}" for name, path in self.job_dir.channels.items()] or ["    (none)"]
-        return self.scrubber()("\n".join([
-            f"Local training job {self.job_name} ({self.world_size} processes)",
-            f"  job dir: {self.job_path}",
-            f"  code:    {self.job_dir.code_source} -> {self.cwd}",
-            "  channels:",
-            *channels,
-            f"  cwd:     {self.cwd}",
-            "  command:",
-            f"    {_wrap(self.redacted_argv())}",
-            "  environment (added to this process's, exported to every rank):",
-            *env_lines,
-            "  hyperparameters.json:",
-            "    " + json.dumps(dict(self.job_dir.config_files.get("input/config/hyperparameters.json", {}))),
-        ]))
+        return self.scrubber()(
+            "\n".join(
+                [
+                    f"Local training job {self.job_name} ({self.world_size} processes)",
+                    f"  job dir: {self.job_path}",
+                    f"  code:    {self.job_dir.code_source} -> {self.cwd}",
+                    "  channels:",
+                    *channels,
+                    f"  cwd:     {self.cwd}",
+                    "  command:",
+                    f"    {_wrap(self.redacted_argv())}",
+                    "  environment (added to this process's, exported to every rank):",
+                    *env_lines,
+                    "  hyperparameters.json:",
+                    "    " + json.dumps(dict(self.job_dir.config_files.get("input/config/hyperparameters.json", {}))),
+                ]
+            )
+        )
 
     def _repr_pretty_(self, printer, cycle) -> None:  # IPython shows str(), not the dataclass repr
         printer.text(str(self))

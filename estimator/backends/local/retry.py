@@ -12,8 +12,8 @@ status (``describe()["SecondaryStatusTransitions"]``).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Callable, Mapping
 
 from estimator.backends.local.job_dir import JobDir, write_text_atomically
 from estimator.backends.local.status import utcnow
@@ -52,12 +52,16 @@ class Attempts:
         for path in [self.job.output / "failure", *self.job.failure_files()]:
             _move(path, failures / path.name)
         ended = utcnow()
-        self.records.append({
-            "Status": "Restarting", "StartTime": self.started, "EndTime": ended,
-            "StatusMessage": f"attempt {self.number} of {self.max_retries + 1} failed (log: "
-                             f"{log if moved else 'not kept'}); restarting from the newest checkpoint. "
-                             f"FailureReason: {reason}",
-        })
+        self.records.append(
+            {
+                "Status": "Restarting",
+                "StartTime": self.started,
+                "EndTime": ended,
+                "StatusMessage": f"attempt {self.number} of {self.max_retries + 1} failed (log: "
+                f"{log if moved else 'not kept'}); restarting from the newest checkpoint. "
+                f"FailureReason: {reason}",
+            }
+        )
         self.number += 1
         self.started = ended
         return tuple(self.records)

@@ -48,15 +48,19 @@ class StatusRecord:
     attempts: tuple[dict, ...] = ()
 
     @classmethod
-    def starting(cls) -> "StatusRecord":
+    def starting(cls) -> StatusRecord:
         return cls(JobStatus.IN_PROGRESS, SecondaryStatus.STARTING, utcnow())
 
-    def moved_to(self, status: JobStatus, secondary: str, **changes: Any) -> "StatusRecord":
+    def moved_to(self, status: JobStatus, secondary: str, **changes: Any) -> StatusRecord:
         """The next record; terminal ones get an end time."""
         end = utcnow() if status.is_terminal else None
         return dataclasses.replace(
-            self, status=status, secondary_status=secondary, last_modified=utcnow(),
-            end_time=end, **changes,
+            self,
+            status=status,
+            secondary_status=secondary,
+            last_modified=utcnow(),
+            end_time=end,
+            **changes,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -65,7 +69,7 @@ class StatusRecord:
         return data
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "StatusRecord":
+    def from_json(cls, data: dict[str, Any]) -> StatusRecord:
         return cls(**{**data, "status": JobStatus(data["status"]), "attempts": tuple(data.get("attempts", ()))})
 
 

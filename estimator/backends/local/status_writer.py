@@ -11,6 +11,7 @@ room a status file needs. A write that still fails is noted on stderr
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 
@@ -23,10 +24,8 @@ RESERVE_BYTES = 256 * 1024
 
 def note(message: str) -> None:
     """A line on the supervisor's stderr; never raises (its file may be on the full disk too)."""
-    try:
+    with contextlib.suppress(OSError, ValueError):
         print(message, file=sys.stderr, flush=True)
-    except (OSError, ValueError):
-        pass
 
 
 class StatusWriter:

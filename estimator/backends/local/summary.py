@@ -7,11 +7,10 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from smsdp.util.metric_format import GIB, parse_progress_line
-
 from estimator.backends.local.job_dir import JobDir
 from estimator.backends.local.rank_tags import split_prefix
 from estimator.job import JobStatus
+from smsdp.util.metric_format import GIB, parse_progress_line
 
 SUMMARY_FILE = "summary.json"  # written by smsdp.util.metrics.write_summary on rank 0
 
@@ -25,7 +24,7 @@ class Metrics:
     source: str = "none"
 
     @classmethod
-    def of(cls, job: JobDir) -> "Metrics":
+    def of(cls, job: JobDir) -> Metrics:
         """From the script's summary.json, else from the last progress line of rank 0."""
         summary = job.output_data / SUMMARY_FILE
         if summary.is_file():
@@ -35,8 +34,13 @@ class Metrics:
                 data = None
             if isinstance(data, dict):
                 mem = data.get("peak_mem_bytes")
-                return cls(data.get("final_loss"), data.get("tokens_per_s"), data.get("tflops"),
-                           None if mem is None else mem / GIB, str(summary))
+                return cls(
+                    data.get("final_loss"),
+                    data.get("tokens_per_s"),
+                    data.get("tflops"),
+                    None if mem is None else mem / GIB,
+                    str(summary),
+                )
         last = last_progress(job.log_file)
         if last is None:
             return cls()
@@ -62,8 +66,9 @@ def _number(value: float | None, fmt: str, unit: str = "") -> str:
     return f"{value:{fmt}}{unit}"
 
 
-def format_summary(job_name: str, status: JobStatus, wall_s: float | None, job: JobDir,
-                   failure_reason: str | None = None) -> str:
+def format_summary(
+    job_name: str, status: JobStatus, wall_s: float | None, job: JobDir, failure_reason: str | None = None
+) -> str:
     wall = "" if wall_s is None else f" in {wall_s:.1f} s"
     lines = [f"[smsdp] training job {job_name}: {status.value}{wall}"]
     metrics = Metrics.of(job)

@@ -32,6 +32,7 @@ stay out of the log and the failure reason (``estimator.redact.Scrubber``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -49,7 +50,7 @@ from estimator.backends.local.process_session import JOB_MARKER, JobProcesses
 from estimator.backends.local.rank_tags import RankTagger
 from estimator.backends.local.rank_watch import RankWatch, die_with_parent
 from estimator.backends.local.retry import Attempts
-from estimator.backends.local.status import SecondaryStatus, StatusRecord, read_status, write_status
+from estimator.backends.local.status import SecondaryStatus, StatusRecord, read_status
 from estimator.backends.local.status_writer import StatusWriter, note
 from estimator.job import JobStatus
 from estimator.redact import Scrubber
@@ -112,8 +113,13 @@ class Supervisor:
             if self.stop_reason is not None:  # stopped before this attempt started
                 return 1
             self.proc = subprocess.Popen(
-                self.argv, cwd=self.job.code, stdin=subprocess.DEVNULL, env=env,
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                self.argv,
+                cwd=self.job.code,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
                 preexec_fn=die_with_parent,
             )
             self.status.write(JobStatus.IN_PROGRESS, SecondaryStatus.TRAINING)
@@ -154,10 +160,8 @@ class Supervisor:
             return
         members = [pid for pid in self.processes().members() if pid != self.proc.pid]
         for pid in members or [self.proc.pid]:
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
 
     def _kill_all(self) -> None:
         if self.proc is not None:
@@ -218,8 +222,11 @@ def _argv_from_stdin() -> list[str] | None:
     return json.loads(text) if text.strip() else None
 
 
-def main(supervisor: type[Supervisor] = Supervisor, module: str = "estimator.backends.local.supervisor",
-         argv: list[str] | None = None) -> int:
+def main(
+    supervisor: type[Supervisor] = Supervisor,
+    module: str = "estimator.backends.local.supervisor",
+    argv: list[str] | None = None,
+) -> int:
     """Run ``supervisor`` on the job directory named on the command line (the Slurm backend's too)."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
@@ -228,7 +235,7 @@ def main(supervisor: type[Supervisor] = Supervisor, module: str = "estimator.bac
     job = JobDir(Path(argv[0]))
     try:
         return supervisor(job).run()
-    except BaseException:  # noqa: BLE001 - the job must not stay InProgress forever
+    except BaseException:
         reason = f"the job supervisor ({module}) crashed:\n{traceback.format_exc()}"
         note(reason)
         try:

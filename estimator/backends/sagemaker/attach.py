@@ -16,15 +16,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from smsdp.config.instance_types import lookup
-from smsdp.util.metric_format import METRIC_DEFINITIONS
-
 from estimator.backends.base import AttachedJob
 from estimator.backends.sagemaker.aws_session import split_s3_uri
 from estimator.backends.sagemaker.job import job_from_session
 from estimator.backends.sagemaker.source_bundle import ENTRY_SCRIPT, MANIFEST, REQUIREMENTS, read_manifest
 from estimator.backends.sagemaker.training_request import SUBMIT_DIRECTORY_HP
 from estimator.validation import problem
+from smsdp.config.instance_types import lookup
+from smsdp.util.metric_format import METRIC_DEFINITIONS
 
 
 def attach_job(job_name: str, sagemaker_session: Any) -> AttachedJob:
@@ -40,7 +39,9 @@ def attach_job(job_name: str, sagemaker_session: Any) -> AttachedJob:
             raise _not_smsdp(job_name, f"its source dir has no {MANIFEST}") from None
         code_dir = _extract_user_files(tar, manifest, job_name)
     kwargs = estimator_kwargs(described, manifest, code_dir)
-    return AttachedJob(job_from_session(job_name, sagemaker_session), {**kwargs, "sagemaker_session": sagemaker_session})
+    return AttachedJob(
+        job_from_session(job_name, sagemaker_session), {**kwargs, "sagemaker_session": sagemaker_session}
+    )
 
 
 def estimator_kwargs(described: dict[str, Any], manifest: dict[str, Any], code_dir: Path) -> dict[str, Any]:
@@ -88,8 +89,12 @@ def _describe(job_name: str, sagemaker_session: Any) -> dict[str, Any]:
         return sagemaker_session.sagemaker_client.describe_training_job(TrainingJobName=job_name)
     except ClientError as exc:
         if exc.response.get("Error", {}).get("Code") in ("ValidationException", "ResourceNotFound"):
-            raise problem("job_name", f"is neither a local job under ./smsdp-jobs nor a SageMaker training "
-                          f"job in {sagemaker_session.boto_region_name}", job_name) from None
+            raise problem(
+                "job_name",
+                f"is neither a local job under ./smsdp-jobs nor a SageMaker training "
+                f"job in {sagemaker_session.boto_region_name}",
+                job_name,
+            ) from None
         raise
 
 
@@ -110,5 +115,9 @@ def _extract_user_files(tar: tarfile.TarFile, manifest: dict[str, Any], job_name
 
 
 def _not_smsdp(job_name: str, why: str):
-    return problem("job_name", f"is a SageMaker training job but not an smsdp one ({why}); attach it with "
-                   "sagemaker.estimator.Estimator.attach instead", job_name)
+    return problem(
+        "job_name",
+        f"is a SageMaker training job but not an smsdp one ({why}); attach it with "
+        "sagemaker.estimator.Estimator.attach instead",
+        job_name,
+    )

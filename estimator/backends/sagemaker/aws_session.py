@@ -7,7 +7,8 @@ builds clients, it calls nothing).
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from estimator.backends.sagemaker.options import RemoteOptions
 from estimator.backends.sagemaker.sdk import import_boto3, import_sdk_module
@@ -23,8 +24,11 @@ def resolve_region(sagemaker_session: Any = None) -> str:
     else:
         region = import_boto3().Session().region_name
     if not region:
-        raise problem("region", "is not configured: set AWS_DEFAULT_REGION (or AWS_REGION), run "
-                      "'aws configure', or pass sagemaker_session=sagemaker.Session(boto3.Session(region_name=...))")
+        raise problem(
+            "region",
+            "is not configured: set AWS_DEFAULT_REGION (or AWS_REGION), run "
+            "'aws configure', or pass sagemaker_session=sagemaker.Session(boto3.Session(region_name=...))",
+        )
     return region
 
 
@@ -41,13 +45,20 @@ def resolve_image_uri(options: RemoteOptions, region: str, instance_type: str, d
     image_uris = import_sdk_module("sagemaker.image_uris")
     try:
         return image_uris.get_training_image_uri(
-            region=region, framework="pytorch", framework_version=options.framework_version,
-            py_version=options.py_version, distribution=dict(distribution), instance_type=instance_type,
+            region=region,
+            framework="pytorch",
+            framework_version=options.framework_version,
+            py_version=options.py_version,
+            distribution=dict(distribution),
+            instance_type=instance_type,
         )
     except ValueError as exc:
-        raise problem("framework_version", f"has no SageMaker PyTorch training image with "
-                      f"py_version={options.py_version!r} in {region}: {exc}; or pass image_uri=",
-                      options.framework_version) from None
+        raise problem(
+            "framework_version",
+            f"has no SageMaker PyTorch training image with "
+            f"py_version={options.py_version!r} in {region}: {exc}; or pass image_uri=",
+            options.framework_version,
+        ) from None
 
 
 def default_output_path(region: str) -> str:

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from smsdp.config import ConfigError
-
 from estimator.backends.base import AttachedJob, Backend
 from estimator.backends.sagemaker.attach import attach_job
 from estimator.backends.sagemaker.aws_session import (
-    code_uri, default_output_path, default_sagemaker_session, resolve_image_uri, resolve_region,
+    code_uri,
+    default_output_path,
+    default_sagemaker_session,
+    resolve_image_uri,
+    resolve_region,
 )
 from estimator.backends.sagemaker.environment import custom_mpi_options, job_environment
 from estimator.backends.sagemaker.job import SageMakerJob, job_from_session
@@ -28,6 +30,7 @@ from estimator.backends.sagemaker.source_bundle import ENTRY_SCRIPT, plan_bundle
 from estimator.backends.sagemaker.training_request import ResolvedJob, create_training_job_request
 from estimator.spec import JobSpec
 from estimator.validation import problem
+from smsdp.config import ConfigError
 
 
 class SageMakerBackend(Backend[SageMakerRequest]):
@@ -69,8 +72,12 @@ class SageMakerBackend(Backend[SageMakerRequest]):
                 sagemaker_session = default_sagemaker_session(resolve_region())
             check_credentials(sagemaker_session.boto_session)
         except ConfigError as exc:  # most likely a local job's name, mistyped
-            raise problem("job_name", "is not a local job under output_path (default ./smsdp-jobs), and "
-                          f"SageMaker cannot be asked about it: {exc}", job_name) from None
+            raise problem(
+                "job_name",
+                "is not a local job under output_path (default ./smsdp-jobs), and "
+                f"SageMaker cannot be asked about it: {exc}",
+                job_name,
+            ) from None
         return attach_job(job_name, sagemaker_session)
 
 

@@ -17,14 +17,18 @@ in-job entry (``entrypoints.sagemaker_entry``) joins back into ``SMSDP_CONFIG``.
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
-
-from smsdp.config import (
-    CONFIG_ENV_VAR, SCRATCH_BUFFER_ENV_VAR, SORT_BUFFER_ENV_VAR, ConfigError, ConfigProblem, RuntimeConfig,
-)
+from collections.abc import Iterable, Mapping
 
 from estimator.redact import redact_value
 from estimator.spec import JobSpec
+from smsdp.config import (
+    CONFIG_ENV_VAR,
+    SCRATCH_BUFFER_ENV_VAR,
+    SORT_BUFFER_ENV_VAR,
+    ConfigError,
+    ConfigProblem,
+    RuntimeConfig,
+)
 
 CHECKPOINT_DIR_ENV = "SM_CHECKPOINT_DIR"
 DEFAULT_CHECKPOINT_DIR = "/opt/ml/checkpoints"  # SageMaker syncs it with checkpoint_s3_uri
@@ -53,7 +57,7 @@ def config_environment(runtime: RuntimeConfig) -> dict[str, str]:
     value = runtime.model_dump_json(exclude_defaults=True)
     if len(value) <= MAX_VALUE_CHARS:
         return {CONFIG_ENV_VAR: value}
-    parts = [value[i:i + MAX_VALUE_CHARS] for i in range(0, len(value), MAX_VALUE_CHARS)]
+    parts = [value[i : i + MAX_VALUE_CHARS] for i in range(0, len(value), MAX_VALUE_CHARS)]
     return {f"{CONFIG_PART_PREFIX}{index}": part for index, part in enumerate(parts)}
 
 
@@ -72,13 +76,21 @@ def exported_names(mpi_options: str) -> set[str]:
 
 def _check_limits(environment: Mapping[str, str], user_names: Iterable[str]) -> None:
     problems = [
-        ConfigProblem(("environment", name), f"is longer than SageMaker's {MAX_VALUE_CHARS} characters per "
-                      "value; pass large settings as a hyperparameter or a file in source_dir",
-                      redact_value(name, environment[name]))
-        for name in user_names if len(environment[name]) > MAX_VALUE_CHARS
+        ConfigProblem(
+            ("environment", name),
+            f"is longer than SageMaker's {MAX_VALUE_CHARS} characters per "
+            "value; pass large settings as a hyperparameter or a file in source_dir",
+            redact_value(name, environment[name]),
+        )
+        for name in user_names
+        if len(environment[name]) > MAX_VALUE_CHARS
     ]
     if len(environment) > MAX_ENTRIES:
-        problems.append(ConfigProblem(("environment",), f"has {len(environment)} variables with smsdp's own; "
-                                      f"SageMaker allows {MAX_ENTRIES}: drop some"))
+        problems.append(
+            ConfigProblem(
+                ("environment",),
+                f"has {len(environment)} variables with smsdp's own; SageMaker allows {MAX_ENTRIES}: drop some",
+            )
+        )
     if problems:
         raise ConfigError.from_problems(problems)

@@ -68,7 +68,7 @@ class SageMakerJob(Job):
                 for line in reader.read_new():
                     match = RANK_TAG_RE.match(line)
                     rank = int(match["rank"]) if match else None
-                    display.feed(line, line[match.end():] if match else line, from_main_rank=rank in (None, 0))
+                    display.feed(line, line[match.end() :] if match else line, from_main_rank=rank in (None, 0))
             if status.is_terminal:
                 break
             if deadline is not None and time.monotonic() > deadline:
@@ -102,8 +102,10 @@ def format_summary(described: dict[str, Any]) -> str:
         lines.append(f"  model        {artifacts}")
     if described.get("TrainingTimeInSeconds") is not None:
         billable = described.get("BillableTimeInSeconds")
-        lines.append(f"  training     {described['TrainingTimeInSeconds']} s"
-                     + (f" (billable {billable} s)" if billable is not None else ""))
+        lines.append(
+            f"  training     {described['TrainingTimeInSeconds']} s"
+            + (f" (billable {billable} s)" if billable is not None else "")
+        )
     if described.get("FailureReason"):
         lines.append(f"  failure      {described['FailureReason']}")
     return "\n".join(lines)

@@ -13,15 +13,15 @@ import logging
 import os
 import re
 import shlex
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
-
-from smsdp.config import ConfigError, ConfigProblem
-from smsdp.config.instance_types import lookup
+from typing import Any
 
 from estimator.spec import S3_SCHEME, JobSpec
 from estimator.validation import collect, problem
+from smsdp.config import ConfigError, ConfigProblem
+from smsdp.config.instance_types import lookup
 
 #: The newest PyTorch training image the SageMaker SDK 2.257 knows. smsdp is
 #: tested on torch 2.11+; pass ``image_uri=`` for a newer container.
@@ -75,7 +75,7 @@ class RemoteOptions:
     sagemaker_session: Any = None
 
     @classmethod
-    def from_spec(cls, spec: JobSpec) -> "RemoteOptions":
+    def from_spec(cls, spec: JobSpec) -> RemoteOptions:
         given = dict(spec.backend_options)
         checks: dict[str, Callable[[], Any]] = {
             "role": lambda: _role(given.get("role")),
@@ -146,14 +146,20 @@ def _image(given: Mapping[str, Any]) -> tuple[str | None, str | None, str | None
     image_uri, version, py = given.get("image_uri"), given.get("framework_version"), given.get("py_version")
     if image_uri is not None:
         if not isinstance(image_uri, str) or not image_uri:
-            raise problem("image_uri", "must be a container image URI such as "
-                          "'<account>.dkr.ecr.<region>.amazonaws.com/<repo>:<tag>'", image_uri)
+            raise problem(
+                "image_uri",
+                "must be a container image URI such as '<account>.dkr.ecr.<region>.amazonaws.com/<repo>:<tag>'",
+                image_uri,
+            )
         return version, py, image_uri
     if (version is None) != (py is None):
         missing = "py_version" if py is None else "framework_version"
         example = "'py312'" if py is None else f"'{DEFAULT_FRAMEWORK_VERSION}'"
-        raise problem(missing, f"is missing: give framework_version and py_version together (e.g. {example}), "
-                      "or neither for the default PyTorch image, or image_uri=")
+        raise problem(
+            missing,
+            f"is missing: give framework_version and py_version together (e.g. {example}), "
+            "or neither for the default PyTorch image, or image_uri=",
+        )
     if version is None:
         return DEFAULT_FRAMEWORK_VERSION, DEFAULT_PY_VERSION, None
     return str(version), str(py), None
@@ -191,8 +197,10 @@ def _vpc(subnets: Any, security_group_ids: Any) -> tuple[tuple[str, ...] | None,
         return None, None
     if subnets is None or security_group_ids is None:
         missing = "subnets" if subnets is None else "security_group_ids"
-        raise problem(missing, "is missing: a VPC job needs both subnets and security_group_ids "
-                      "(SageMaker ignores one without the other)")
+        raise problem(
+            missing,
+            "is missing: a VPC job needs both subnets and security_group_ids (SageMaker ignores one without the other)",
+        )
     for name, value in (("subnets", subnets), ("security_group_ids", security_group_ids)):
         if not isinstance(value, (list, tuple)) or not value or not all(isinstance(v, str) for v in value):
             raise problem(name, "must be a non-empty list of IDs, e.g. ['subnet-0abc']", value)
@@ -204,12 +212,16 @@ def _spot(use_spot: Any, max_wait: Any, max_run_s: int) -> tuple[bool, int | Non
         raise problem("use_spot_instances", "must be True or False", use_spot)
     if not use_spot:
         if max_wait is not None:
-            raise problem("max_wait", "only applies to spot training; pass use_spot_instances=True or drop it",
-                          max_wait)
+            raise problem(
+                "max_wait", "only applies to spot training; pass use_spot_instances=True or drop it", max_wait
+            )
         return False, None
     if max_wait is None:
-        raise problem("max_wait", f"is missing: spot training needs max_wait (seconds to wait for spot "
-                      f"capacity plus training), at least max_run={max_run_s}, e.g. {2 * max_run_s}")
+        raise problem(
+            "max_wait",
+            f"is missing: spot training needs max_wait (seconds to wait for spot "
+            f"capacity plus training), at least max_run={max_run_s}, e.g. {2 * max_run_s}",
+        )
     if isinstance(max_wait, bool) or not isinstance(max_wait, int) or max_wait < max_run_s:
         raise problem("max_wait", f"must be a whole number of seconds >= max_run ({max_run_s})", max_wait)
     return True, max_wait
@@ -229,8 +241,11 @@ def _metric_definitions(value: Any) -> tuple[Mapping[str, str], ...]:
     if not isinstance(value, (list, tuple)) or not all(
         isinstance(d, Mapping) and set(d) == {"Name", "Regex"} for d in value
     ):
-        raise problem("metric_definitions", "must be a list of {'Name': ..., 'Regex': ...} dicts "
-                      "(smsdp adds its own for loss, tokens/s and TFLOP/s)", value)
+        raise problem(
+            "metric_definitions",
+            "must be a list of {'Name': ..., 'Regex': ...} dicts (smsdp adds its own for loss, tokens/s and TFLOP/s)",
+            value,
+        )
     return tuple(dict(d) for d in value)
 
 
@@ -246,8 +261,7 @@ def _dependencies(value: Any) -> tuple[Path, ...]:
     if value is None:
         return ()
     if isinstance(value, (str, os.PathLike)) or not isinstance(value, (list, tuple)):
-        raise problem("dependencies", "must be a list of local directories or files to ship with the code",
-                      value)
+        raise problem("dependencies", "must be a list of local directories or files to ship with the code", value)
     paths = tuple(Path(os.fspath(p)).expanduser().resolve() for p in value)
     for given, path in zip(value, paths):
         if not path.exists():
@@ -257,25 +271,39 @@ def _dependencies(value: Any) -> tuple[Path, ...]:
 
 def _smsdp_source(source: Any, requirement: Any) -> tuple[str, str | None]:
     if source not in SMSDP_SOURCES:
-        raise problem("smsdp_source", "must be 'bundle' (copy smsdp's sources next to your code, the default) "
-                      "or 'pip' (install smsdp from requirements.txt in the container)", source)
+        raise problem(
+            "smsdp_source",
+            "must be 'bundle' (copy smsdp's sources next to your code, the default) "
+            "or 'pip' (install smsdp from requirements.txt in the container)",
+            source,
+        )
     if requirement is not None:
         if source != "pip":
             raise problem("smsdp_requirement", "only applies with smsdp_source='pip'", requirement)
         if not isinstance(requirement, str) or not requirement.strip() or "\n" in requirement:
-            raise problem("smsdp_requirement", "must be one pip requirement line, e.g. "
-                          "'smsdp @ https://example.com/smsdp-0.1.0.tar.gz'", requirement)
+            raise problem(
+                "smsdp_requirement",
+                "must be one pip requirement line, e.g. 'smsdp @ https://example.com/smsdp-0.1.0.tar.gz'",
+                requirement,
+            )
     return source, requirement
 
 
 def _no_debugger(given: Mapping[str, Any]) -> None:
     """SageMaker Debugger's hook and profiler wrap the training process; smsdp jobs run without them."""
     if given.get("debugger_hook_config") not in (None, False):
-        raise problem("debugger_hook_config", "is not supported: SageMaker Debugger's hook does not know "
-                      "smsdp's sharded parameters; remove it (smsdp jobs run with the hook off)")
+        raise problem(
+            "debugger_hook_config",
+            "is not supported: SageMaker Debugger's hook does not know "
+            "smsdp's sharded parameters; remove it (smsdp jobs run with the hook off)",
+        )
     if given.get("disable_profiler", True) is not True:
-        raise problem("disable_profiler", "must stay True: smsdp jobs run without SageMaker Profiler "
-                      "(its own metrics are in the job log and metric_definitions)", given["disable_profiler"])
+        raise problem(
+            "disable_profiler",
+            "must stay True: smsdp jobs run without SageMaker Profiler "
+            "(its own metrics are in the job log and metric_definitions)",
+            given["disable_profiler"],
+        )
 
 
 def _refused(given: Mapping[str, Any]) -> None:
@@ -295,8 +323,10 @@ def _spec_problems(spec: JobSpec, allow_cpu: bool) -> None:
             problems.append(found)
     problems += [_channel_problem(c.name, c.uri) for c in spec.channels if not c.uri.startswith(S3_SCHEME)]
     if not lookup(spec.instance_type).has_gpus and not allow_cpu:
-        rule = ("has no GPUs, and smsdp's sharded data parallelism is meant for GPU instances; use e.g. "
-                "'ml.g5.12xlarge' or 'ml.p4d.24xlarge', or pass allow_cpu_instances=True to train on CPUs (gloo)")
+        rule = (
+            "has no GPUs, and smsdp's sharded data parallelism is meant for GPU instances; use e.g. "
+            "'ml.g5.12xlarge' or 'ml.p4d.24xlarge', or pass allow_cpu_instances=True to train on CPUs (gloo)"
+        )
         problems.append(ConfigProblem(("instance_type",), rule, spec.instance_type))
     if problems:
         raise ConfigError.from_problems(problems)
@@ -304,8 +334,10 @@ def _spec_problems(spec: JobSpec, allow_cpu: bool) -> None:
 
 def _output_path_problem(spec: JobSpec) -> ConfigProblem | None:
     if spec.output_path and not spec.output_path.startswith(S3_SCHEME):
-        rule = ("is on this machine but SageMaker jobs write their model to S3; use 's3://bucket/prefix' "
-                "or leave it out (the SageMaker default bucket)")
+        rule = (
+            "is on this machine but SageMaker jobs write their model to S3; use 's3://bucket/prefix' "
+            "or leave it out (the SageMaker default bucket)"
+        )
         return ConfigProblem(("output_path",), rule, spec.output_path)
     return None
 
@@ -315,8 +347,11 @@ def _checkpoint_problem(spec: JobSpec) -> ConfigProblem | None:
     if uri is not None and not uri.startswith(S3_SCHEME):
         return ConfigProblem(("checkpoint_s3_uri",), "must be an s3:// URI for a SageMaker job", uri)
     if local_path is not None and not str(local_path).startswith("/"):
-        return ConfigProblem(("checkpoint_local_path",), "must be an absolute path inside the container, "
-                             "e.g. '/opt/ml/checkpoints' (the default)", local_path)
+        return ConfigProblem(
+            ("checkpoint_local_path",),
+            "must be an absolute path inside the container, e.g. '/opt/ml/checkpoints' (the default)",
+            local_path,
+        )
     return None
 
 
@@ -324,13 +359,17 @@ def _mpi_options_problem(spec: JobSpec) -> ConfigProblem | None:
     """The SageMaker toolkit splits custom_mpi_options on whitespace: shell quoting does not survive."""
     options = spec.custom_mpi_options_text
     if shlex.split(options) != options.split():
-        rule = ("uses shell quoting, which the SageMaker training toolkit does not understand (it splits "
-                "on whitespace); pass values through environment= and export them with '-x NAME'")
+        rule = (
+            "uses shell quoting, which the SageMaker training toolkit does not understand (it splits "
+            "on whitespace); pass values through environment= and export them with '-x NAME'"
+        )
         return ConfigProblem(("mpi", "custom_mpi_options"), rule, options)
     return None
 
 
 def _channel_problem(name: str, uri: str) -> ConfigProblem:
-    rule = ("is on this machine but SageMaker jobs read their inputs from S3; upload it first "
-            "(aws s3 sync <dir> s3://bucket/prefix, or sagemaker.Session().upload_data(<dir>)) and pass the s3:// URI")
+    rule = (
+        "is on this machine but SageMaker jobs read their inputs from S3; upload it first "
+        "(aws s3 sync <dir> s3://bucket/prefix, or sagemaker.Session().upload_data(<dir>)) and pass the s3:// URI"
+    )
     return ConfigProblem(("inputs", name), rule, uri)

@@ -10,7 +10,8 @@ missing, so it is not checked.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from estimator.backends.sagemaker.aws_session import split_s3_uri
 from estimator.backends.sagemaker.request import SageMakerRequest
@@ -29,15 +30,22 @@ def check_before_upload(request: SageMakerRequest, sagemaker_session: Any) -> No
             continue
         checked.add(bucket)
         if _bucket_missing(s3, bucket):
-            raise problem(argument, f"names bucket {bucket!r}, which does not exist in this account "
-                          f"(region {request.region}); create it (aws s3 mb s3://{bucket}) or fix the URI", uri)
+            raise problem(
+                argument,
+                f"names bucket {bucket!r}, which does not exist in this account "
+                f"(region {request.region}); create it (aws s3 mb s3://{bucket}) or fix the URI",
+                uri,
+            )
 
 
 def check_credentials(boto_session: Any) -> None:
     if boto_session.get_credentials() is None:
-        raise problem("credentials", "no AWS credentials found (environment, ~/.aws/credentials, "
-                      "AWS_PROFILE, SSO or an instance role): run 'aws configure' or 'aws sso login', "
-                      "or pass sagemaker_session= built on a boto3 session that has them")
+        raise problem(
+            "credentials",
+            "no AWS credentials found (environment, ~/.aws/credentials, "
+            "AWS_PROFILE, SSO or an instance role): run 'aws configure' or 'aws sso login', "
+            "or pass sagemaker_session= built on a boto3 session that has them",
+        )
 
 
 def _named_buckets(request: SageMakerRequest) -> Iterator[tuple[str | tuple[str, str], str]]:

@@ -70,6 +70,8 @@ def submit(request: SageMakerRequest, sagemaker_session: Any) -> None:
     with tempfile.TemporaryDirectory(prefix=f"smsdp-{request.job_name}-") as staging:
         source_dir = request.bundle.write_to(Path(staging) / "code")
         estimator = pytorch.PyTorch(
-            source_dir=str(source_dir), sagemaker_session=sagemaker_session, **sdk_arguments(request),
+            source_dir=str(source_dir),
+            sagemaker_session=sagemaker_session,
+            **sdk_arguments(request),
         )
         estimator.fit(request.inputs or None, wait=False, logs="None", job_name=request.job_name)

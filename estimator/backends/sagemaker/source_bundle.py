@@ -24,14 +24,14 @@ import importlib.metadata
 import importlib.util
 import json
 import shutil
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping
-
-from smsdp.config import ConfigError, ConfigProblem
+from typing import Any
 
 from estimator.backends.sagemaker.options import RemoteOptions
 from estimator.spec import JobSpec
+from smsdp.config import ConfigError, ConfigProblem
 
 ENTRY_SCRIPT = "smsdp_entry.py"
 REQUIREMENTS = "requirements.txt"
@@ -171,10 +171,16 @@ def _dependency_files(options: RemoteOptions) -> Iterator[BundleFile]:
 def _package_files(package: str) -> Iterator[BundleFile]:
     spec = importlib.util.find_spec(package)  # found, not imported: the client never imports torch
     if spec is None or not spec.submodule_search_locations:
-        raise ConfigError.from_problems([ConfigProblem(
-            ("smsdp_source",), f"is 'bundle' but the {package!r} package is not installed here; "
-            "use smsdp_source='pip'", "bundle")])
-    yield from _tree_files(Path(list(spec.submodule_search_locations)[0]), prefix=f"{package}/")
+        raise ConfigError.from_problems(
+            [
+                ConfigProblem(
+                    ("smsdp_source",),
+                    f"is 'bundle' but the {package!r} package is not installed here; use smsdp_source='pip'",
+                    "bundle",
+                )
+            ]
+        )
+    yield from _tree_files(Path(next(iter(spec.submodule_search_locations))), prefix=f"{package}/")
 
 
 def _tree_files(root: Path, prefix: str) -> Iterator[BundleFile]:

@@ -10,13 +10,13 @@ key. Not shown: defaults the SDK would add from a ``sagemaker`` config.yaml.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
-
-from smsdp.util.metric_format import METRIC_DEFINITIONS
+from typing import Any
 
 from estimator.backends.sagemaker.options import RemoteOptions
 from estimator.spec import JobSpec
+from smsdp.util.metric_format import METRIC_DEFINITIONS
 
 #: The SDK's script-mode hyperparameters (sagemaker.model / sagemaker.estimator).
 SUBMIT_DIRECTORY_HP = "sagemaker_submit_directory"
@@ -54,8 +54,10 @@ def create_training_job_request(spec: JobSpec, options: RemoteOptions, job: Reso
     if options.tags:
         request["Tags"] = [dict(tag) for tag in options.tags]
     if options.subnets:
-        request["VpcConfig"] = {"Subnets": list(options.subnets),
-                                "SecurityGroupIds": list(options.security_group_ids or ())}
+        request["VpcConfig"] = {
+            "Subnets": list(options.subnets),
+            "SecurityGroupIds": list(options.security_group_ids or ()),
+        }
     if options.enable_network_isolation:
         request["EnableNetworkIsolation"] = True
     if options.encrypt_inter_container_traffic:
@@ -130,8 +132,12 @@ def _resource_config(spec: JobSpec, options: RemoteOptions) -> dict[str, Any]:
 
 def _channel(name: str, uri: str) -> dict[str, Any]:
     return {
-        "DataSource": {"S3DataSource": {
-            "S3DataType": "S3Prefix", "S3Uri": uri, "S3DataDistributionType": "FullyReplicated",
-        }},
+        "DataSource": {
+            "S3DataSource": {
+                "S3DataType": "S3Prefix",
+                "S3Uri": uri,
+                "S3DataDistributionType": "FullyReplicated",
+            }
+        },
         "ChannelName": name,
     }

@@ -16,11 +16,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from smsdp.config.cluster import SIMULATED_HOSTS_ENV
-
 from estimator.backends.base import AttachedJob, Backend
 from estimator.backends.local.backend import (
-    LocalBackend, _checkpoint_source, _config_files, _description, _local_channels, _name_taken, _source_root,
+    LocalBackend,
+    _checkpoint_source,
+    _config_files,
+    _description,
+    _local_channels,
+    _name_taken,
+    _source_root,
 )
 from estimator.backends.local.container_env import container_env, hyperparameter_args, process_env
 from estimator.backends.local.job_dir import JobDir, JobDirPlan, JobNameTaken, read_json, write_text_atomically
@@ -34,6 +38,7 @@ from estimator.backends.slurm.request import SlurmRequest
 from estimator.backends.slurm.srun import srun_argv
 from estimator.spec import JobSpec
 from estimator.validation import problem
+from smsdp.config.cluster import SIMULATED_HOSTS_ENV
 
 SUPERVISOR_MODULE = "estimator.backends.slurm.supervisor"
 #: Set per node by the launcher or the supervisor, not from the submitting machine.
@@ -48,44 +53,61 @@ class SlurmBackend(Backend[SlurmRequest]):
         if root.exists():
             raise _name_taken(spec.job_name, root)
         if spec.custom_mpi_options:
-            raise problem(("distribution", "mpi", "custom_mpi_options"),
-                          "are mpirun options, and Slurm jobs start their ranks with srun; "
-                          "pass sbatch options in slurm_options instead", spec.custom_mpi_options_text)
+            raise problem(
+                ("distribution", "mpi", "custom_mpi_options"),
+                "are mpirun options, and Slurm jobs start their ranks with srun; "
+                "pass sbatch options in slurm_options instead",
+                spec.custom_mpi_options_text,
+            )
         job = JobDir(root)
         env = {**process_env(spec, _source_root()), **spec.environment, **container_env(spec, job)}
         env = {name: value for name, value in env.items() if name not in _PER_NODE}
         options = dict(spec.backend_options.get("slurm_options") or {})
         runtime = spec.runtime
-        srun = srun_argv(runtime.instance_count, runtime.processes_per_host,
-                         [spec.code.entry_point, *hyperparameter_args(dict(spec.hyperparameters))])
+        srun = srun_argv(
+            runtime.instance_count,
+            runtime.processes_per_host,
+            [spec.code.entry_point, *hyperparameter_args(dict(spec.hyperparameters))],
+        )
         description = _slurm_description(_description(spec, srun, env), options)
         return SlurmRequest(
-            job_name=spec.job_name, batch_script=batch_script(spec, root, options),
-            sbatch_argv=("sbatch", "--parsable", str(root / BATCH_SCRIPT)), srun_argv=tuple(srun), env=env,
-            job_dir=JobDirPlan(root=root, config_files=_config_files(spec),
-                               code_source=spec.code.source_dir or spec.code.script_path,
-                               channels=_local_channels(spec), checkpoint_source=_checkpoint_source(spec),
-                               code_exclude=tuple(p for p in (Path(spec.output_path), _checkpoint_source(spec))
-                                                  if p is not None)),
-            description=description, slurm_options=options,
-            instance_count=runtime.instance_count, processes_per_host=runtime.processes_per_host,
+            job_name=spec.job_name,
+            batch_script=batch_script(spec, root, options),
+            sbatch_argv=("sbatch", "--parsable", str(root / BATCH_SCRIPT)),
+            srun_argv=tuple(srun),
+            env=env,
+            job_dir=JobDirPlan(
+                root=root,
+                config_files=_config_files(spec),
+                code_source=spec.code.source_dir or spec.code.script_path,
+                channels=_local_channels(spec),
+                checkpoint_source=_checkpoint_source(spec),
+                code_exclude=tuple(p for p in (Path(spec.output_path), _checkpoint_source(spec)) if p is not None),
+            ),
+            description=description,
+            slurm_options=options,
+            instance_count=runtime.instance_count,
+            processes_per_host=runtime.processes_per_host,
         )
 
     def launch(self, request: SlurmRequest) -> SlurmJob:
         preflight(request)
         now = utcnow()
         try:
-            job = request.job_dir.create({
-                "job.json": {**request.description, "CreationTime": now, "TrainingStartTime": now},
-                "status.json": StatusRecord.starting().to_json(),
-            })
+            job = request.job_dir.create(
+                {
+                    "job.json": {**request.description, "CreationTime": now, "TrainingStartTime": now},
+                    "status.json": StatusRecord.starting().to_json(),
+                }
+            )
             write_text_atomically(job.root / BATCH_SCRIPT, request.batch_script)
         except JobNameTaken:
             raise _name_taken(request.job_name, request.job_path) from None
         except OSError as exc:
             shutil.rmtree(request.job_path, ignore_errors=True)
-            raise problem("output_path", f"cannot hold the job directory {request.job_path}: {exc}",
-                          str(request.job_path.parent)) from exc
+            raise problem(
+                "output_path", f"cannot hold the job directory {request.job_path}: {exc}", str(request.job_path.parent)
+            ) from exc
         remember_output_path(request.job_path.parent)
         try:
             job_id = scheduler.submit(list(request.sbatch_argv), {**os.environ, **request.env})
@@ -100,8 +122,11 @@ class SlurmBackend(Backend[SlurmRequest]):
         local = LocalBackend().attach(job_name, output_path)
         root = local.job.job_dir
         own = read_json(JobDir(root).description_file)["Smsdp"]
-        kwargs: dict[str, Any] = {**local.estimator_kwargs, "instance_type": SLURM,
-                                  "slurm_options": own.get("SlurmOptions") or None}
+        kwargs: dict[str, Any] = {
+            **local.estimator_kwargs,
+            "instance_type": SLURM,
+            "slurm_options": own.get("SlurmOptions") or None,
+        }
         return AttachedJob(SlurmJob(root), kwargs)
 
 
@@ -109,21 +134,28 @@ def batch_script(spec: JobSpec, root: Path, options: dict[str, str | bool]) -> s
     """The script sbatch runs on the job's first node: our options, the user's, then the supervisor."""
     runtime = spec.runtime
     own = {
-        "job-name": spec.job_name, "nodes": runtime.instance_count, "ntasks-per-node": runtime.processes_per_host,
-        "output": str(root / SLURM_OUTPUT), "chdir": str(root), "no-requeue": True,
+        "job-name": spec.job_name,
+        "nodes": runtime.instance_count,
+        "ntasks-per-node": runtime.processes_per_host,
+        "output": str(root / SLURM_OUTPUT),
+        "chdir": str(root),
+        "no-requeue": True,
     }
     if "time" not in options:  # SageMaker's max_run, as Slurm's time limit (the supervisor also keeps it)
         minutes = -(-spec.max_run_s // 60) + 1
         own["time"] = f"{minutes // 1440}-{minutes % 1440 // 60:02d}:{minutes % 60:02d}:00"
-    return "\n".join([
-        "#!/bin/bash",
-        f"# smsdp training job {spec.job_name}: {runtime.instance_count} node(s) x {runtime.processes_per_host} "
-        "process(es); written by estimator.backends.slurm.",
-        *sbatch_lines(own), *sbatch_lines(options),
-        "# The supervisor starts the ranks with srun, keeps logs/job.log and status.json, and ends the job.",
-        f"exec {shlex.quote(sys.executable)} -m {SUPERVISOR_MODULE} {shlex.quote(str(root))}",
-        "",
-    ])
+    return "\n".join(
+        [
+            "#!/bin/bash",
+            f"# smsdp training job {spec.job_name}: {runtime.instance_count} node(s) x {runtime.processes_per_host} "
+            "process(es); written by estimator.backends.slurm.",
+            *sbatch_lines(own),
+            *sbatch_lines(options),
+            "# The supervisor starts the ranks with srun, keeps logs/job.log and status.json, and ends the job.",
+            f"exec {shlex.quote(sys.executable)} -m {SUPERVISOR_MODULE} {shlex.quote(str(root))}",
+            "",
+        ]
+    )
 
 
 def _slurm_description(description: dict[str, Any], options: dict[str, str | bool]) -> dict[str, Any]:
@@ -138,8 +170,12 @@ def preflight(request: SlurmRequest) -> None:
     """What can be checked before submitting: the directory, sbatch, and the partition's size."""
     output = request.job_path.parent
     if not output.is_dir():
-        raise problem("output_path", "does not exist: a Slurm job's directory must be on a file system every node "
-                      "sees; create it there first (mkdir -p) or pick one that exists", str(output))
+        raise problem(
+            "output_path",
+            "does not exist: a Slurm job's directory must be on a file system every node "
+            "sees; create it there first (mkdir -p) or pick one that exists",
+            str(output),
+        )
     try:
         scheduler.require("sbatch")
         partition = scheduler.partition_info(request.partition)
@@ -147,18 +183,27 @@ def preflight(request: SlurmRequest) -> None:
         raise problem("instance_type", f"is 'slurm', but {exc}", SLURM) from None
     problems = []
     if request.instance_count > partition.nodes:
-        problems.append(f"instance_count {request.instance_count} exceeds the {partition.nodes} node(s) of "
-                        f"partition {partition.name!r}; use at most {partition.nodes} or another partition")
+        problems.append(
+            f"instance_count {request.instance_count} exceeds the {partition.nodes} node(s) of "
+            f"partition {partition.name!r}; use at most {partition.nodes} or another partition"
+        )
     if request.processes_per_host > partition.cpus_per_node:
-        problems.append(f"processes_per_host {request.processes_per_host} exceeds the {partition.cpus_per_node} "
-                        f"CPUs of each node of partition {partition.name!r}; use at most {partition.cpus_per_node}")
+        problems.append(
+            f"processes_per_host {request.processes_per_host} exceeds the {partition.cpus_per_node} "
+            f"CPUs of each node of partition {partition.name!r}; use at most {partition.cpus_per_node}"
+        )
     gpus = gpus_per_node(request.slurm_options)
     if gpus is not None and gpus > partition.gpus_per_node:
-        problems.append(f"slurm_options asks {gpus} GPU(s) per node, and the nodes of partition {partition.name!r} "
-                        f"have {partition.gpus_per_node}; ask at most {partition.gpus_per_node}")
+        problems.append(
+            f"slurm_options asks {gpus} GPU(s) per node, and the nodes of partition {partition.name!r} "
+            f"have {partition.gpus_per_node}; ask at most {partition.gpus_per_node}"
+        )
     elif gpus is not None and request.processes_per_host > gpus:
-        problems.append(f"processes_per_host {request.processes_per_host} exceeds the {gpus} GPU(s) per node "
-                        f"slurm_options asks for (one process per GPU); use at most {gpus} or ask more GPUs")
+        problems.append(
+            f"processes_per_host {request.processes_per_host} exceeds the {gpus} GPU(s) per node "
+            f"slurm_options asks for (one process per GPU); use at most {gpus} or ask more GPUs"
+        )
     if problems:
-        raise problem("slurm_options" if gpus is not None else "instance_count", "; ".join(problems),
-                      dict(request.slurm_options))
+        raise problem(
+            "slurm_options" if gpus is not None else "instance_count", "; ".join(problems), dict(request.slurm_options)
+        )

@@ -28,9 +28,11 @@ def node_failure_reason(state: SlurmJobState, job_nodes: list[str]) -> str:
     """Names the job's nodes Slurm now holds down (``job_nodes``: the nodes the job ran on)."""
     down = set(down_nodes())
     lost = [node for node in job_nodes if node in down] or ["?"]
-    return (f"Slurm ended job {state.job_id} because node {', '.join(lost)} failed (job state {state.state}, "
-            f"reason {state.reason or 'none given'}): its slurmd stopped answering; the newest checkpoint is "
-            "kept in the job's checkpoints/")
+    return (
+        f"Slurm ended job {state.job_id} because node {', '.join(lost)} failed (job state {state.state}, "
+        f"reason {state.reason or 'none given'}): its slurmd stopped answering; the newest checkpoint is "
+        "kept in the job's checkpoints/"
+    )
 
 
 def down_nodes() -> list[str]:
@@ -50,6 +52,8 @@ def slurm_failure_reason(job: JobDir, exit_code: int | None) -> str:
     log = job.log_file.read_text(errors="replace") if job.log_file.is_file() else ""
     for rank, node, how in ranks_that_died(log):
         if str(rank) not in reported and "Exited with exit code" not in how:
-            return (f"rank {rank} on Slurm node {node}: {how}, without a Python traceback (srun's word; the "
-                    f"other ranks' errors, if any, are the consequence)")
+            return (
+                f"rank {rank} on Slurm node {node}: {how}, without a Python traceback (srun's word; the "
+                f"other ranks' errors, if any, are the consequence)"
+            )
     return local_failure_reason(job, exit_code)

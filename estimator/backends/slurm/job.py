@@ -16,8 +16,8 @@ from pathlib import Path
 from estimator.backends.local.job import POLL_S, LocalJob
 from estimator.backends.local.status import SecondaryStatus, StatusRecord, read_status, write_status
 from estimator.backends.slurm import scheduler
-from estimator.backends.slurm.job_files import JOB_ID_FILE, STOP_FILE, job_nodes
 from estimator.backends.slurm.failure import lost_a_node, node_failure_reason
+from estimator.backends.slurm.job_files import JOB_ID_FILE, STOP_FILE, job_nodes
 from estimator.job import JobStatus
 
 STATE_CACHE_S = 1.0  # wait() polls often; Slurm is asked at most this often
@@ -68,8 +68,10 @@ class SlurmJob(LocalJob):
     def describe(self) -> dict:
         described = super().describe()
         state = self.slurm_state()
-        described["SlurmJob"] = {"JobId": self.slurm_job_id, **({
-            "State": state.state, "Reason": state.reason, "NodeList": state.nodes} if state else {})}
+        described["SlurmJob"] = {
+            "JobId": self.slurm_job_id,
+            **({"State": state.state, "Reason": state.reason, "NodeList": state.nodes} if state else {}),
+        }
         return described
 
     def _let_supervisor_exit(self, timeout: float = END_WAIT_S) -> None:
@@ -94,8 +96,10 @@ class SlurmJob(LocalJob):
         state = self.slurm_state(fresh=True)
         if state is not None and state.state == "PENDING":
             scheduler.scancel(job_id)  # no rank to signal; nothing ran
-            write_status(self.paths.status_file, read_status(self.paths.status_file).moved_to(
-                JobStatus.STOPPED, SecondaryStatus.STOPPED))
+            write_status(
+                self.paths.status_file,
+                read_status(self.paths.status_file).moved_to(JobStatus.STOPPED, SecondaryStatus.STOPPED),
+            )
             return
         scheduler.scancel(job_id, "--signal=TERM")  # every step (the ranks), not the batch script
 
@@ -103,12 +107,16 @@ class SlurmJob(LocalJob):
 def _ended_by_slurm(record: StatusRecord, state: scheduler.SlurmJobState, root: Path) -> StatusRecord:
     """The end state of a job whose batch script Slurm ended before it recorded one."""
     if lost_a_node(state):
-        return record.moved_to(JobStatus.FAILED, SecondaryStatus.FAILED, failure_reason=node_failure_reason(state, job_nodes(root)))
+        return record.moved_to(
+            JobStatus.FAILED, SecondaryStatus.FAILED, failure_reason=node_failure_reason(state, job_nodes(root))
+        )
     if state.state == "CANCELLED" and (root / STOP_FILE).exists():
         return record.moved_to(JobStatus.STOPPED, SecondaryStatus.STOPPED)
     if state.state == "TIMEOUT":
         return record.moved_to(JobStatus.STOPPED, SecondaryStatus.MAX_RUNTIME_EXCEEDED)
     return record.moved_to(
-        JobStatus.FAILED, SecondaryStatus.FAILED,
+        JobStatus.FAILED,
+        SecondaryStatus.FAILED,
         failure_reason=f"Slurm job {state.job_id} ended {state.state} ({state.reason or 'no reason given'}) before "
-                       f"its supervisor recorded an end; see {root / 'logs'}")
+        f"its supervisor recorded an end; see {root / 'logs'}",
+    )

@@ -12,39 +12,113 @@ from __future__ import annotations
 
 import difflib
 import re
-from typing import Any, Mapping
-
-from smsdp.config.instance_types import LOCAL
+from collections.abc import Mapping
+from typing import Any
 
 from estimator.backends import SLURM
 from estimator.validation import check_output_path, problem
+from smsdp.config.instance_types import LOCAL
 
 FIELD = "slurm_options"
 
 #: sbatch (22.05+) long options a user may set.
-ALLOWED = frozenset({
-    "account", "acctg-freq", "begin", "bb", "bbf", "clusters", "cluster-constraint", "comment", "constraint",
-    "container", "contiguous", "core-spec", "cores-per-socket", "cpu-freq", "cpus-per-gpu", "cpus-per-task",
-    "deadline", "delay-boot", "dependency", "exclude", "exclusive", "extra-node-info", "get-user-env", "gpu-bind",
-    "gpu-freq", "gpus", "gpus-per-node", "gpus-per-socket", "gpus-per-task", "gres", "gres-flags", "hint", "hold",
-    "kill-on-invalid-dep", "licenses", "mail-type", "mail-user", "mcs-label", "mem", "mem-bind", "mem-per-cpu",
-    "mem-per-gpu", "mincpus", "network", "nice", "no-kill", "nodelist", "ntasks-per-core", "overcommit",
-    "oversubscribe", "partition", "power", "priority", "profile", "propagate", "qos", "reboot", "reservation",
-    "sockets-per-node", "spread-job", "switches", "thread-spec", "threads-per-core", "time", "time-min", "tmp",
-    "use-min-nodes", "wait-all-nodes", "wckey",
-})
+ALLOWED = frozenset(
+    {
+        "account",
+        "acctg-freq",
+        "begin",
+        "bb",
+        "bbf",
+        "clusters",
+        "cluster-constraint",
+        "comment",
+        "constraint",
+        "container",
+        "contiguous",
+        "core-spec",
+        "cores-per-socket",
+        "cpu-freq",
+        "cpus-per-gpu",
+        "cpus-per-task",
+        "deadline",
+        "delay-boot",
+        "dependency",
+        "exclude",
+        "exclusive",
+        "extra-node-info",
+        "get-user-env",
+        "gpu-bind",
+        "gpu-freq",
+        "gpus",
+        "gpus-per-node",
+        "gpus-per-socket",
+        "gpus-per-task",
+        "gres",
+        "gres-flags",
+        "hint",
+        "hold",
+        "kill-on-invalid-dep",
+        "licenses",
+        "mail-type",
+        "mail-user",
+        "mcs-label",
+        "mem",
+        "mem-bind",
+        "mem-per-cpu",
+        "mem-per-gpu",
+        "mincpus",
+        "network",
+        "nice",
+        "no-kill",
+        "nodelist",
+        "ntasks-per-core",
+        "overcommit",
+        "oversubscribe",
+        "partition",
+        "power",
+        "priority",
+        "profile",
+        "propagate",
+        "qos",
+        "reboot",
+        "reservation",
+        "sockets-per-node",
+        "spread-job",
+        "switches",
+        "thread-spec",
+        "threads-per-core",
+        "time",
+        "time-min",
+        "tmp",
+        "use-min-nodes",
+        "wait-all-nodes",
+        "wckey",
+    }
+)
 
 #: sbatch options the backend sets from the job itself: option -> what sets it.
 OWNED = {
-    "nodes": "instance_count", "ntasks": "instance_count x mpi.processes_per_host",
+    "nodes": "instance_count",
+    "ntasks": "instance_count x mpi.processes_per_host",
     "ntasks-per-node": "distribution['mpi']['processes_per_host']",
     "distribution": "the backend (ranks are laid out host-major: --distribution=block)",
-    "job-name": "job_name / base_job_name", "output": "the job directory (logs/slurm-<id>.out)",
-    "error": "the job directory (logs/slurm-<id>.out)", "input": "the backend (no stdin)",
-    "chdir": "the job directory", "export": "environment", "export-file": "environment",
-    "requeue": "max_retry_attempts", "no-requeue": "max_retry_attempts", "signal": "stop() and max_run",
-    "array": "one job per fit()", "wrap": "entry_point", "parsable": "the backend", "wait": "fit(wait=...)",
-    "test-only": "Estimator.dry_run()", "open-mode": "the backend", "batch": "the backend",
+    "job-name": "job_name / base_job_name",
+    "output": "the job directory (logs/slurm-<id>.out)",
+    "error": "the job directory (logs/slurm-<id>.out)",
+    "input": "the backend (no stdin)",
+    "chdir": "the job directory",
+    "export": "environment",
+    "export-file": "environment",
+    "requeue": "max_retry_attempts",
+    "no-requeue": "max_retry_attempts",
+    "signal": "stop() and max_run",
+    "array": "one job per fit()",
+    "wrap": "entry_point",
+    "parsable": "the backend",
+    "wait": "fit(wait=...)",
+    "test-only": "Estimator.dry_run()",
+    "open-mode": "the backend",
+    "batch": "the backend",
 }
 
 _TIME_RE = re.compile(r"(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+|\d+-\d+:\d{1,2}|\d+-\d+:\d{1,2}:\d{1,2})")
@@ -58,12 +132,14 @@ def check_slurm_options(options: Any, instance_type: str) -> dict[str, str | boo
     if options is None:
         return {}
     if instance_type != SLURM:
-        raise problem(FIELD, f"applies to Slurm jobs only, and instance_type is {instance_type!r}; "
-                      "use instance_type='slurm' or drop slurm_options", dict(options) if isinstance(options, Mapping)
-                      else options)
+        raise problem(
+            FIELD,
+            f"applies to Slurm jobs only, and instance_type is {instance_type!r}; "
+            "use instance_type='slurm' or drop slurm_options",
+            dict(options) if isinstance(options, Mapping) else options,
+        )
     if not isinstance(options, Mapping):
-        raise problem(FIELD, "must be a dict of sbatch options, e.g. {'partition': 'gpu', 'time': '2:00:00'}",
-                      options)
+        raise problem(FIELD, "must be a dict of sbatch options, e.g. {'partition': 'gpu', 'time': '2:00:00'}", options)
     checked: dict[str, str | bool] = {}
     for key, value in options.items():
         name = _option_name(key)
@@ -89,8 +165,7 @@ def _option_value(key: str, name: str, value: Any) -> str | bool:
     if value is True:
         return True
     if isinstance(value, bool) or value is None:
-        raise problem(path, "must be a string or a whole number, or True for a flag (leave it out to unset it)",
-                      value)
+        raise problem(path, "must be a string or a whole number, or True for a flag (leave it out to unset it)", value)
     if isinstance(value, int):
         if value < 0:
             raise problem(path, "must not be negative", value)
@@ -101,11 +176,13 @@ def _option_value(key: str, name: str, value: Any) -> str | bool:
         raise problem(path, "must be one line (it becomes an #SBATCH line of the batch script)", value)
     if name == "time" or name == "time-min":
         if value.upper() not in ("UNLIMITED", "INFINITE") and not _TIME_RE.fullmatch(value):
-            raise problem(path, "is not a Slurm time: use minutes, 'HH:MM:SS', 'D-HH', 'D-HH:MM' or "
-                          "'D-HH:MM:SS', e.g. '2:00:00'", value)
+            raise problem(
+                path,
+                "is not a Slurm time: use minutes, 'HH:MM:SS', 'D-HH', 'D-HH:MM' or 'D-HH:MM:SS', e.g. '2:00:00'",
+                value,
+            )
     elif name == "gres" and not _GRES_RE.fullmatch(value):
-        raise problem(path, "is not a Slurm GRES list: use 'name[:type]:count', e.g. 'gpu:8' or 'gpu:a100:4'",
-                      value)
+        raise problem(path, "is not a Slurm GRES list: use 'name[:type]:count', e.g. 'gpu:8' or 'gpu:a100:4'", value)
     elif name in _NAMED and not _NAME_RE.fullmatch(value):
         raise problem(path, "must be a name (letters, digits, '_', '-', '.'), e.g. 'gpu'", value)
     return value
@@ -133,6 +210,10 @@ def gpus_per_node(options: Mapping[str, str | bool]) -> int | None:
 def check_slurm_output_path(output_path: Any) -> str:
     """A directory (default ``./smsdp-jobs``) on a file system every node sees; never S3."""
     if isinstance(output_path, str) and output_path.startswith("s3://"):
-        raise problem("output_path", "is in S3, and a Slurm job writes its job directory to a file system every "
-                      "node sees; use a shared directory such as '/shared/smsdp-jobs'", output_path)
+        raise problem(
+            "output_path",
+            "is in S3, and a Slurm job writes its job directory to a file system every "
+            "node sees; use a shared directory such as '/shared/smsdp-jobs'",
+            output_path,
+        )
     return check_output_path(output_path, LOCAL)

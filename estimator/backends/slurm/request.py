@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any
 
 from estimator.backends.local.job_dir import JobDirPlan
 from estimator.redact import redact_argv, redact_env
@@ -72,21 +73,23 @@ class SlurmRequest:
     def __str__(self) -> str:
         env_lines = [f"    {name}={value}" for name, value in sorted(redact_env(self.env).items())]
         channels = [f"    {name} <- {path}" for name, path in self.job_dir.channels.items()] or ["    (none)"]
-        return "\n".join([
-            f"Slurm training job {self.job_name} ({self.instance_count} nodes x {self.processes_per_host} "
-            f"processes = {self.world_size} ranks)",
-            f"  job dir: {self.job_path} (must be on a file system every node sees)",
-            f"  code:    {self.job_dir.code_source} -> {self.job_path / 'code'}",
-            "  channels:",
-            *channels,
-            f"  submit:  {self.command_line()}",
-            "  batch script:",
-            *(f"    {line}" for line in self.batch_script.splitlines()),
-            "  environment (added to this process's, exported to the job):",
-            *env_lines,
-            "  hyperparameters.json:",
-            "    " + json.dumps(dict(self.job_dir.config_files.get("input/config/hyperparameters.json", {}))),
-        ])
+        return "\n".join(
+            [
+                f"Slurm training job {self.job_name} ({self.instance_count} nodes x {self.processes_per_host} "
+                f"processes = {self.world_size} ranks)",
+                f"  job dir: {self.job_path} (must be on a file system every node sees)",
+                f"  code:    {self.job_dir.code_source} -> {self.job_path / 'code'}",
+                "  channels:",
+                *channels,
+                f"  submit:  {self.command_line()}",
+                "  batch script:",
+                *(f"    {line}" for line in self.batch_script.splitlines()),
+                "  environment (added to this process's, exported to the job):",
+                *env_lines,
+                "  hyperparameters.json:",
+                "    " + json.dumps(dict(self.job_dir.config_files.get("input/config/hyperparameters.json", {}))),
+            ]
+        )
 
     def _repr_pretty_(self, printer, cycle) -> None:
         printer.text(str(self))

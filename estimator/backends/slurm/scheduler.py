@@ -8,15 +8,29 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 COMMAND_TIMEOUT_S = 30.0
 #: Slurm job states in which the job still holds (or waits for) its allocation.
-ACTIVE_STATES = frozenset({
-    "PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD",
-    "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD", "SPECIAL_EXIT",
-})
+ACTIVE_STATES = frozenset(
+    {
+        "PENDING",
+        "CONFIGURING",
+        "RUNNING",
+        "COMPLETING",
+        "SUSPENDED",
+        "REQUEUED",
+        "REQUEUE_FED",
+        "REQUEUE_HOLD",
+        "RESIZING",
+        "SIGNALING",
+        "STAGE_OUT",
+        "STOPPED",
+        "RESV_DEL_HOLD",
+        "SPECIAL_EXIT",
+    }
+)
 
 
 class SlurmCommandError(RuntimeError):
@@ -52,21 +66,30 @@ def require(command: str) -> str:
         raise SlurmCommandError(
             f"`{command}` is not on PATH: Slurm jobs are submitted from a machine with the Slurm client "
             "commands (sbatch, squeue, scancel, sinfo); install them (Debian: apt-get install slurm-client) "
-            "or run fit() on a login node")
+            "or run fit() on a login node"
+        )
     return path
 
 
 def run(argv: list[str], env: Mapping[str, str] | None = None, check: bool = True) -> str:
     require(argv[0])
     try:
-        result = subprocess.run(argv, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S,
-                                env=None if env is None else dict(env), stdin=subprocess.DEVNULL)
+        result = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=COMMAND_TIMEOUT_S,
+            env=None if env is None else dict(env),
+            stdin=subprocess.DEVNULL,
+        )
     except subprocess.TimeoutExpired:
-        raise SlurmCommandError(f"`{' '.join(argv)}` did not answer in {COMMAND_TIMEOUT_S:.0f} s: "
-                                "is slurmctld up?") from None
+        raise SlurmCommandError(
+            f"`{' '.join(argv)}` did not answer in {COMMAND_TIMEOUT_S:.0f} s: is slurmctld up?"
+        ) from None
     if check and result.returncode != 0:
-        raise SlurmCommandError(f"`{' '.join(argv)}` failed (exit {result.returncode}): "
-                                f"{(result.stderr or result.stdout).strip()}")
+        raise SlurmCommandError(
+            f"`{' '.join(argv)}` failed (exit {result.returncode}): {(result.stderr or result.stdout).strip()}"
+        )
     return result.stdout
 
 
@@ -89,11 +112,17 @@ def job_state(job_id: str) -> SlurmJobState | None:
     if out.startswith("JobId="):
         fields = dict(word.split("=", 1) for word in out.split() if "=" in word)
         reason = fields.get("Reason", "")
-        return SlurmJobState(job_id, fields.get("JobState", "UNKNOWN"), "" if reason == "None" else reason,
-                             fields.get("NodeList", ""), fields.get("ExitCode", ""))
+        return SlurmJobState(
+            job_id,
+            fields.get("JobState", "UNKNOWN"),
+            "" if reason == "None" else reason,
+            fields.get("NodeList", ""),
+            fields.get("ExitCode", ""),
+        )
     if shutil.which("sacct"):
-        out = run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State,Reason,NodeList,ExitCode"],
-                  check=False).strip()
+        out = run(
+            ["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State,Reason,NodeList,ExitCode"], check=False
+        ).strip()
         if out and "|" in out:
             state, reason, nodes, code = (out.splitlines()[0].split("|") + ["", "", ""])[:4]
             return SlurmJobState(job_id, state.split()[0], reason, nodes, code)
@@ -114,8 +143,7 @@ def partition_info(partition: str | None) -> PartitionInfo:
         default = [row for row in rows if row[0].endswith("*")]
         rows = default or rows
     if not rows:
-        raise SlurmCommandError(f"Slurm has no partition {partition!r}" if partition
-                                else "Slurm reports no partition")
+        raise SlurmCommandError(f"Slurm has no partition {partition!r}" if partition else "Slurm reports no partition")
     name = rows[0][0].rstrip("*")
     nodes = {row[1]: (int(row[2]), _gpus(row[3])) for row in rows if row[0].rstrip("*") == name}
     return PartitionInfo(name, len(nodes), min(c for c, _ in nodes.values()), min(g for _, g in nodes.values()))

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from estimator.backends.local.mpirun import LAUNCHER_MODULE
 from estimator.backends.local.rank_tags import RankTagger
@@ -28,10 +28,19 @@ _TASK_END_RE = re.compile(r"srun: error: (?P<node>\S+): tasks? (?P<ranks>[\d,\-]
 
 def srun_argv(instance_count: int, processes_per_host: int, script_argv: Sequence[str]) -> list[str]:
     return [
-        "srun", f"--nodes={instance_count}", f"--ntasks={instance_count * processes_per_host}",
-        f"--ntasks-per-node={processes_per_host}", "--distribution=block", "--mpi=none",
-        "--kill-on-bad-exit=1", "--label", "--unbuffered",
-        sys.executable, "-m", LAUNCHER_MODULE, *script_argv,
+        "srun",
+        f"--nodes={instance_count}",
+        f"--ntasks={instance_count * processes_per_host}",
+        f"--ntasks-per-node={processes_per_host}",
+        "--distribution=block",
+        "--mpi=none",
+        "--kill-on-bad-exit=1",
+        "--label",
+        "--unbuffered",
+        sys.executable,
+        "-m",
+        LAUNCHER_MODULE,
+        *script_argv,
     ]
 
 
@@ -44,7 +53,7 @@ class SrunTagger(RankTagger):
         match = _LABEL_RE.match(raw_line)
         if match is None:
             return [SRUN_PREFIX + raw_line] if raw_line.strip() else []
-        return [self.prefix(int(match["rank"])) + raw_line[match.end():]]
+        return [self.prefix(int(match["rank"])) + raw_line[match.end() :]]
 
 
 def ranks_that_died(log_text: str) -> list[tuple[int, str, str]]:

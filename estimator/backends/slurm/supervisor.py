@@ -34,10 +34,11 @@ from estimator.backends.local.container_env import visible_gpu_count
 from estimator.backends.local.job_dir import JobDir
 from estimator.backends.local.process_session import JobProcesses
 from estimator.backends.local.status import SecondaryStatus
-from estimator.backends.local.supervisor import Supervisor, main as supervisor_main
+from estimator.backends.local.supervisor import Supervisor
+from estimator.backends.local.supervisor import main as supervisor_main
 from estimator.backends.slurm import scheduler
-from estimator.backends.slurm.job_files import NODES_FILE, STOP_FILE, job_nodes
 from estimator.backends.slurm.failure import lost_a_node, node_failure_reason, slurm_failure_reason
+from estimator.backends.slurm.job_files import NODES_FILE, STOP_FILE, job_nodes
 from estimator.backends.slurm.srun import SrunTagger
 from estimator.job import JobStatus
 
@@ -72,8 +73,7 @@ class SlurmSupervisor(Supervisor):
         nodes = os.environ.get("SLURM_JOB_NODELIST", "")
         expanded = scheduler.run(["scontrol", "show", "hostnames", nodes], check=False).split() if nodes else []
         mapping = dict(zip(self.tagger.hosts, expanded))
-        (self.job.root / NODES_FILE).write_text(
-            "".join(f"{host} {node}\n" for host, node in mapping.items()))
+        (self.job.root / NODES_FILE).write_text("".join(f"{host} {node}\n" for host, node in mapping.items()))
         print(f"[smsdp] Slurm job {self.job_id}: hosts {mapping}", flush=True)
 
     def _watch_for_stop(self) -> None:
@@ -119,8 +119,9 @@ class SlurmSupervisor(Supervisor):
         with self._lock:
             self._finished = True
         self.attempts.scrub_failure_files(self.scrub)
-        self.status.write(JobStatus.FAILED, SecondaryStatus.FAILED, exit_code=exit_code,
-                          failure_reason=self.scrub(lost_node))
+        self.status.write(
+            JobStatus.FAILED, SecondaryStatus.FAILED, exit_code=exit_code, failure_reason=self.scrub(lost_node)
+        )
 
     def _lost_node(self) -> str | None:
         """The reason, if Slurm says the job ended because a node failed."""

@@ -13,11 +13,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from smsdp.tensor_parallel.tp_group import TPGroup, reduce_from_tp
 from smsdp.tensor_parallel.partition import Ranges
 from smsdp.tensor_parallel.split_params import split_parameter
+from smsdp.tensor_parallel.tp_group import TPGroup, reduce_from_tp
 
-__all__ = ["VocabParallelEmbedding", "distribute_embedding", "VOCAB_PARTITION"]
+__all__ = ["VOCAB_PARTITION", "VocabParallelEmbedding", "distribute_embedding"]
 
 #: Rows of an ``(V, d)`` embedding (or an LM head's ``(V, d)`` weight) per TP rank.
 VOCAB_PARTITION = Ranges(dim=0)
@@ -35,7 +35,9 @@ class VocabParallelEmbedding(nn.Module):
         self.vocab_start = VOCAB_PARTITION.start(plain.num_embeddings, tp.rank, tp.size)
         self.vocab_end = self.vocab_start + self.weight.shape[0]
         pad = plain.padding_idx
-        self.padding_idx = pad - self.vocab_start if pad is not None and self.vocab_start <= pad < self.vocab_end else None
+        self.padding_idx = (
+            pad - self.vocab_start if pad is not None and self.vocab_start <= pad < self.vocab_end else None
+        )
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:

@@ -22,12 +22,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from smsdp.tensor_parallel.tp_group import TPGroup, copy_to_tp, gather_from_tp, reduce_from_tp
 from smsdp.tensor_parallel.overlap import column_linear_overlapped
 from smsdp.tensor_parallel.partition import Even, Partition
 from smsdp.tensor_parallel.split_params import replicated_parameter, split_parameter
+from smsdp.tensor_parallel.tp_group import TPGroup, copy_to_tp, gather_from_tp, reduce_from_tp
 
-__all__ = ["ColumnParallelLinear", "RowParallelLinear", "DistributedLinear", "Parallel", "is_conv1d"]
+__all__ = ["ColumnParallelLinear", "DistributedLinear", "Parallel", "RowParallelLinear", "is_conv1d"]
 
 
 class Parallel(enum.Enum):
@@ -56,8 +56,15 @@ class DistributedLinear(nn.Module):
     ``ColumnParallelLinear`` and ``RowParallelLinear`` build the same from an existing layer.
     """
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, *, tp_group=None,
-                 parallel: Parallel | str = Parallel.COLUMN):
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        *,
+        tp_group=None,
+        parallel: Parallel | str = Parallel.COLUMN,
+    ):
         super().__init__()
         try:
             parallel = Parallel(parallel)
@@ -70,9 +77,16 @@ class DistributedLinear(nn.Module):
         else:
             self._build(plain, tp, Even(1), None, parallel)
 
-    def _build(self, plain: nn.Module, tp: TPGroup, weight_partition: Partition,
-               bias_partition: Partition | None, parallel: Parallel, gather_output: bool = False,
-               input_copied: bool = False) -> None:
+    def _build(
+        self,
+        plain: nn.Module,
+        tp: TPGroup,
+        weight_partition: Partition,
+        bias_partition: Partition | None,
+        parallel: Parallel,
+        gather_output: bool = False,
+        input_copied: bool = False,
+    ) -> None:
         self.tp = tp
         self.parallel = parallel
         self.gather_output = gather_output
@@ -114,8 +128,14 @@ class ColumnParallelLinear(DistributedLinear):
     ``input_copied``: the caller has already passed the input through ``copy_to_tp`` (several
     projections of one input then all-reduce its gradient once, not once each)."""
 
-    def __init__(self, plain: nn.Module, tp: TPGroup, partition: Partition | None = None, gather_output: bool = False,
-                 input_copied: bool = False):
+    def __init__(
+        self,
+        plain: nn.Module,
+        tp: TPGroup,
+        partition: Partition | None = None,
+        gather_output: bool = False,
+        input_copied: bool = False,
+    ):
         nn.Module.__init__(self)
         dim = _out_dim(is_conv1d(plain))
         weight_part = _with_dim(partition or Even(dim), dim)
@@ -143,6 +163,7 @@ def _job_tp_group() -> TPGroup:
     from smsdp.comm import world as runtime_state
 
     if not runtime_state.is_initialized():
-        raise RuntimeError("DistributedLinear(tp_group=None) uses the job's tp_group: call smp.init() first, "
-                           "or pass tp_group=")
+        raise RuntimeError(
+            "DistributedLinear(tp_group=None) uses the job's tp_group: call smp.init() first, or pass tp_group="
+        )
     return TPGroup.of(runtime_state.get().groups.tp_group)

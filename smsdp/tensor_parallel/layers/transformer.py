@@ -19,7 +19,7 @@ structure, which ``smsdp.tensor_parallel.registry`` ties to its class by name.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -28,10 +28,10 @@ from torch import nn
 from smsdp.tensor_parallel.layers.cross_entropy import vocab_parallel_cross_entropy
 from smsdp.tensor_parallel.layers.embedding import VOCAB_PARTITION, VocabParallelEmbedding
 from smsdp.tensor_parallel.layers.linear import ColumnParallelLinear, RowParallelLinear
-from smsdp.tensor_parallel.tp_group import TPGroup
 from smsdp.tensor_parallel.partition import PartitionError, Sections
+from smsdp.tensor_parallel.tp_group import TPGroup
 
-__all__ = ["DistributedTransformerLayer", "DistributedTransformerLMHead", "LMHeadOutput", "heads_per_rank"]
+__all__ = ["DistributedTransformerLMHead", "DistributedTransformerLayer", "LMHeadOutput", "heads_per_rank"]
 
 
 def heads_per_rank(n_head: int, tp: TPGroup, what: str = "n_head") -> int:
@@ -86,7 +86,7 @@ class DistributedTransformerLayer(nn.Module):
         self.mlp = _ParallelMLP(block.mlp, tp)
 
     @classmethod
-    def from_module(cls, block: nn.Module, tp_group) -> "DistributedTransformerLayer":
+    def from_module(cls, block: nn.Module, tp_group) -> DistributedTransformerLayer:
         return cls(block, TPGroup.of(tp_group))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -98,7 +98,7 @@ class LMHeadOutput(NamedTuple):
     """``logits`` is this rank's vocabulary slice; ``loss`` the full (vocab-parallel) cross-entropy."""
 
     logits: torch.Tensor
-    loss: Optional[torch.Tensor] = None
+    loss: torch.Tensor | None = None
 
 
 class DistributedTransformerLMHead(nn.Module):
@@ -121,16 +121,16 @@ class DistributedTransformerLMHead(nn.Module):
         self.vocab_start = self.transformer.wte.vocab_start
 
     @classmethod
-    def from_module(cls, gpt: nn.Module, tp_group) -> "DistributedTransformerLMHead":
+    def from_module(cls, gpt: nn.Module, tp_group) -> DistributedTransformerLMHead:
         return cls(gpt, TPGroup.of(tp_group))
 
     def tie_weights(self) -> None:
         if self.config.tie_embeddings:
             self.lm_head.weight = self.transformer.wte.weight
 
-    def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None) -> LMHeadOutput:
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> LMHeadOutput:
         _, T = idx.shape
-        if T > self.config.block_size:
+        if self.config.block_size < T:
             raise ValueError(f"sequence length {T} exceeds block_size={self.config.block_size}")
         pos = torch.arange(T, dtype=torch.long, device=idx.device)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
@@ -141,5 +141,3 @@ class DistributedTransformerLMHead(nn.Module):
         if targets is not None:
             loss = vocab_parallel_cross_entropy(logits, targets, self.vocab_start, self.tp, ignore_index=-1)
         return LMHeadOutput(logits=logits, loss=loss)
-
-
