@@ -20,8 +20,8 @@ from typing import Any
 
 from estimator.example import EXAMPLE_ENTRY_POINT as EXAMPLE_SCRIPT
 from estimator.example import example_distribution, example_source_dir
+from estimator.plan_cli import json_object_arg
 from smsdp.config import ConfigError
-from smsdp.planner.cli import json_object_arg
 
 EXIT_OK, EXIT_JOB_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 EXAMPLE_MAX_STEPS = 30
@@ -173,13 +173,13 @@ def _add_dry_run_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def plan(args: argparse.Namespace) -> int:
-    from smsdp.planner.cli import run_plan
+    from estimator.plan_cli import run_plan
 
     return run_plan(args)
 
 
 def _add_plan_arguments(parser: argparse.ArgumentParser) -> None:
-    from smsdp.planner.cli import add_plan_arguments
+    from estimator.plan_cli import add_plan_arguments
 
     add_plan_arguments(parser)
 

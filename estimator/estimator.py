@@ -313,8 +313,8 @@ class Estimator:
         accumulation come from this estimator's hyperparameters. ``batch_size``: sequences
         per GPU per micro-step. ``fit()`` checks what was asked here last (docs/planner.md).
         """
+        from estimator.planning import PlanRequest, plan_for_job
         from smsdp.planner.hardware import Assumptions
-        from smsdp.planner.jobs import PlanRequest, plan_for_job
 
         request = PlanRequest(model, batch_size, grad_accum, optimizer, assumptions or Assumptions())
         result = plan_for_job(self._runtime, self._code.script_path, self._hyperparameters, request)
@@ -348,7 +348,7 @@ class Estimator:
         """
         # A Slurm job's nodes are unknown to the client (the planner would size this machine's RAM).
         if check_memory and self.instance_type != SLURM:
-            from smsdp.planner.jobs import PlanRequest, check_job
+            from estimator.planning import PlanRequest, check_job
 
             asked = getattr(self, "_plan_request", None) or PlanRequest()
             check_job(self._runtime, self._code.script_path, self._hyperparameters, asked)

@@ -42,7 +42,7 @@ def check_tensor_parallel_job(
     t = runtime.parameters.tensor_parallel_degree
     if t == 1:
         return
-    from smsdp.planner.jobs import is_bundled_script  # the planner only for tensor-parallel jobs
+    from estimator.planning import is_bundled_script  # the planner only for tensor-parallel jobs
 
     if is_bundled_script(script):
         _check_bundled_gpt(t, hyperparameters)
@@ -64,7 +64,7 @@ def check_tensor_parallel_job(
 
 
 def _check_bundled_gpt(t: int, hyperparameters: Mapping[str, Any]) -> None:
-    from smsdp.planner.model import gpt_from_hyperparameters
+    from estimator.planning import gpt_from_hyperparameters
     from smsdp.planner.tensor_parallel import tp_piece
 
     try:

@@ -22,6 +22,7 @@ import os
 import socket
 
 from smsdp.config.cluster import ClusterInfo
+from smsdp.config.runtime_config import RuntimeConfig
 
 LOOPBACK = "127.0.0.1"
 
@@ -97,8 +98,6 @@ def _check_running_backend(requested: str) -> None:
 
 
 def _job_config():
-    from smsdp.config import RuntimeConfig
-
     return RuntimeConfig.from_env()
 
 
@@ -107,8 +106,6 @@ def _timeout(timeout_s: float | None, config) -> datetime.timedelta:
     if timeout_s is None and config is not None:
         timeout_s = config.collective_timeout_s
     if timeout_s is None:
-        from smsdp.config import RuntimeConfig
-
         timeout_s = RuntimeConfig.model_fields["collective_timeout_s"].default
     return datetime.timedelta(seconds=float(timeout_s))
 

@@ -28,6 +28,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from smsdp.config.runtime_config import RuntimeConfig
+
 SIMULATED_HOSTS_ENV = "SMSDP_SIMULATED_HOSTS"
 DEFAULT_HOST = "algo-1"
 
@@ -138,10 +140,6 @@ def _processes_per_host(env: Mapping[str, str], world_size: int, hosts: tuple[st
 
 
 def _configured_processes_per_host(env: Mapping[str, str]) -> int | None:
-    # Imported here: smsdp.config is pure pydantic, but a by-hand run without a
-    # job config should not pay for it.
-    from smsdp.config import RuntimeConfig
-
     config = RuntimeConfig.from_env(env)
     return None if config is None else config.processes_per_host
 

@@ -11,7 +11,7 @@ value, the rule, and a value that would work::
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,6 +91,22 @@ class ConfigError(ValueError):
 
 def problems_of(exc: ConfigError) -> list[ConfigProblem]:
     return list(exc.problems) or [ConfigProblem((), str(exc))]
+
+
+def collect_problems(problems: list[ConfigProblem], build: Callable[..., Any], *args: Any) -> Any:
+    """Run ``build``; on ConfigError record its problems and return None (so every problem is reported at once)."""
+    try:
+        return build(*args)
+    except ConfigError as exc:
+        problems.extend(problems_of(exc))
+        return None
+
+
+def whole_number_problems(name: str, value: Any) -> list[ConfigProblem]:
+    """``value`` of the count ``name`` is a whole number >= 1, or the problem saying it is not."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        return [ConfigProblem((name,), "must be a whole number >= 1; use e.g. 1", value)]
+    return []
 
 
 def or_list(values: Iterable[Any]) -> str:

@@ -26,6 +26,8 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass
 
+from smsdp.config.errors import ConfigError, ConfigProblem
+
 __all__ = ["INSTANCE_TYPES", "LOCAL", "InstanceType", "is_sagemaker_type", "lookup"]
 
 LOCAL = "local"
@@ -186,9 +188,6 @@ def lookup(name: str) -> InstanceType:
         return INSTANCE_TYPES[name]
     except (KeyError, TypeError):
         pass
-    # Lazy: smsdp.config imports this module at its top.
-    from smsdp.config import ConfigError, ConfigProblem
-
     best = suggest_instance_type(name) if isinstance(name, str) else None
     fix = f"did you mean {best!r}?" if best else "use one of " + ", ".join(sorted(INSTANCE_TYPES))
     rule = f"is not an instance type smsdp knows; {fix} (or 'local' to run on this machine)"

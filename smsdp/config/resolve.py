@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from smsdp.config.distribution import WRITE_INSTEAD, Distribution, split_mpi_options
-from smsdp.config.errors import ConfigError, ConfigProblem
+from smsdp.config.errors import ConfigError, ConfigProblem, collect_problems, whole_number_problems
 from smsdp.config.instance_checks import (
     backend_problems,
     capacity_problems,
@@ -24,7 +24,7 @@ from smsdp.config.instance_checks import (
     instance_type_problems,
 )
 from smsdp.config.instance_types import LOCAL
-from smsdp.config.runtime_config import JobWords, RuntimeConfig, _collect, _count_problems, build_topology
+from smsdp.config.runtime_config import JobWords, RuntimeConfig, build_topology
 from smsdp.config.smddp import SMDDPBuffers
 from smsdp.config.topology import Topology
 
@@ -52,17 +52,17 @@ def resolve_job(
     """Validate a job before any process starts (every problem at once, one ConfigError)."""
     environment = environment or {}
     problems: list[ConfigProblem] = []
-    dist = _collect(problems, _parse_distribution, distribution)
-    problems += _count_problems("instance_count", instance_count) + instance_type_problems(instance_type)
-    arguments = _collect(problems, split_mpi_options, dist.custom_mpi_options if dist else "")
-    smddp = _collect(problems, SMDDPBuffers.from_environment, environment, arguments or ())
+    dist = collect_problems(problems, _parse_distribution, distribution)
+    problems += whole_number_problems("instance_count", instance_count) + instance_type_problems(instance_type)
+    arguments = collect_problems(problems, split_mpi_options, dist.custom_mpi_options if dist else "")
+    smddp = collect_problems(problems, SMDDPBuffers.from_environment, environment, arguments or ())
     if dist is None or problems:
         raise ConfigError.from_problems(problems)
     words = _job_words(dist, instance_type, instance_count)
     params = dist.parameters
     problems += backend_problems(params, instance_type, _PARAMS_PATH)
     problems += capacity_problems(instance_type, words.processes_per_host, _PPN_PATH)
-    topology = _collect(problems, build_topology, params, words)
+    topology = collect_problems(problems, build_topology, params, words)
     if problems:
         raise ConfigError.from_problems(problems)
     runtime = RuntimeConfig(

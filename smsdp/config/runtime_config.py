@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 
 from pydantic import Field, model_validator
 
-from smsdp.config.errors import ConfigError, ConfigProblem, or_list
+from smsdp.config.errors import ConfigError, ConfigProblem, collect_problems, or_list, whole_number_problems
 from smsdp.config.instance_checks import capacity_problems, instance_type_problems
 from smsdp.config.instance_types import LOCAL
 from smsdp.config.parameters import SMPParameters, reshard_degree
@@ -92,21 +92,6 @@ def _in_config_words(problem: TopologyProblem, p: SMPParameters, words: JobWords
     return ConfigProblem((), problem.message)
 
 
-def _collect(problems: list[ConfigProblem], build, *args: Any) -> Any:
-    """Run ``build``; on ConfigError record its problems and return None."""
-    try:
-        return build(*args)
-    except ConfigError as exc:
-        problems.extend(exc.problems or [ConfigProblem((), str(exc))])
-        return None
-
-
-def _count_problems(name: str, value: Any) -> list[ConfigProblem]:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        return [ConfigProblem((name,), "must be a whole number >= 1; use e.g. 1", value)]
-    return []
-
-
 class RuntimeConfig(ConfigModel):
     """What crosses from the client to every rank, as JSON in ``SMSDP_CONFIG``.
 
@@ -130,7 +115,9 @@ class RuntimeConfig(ConfigModel):
         problems = instance_type_problems(self.instance_type) or capacity_problems(
             self.instance_type, self.processes_per_host, ("processes_per_host",)
         )
-        _collect(problems, build_topology, self.parameters, JobWords(self.instance_count, self.processes_per_host))
+        collect_problems(
+            problems, build_topology, self.parameters, JobWords(self.instance_count, self.processes_per_host)
+        )
         if problems:
             raise ConfigError.from_problems(problems)
         return self
@@ -181,9 +168,11 @@ class RuntimeConfig(ConfigModel):
         ``world_size`` and ``processes_per_host`` come from the MPI environment;
         the number of hosts follows from them.
         """
-        problems = _count_problems("world_size", world_size) + _count_problems("processes_per_host", processes_per_host)
+        problems = whole_number_problems("world_size", world_size) + whole_number_problems(
+            "processes_per_host", processes_per_host
+        )
         if not problems:
-            _collect(problems, _check_hosts, world_size, processes_per_host)
+            collect_problems(problems, _check_hosts, world_size, processes_per_host)
         if problems:
             raise ConfigError.from_problems(problems)
         return cls(

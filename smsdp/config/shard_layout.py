@@ -8,12 +8,21 @@ replicated buffer is the degree-1 case: one shard, no padding, the whole buffer.
 The parameter group (its master shard and gradient), the optimizer-facing
 parameters (views of the master shard) and the checkpoints (which write and read
 each rank's chunk of each parameter) all ask this value; none of them repeats it.
-Pure Python: the planner and tests can use it without torch.
+Which parameters are sharded at all is :func:`is_sharded` (SMP's persistence rule), also
+here, for the runtime's unit cutting and the planner alike. Pure Python: the planner and
+tests can use it without torch.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+
+def is_sharded(numel: int, shard_degree: int, persistence_threshold: int) -> bool:
+    """SMP's persistence rule: a parameter of fewer than ``sdp_param_persistence_threshold``
+    elements stays whole on every rank (replicated, all-reduced over the data-parallel group);
+    a larger one is sharded, when there is more than one shard."""
+    return shard_degree > 1 and numel >= persistence_threshold
 
 
 @dataclass(frozen=True)

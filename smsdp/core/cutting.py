@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from smsdp.config.shard_layout import is_sharded
 from smsdp.core.flat_param_group import FlatParamGroup, ParamInfo
 from smsdp.core.unit import Unit
 from smsdp.tensor_parallel.pieces import is_tp_split
@@ -112,7 +113,7 @@ def make_groups(unit_name: str, infos: list[ParamInfo], policy: GroupPolicy) -> 
     # over different groups (see DistributedOptimizer's grad norm).
     buckets: dict[tuple[bool, bool, bool], list[ParamInfo]] = defaultdict(list)
     for info in infos:
-        sharded = info.numel >= policy.persistence_threshold and policy.shard_degree > 1
+        sharded = is_sharded(info.numel, policy.shard_degree, policy.persistence_threshold)
         buckets[(sharded, info.original.requires_grad, is_tp_split(info.original))].append(info)
     groups = []
     for (sharded, trainable, _tp_split), members in sorted(buckets.items(), reverse=True):

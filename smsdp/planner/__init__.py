@@ -11,13 +11,14 @@ without torch::
     print(p)                        # memory table, communication, step time, recommendation
     p.fits, p.recommendation.sharded_degree, p.to_dict()
 
-``smsdp plan`` (``estimator/cli.py``) and ``Estimator.plan()`` are the user-facing
+The client's ``smsdp plan`` command and ``Estimator.plan()`` are the user-facing
 doors. ``docs/planner.md`` states every formula and constant.
 """
 
 from smsdp.planner.hardware import Assumptions, Hardware
-from smsdp.planner.model import ROOT, ModelSpec, ParamTensor, TransformerShape, gpt_from_hyperparameters
-from smsdp.planner.plan import DoesNotFitError, Plan, PlanError, Recommendation, plan, plan_runtime
+from smsdp.planner.model import ROOT, ModelSpec, ParamTensor, TransformerShape
+from smsdp.planner.plan import plan, plan_runtime
+from smsdp.planner.result import DoesNotFitError, Plan, PlanError, Recommendation
 
 __all__ = [
     "ROOT",
@@ -30,7 +31,6 @@ __all__ = [
     "PlanError",
     "Recommendation",
     "TransformerShape",
-    "gpt_from_hyperparameters",
     "plan",
     "plan_runtime",
 ]

@@ -27,6 +27,7 @@ import math
 from dataclasses import dataclass
 
 from smsdp.config.parameters import reshard_degree
+from smsdp.config.shard_layout import ShardLayout, is_sharded
 from smsdp.planner.model import ROOT, ModelSpec, TransformerShape
 
 OPTIMIZER_BYTES_PER_ELEMENT = {"adamw": 8, "adam": 8, "sgd_momentum": 4, "sgd": 0}
@@ -38,38 +39,48 @@ OPTIMIZER_BYTES_PER_ELEMENT = {"adamw": 8, "adam": 8, "sgd_momentum": 4, "sgd": 
 
 @dataclass(frozen=True)
 class GroupLayout:
-    """One flat group of one unit on one rank."""
+    """One flat group of one unit on one rank (its shard arithmetic: ``ShardLayout``)."""
 
     unit: int
-    sharded: bool
     trainable: bool
-    numel: int
-    padded: int
-    shard: int  # elements this rank keeps (the whole group when replicated)
+    shards: ShardLayout  # of shard rank 0; a replicated group is one shard
+
+    @property
+    def sharded(self) -> bool:
+        return self.shards.sharded
+
+    @property
+    def numel(self) -> int:
+        return self.shards.numel
+
+    @property
+    def padded(self) -> int:
+        return self.shards.padded_numel
+
+    @property
+    def shard(self) -> int:
+        """Elements one rank keeps (the whole group when replicated)."""
+        return self.shards.shard_numel
 
     def local_unpadded(self, sdp_rank: int) -> int:
         """Elements of real parameters in shard rank ``sdp_rank``'s slice (optimizer state covers these)."""
         if not self.sharded:
             return self.numel
-        start = sdp_rank * self.shard
-        return max(0, min(self.numel, start + self.shard) - start)
+        theirs = ShardLayout.of(self.numel, self.shards.shard_degree, sdp_rank)
+        return theirs.real_stop - theirs.start
 
 
 def layout(spec: ModelSpec, sdp_degree: int, persistence_threshold: int) -> list[GroupLayout]:
-    """The flat groups the runtime builds, unit by unit (``smsdp/core/cutting.py: _make_groups``)."""
+    """The flat groups the runtime builds, unit by unit (``smsdp.core.cutting.make_groups``): one per
+    (sharded, trainable), sharded by the persistence rule (``smsdp.config.shard_layout.is_sharded``)."""
     groups: list[GroupLayout] = []
     for unit in spec.unit_ids():
         buckets: dict[tuple[bool, bool], int] = {}
         for t in spec.tensors_of(unit):
-            sharded = t.numel >= persistence_threshold and sdp_degree > 1
-            key = (sharded, t.trainable)
+            key = (is_sharded(t.numel, sdp_degree, persistence_threshold), t.trainable)
             buckets[key] = buckets.get(key, 0) + t.numel
         for (sharded, trainable), n in sorted(buckets.items(), reverse=True):
-            if sharded:
-                padded = math.ceil(n / sdp_degree) * sdp_degree if n else 0
-                groups.append(GroupLayout(unit, True, trainable, n, padded, padded // sdp_degree))
-            else:
-                groups.append(GroupLayout(unit, False, trainable, n, n, n))
+            groups.append(GroupLayout(unit, trainable, ShardLayout.of(n, sdp_degree if sharded else 1, 0)))
     return groups
 
 

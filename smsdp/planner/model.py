@@ -5,13 +5,13 @@ count, the unit it belongs to and whether it is trainable, plus (optionally)
 the transformer shape the activation formulas need. Three ways to get one:
 
 - :meth:`ModelSpec.gpt`: layers / hidden / heads / vocab / sequence length of a
-  GPT laid out exactly as the bundled ``entrypoints.gpt.GPT`` (one unit per
-  block, tied embeddings in the root unit);
+  GPT laid out as the bundled GPT is (nanoGPT's: one unit per block, tied
+  embeddings in the root unit);
 - :meth:`ModelSpec.from_param_count`: a parameter count, optionally split over
   ``n_layers`` equal units (no activations unless a shape is given);
-- :meth:`ModelSpec.from_module`: an ``nn.Module``, typically built on the meta
-  device, cut into units the way ``smp.DistributedModel`` cuts it. This is the
-  only place the planner imports torch (lazily, inside the function).
+- ``smsdp.core.model_spec.model_spec(module)``: an ``nn.Module``, typically built
+  on the meta device, cut into units the way ``smp.DistributedModel`` cuts it
+  (on the torch side: it uses the runtime's own cutting).
 
 Pure Python: ``import smsdp.planner`` never imports torch.
 """
@@ -115,7 +115,7 @@ class ModelSpec:
 
     def describe(self) -> str:
         units = f"{self.num_units} blocks + root" if self.num_units else "one unit (root)"
-        return f"{self.name}: {_count(self.num_params)} parameters, {units}"
+        return f"{self.name}: {format_count(self.num_params)} parameters, {units}"
 
     # ------------------------------------------------------------ builders
     @classmethod
@@ -134,7 +134,7 @@ class ModelSpec:
         attention: AttentionKind = "flash",
         name: str | None = None,
     ) -> ModelSpec:
-        """A GPT laid out like ``entrypoints.gpt.GPT`` (pre-LN blocks, learned positions).
+        """A GPT laid out like the bundled one (nanoGPT's: pre-LN blocks, learned positions).
 
         Per block: ``ln_1``, ``attn.c_attn`` (3h x h), ``attn.c_proj`` (h x h),
         ``ln_2``, ``mlp.c_fc`` (4h x h), ``mlp.c_proj`` (h x 4h), with biases when ``bias``.
@@ -177,7 +177,7 @@ class ModelSpec:
         total = sum(t.numel for t in tensors)
         # Position embeddings take no matmul; the token embedding does only when tied (as lm_head).
         matmul = total - seq_len * h - (0 if tie_embeddings else vocab_size * h)
-        label = name or f"GPT {_count(total)} (l={n_layer}, h={d_model}, a={n_head}, V={vocab_size}, s={seq_len})"
+        label = name or f"GPT {format_count(total)} (l={n_layer}, h={d_model}, a={n_head}, V={vocab_size}, s={seq_len})"
         return cls(label, tuple(tensors), shape, matmul_params=matmul)
 
     @classmethod
@@ -208,58 +208,13 @@ class ModelSpec:
         else:
             tensors = [ParamTensor("model", n, ROOT)]
             notes.append("no layer count given: the whole model is one unit, gathered at once")
-        label = name or f"{_count(n)}-parameter model"
+        label = name or f"{format_count(n)}-parameter model"
         return cls(label, tuple(tensors), shape, notes=tuple(notes))
 
-    @classmethod
-    def from_module(
-        cls,
-        module: Any,
-        *,
-        transformer_layer_cls: type | tuple[type, ...] | None = None,
-        shape: TransformerShape | None = None,
-        seq_len: int | None = None,
-        name: str | None = None,
-    ) -> ModelSpec:
-        """Parameters and units of an ``nn.Module`` (meta device is fine: no values are read).
 
-        Units are found exactly as ``smp.DistributedModel`` finds them (each
-        instance of a repeated block class; a parameter reachable from two units
-        goes to the root). A GPT-like ``module.config`` (``n_layer``,
-        ``d_model``/``n_embd``, ``n_head``, ``vocab_size``, ``block_size``/
-        ``n_positions``) gives the activation shape unless ``shape`` is passed;
-        ``seq_len`` overrides the sequence length taken from it.
-        """
-        from smsdp.core.cutting import find_unit_modules  # lazy: imports torch
-
-        classes = (transformer_layer_cls,) if isinstance(transformer_layer_cls, type) else transformer_layer_cls
-        unit_modules = find_unit_modules(module, classes)
-        owner = {id(m): ROOT for m in module.modules()}
-        for index, (_, unit_module) in enumerate(unit_modules):
-            for sub in unit_module.modules():
-                owner[id(sub)] = index
-        seen: dict[int, tuple[str, Any, set[int]]] = {}
-        for module_name, sub in module.named_modules(remove_duplicate=False):
-            for attr, param in sub._parameters.items():
-                if param is None:
-                    continue
-                full = f"{module_name}.{attr}" if module_name else attr
-                entry = seen.setdefault(id(param), (full, param, set()))
-                entry[2].add(owner[id(sub)])
-        tensors = []
-        for full, param, owners in seen.values():
-            unit = owners.pop() if len(owners) == 1 else ROOT
-            tensors.append(ParamTensor(full, int(param.numel()), unit, bool(param.requires_grad)))
-        if shape is None:
-            shape = _shape_from_config(getattr(module, "config", None), seq_len)
-        elif seq_len is not None:
-            shape = replace(shape, seq_len=seq_len)
-        label = name or type(module).__name__
-        return cls(f"{label} {_count(sum(t.numel for t in tensors))}", tuple(tensors), shape)
-
-
-def _shape_from_config(config: Any, seq_len: int | None) -> TransformerShape | None:
-    """A TransformerShape from a GPT-like config object (bundled GPT or Hugging Face GPT-2)."""
+def shape_from_config(config: Any, seq_len: int | None) -> TransformerShape | None:
+    """A TransformerShape from a GPT-like config object (``n_layer``, ``d_model``/``n_embd``, ``n_head``,
+    ``vocab_size``, ``block_size``/``n_positions``; the bundled GPT's or Hugging Face GPT-2's)."""
     if config is None:
         return None
 
@@ -284,38 +239,7 @@ def _shape_from_config(config: Any, seq_len: int | None) -> TransformerShape | N
     return TransformerShape(layers, hidden, heads, seq, vocab, ffn, dropout)
 
 
-def gpt_from_hyperparameters(hyperparameters: dict[str, Any]) -> ModelSpec:
-    """The bundled ``train_gpt.py`` model for these hyperparameters (its argparse defaults otherwise)."""
-    values = {}
-    for key, default in BUNDLED_GPT_DEFAULTS.items():
-        raw = hyperparameters.get(key, default)
-        try:
-            values[key] = type(default)(raw)
-        except (TypeError, ValueError):
-            raise ValueError(f"hyperparameter {key}={raw!r} is not a {type(default).__name__}") from None
-    return ModelSpec.gpt(
-        values["n_layer"],
-        values["d_model"],
-        values["n_head"],
-        values["vocab_size"],
-        values["seq_len"],
-        dropout=values["dropout"] > 0,
-        name="bundled GPT (train_gpt.py)",
-    )
-
-
-BUNDLED_GPT_DEFAULTS: dict[str, Any] = {
-    "n_layer": 4,
-    "d_model": 256,
-    "n_head": 4,
-    "vocab_size": 1024,
-    "seq_len": 128,
-    "dropout": 0.0,
-}
-"""``entrypoints/train_gpt.py``'s model hyperparameters and their defaults (kept in sync by a test)."""
-
-
-def _count(n: float) -> str:
+def format_count(n: float) -> str:
     """1234567 -> '1.23M'."""
     for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
         if abs(n) >= scale:

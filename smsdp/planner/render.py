@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from smsdp.config.parameters import reshard_degree
+from smsdp.config.parameters import SMPParameters, reshard_degree
 from smsdp.planner.hardware import GiB
 
 if TYPE_CHECKING:  # pragma: no cover
-    from smsdp.planner.plan import Plan
+    from smsdp.planner.result import Plan
 
 
 def human_bytes(nbytes: float) -> str:
@@ -53,10 +53,14 @@ def _is_text(rows: list[list[str]], column: int) -> bool:
     return any(len(r) > column and r[column] and not r[column][0].isdigit() and r[column] != "n/a" for r in rows[1:])
 
 
+def precision_name(p: SMPParameters) -> str:
+    """``"bf16"``, ``"fp16"`` or ``"fp32"``: how plans name the compute precision."""
+    return "bf16" if p.bf16 else "fp16" if p.fp16 else "fp32"
+
+
 def _header_lines(plan: Plan) -> list[str]:
     rt, p, hw = plan.runtime, plan.runtime.parameters, plan.hardware
-    precision = "bf16" if p.bf16 else "fp16" if p.fp16 else "fp32"
-    switches = [precision, f"{plan.optimizer}"]
+    switches = [precision_name(p), f"{plan.optimizer}"]
     if p.activation_checkpointing:
         switches.append("activation checkpointing")
     if p.offload_activations:
@@ -81,28 +85,30 @@ def _header_lines(plan: Plan) -> list[str]:
     return lines
 
 
-def _memory_lines(plan: Plan) -> list[str]:
-    p, m, hw = plan.runtime.parameters, plan.memory, plan.hardware
-    precision = "bf16" if p.bf16 else "fp16" if p.fp16 else "fp32"
-    c = 2 if precision != "fp32" else 4
-    lines: list[str] = []
-    master = "fp32 master" + (f", cast to {precision} per gather" if c != 4 else "")
+def _in_flight_note(plan: Plan) -> str:
+    """What the "unsharded parameters in flight" row holds, in words."""
+    p, m = plan.runtime.parameters, plan.memory
     live = f"sdp_max_live_parameters={p.sdp_max_live_parameters:.3g}"
     forward, backward = p.sdp_forward_prefetch, p.sdp_backward_prefetch
     ahead = "next" if (forward, backward) == (1, 1) else f"up to {forward} ahead in forward, {backward} in backward"
-    in_flight_note = (
-        f"root + running unit + {ahead} (prefetched within {live})"
-        if plan.prefetches_next_unit
-        else f"root + running unit (no room to prefetch within {live})"
-    )
-    if not forward and not backward:
-        in_flight_note = "root + running unit (sdp_forward_prefetch=0, sdp_backward_prefetch=0: gathered on demand)"
-    if p.sdp_reshard_after_forward is False:
-        in_flight_note = "every unit: kept gathered from its forward to its backward (sdp_reshard_after_forward=False)"
-    if not plan.comm.all_gather.total:
-        in_flight_note = "root + running unit: compute-dtype copies of replicated parameters (nothing to gather)"
     if not m.unsharded_params:
-        in_flight_note = "none: replicated fp32 parameters compute from the master"
+        return "none: replicated fp32 parameters compute from the master"
+    if not plan.comm.all_gather.total:
+        return "root + running unit: compute-dtype copies of replicated parameters (nothing to gather)"
+    if p.sdp_reshard_after_forward is False:
+        return "every unit: kept gathered from its forward to its backward (sdp_reshard_after_forward=False)"
+    if not forward and not backward:
+        return "root + running unit (sdp_forward_prefetch=0, sdp_backward_prefetch=0: gathered on demand)"
+    if plan.prefetches_next_unit:
+        return f"root + running unit + {ahead} (prefetched within {live})"
+    return f"root + running unit (no room to prefetch within {live})"
+
+
+def _memory_lines(plan: Plan) -> list[str]:
+    p, m, hw = plan.runtime.parameters, plan.memory, plan.hardware
+    precision = precision_name(p)
+    master = "fp32 master" + (f", cast to {precision} per gather" if precision != "fp32" else "")
+    in_flight_note = _in_flight_note(plan)
     small = m.peak < 4 * GiB
     unit_name, scale = ("MiB", 2**20) if small else ("GiB", GiB)
 
@@ -123,18 +129,7 @@ def _memory_lines(plan: Plan) -> list[str]:
         ["gradients", size(m.gradients), "fp32 shards"],
         ["optimizer state", size(m.optimizer_state), f"{plan.optimizer}, fp32"],
         ["unsharded parameters in flight", size(m.unsharded_params), in_flight_note],
-        *(
-            [
-                [
-                    "kept 1/k slices",
-                    size(m.kept_slices),
-                    f"1/{p.sdp_reshard_after_forward} of every unit not kept "
-                    "whole, from its forward to its backward (sdp_reshard_after_forward)",
-                ]
-            ]
-            if m.kept_slices
-            else []
-        ),
+        *([["kept 1/k slices", size(m.kept_slices), _kept_note(p)]] if m.kept_slices else []),
         ["unsharded gradients in flight", size(m.unsharded_grads), "root + running unit + fp32 reduce-scatter inputs"],
         ["activations", size(m.activations), act_note],
         ["communication buffers", size(m.communication_buffers), "all-gather staging"],
@@ -142,7 +137,7 @@ def _memory_lines(plan: Plan) -> list[str]:
         [f"peak ({m.peak_phase})", size(m.peak), ""],
         ["available", size(plan.budget_bytes), plan.budget_note],
     ]
-    lines.append(table(rows, ["", unit_name, ""]))
+    lines: list[str] = [table(rows, ["", unit_name, ""])]
     verdict = (
         f"FITS, {size(plan.headroom_bytes)} {unit_name} to spare"
         if plan.fits
@@ -151,6 +146,13 @@ def _memory_lines(plan: Plan) -> list[str]:
     lines += [f"  -> {verdict}", ""]
 
     return lines
+
+
+def _kept_note(p: SMPParameters) -> str:
+    return (
+        f"1/{p.sdp_reshard_after_forward} of every unit not kept "
+        "whole, from its forward to its backward (sdp_reshard_after_forward)"
+    )
 
 
 def _strategy_lines(plan: Plan) -> list[str]:

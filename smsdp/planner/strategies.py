@@ -20,7 +20,8 @@ from typing import Any
 
 from smsdp.config import ConfigError, RuntimeConfig
 from smsdp.config.parameters import reshard_degree
-from smsdp.planner.plan import Plan, _degrees, _evaluate
+from smsdp.planner.evaluate import evaluate, shard_degrees
+from smsdp.planner.result import Plan
 
 
 class Resharding(enum.Enum):
@@ -72,15 +73,16 @@ class StrategyFit:
 def strategy_fits(base: Plan) -> tuple[StrategyFit, ...]:
     """Every strategy the runtime accepts at the plan's sharded degree, True and False first."""
 
-    def evaluate(runtime: RuntimeConfig) -> Plan:
-        return _evaluate(base.model, runtime, base.batch_size, base.grad_accum, base.optimizer, base.assumptions)
+    def evaluate_at(runtime: RuntimeConfig) -> Plan:
+        return evaluate(base.model, runtime, base.batch_size, base.grad_accum, base.optimizer, base.assumptions)
 
     result = []
     for setting, runtime in strategy_runtimes(base.runtime):
-        here = evaluate(runtime)
-        elsewhere = (_runtime_with(base.runtime, setting, degree) for degree in _degrees(base.runtime))
+        here = evaluate_at(runtime)
+        elsewhere = (_runtime_with(base.runtime, setting, degree) for degree in shard_degrees(base.runtime))
         smallest = next(
-            (c.parameters.sharded_data_parallel_degree for c in elsewhere if c is not None and evaluate(c).fits), None
+            (c.parameters.sharded_data_parallel_degree for c in elsewhere if c is not None and evaluate_at(c).fits),
+            None,
         )
         result.append(StrategyFit(setting, here.memory.peak, here.memory.peak_phase, here.fits, smallest))
     return tuple(result)

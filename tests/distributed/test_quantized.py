@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from smsdp.planner import ModelSpec, plan
+from smsdp.core.model_spec import model_spec
+from smsdp.planner import plan
 from tests.distributed.quantized_worker import BATCH, BLOCK, CASES
 from tests.models import TINY_MODELS
 from tests.mpi_harness import requires_mpi, run_cases
@@ -73,7 +74,7 @@ def test_the_planner_predicts_the_bytes_of_a_step(results, case):
     """The planner's in-group all-gather and reduce-scatter bytes per step, quantized or not, equal
     what the runtime counted in the last step, to the byte."""
     p = plan(
-        ModelSpec.from_module(TINY_MODELS["gpt"].build(seed=7)),
+        model_spec(TINY_MODELS["gpt"].build(seed=7)),
         batch_size=BATCH,
         instance_type="local",
         instance_count=1,

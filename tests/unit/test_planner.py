@@ -42,6 +42,7 @@ def toy() -> ModelSpec:
 def test_gpt_spec_counts_the_bundled_gpts_parameters(bias, tie):
     torch = pytest.importorskip("torch")
     from entrypoints.gpt import GPT, GPTConfig
+    from smsdp.core.model_spec import model_spec
 
     cfg = GPTConfig(vocab_size=300, block_size=24, n_layer=3, n_head=4, d_model=32, bias=bias, tie_embeddings=tie)
     with torch.device("meta"):
@@ -49,7 +50,7 @@ def test_gpt_spec_counts_the_bundled_gpts_parameters(bias, tie):
     spec = ModelSpec.gpt(3, 32, 4, 300, 24, bias=bias, tie_embeddings=tie)
     assert spec.num_params == model.num_params()
     assert spec.flops_params == model.num_params(non_embedding=True)
-    from_module = ModelSpec.from_module(model)
+    from_module = model_spec(model)
     for unit in spec.unit_ids():
         assert sorted(t.numel for t in spec.tensors_of(unit)) == sorted(t.numel for t in from_module.tensors_of(unit))
     assert from_module.shape == spec.shape  # taken from model.config
@@ -68,8 +69,7 @@ def test_param_count_spec_splits_into_units_or_warns():
 def test_bundled_defaults_match_train_gpt():
     pytest.importorskip("torch")
     from entrypoints.train_gpt import parse_args
-    from smsdp.planner.jobs import BUNDLED_BATCH_DEFAULTS
-    from smsdp.planner.model import BUNDLED_GPT_DEFAULTS
+    from estimator.planning import BUNDLED_BATCH_DEFAULTS, BUNDLED_GPT_DEFAULTS
 
     args = vars(parse_args([]))
     for key, value in {**BUNDLED_GPT_DEFAULTS, **BUNDLED_BATCH_DEFAULTS}.items():

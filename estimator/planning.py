@@ -7,6 +7,9 @@ device), else, when the entry point is the bundled ``train_gpt.py``, that
 script's GPT for the job's hyperparameters (``n_layer``, ``d_model``, ``n_head``,
 ``vocab_size``, ``seq_len``, ``batch_size``, ``grad_accum``). Otherwise there is
 nothing to check, and :func:`plan_for_job` says so.
+
+What knows the bundled script lives here, in the client, and not in the torch-free
+planner (``smsdp.planner``), which plans any model.
 """
 
 from __future__ import annotations
@@ -18,13 +21,40 @@ from pathlib import Path
 from typing import Any
 
 from smsdp.config import RuntimeConfig
-from smsdp.planner.hardware import Assumptions
-from smsdp.planner.model import ModelSpec, gpt_from_hyperparameters
-from smsdp.planner.plan import DoesNotFitError, Plan, plan_runtime
+from smsdp.planner import Assumptions, DoesNotFitError, ModelSpec, Plan, plan_runtime
 
 BUNDLED_SCRIPT = "train_gpt.py"
 BUNDLED_BATCH_DEFAULTS = {"batch_size": 4, "grad_accum": 1}
 """``train_gpt.py``'s per-rank batch and accumulation defaults (kept in sync by a test)."""
+BUNDLED_GPT_DEFAULTS: dict[str, Any] = {
+    "n_layer": 4,
+    "d_model": 256,
+    "n_head": 4,
+    "vocab_size": 1024,
+    "seq_len": 128,
+    "dropout": 0.0,
+}
+"""``entrypoints/train_gpt.py``'s model hyperparameters and their defaults (kept in sync by a test)."""
+
+
+def gpt_from_hyperparameters(hyperparameters: dict[str, Any]) -> ModelSpec:
+    """The bundled ``train_gpt.py`` model for these hyperparameters (its argparse defaults otherwise)."""
+    values = {}
+    for key, default in BUNDLED_GPT_DEFAULTS.items():
+        raw = hyperparameters.get(key, default)
+        try:
+            values[key] = type(default)(raw)
+        except (TypeError, ValueError):
+            raise ValueError(f"hyperparameter {key}={raw!r} is not a {type(default).__name__}") from None
+    return ModelSpec.gpt(
+        values["n_layer"],
+        values["d_model"],
+        values["n_head"],
+        values["vocab_size"],
+        values["seq_len"],
+        dropout=values["dropout"] > 0,
+        name="bundled GPT (train_gpt.py)",
+    )
 
 
 @dataclass(frozen=True)
@@ -67,7 +97,10 @@ def plan_for_job(
     if model is None:
         model = gpt_from_hyperparameters(dict(hyperparameters))
     elif not isinstance(model, ModelSpec):
-        model = ModelSpec.from_module(model)
+        # An nn.Module: the caller built it, so torch is loaded already; the torch side cuts it into units.
+        from smsdp.core.model_spec import model_spec
+
+        model = model_spec(model)
     defaults = {key: _int_hp(hyperparameters, key, value) for key, value in BUNDLED_BATCH_DEFAULTS.items()}
     batch = request.batch_size or (defaults["batch_size"] if bundled else 1)
     accum = request.grad_accum or (defaults["grad_accum"] if bundled else 1)

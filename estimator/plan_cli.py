@@ -6,7 +6,7 @@
     smsdp plan --params 13e9 --layers 40 --instance-count 4 --sharded-degree 32 --json
 
 Exit status: 0 when the configuration fits, 1 when it does not, 2 on invalid input.
-Registered in ``estimator/cli.py``; everything else lives here.
+Registered in ``estimator/cli.py``; everything else lives here (the planner itself: ``smsdp.planner``).
 """
 
 from __future__ import annotations
@@ -16,8 +16,10 @@ import json
 import sys
 from typing import Any
 
-from smsdp.planner.hardware import Assumptions, GiB
-from smsdp.planner.model import ModelSpec, gpt_from_hyperparameters
+from estimator.planning import gpt_from_hyperparameters
+from smsdp.config.instance_types import LOCAL, lookup
+from smsdp.planner import Assumptions, ModelSpec, plan
+from smsdp.planner.hardware import GiB
 
 PRESETS = {
     "gpt3-175b": lambda: ModelSpec.gpt(96, 12288, 96, 50257, 2048, name="GPT-3 175B"),
@@ -31,6 +33,14 @@ EXIT_FITS, EXIT_DOES_NOT_FIT, EXIT_USAGE = 0, 1, 2
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
+    _model_arguments(parser)
+    _training_arguments(parser)
+    _cluster_arguments(parser)
+    _assumption_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+
+
+def _model_arguments(parser: argparse.ArgumentParser) -> None:
     model = parser.add_argument_group("model (one of --model, --layers/--hidden/..., --params)")
     model.add_argument("--model", choices=sorted(PRESETS), help="a preset GPT")
     model.add_argument("--layers", type=int, help="transformer blocks")
@@ -45,6 +55,8 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     )
     model.add_argument("--untied", action="store_true", help="separate LM head (GPT)")
 
+
+def _training_arguments(parser: argparse.ArgumentParser) -> None:
     train = parser.add_argument_group("training")
     train.add_argument("--batch-size", type=int, default=1, help="sequences per GPU per micro-step (default 1)")
     train.add_argument("--grad-accum", type=int, default=1, help="micro-steps per optimizer step (default 1)")
@@ -55,6 +67,8 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     train.add_argument("--activation-loading-horizon", type=int, default=4)
     train.add_argument("--dropout", action="store_true", help="the model uses dropout (adds masks)")
 
+
+def _cluster_arguments(parser: argparse.ArgumentParser) -> None:
     cluster = parser.add_argument_group("cluster and SMP parameters")
     cluster.add_argument("--instance-type", default="ml.p4d.24xlarge", help="default ml.p4d.24xlarge")
     cluster.add_argument("--instance-count", type=int, default=1)
@@ -81,6 +95,18 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
         help="tensor_parallel_degree (default 1); --batch-size is then per TP group",
     )
     cluster.add_argument("--no-hierarchical-allgather", action="store_true")
+    _reshard_arguments(cluster)
+    cluster.add_argument("--reduce-dtype", choices=("fp32", "bf16"), default="fp32", help="sdp_reduce_dtype")
+    cluster.add_argument("--delayed-init", action="store_true", help="delayed_parameter_initialization")
+    cluster.add_argument(
+        "--distribution",
+        type=json_object_arg,
+        default=None,
+        help="a whole SageMaker distribution dict as JSON (replaces the SMP options above)",
+    )
+
+
+def _reshard_arguments(cluster: argparse._ArgumentGroup) -> None:
     reshard = cluster.add_mutually_exclusive_group()
     reshard.add_argument(
         "--no-reshard-after-forward",
@@ -95,15 +121,9 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
         help="sdp_reshard_after_forward=K (hpZ): keep 1/K of each unit after its forward and "
         "gather the backward's copy inside groups of K ranks on one host",
     )
-    cluster.add_argument("--reduce-dtype", choices=("fp32", "bf16"), default="fp32", help="sdp_reduce_dtype")
-    cluster.add_argument("--delayed-init", action="store_true", help="delayed_parameter_initialization")
-    cluster.add_argument(
-        "--distribution",
-        type=json_object_arg,
-        default=None,
-        help="a whole SageMaker distribution dict as JSON (replaces the SMP options above)",
-    )
 
+
+def _assumption_arguments(parser: argparse.ArgumentParser) -> None:
     assume = parser.add_argument_group("assumptions (docs/planner.md)")
     assume.add_argument(
         "--achieved-fraction",
@@ -125,7 +145,6 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
         help="the script does not pass backward_passes_per_step to smp.DistributedModel: "
         "replica all-reduces wait for optimizer.step()",
     )
-    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
 
 
 def model_from_args(args: argparse.Namespace) -> ModelSpec:
@@ -180,9 +199,6 @@ def run_plan(args: argparse.Namespace) -> int:
 
 
 def _run_plan(args: argparse.Namespace) -> int:
-    from smsdp.config.instance_types import LOCAL, lookup
-    from smsdp.planner.plan import plan
-
     model = model_from_args(args)
     kwargs: dict[str, Any] = {}
     if args.distribution is not None:
@@ -191,30 +207,8 @@ def _run_plan(args: argparse.Namespace) -> int:
         ppn = args.processes_per_host
         if ppn is None:
             ppn = 1 if args.instance_type == LOCAL else lookup(args.instance_type).default_processes_per_host
-        degree = args.sharded_degree or args.instance_count * ppn // args.tensor_parallel_degree
         kwargs["processes_per_host"] = ppn
-        kwargs["parameters"] = {
-            "sharded_data_parallel_degree": degree,
-            "tensor_parallel_degree": args.tensor_parallel_degree,
-            "prescaled_batch": args.tensor_parallel_degree > 1,
-            "bf16": args.precision == "bf16",
-            "fp16": args.precision == "fp16",
-            "activation_checkpointing": args.activation_checkpointing,
-            "offload_activations": args.offload_activations,
-            "activation_loading_horizon": args.activation_loading_horizon,
-            "sdp_param_persistence_threshold": int(args.persistence_threshold),
-            "sdp_max_live_parameters": int(args.max_live_parameters),
-            "sdp_forward_prefetch": args.forward_prefetch,
-            "sdp_backward_prefetch": args.backward_prefetch,
-            "sdp_hierarchical_allgather": not args.no_hierarchical_allgather,
-            "sdp_reshard_after_forward": (
-                args.reshard_after_forward
-                if args.reshard_after_forward is not None
-                else not args.no_reshard_after_forward
-            ),
-            "sdp_reduce_dtype": args.reduce_dtype,
-            "delayed_parameter_initialization": args.delayed_init,
-        }
+        kwargs["parameters"] = _parameters_from_args(args, ppn)
     result = plan(
         model,
         batch_size=args.batch_size,
@@ -227,6 +221,31 @@ def _run_plan(args: argparse.Namespace) -> int:
     )
     print(json.dumps(result.to_dict(), indent=2) if args.json else result)
     return EXIT_FITS if result.fits else EXIT_DOES_NOT_FIT
+
+
+def _parameters_from_args(args: argparse.Namespace, ppn: int) -> dict[str, Any]:
+    """The SMP parameters the options describe (the sharded degree defaults to the whole cluster)."""
+    degree = args.sharded_degree or args.instance_count * ppn // args.tensor_parallel_degree
+    return {
+        "sharded_data_parallel_degree": degree,
+        "tensor_parallel_degree": args.tensor_parallel_degree,
+        "prescaled_batch": args.tensor_parallel_degree > 1,
+        "bf16": args.precision == "bf16",
+        "fp16": args.precision == "fp16",
+        "activation_checkpointing": args.activation_checkpointing,
+        "offload_activations": args.offload_activations,
+        "activation_loading_horizon": args.activation_loading_horizon,
+        "sdp_param_persistence_threshold": int(args.persistence_threshold),
+        "sdp_max_live_parameters": int(args.max_live_parameters),
+        "sdp_forward_prefetch": args.forward_prefetch,
+        "sdp_backward_prefetch": args.backward_prefetch,
+        "sdp_hierarchical_allgather": not args.no_hierarchical_allgather,
+        "sdp_reshard_after_forward": (
+            args.reshard_after_forward if args.reshard_after_forward is not None else not args.no_reshard_after_forward
+        ),
+        "sdp_reduce_dtype": args.reduce_dtype,
+        "delayed_parameter_initialization": args.delayed_init,
+    }
 
 
 def json_object_arg(text: str) -> dict:

@@ -1,0 +1,197 @@
+"""Audit smsdp's imports: circles, upward imports, private names across modules, in-function imports.
+
+    python scripts/import_audit.py            # counts and every finding
+    python scripts/import_audit.py --quiet    # counts only
+
+import-linter states the layers; this adds what it cannot: ``_private`` names imported across
+modules, in-function imports that do not defer torch, and circles held by in-function imports.
+Exit status 1 when anything is found.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = "smsdp"
+# top to bottom; names on one row sit beside each other and import neither; util is a leaf below all.
+# The planner (torch-free) models the runtime from comm's ring accounting and the config.
+LAYERS = [["smp"], ["core", "checkpoint"], ["tensor_parallel", "planner"], ["comm"], ["config"], ["util"]]
+RANK = {name: depth for depth, row in enumerate(LAYERS) for name in row}
+HEAVY = ("torch", "numpy", "transformers", "mpi4py", "matplotlib")  # what an in-function import may defer
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted((ROOT / PACKAGE).rglob("*.py"))}
+
+
+def resolve(mod: str, node: ast.ImportFrom, is_pkg: bool) -> str:
+    if not node.level:
+        return node.module or ""
+    base = mod.split(".") if is_pkg else mod.split(".")[:-1]
+    base = base[: len(base) - node.level + 1]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def imports(mod: str, path: Path, known: dict[str, Path]):
+    """(target module, names, line, in_function) for each import statement."""
+    tree = ast.parse(path.read_text())
+    out = []
+
+    def visit(node, in_function):
+        for child in ast.iter_child_nodes(node):
+            inner = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
+            if isinstance(child, ast.Import):
+                for alias in child.names:
+                    out.append((alias.name, [], child.lineno, in_function))
+            elif isinstance(child, ast.ImportFrom):
+                target = resolve(mod, child, path.name == "__init__.py")
+                for alias in child.names:
+                    sub = f"{target}.{alias.name}"
+                    if sub in known:  # from pkg import submodule
+                        out.append((sub, [], child.lineno, in_function))
+                    else:
+                        out.append((target, [alias.name], child.lineno, in_function))
+            visit(child, inner)
+
+    visit(tree, False)
+    return out
+
+
+def owner(target: str, known: dict[str, Path]) -> str | None:
+    while target and target not in known:
+        target = target.rpartition(".")[0]
+    return target or None
+
+
+def layer(mod: str) -> str | None:
+    parts = mod.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def strong(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    sys.setrecursionlimit(10000)
+    for v in list(graph):
+        if v not in index:
+            strong(v)
+    return out
+
+
+def package_of(mod: str) -> str:
+    return mod.rpartition(".")[0]
+
+
+def audit() -> dict[str, list[str]]:
+    known = modules()
+    module_graph: dict[str, set[str]] = {m: set() for m in known}
+    full_graph: dict[str, set[str]] = {m: set() for m in known}
+    found: dict[str, list[str]] = {"circles": [], "private": [], "upward": [], "in-function": [], "names": []}
+    for mod, path in known.items():
+        for target, names, line, in_function in imports(mod, path, known):
+            where = f"{path.relative_to(ROOT)}:{line}"
+            dest = owner(target, known)
+            if in_function and not _defers(mod, target, dest, known):
+                found["in-function"].append(f"{where} imports {target} inside a function")
+            if dest is None or dest == mod:
+                continue
+            full_graph[mod].add(dest)
+            if not in_function:
+                module_graph[mod].add(dest)
+            for name in names:
+                if name.startswith("_") and not name.startswith("__"):
+                    found["private"].append(f"{where} imports {dest}.{name}")
+            src_layer, dst_layer = layer(mod), layer(dest)
+            if src_layer in RANK and dst_layer in RANK and src_layer != dst_layer:
+                if RANK[dst_layer] <= RANK[src_layer]:
+                    found["upward"].append(f"{where} ({src_layer}) imports {dest} ({dst_layer})")
+        text = path.read_text()
+        for word in ("entrypoints", "estimator"):
+            for n, line_text in enumerate(text.splitlines(), 1):
+                if word in line_text:
+                    found["names"].append(f"{path.relative_to(ROOT)}:{n} names {word}")
+    found = {kind: list(dict.fromkeys(items)) for kind, items in found.items()}  # one line per statement
+    for comp in cycles(full_graph):
+        held = "" if comp in cycles(module_graph) else " (held by in-function imports)"
+        found["circles"].append(" <-> ".join(comp) + held)
+    return found
+
+
+_HEAVY_CACHE: dict[str, bool] = {}
+
+
+def _defers(mod: str, target: str, dest: str | None, known: dict[str, Path]) -> bool:
+    """An in-function import is there to defer torch: a heavy target, from a module that is light without it."""
+    heavy_target = target.startswith(HEAVY) or _defers_heavy(dest, known)
+    return heavy_target and not _defers_heavy(mod, known)
+
+
+def _defers_heavy(mod: str | None, known: dict[str, Path], seen: frozenset = frozenset()) -> bool:
+    """Whether importing ``mod`` loads torch (or another heavy package) at module level."""
+    if mod is None or mod in seen:
+        return False
+    if mod in _HEAVY_CACHE:
+        return _HEAVY_CACHE[mod]
+    heavy = False
+    for target, _names, _line, in_function in imports(mod, known[mod], known):
+        if in_function:
+            continue
+        if target.startswith(HEAVY) or _defers_heavy(owner(target, known), known, seen | {mod}):
+            heavy = True
+            break
+    _HEAVY_CACHE[mod] = heavy
+    return heavy
+
+
+def main(argv: list[str] | None = None) -> int:
+    global ROOT
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quiet", action="store_true", help="counts only")
+    parser.add_argument("--root", type=Path, default=ROOT, help="the tree to audit (default: this checkout)")
+    args = parser.parse_args(argv)
+    ROOT = args.root.resolve()
+    found = audit()
+    for kind, items in found.items():
+        print(f"{kind}: {len(items)}")
+        if not args.quiet:
+            for item in items:
+                print(f"  {item}")
+    return 1 if any(found.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

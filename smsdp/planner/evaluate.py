@@ -1,0 +1,209 @@
+"""One configuration, evaluated: memory per rank, communication per step, step time.
+
+The formulas are in ``memory.py`` (bytes per rank) and ``comm.py`` (bytes per
+step and step time); the constants in ``hardware.py``; :func:`evaluate` puts them
+together for one configuration. The searches over degrees and batch sizes
+(``recommend.py``, ``strategies.py``) call it once per candidate.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from smsdp.config import ConfigError, RuntimeConfig, SMPParameters
+from smsdp.planner import comm as comm_model
+from smsdp.planner import memory as mem
+from smsdp.planner.hardware import Assumptions, Hardware
+from smsdp.planner.model import ModelSpec
+from smsdp.planner.quantized import quantized_bytes
+from smsdp.planner.result import NO_RECOMMENDATION, Plan
+from smsdp.planner.tensor_parallel import tp_bytes_per_micro_step, tp_piece
+
+
+def compute_bytes(p: SMPParameters) -> int:
+    """Bytes per element of the compute dtype: 2 under bf16 or fp16, else 4."""
+    return 2 if (p.bf16 or p.fp16) else 4
+
+
+def shard_degrees(runtime: RuntimeConfig) -> list[int]:
+    """The sharded degrees the runtime accepts for this cluster: the divisors of the data-parallel size."""
+    rdp = runtime.topology.dp_size
+    return [k for k in range(1, rdp + 1) if rdp % k == 0]
+
+
+def with_parameters(runtime: RuntimeConfig, instance_count: int | None = None, **params: Any) -> RuntimeConfig:
+    """``runtime`` with other parameters (an int ``sdp_reshard_after_forward`` that does not fit them: True)."""
+    new = runtime.parameters.model_copy(update=params)
+    shape = {**dict(runtime), "instance_count": instance_count or runtime.instance_count}
+    try:
+        return RuntimeConfig(**{**shape, "parameters": new})
+    except ConfigError:
+        if isinstance(new.sdp_reshard_after_forward, bool):
+            raise
+        return RuntimeConfig(**{**shape, "parameters": new.model_copy(update={"sdp_reshard_after_forward": True})})
+
+
+def evaluate(
+    model: ModelSpec, runtime: RuntimeConfig, batch: int, accum: int, optimizer: str, assumptions: Assumptions
+) -> Plan:
+    p = runtime.parameters
+    d, world, ppn = p.sharded_data_parallel_degree, runtime.world_size, runtime.processes_per_host
+    c, t = compute_bytes(p), p.tensor_parallel_degree
+    hardware = Hardware.for_instance(runtime.instance_type, ppn, world, assumptions)
+    piece = tp_piece(model, t)  # what TP rank 0, the largest, holds: the whole model when t = 1
+    groups = mem.layout(piece, d, p.sdp_param_persistence_threshold)
+    sizes = mem.unit_sizes(groups)
+    state = mem.model_state(groups, c, mem.OPTIMIZER_BYTES_PER_ELEMENT[optimizer])
+    warnings: list[str] = list(piece.notes)
+
+    act_detail = _activations(model, p, batch, c, warnings)
+    activations = None if act_detail is None else act_detail.total
+
+    sharded = sum(g.padded for g in groups if g.sharded)
+    sharded_t = sum(g.padded for g in groups if g.sharded and g.trainable)
+    persistent_t = sum(g.numel for g in groups if not g.sharded and g.trainable)
+    comm = comm_model.comm_per_step(
+        sharded_elems=sharded,
+        sharded_trainable_elems=sharded_t,
+        persistent_trainable_elems=persistent_t,
+        compute_bytes=c,
+        sdp_degree=d,
+        world=world,
+        processes_per_host=ppn,
+        micro_steps=accum,
+        hierarchical_allgather=p.sdp_hierarchical_allgather,
+        kept_elems=mem.kept_for_backward_elems(sizes, p),
+        reduce_bytes=2 if p.sdp_reduce_dtype == "bf16" else 4,
+        tp_degree=t,
+        reshard_degree=mem.reshard_degree(p),
+        quantized=quantized_bytes(groups, sizes, p, d),
+        tp_bytes_per_micro_step=0.0
+        if t == 1 or model.shape is None
+        else tp_bytes_per_micro_step(
+            batch * model.shape.seq_len, model.shape.d_model, model.shape.n_layer, t, bytes_per_element=c
+        ),
+    )
+
+    # The runtime collects earlier units' reduce-scatters at each unit's post-backward.
+    pending = assumptions.pending_reduce_units or 2
+    memory = mem.MemoryBreakdown(
+        parameters=state.params,
+        gradients=state.grads,
+        optimizer_state=state.optimizer,
+        unsharded_params=mem.unsharded_in_flight_bytes(
+            sizes,
+            c,
+            p.sdp_max_live_parameters,
+            p.sdp_reshard_after_forward,
+            p.sdp_forward_prefetch,
+            p.sdp_backward_prefetch,
+        ),
+        unsharded_grads=mem.gradient_buffer_bytes(sizes, c, pending),
+        activations=activations,
+        communication_buffers=mem.comm_buffer_bytes(
+            sizes, c, d, hierarchical_hosts=comm.shard_group_hosts if comm.hierarchical else 1
+        ),
+        framework_overhead=hardware.overhead_bytes(assumptions),
+        optimizer_step_temp=mem.optimizer_step_temp_bytes(groups, foreach=hardware.is_gpu),
+        construction=mem.construction_bytes(
+            model.num_params, state, sizes, p.delayed_parameter_initialization, hardware.is_gpu
+        ),
+        kept_slices=c * mem.kept_slice_elems(sizes, p),
+    )
+
+    time = _step_time(model, p, hardware, comm, batch, accum, world, assumptions, warnings)
+
+    return Plan(
+        model=model,
+        runtime=runtime,
+        batch_size=batch,
+        grad_accum=accum,
+        optimizer=optimizer,
+        hardware=hardware,
+        assumptions=assumptions,
+        memory=memory,
+        budget_bytes=hardware.budget_bytes(assumptions),
+        comm=comm,
+        time=time,
+        recommendation=NO_RECOMMENDATION,
+        warnings=tuple(warnings),
+        activation_detail=act_detail,
+        prefetches_next_unit=memory.unsharded_params > mem.unsharded_in_flight_bytes(sizes, c, max_live=0),
+    )
+
+
+def _activations(model: ModelSpec, p: SMPParameters, batch: int, c: int, warnings: list[str]):
+    """The activation estimate (None without a transformer shape), with its warnings."""
+    detail = None
+    checkpointing = p.activation_checkpointing
+    if model.shape is not None:
+        offload = p.offload_activations and checkpointing
+        detail = mem.activation_bytes(
+            model.shape,
+            batch,
+            c,
+            checkpointing=checkpointing,
+            offload=offload,
+            loading_horizon=p.activation_loading_horizon,
+            tp_degree=p.tensor_parallel_degree,
+        )
+    else:
+        warnings.append(
+            "activations not estimated: the model has no transformer shape "
+            "(give layers/hidden/heads/vocab/seq, or ModelSpec.with_shape)"
+        )
+    if p.offload_activations and not checkpointing:
+        warnings.append("offload_activations has no effect without activation checkpointing (as in SMP)")
+    return detail
+
+
+def _step_time(
+    model: ModelSpec,
+    p: SMPParameters,
+    hardware,
+    comm,
+    batch: int,
+    accum: int,
+    world: int,
+    assumptions: Assumptions,
+    warnings: list[str],
+):
+    """The step-time model on GPUs with a tensor-core peak for the compute dtype; None otherwise."""
+    peak = hardware.peak_flops.get(p.compute_dtype_name, 0.0)
+    if not hardware.is_gpu:
+        return None
+    if peak <= 0:
+        warnings.append(f"{hardware.name} has no {p.compute_dtype_name} tensor-core peak: no step time")
+        return None
+    flops, recompute = _flops_per_token(model, p.activation_checkpointing)
+    tokens = batch * (model.shape.seq_len if model.shape else 1)
+    time = comm_model.step_time(
+        comm,
+        flops_per_token=flops,
+        recompute_flops_per_token=recompute,
+        tokens_per_rank_per_micro_step=tokens,
+        micro_steps=accum,
+        world=world,
+        peak_flops=peak,
+        achieved_fraction=assumptions.achieved_fraction_of_peak,
+        intra_bps=hardware.intra_bytes_per_s,
+        inter_bps=hardware.inter_bytes_per_s,
+        overlap=assumptions.overlap_in_group_comm,
+        early_boundary_sync=assumptions.early_replica_sync,
+        tp_degree=p.tensor_parallel_degree,
+    )
+    if model.shape is None:
+        warnings.append("step time per token of an unknown sequence length: tokens = batch x 1")
+    return time
+
+
+def _flops_per_token(model: ModelSpec, checkpointing: bool) -> tuple[float, float]:
+    """Training FLOPs per token (6N + 12 l h s, PaLM appendix B) and the recomputation's (2N + 4 l h s)."""
+    n = model.flops_params
+    attention = 0.0
+    if model.shape is not None:
+        s = model.shape
+        attention = 12.0 * s.n_layer * s.d_model * s.seq_len
+    flops = 6.0 * n + attention
+    recompute = (2.0 * n + attention / 3.0) if checkpointing else 0.0
+    return flops, recompute
