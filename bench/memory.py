@@ -101,9 +101,9 @@ def train(mode: str, steps: int = 6) -> dict:
         times.append(time.perf_counter() - start)
         if step == 0:
             before = _peak_rss()  # after one step: weights, optimizer state and allocator warm
-    from smsdp.comm import world as state
+    from smsdp.core.activation_offload import job_offloader
 
-    offloader = state.get().activation_offloader
+    offloader = job_offloader()
     return {
         "rss_growth": _peak_rss() - before,
         "peak_rss": _peak_rss(),

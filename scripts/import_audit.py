@@ -5,6 +5,7 @@
 
 import-linter states the layers; this adds what it cannot: ``_private`` names imported across
 modules, in-function imports that do not defer torch, and circles held by in-function imports.
+Imports under ``if TYPE_CHECKING:`` (annotations only) are not imports at run time and are skipped.
 Exit status 1 when anything is found.
 """
 
@@ -50,6 +51,8 @@ def imports(mod: str, path: Path, known: dict[str, Path]):
 
     def visit(node, in_function):
         for child in ast.iter_child_nodes(node):
+            if _type_checking_only(child):
+                continue  # annotations only: never imported at run time
             inner = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
             if isinstance(child, ast.Import):
                 for alias in child.names:
@@ -66,6 +69,16 @@ def imports(mod: str, path: Path, known: dict[str, Path]):
 
     visit(tree, False)
     return out
+
+
+def _type_checking_only(node: ast.AST) -> bool:
+    """``if TYPE_CHECKING:`` (or ``typing.TYPE_CHECKING``)."""
+    if not isinstance(node, ast.If):
+        return False
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def owner(target: str, known: dict[str, Path]) -> str | None:

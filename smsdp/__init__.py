@@ -1,7 +1,9 @@
 """smsdp: MiCS sharded data parallelism with the API of SageMaker's model-parallel library.
 
 ``import smsdp as smp`` loads nothing heavy: the runtime (and torch) is imported
-on first use, so the client can ``import smsdp.config`` without torch.
+on first use, so the client can ``import smsdp.config`` without torch. Every name
+comes from the SMP v1 surface, ``smsdp.smp``; the layers below it are described in
+docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -9,18 +11,17 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from smsdp.smp.refused import REFUSED, refused  # torch-free: SMP names smsdp refuses, with what to use
+
+_MODEL = ("DistributedModel", "set_activation_checkpointing", "delay_param_initialization", "model_creation")
+_TENSOR_PARALLEL = ("tp_register", "tp_register_with_module", "set_tensor_parallelism")
 _EXPORTS = {
-    "DistributedModel": "smsdp.core.model",
-    "DistributedOptimizer": "smsdp.core.optimizer",
+    **dict.fromkeys(_MODEL, "smsdp.smp.model"),
+    **dict.fromkeys(_TENSOR_PARALLEL, "smsdp.smp.tensor_parallelism"),
+    "DistributedOptimizer": "smsdp.smp.optimizer",
     "step": "smsdp.smp.step",
     "StepOutput": "smsdp.smp.step",
-    **dict.fromkeys(("save_checkpoint", "resume_from_checkpoint", "CheckpointError"), "smsdp.checkpoint.save_resume"),
-    "set_activation_checkpointing": "smsdp.core.activation_checkpointing",
-    "delay_param_initialization": "smsdp.core.delayed_init",
-    "model_creation": "smsdp.core.delayed_init",
-    **dict.fromkeys(
-        ("tp_register", "tp_register_with_module", "set_tensor_parallelism"), "smsdp.tensor_parallel.registry"
-    ),
+    **dict.fromkeys(("save_checkpoint", "resume_from_checkpoint", "CheckpointError"), "smsdp.smp.checkpointing"),
 }
 _API = [
     "init",
@@ -90,8 +91,6 @@ def __getattr__(name: str) -> Any:
         return importlib.import_module(f"smsdp.smp.{name}")
     module = _EXPORTS.get(name)
     if module is None:
-        from smsdp.smp.refused import REFUSED, refused
-
         if name in REFUSED:
             return refused(name)
         raise AttributeError(f"module 'smsdp' has no attribute {name!r}")

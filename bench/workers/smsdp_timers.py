@@ -79,8 +79,8 @@ class Timers:
 
 def install() -> Timers:
     """Wrap the runtime's methods (those that exist in this version of smsdp; see ``Timers.wrapped``)."""
-    from smsdp.core.model import DistributedModel
-    from smsdp.core.optimizer import DistributedOptimizer
+    from smsdp.smp.model import DistributedModel
+    from smsdp.smp.optimizer import DistributedOptimizer
 
     t = Timers()
     t.wrapped = []

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from smsdp.checkpoint.files import CheckpointError
-from smsdp.comm import world as runtime_state
+from smsdp.comm import world as comm_world
 
 LIST_LIMIT = 8
 
@@ -29,7 +29,7 @@ def rank() -> int:
 
 
 def device() -> torch.device:
-    return runtime_state.get().device
+    return comm_world.get().device
 
 
 def agree(error: str | None, what: str) -> None:
@@ -101,7 +101,7 @@ _TOKEN: tuple[Any, str] | None = None
 def job_token() -> str:
     """A short random id of this job, the same on every rank (names its staging directories)."""
     global _TOKEN
-    rt = runtime_state.get()
+    rt = comm_world.get()
     if _TOKEN is None or _TOKEN[0] is not rt:
         _TOKEN = (rt, broadcast(uuid.uuid4().hex[:12] if rank() == 0 else None))
     return _TOKEN[1]

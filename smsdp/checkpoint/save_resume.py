@@ -34,11 +34,11 @@ import logging
 import os
 import random
 import shutil
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
@@ -49,7 +49,7 @@ from smsdp.checkpoint import files as files
 from smsdp.checkpoint import layout as layout
 from smsdp.checkpoint.dcp import ChunkLoadPlanner, ChunkSavePlanner
 from smsdp.checkpoint.files import FULL, PARTIAL, CheckpointError
-from smsdp.comm import world as runtime_state
+from smsdp.comm import world as comm_world
 from smsdp.util import fault_injection
 
 __all__ = ["CheckpointError", "resume_from_checkpoint", "save_checkpoint"]
@@ -147,7 +147,7 @@ def _the_model(model: Any) -> Any:
         if not hasattr(model, "flat_groups"):
             raise TypeError(f"model must be an smp.DistributedModel, got {type(model).__name__}")
         return model
-    models = runtime_state.get().models
+    models = comm_world.get().models
     if not models:
         raise CheckpointError("no smp.DistributedModel exists yet: wrap the model before saving or resuming")
     return models[-1]
@@ -155,7 +155,7 @@ def _the_model(model: Any) -> Any:
 
 def _find_optimizer(model: Any) -> Any:
     """The newest DistributedOptimizer of ``model`` (each registers itself with the runtime state)."""
-    for opt in reversed(runtime_state.get().optimizers):
+    for opt in reversed(comm_world.get().optimizers):
         if opt.model is model:
             return opt
     return None
@@ -170,7 +170,7 @@ def _find_optimizer(model: Any) -> Any:
 # Saving
 # =========================================================================== #
 def _save_partial(root: Path, tag: str, model: Any, optimizer: Any, user_content: Any, keep: int | None) -> None:
-    rt = runtime_state.get()
+    rt = comm_world.get()
     rank, world = agree.rank(), agree.world()
     token = agree.job_token()
     staging = files.staging_dir(root, tag, token)
@@ -229,7 +229,7 @@ def _save_partial(root: Path, tag: str, model: Any, optimizer: Any, user_content
 
 def _commit_partial(root: Path, staging: Path, tag: str, token: str, digests: dict, keep: int | None) -> None:
     """Rank 0: the marker (from here on the checkpoint counts), the final name, the pointer, pruning."""
-    topology = runtime_state.get().topology
+    topology = comm_world.get().topology
     marker = files.make_marker(
         tag,
         PARTIAL,
@@ -282,7 +282,7 @@ def _save_full(root: Path, tag: str, model: Any, user_content: Any) -> None:
             os.replace(tmp, root / name)
             digests[name] = files.digest(root / name)
         files.fsync_dir(root)
-        rt = runtime_state.get()
+        rt = comm_world.get()
         files.write_marker(
             marker_path,
             files.make_marker(
@@ -407,10 +407,11 @@ def _load_partial(
 # RNG
 # =========================================================================== #
 def _rng_state() -> dict:
-    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        state["numpy"] = numpy.random.get_state()
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state()
     return state
@@ -430,12 +431,7 @@ def _restore_rng(directory: Path, saved: dict) -> None:
     random.setstate(state["python"])
     torch.set_rng_state(state["torch"])
     if "numpy" in state:
-        try:
-            import numpy
-        except ImportError:
-            pass
-        else:
-            numpy.random.set_state(state["numpy"])
+        np.random.set_state(state["numpy"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
 

@@ -127,7 +127,8 @@ def _finish(work, async_op: bool, then: Callable[[], None] | None = None) -> Han
 # --------------------------------------------------------------------------- #
 # Helpers
 # --------------------------------------------------------------------------- #
-def _pg_and_size(group: GroupLike) -> tuple[dist.ProcessGroup | None, int]:
+def pg_and_size(group: GroupLike) -> tuple[dist.ProcessGroup | None, int]:
+    """The torch process group of ``group`` (ours or torch's; None: the world) and its size."""
     if isinstance(group, RankGroup):
         return group.pg, group.size
     return group, dist.get_world_size(group)
@@ -166,7 +167,7 @@ def all_gather_flat(
     label: str | None = None,
 ) -> Handle:
     """``output = cat(input of every group rank, in group order)``; ``input`` may alias its slot."""
-    pg, n = _pg_and_size(group)
+    pg, n = pg_and_size(group)
     out, inp = _flat(output, "output"), _flat(input, "input")
     _check_scatter_sizes(out, inp, n, "all_gather_flat")
     _record(stats, CollectiveKind.ALL_GATHER, out, n, label)
@@ -192,7 +193,7 @@ def reduce_scatter_flat(
     async_op: bool = False,
 ) -> Handle:
     """``output`` = this rank's 1/n slice of ``op`` over every rank's ``input``."""
-    pg, n = _pg_and_size(group)
+    pg, n = pg_and_size(group)
     out, inp = _flat(output, "output"), _flat(input, "input")
     _check_scatter_sizes(inp, out, n, "reduce_scatter_flat")
     _record(stats, CollectiveKind.REDUCE_SCATTER, inp, n)
@@ -217,7 +218,7 @@ def all_reduce(
     """In-place all-reduce, recorded under ``key`` (e.g. ``"all_reduce.replica"``)."""
     if CollectiveKind.of_key(key) is not CollectiveKind.ALL_REDUCE:
         raise ValueError(f"all_reduce stats key must start with 'all_reduce', got {key!r}")
-    pg, n = _pg_and_size(group)
+    pg, n = pg_and_size(group)
     if stats is not None:
         stats.record(key, ring_bytes(CollectiveKind.ALL_REDUCE, tensor.numel() * tensor.element_size(), n))
     if n == 1:
@@ -236,7 +237,7 @@ def broadcast(
     async_op: bool = False,
 ) -> Handle:
     """In-place broadcast from world rank ``src`` (a member of ``group``)."""
-    pg, n = _pg_and_size(group)
+    pg, n = pg_and_size(group)
     _record(stats, CollectiveKind.BROADCAST, tensor, n)
     if n == 1:
         return COMPLETED

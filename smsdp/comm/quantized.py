@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from smsdp.comm.accounting import CollectiveKind, CommStats
-from smsdp.comm.collectives import COMPLETED, GroupLike, Handle, PendingHandle, _pg_and_size, all_gather_flat
+from smsdp.comm.collectives import COMPLETED, GroupLike, Handle, PendingHandle, all_gather_flat, pg_and_size
 from smsdp.comm.quantization import BlockQuantizer
 
 __all__ = ["QuantizedAllGather", "QuantizedReduceScatter"]
@@ -62,7 +62,7 @@ class QuantizedAllGather:
         self.group, self.stats, self.quantizer, self.exact = group, stats, quantizer, exact
 
     def __call__(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = False) -> Handle:
-        _, n = _pg_and_size(self.group)
+        _, n = pg_and_size(self.group)
         if n == 1:
             return self.exact(output, input, async_op)
         numel, nbytes = input.numel(), self.quantizer.packed_nbytes(input.numel())
@@ -86,7 +86,7 @@ class QuantizedReduceScatter:
         self.group, self.stats, self.quantizer = group, stats, quantizer
 
     def __call__(self, output: torch.Tensor, full: torch.Tensor, async_op: bool) -> Handle:
-        pg, n = _pg_and_size(self.group)
+        pg, n = pg_and_size(self.group)
         m = output.numel()
         if full.numel() != n * m:
             raise ValueError(f"quantized reduce-scatter: {full.numel()} elements in, {n} x {m} expected")

@@ -1,4 +1,4 @@
-"""The one runtime state behind ``smp.init()`` and the rank/size/group functions.
+"""This process's place in the job (the ``World``): what ``smp.init()`` builds and the rank/size/group functions read.
 
 ``init`` computes what a training process needs to know about its place in the
 job once, and validates it: the config, the topology, this rank's coordinates,
@@ -36,13 +36,14 @@ from smsdp.comm.rendezvous import init_distributed
 from smsdp.config import ConfigError, RuntimeConfig, SMPParameters
 from smsdp.config.cluster import ClusterInfo
 from smsdp.config.topology import RankCoords, Topology
-from smsdp.core.activation_offload import ActivationOffloader
 
 logger = logging.getLogger("smsdp")
 
 
 @dataclass
-class RuntimeState:
+class World:
+    """The job as this rank sees it, built once by :func:`init` (see the module docstring for what changes)."""
+
     config: RuntimeConfig
     cluster: ClusterInfo
     topology: Topology
@@ -54,7 +55,6 @@ class RuntimeState:
     models: list[Any] = field(default_factory=list)  # DistributedModels, newest last
     optimizers: list[Any] = field(default_factory=list)  # DistributedOptimizers, newest last
     backward_scale: float = 1.0  # 1/microbatches inside @smp.step (changes), applied by model.backward
-    activation_offloader: ActivationOffloader | None = None  # with offload_activations
 
     @property
     def params(self) -> SMPParameters:
@@ -102,10 +102,10 @@ class RuntimeState:
         all_reduce(tensor, self.groups.world, self.stats, key, op=op).wait()
 
 
-_STATE: RuntimeState | None = None
+_STATE: World | None = None
 
 
-def get() -> RuntimeState:
+def get() -> World:
     if _STATE is None:
         raise RuntimeError("smsdp is not initialized: call smp.init() first, on every rank")
     return _STATE
@@ -115,7 +115,7 @@ def is_initialized() -> bool:
     return _STATE is not None
 
 
-def init(config: RuntimeConfig | SMPParameters | Mapping[str, Any] | None = None) -> RuntimeState:
+def init(config: RuntimeConfig | SMPParameters | Mapping[str, Any] | None = None) -> World:
     """Join the job and build every group. Idempotent: a second call returns the first state."""
     global _STATE
     if _STATE is not None:
@@ -133,9 +133,7 @@ def init(config: RuntimeConfig | SMPParameters | Mapping[str, Any] | None = None
     device = _device_for(cluster)
     stats = CommStats()
     strategy = AllGatherStrategy(resolved, groups, stats)
-    _STATE = RuntimeState(resolved, cluster, topology, topology.coords(cluster.rank), groups, device, stats, strategy)
-    if resolved.parameters.offload_activations:
-        _STATE.activation_offloader = ActivationOffloader(device, resolved.parameters.activation_loading_horizon)
+    _STATE = World(resolved, cluster, topology, topology.coords(cluster.rank), groups, device, stats, strategy)
     logger.info("smsdp initialized: %s", topology.describe())
     return _STATE
 

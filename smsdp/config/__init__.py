@@ -1,6 +1,6 @@
 """The validated configuration shared by the client and every rank (pydantic, never torch).
 
-The client (``estimator``) parses the SageMaker ``distribution=`` dict a user
+The client parses the SageMaker ``distribution=`` dict a user
 pasted, applies every rule that can be checked before a process starts, and
 ships the result to each rank as JSON in one environment variable
 (``SMSDP_CONFIG``). Each rank reads it back and validates it again.

@@ -1,6 +1,6 @@
 """Table of SageMaker training instance types, as SageMaker spells them.
 
-Shared by the client (``estimator``, which never imports torch) and the runtime:
+Shared by the client (which never imports torch) and the runtime:
 the client uses it to validate ``instance_type`` / ``processes_per_host`` before
 any process starts and to pick the default number of processes per host; the
 runtime's metrics use the peak TFLOP/s and link bandwidths to report model

@@ -16,6 +16,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from smsdp.core.activation_offload import job_offloader
+
 _MARK = "_smsdp_activation_checkpointing"
 
 
@@ -41,9 +43,7 @@ def set_activation_checkpointing(
 
 def _offloading() -> contextlib.AbstractContextManager:
     """``offload_activations``: what the checkpoint saves (the module's inputs) goes to host memory."""
-    from smsdp.comm import world as state
-
-    offloader = state.get().activation_offloader if state.is_initialized() else None
+    offloader = job_offloader()
     return offloader.offloading() if offloader is not None else contextlib.nullcontext()
 
 

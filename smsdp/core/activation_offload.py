@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from smsdp.comm import world
+
 logger = logging.getLogger("smsdp")
 
 
@@ -97,6 +99,7 @@ class ActivationOffloader:
         self._groups: list[weakref.ref[OffloadGroup]] = []
         self._next_index = 0
         self._pass_start = 0  # index of the first group of the newest forward pass
+        self._warned_nothing_offloaded = False
         if not self._cuda:
             logger.info(
                 "offload_activations on a %s device: activations already live in host memory, "
@@ -168,6 +171,20 @@ class ActivationOffloader:
             tensor.record_stream(current)
         return tensor
 
+    def begin_backward(self) -> None:
+        """The last checkpointed calls' inputs start loading while the head's backward runs.
+
+        Nothing offloaded by the time a backward starts means no module is checkpointed:
+        said once, with what to do."""
+        self.prefetch()
+        if self.stats.groups == 0 and not self._warned_nothing_offloaded:
+            self._warned_nothing_offloaded = True
+            logger.warning(
+                "offload_activations=True offloads the inputs of checkpointed modules, and no "
+                "module is checkpointed: set activation_checkpointing=True, or call "
+                "smp.set_activation_checkpointing(module) on the modules to offload"
+            )
+
     def prefetch(self, in_use: OffloadGroup | None = None) -> None:
         """Load the next groups in backward order until ``horizon`` wait on the device."""
         waiting = 0
@@ -212,3 +229,25 @@ class ActivationOffloader:
     def waiting_groups(self) -> list[GroupState]:
         """States of the live groups, oldest first (for tests and diagnostics)."""
         return [g.state for g in reversed(list(self._live_groups_newest_first()))]
+
+
+_JOB_OFFLOADER: tuple[world.World, ActivationOffloader | None] | None = None
+
+
+def job_offloader() -> ActivationOffloader | None:
+    """The job's offloader: one per ``smp.init()``, None without ``offload_activations`` (or before init).
+
+    Made on first use from the job's parameters and device; the model and the
+    checkpointed modules share it, so the backward's prefetch sees every offloaded call.
+    """
+    global _JOB_OFFLOADER
+    if not world.is_initialized():
+        return None
+    rt = world.get()
+    if _JOB_OFFLOADER is None or _JOB_OFFLOADER[0] is not rt:
+        params = rt.params
+        offloader = (
+            ActivationOffloader(rt.device, params.activation_loading_horizon) if params.offload_activations else None
+        )
+        _JOB_OFFLOADER = (rt, offloader)
+    return _JOB_OFFLOADER[1]

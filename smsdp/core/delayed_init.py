@@ -38,6 +38,10 @@ from torch.utils._device import _device_constructors
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
+from smsdp.comm import world
+from smsdp.tensor_parallel.registry import tensor_parallelism as mark_tensor_parallel
+from smsdp.tensor_parallel.split_params import source_of
+
 aten = torch.ops.aten
 
 # In-place ops whose result does not depend on the target's old contents.
@@ -203,8 +207,6 @@ def delay_param_initialization(enabled: bool = True) -> Iterator[None]:
 
 def recording_for(module: nn.Module) -> Recording:
     """The recording that built ``module``'s (meta) parameters (or, for TP pieces, their sources)."""
-    from smsdp.tensor_parallel.split_params import source_of
-
     keys = {storage_key(source_of(p)) for p in module.parameters()}
     for recording, _ in reversed(_RECORDINGS):
         if keys <= recording.storages:
@@ -388,10 +390,7 @@ def model_creation(
     with delayed initialization or without.
     ``dtype`` is accepted for compatibility: parameters are kept in fp32 masters whatever it says.
     """
-    from smsdp.comm import world as runtime_state
-    from smsdp.tensor_parallel.registry import tensor_parallelism as mark_tensor_parallel
-
-    rt = runtime_state.get()
+    rt = world.get()
     enabled = rt.params.delayed_parameter_initialization
     with delay_param_initialization(enabled), mark_tensor_parallel(tensor_parallelism):
         yield

@@ -1,8 +1,26 @@
-"""Dynamic loss scaling for fp16, with the overflow decision agreed by every rank."""
+"""Loss scaling for fp16: what a loss scaler is, and the runtime's default, dynamic one.
+
+The overflow decision a scaler is told about is agreed by every rank (the optimizer
+all-reduces it), so every rank scales alike. SMP's ``static_loss_scale`` and
+``dynamic_loss_args`` variants are ``smsdp.smp.loss_scale_args``.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
+
+
+class LossScaler(Protocol):
+    """What the optimizer needs of a loss scaler: the scale, and its update after each step."""
+
+    scale: float
+
+    def update(self, overflow: bool) -> None: ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
 
 
 @dataclass

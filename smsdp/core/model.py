@@ -1,9 +1,11 @@
-"""``smp.DistributedModel``: MiCS sharding of a module, unit by unit.
+"""``ShardedModel``: MiCS sharding of a module, unit by unit (``smp.DistributedModel`` is built on it).
 
 This file registers the hooks, records the execution order (prefetching along
-it is ``smsdp.core.prefetch``'s) and holds the model's training state; what happens
-to a unit's parameters and gradients in each hook is the unit's job
-(``smsdp.core.unit``).
+it is ``smsdp.core.prefetch``'s) and holds the model's training state and its
+rules (the backward goes through the model); what wrapping does first is
+``smsdp.core.wrap``'s; what happens to a unit's parameters and gradients in each
+hook is the unit's job (``smsdp.core.unit``). SMP v1's own methods are added on
+top, in ``smsdp.smp.model``.
 
 [Note: the schedule of one micro-step]
 forward:  the root unit is gathered first (it stays gathered for the whole
@@ -23,7 +25,7 @@ backward: a hook on a unit's outputs fires when their gradient is ready, that
           asynchronously and the gathered buffer is freed. A callback at the end
           of backward waits for the reduce-scatters and adds the shards into
           the fp32 accumulators.
-step:     ``DistributedOptimizer.step`` all-reduces the accumulated shards
+step:     ``ShardedOptimizer.step`` all-reduces the accumulated shards
           across the replica group (once per optimizer step, never per
           micro-step: the 2-hop synchronization) and the replicated parameters'
           gradients over the data-parallel group, coalesced into as few
@@ -44,6 +46,7 @@ once. ``state_dict()`` merges the pieces into the plain model's tensors.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 from collections import OrderedDict
@@ -53,21 +56,25 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten, tree_map
 
-from smsdp.comm import world as runtime_state
-from smsdp.comm.collectives import broadcast
-from smsdp.core.activation_checkpointing import set_activation_checkpointing
-from smsdp.core.cutting import GroupPolicy, build_units, find_unit_modules
-from smsdp.core.delayed_materialize import materialize_units
+from smsdp.comm import world
+from smsdp.core.activation_offload import job_offloader
 from smsdp.core.flat_param_group import FlatParamGroup
-from smsdp.core.model_state import compute_copy_bytes, full_state_dict, load_full_state_dict, model_state_bytes
+from smsdp.core.held_bytes import compute_copy_bytes, model_state_bytes
 from smsdp.core.prefetch import PrefetchDepths, Prefetcher
+from smsdp.core.pytree import cast_floats, tensors_requiring_grad
 from smsdp.core.replicated_grad_sync import ReplicatedGradSync
+from smsdp.core.state_dicts import (
+    PARTIAL_KEY,
+    full_state_dict,
+    load_full_state_dict,
+    load_local_model_state,
+    local_model_state,
+)
 from smsdp.core.unit import Unit
-from smsdp.core.unit_comm import bind_unit_comm
-from smsdp.smp.model_methods import PARTIAL_KEY, SMPModelMethods
-from smsdp.tensor_parallel.pieces import convert_for_job, cut_tp_pieces, merge_tp_pieces, split_names
+from smsdp.core.wrap import wrap_module
+from smsdp.tensor_parallel.pieces import cut_tp_pieces, is_tp_split, merge_tp_pieces
+from smsdp.tensor_parallel.registry import is_converted
 from smsdp.util import fault_injection
 
 logger = logging.getLogger("smsdp")
@@ -86,7 +93,7 @@ class TrainingState(enum.Enum):
 _IN_BACKWARD = (TrainingState.BACKWARD, TrainingState.BOUNDARY_BACKWARD)
 
 
-class DistributedModel(SMPModelMethods, nn.Module):
+class ShardedModel(nn.Module):
     """Wraps ``module`` so that its parameters, gradients and optimizer state are sharded.
 
     ``module.parameters()`` of the wrapped module become placeholders; build the
@@ -113,17 +120,18 @@ class DistributedModel(SMPModelMethods, nn.Module):
         backward_passes_per_step: int | None = None,
         keep_gathered_for_backward: bool = True,
         average_grads_across_microbatches: bool = True,
-        **smp_v1_kwargs: Any,  # SMP v1's tracing/DDP keywords: accepted, their no-effect logged
     ):
         super().__init__()
-        self.check_smp_v1_kwargs(smp_v1_kwargs)
-        rt = runtime_state.get()
+        rt = world.get()
         params = rt.params
         self._rt = rt  # read for backward_scale only, which @smp.step changes (see smsdp.comm.world)
         self._compute_dtype = rt.compute_dtype
-        self._offloader = rt.activation_offloader
+        self._tp_degree = rt.topology.tp_degree
+        self._offloader = job_offloader()
         self._gather_fp32 = rt.gather_shards_fp32
-        self._units = self._wrap(module, rt, transformer_layer_cls, broadcast_init)
+        wrapped = wrap_module(module, rt, transformer_layer_cls, broadcast_init)
+        self.module = wrapped.module
+        self._units, self._tp_splits, self._state_dict_keys = wrapped.units, wrapped.tp_splits, wrapped.state_dict_keys
         self._root = self._units[-1]
         backward_order = [g for u in reversed(self._units[:-1]) for g in u.groups] + self._root.groups
         self._replicated_sync = ReplicatedGradSync(
@@ -143,44 +151,11 @@ class DistributedModel(SMPModelMethods, nn.Module):
         self._backward_passes_per_step = backward_passes_per_step
         self._average_microbatches = average_grads_across_microbatches
         self._backwards_since_step = 0  # position in the accumulation, for the boundary
-        self._loss_scaler = None  # given by a DistributedOptimizer under fp16
-        self._warned_nothing_offloaded = False
+        self._loss_scaler = None  # given by a ShardedOptimizer under fp16
+        self._through_model = False  # inside backward(): [Note: fp16 needs model.backward]
         self._register_hooks()
         rt.models.append(self)
         logger.info("DistributedModel: %s", self.describe())
-
-    def _wrap(self, module: nn.Module, rt, layer_cls, broadcast_init: bool) -> list[Unit]:
-        """Move, broadcast and cut ``module`` into units bound to this rank's collectives."""
-        delayed = any(p.is_meta for p in module.parameters())
-        self.module = module if delayed else module.to(rt.device)
-        if broadcast_init and rt.cluster.world_size > 1 and not delayed:
-            _broadcast_from_rank0(self.module, rt)
-        if rt.topology.tp_degree > 1:  # [Note: tensor parallelism inside the sharded step]
-            # on the meta device too: the pieces are cut from the replayed plain tensors
-            self.module = convert_for_job(self.module, rt.groups.tp_group, rt.stats)
-        self._tp_splits = split_names(self.module)
-        classes = (layer_cls,) if isinstance(layer_cls, type) else layer_cls
-        self._state_dict_keys = tuple(self.module.state_dict().keys())
-        unit_modules = find_unit_modules(self.module, classes)
-        policy = GroupPolicy(
-            persistence_threshold=rt.params.sdp_param_persistence_threshold,
-            shard_degree=rt.topology.shard_degree,
-            shard_rank=rt.coords.shard_rank,
-            compute_dtype=rt.compute_dtype,
-            device=rt.device,
-        )
-        if delayed:
-            units = materialize_units(self.module, unit_modules, policy)
-            self.module.to(rt.device)  # buffers
-        else:
-            units = build_units(self.module, unit_modules, policy)
-        if rt.params.activation_checkpointing:
-            for unit in units[:-1]:
-                set_activation_checkpointing(unit.module)
-        comm = bind_unit_comm(rt)
-        for unit in units:
-            unit.comm = comm
-        return units
 
     def _register_hooks(self) -> None:
         for unit in self._units:
@@ -223,6 +198,20 @@ class DistributedModel(SMPModelMethods, nn.Module):
         return MappingProxyType(self._tp_splits)
 
     @property
+    def tensor_parallel_degree(self) -> int:
+        return self._tp_degree
+
+    def tensor_parallel_modules(self) -> Iterator[nn.Module]:
+        """The modules converted to their tensor-parallel version (none at ``tensor_parallel_degree`` 1)."""
+        return (m for m in self.module.modules() if is_converted(m))
+
+    def is_tensor_parallel_piece(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor`` is this TP rank's piece of a tensor split over the tensor-parallel ranks:
+        a parameter of ``parameters()`` (the shard of a piece), the module's placeholder of one, or a buffer."""
+        shards = (p for g in self.flat_groups() if _group_is_tp(g) for _, p in g.optim_params)
+        return is_tp_split(tensor) or any(p is tensor for p in shards)
+
+    @property
     def state_dict_keys(self) -> tuple[str, ...]:
         """The wrapped module's ``state_dict()`` keys, in its order."""
         return self._state_dict_keys
@@ -233,7 +222,7 @@ class DistributedModel(SMPModelMethods, nn.Module):
         return {name: buf for name, buf in self.module.named_buffers() if name in keys}
 
     def use_loss_scaler(self, scaler) -> None:
-        """Multiply the loss by ``scaler.scale`` in ``backward`` (the fp16 DistributedOptimizer's)."""
+        """Multiply the loss by ``scaler.scale`` in ``backward`` (the fp16 ShardedOptimizer's)."""
         self._loss_scaler = scaler
 
     def describe(self) -> str:
@@ -249,7 +238,7 @@ class DistributedModel(SMPModelMethods, nn.Module):
         if self._state in _IN_BACKWARD:
             raise RuntimeError("forward called while a backward of this model is still running")
         if self._compute_dtype != torch.float32:
-            args, kwargs = _cast_floats((args, kwargs), self._compute_dtype)
+            args, kwargs = cast_floats((args, kwargs), self._compute_dtype)
         grad = torch.is_grad_enabled()
         recording = grad and self._state is TrainingState.LEARNING_ORDER
         if recording:
@@ -282,8 +271,40 @@ class DistributedModel(SMPModelMethods, nn.Module):
         scale = self._rt.backward_scale if self._average_microbatches else 1.0
         if self._loss_scaler is not None:
             scale *= self._loss_scaler.scale
-        with self.backward_through_model():  # [Note: fp16 needs model.backward] in model_surface
+        with self.backward_through_model():
             (loss * scale if scale != 1.0 else loss).backward(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def backward_through_model(self) -> Iterator[None]:
+        """A backward run inside is one ``backward()`` applied its scales to ([Note: fp16 needs model.backward])."""
+        self._through_model = True
+        try:
+            yield
+        finally:
+            self._through_model = False
+
+    def check_loss_scale_applied(self) -> None:
+        """Raise when a backward misses what ``backward()`` multiplies the loss by.
+
+        [Note: fp16 needs model.backward]
+        ``backward()`` multiplies the loss by the fp16 loss scale (which the optimizer's
+        step divides out) and, inside ``@smp.step``, by 1/microbatches. A plain
+        ``loss.backward()`` misses both: under fp16 every gradient would come out
+        loss-scale times too small, and with several microbatches their gradients would
+        add up instead of averaging. Silently; so the first hook of such a backward raises.
+        """
+        if self._through_model:
+            return
+        if self._loss_scaler is not None:
+            raise RuntimeError(
+                "fp16 training: call model.backward(loss) instead of loss.backward(); model.backward applies "
+                "the loss scale that DistributedOptimizer.step() divides out"
+            )
+        if self._rt.backward_scale != 1.0:
+            raise RuntimeError(
+                f"inside @smp.step with microbatches={self._rt.params.microbatches}: call "
+                "model.backward(loss) instead of loss.backward(); model.backward averages the microbatches' gradients"
+            )
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self._replicated_sync.wait()
@@ -344,7 +365,7 @@ class DistributedModel(SMPModelMethods, nn.Module):
         )
 
     def _hook_outputs(self, unit: Unit, output: Any) -> None:
-        for tensor in _tensors_requiring_grad(output):
+        for tensor in tensors_requiring_grad(output):
             tensor.register_hook(lambda grad, unit=unit: self._pre_backward(unit))
 
     # ---- prefetching -------------------------------------------------------------------------
@@ -379,14 +400,7 @@ class DistributedModel(SMPModelMethods, nn.Module):
         boundary = bpps is not None and (self._backwards_since_step + 1) % bpps == 0
         self._state = TrainingState.BOUNDARY_BACKWARD if boundary else TrainingState.BACKWARD
         if self._offloader is not None:
-            self._offloader.prefetch()  # the last checkpointed units' inputs, while the head's backward runs
-            if self._offloader.stats.groups == 0 and not self._warned_nothing_offloaded:
-                self._warned_nothing_offloaded = True
-                logger.warning(
-                    "offload_activations=True offloads the inputs of checkpointed modules, and no "
-                    "module is checkpointed: set activation_checkpointing=True, or call "
-                    "smp.set_activation_checkpointing(module) on the modules to offload"
-                )
+            self._offloader.begin_backward()
         torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
 
     def _make_post_backward(self, unit: Unit, group: FlatParamGroup):
@@ -411,7 +425,7 @@ class DistributedModel(SMPModelMethods, nn.Module):
         self._state = TrainingState.SYNCING if boundary else TrainingState.IDLE
         self._backwards_since_step += 1
 
-    # ---- the step boundary (called by DistributedOptimizer) ------------------------------------
+    # ---- the step boundary (called by ShardedOptimizer) ------------------------------------
 
     def finish_pending_reduces(self) -> None:
         for unit in self._units:
@@ -444,12 +458,22 @@ class DistributedModel(SMPModelMethods, nn.Module):
     def load_state_dict(self, state_dict: dict[str, torch.Tensor], strict: bool = True):  # type: ignore[override]
         """Load a full state dict (as ``state_dict()`` returns), or a ``local_state_dict()``, into the shards."""
         if state_dict.get(PARTIAL_KEY):
-            return self.load_local_state_dict(state_dict)
+            self.load_local_state_dict(state_dict)
+            return None
         self.reshard_all()
         if self._tp_splits:  # a plain (unsplit) state dict: keep this TP rank's pieces
             state_dict = cut_tp_pieces(state_dict, self._tp_splits)
         load_full_state_dict(self.flat_groups(), self.module, self._state_dict_keys, state_dict, strict)
         return None
+
+    def local_state_dict(self, *args: Any, **kwargs: Any) -> dict:
+        """This rank's fp32 shards and the buffers, marked partial as SMP marks it (``smsdp.core.state_dicts``)."""
+        return local_model_state(self.flat_groups(), self.module)
+
+    def load_local_state_dict(self, state: dict) -> None:
+        """Load what ``local_state_dict`` returned on a rank with the same shard coordinates."""
+        self.reshard_all()
+        load_local_model_state(self.flat_groups(), self.module, state)
 
     def model_state_bytes(self) -> dict[str, int]:
         """Bytes this rank holds for parameters and gradients (optimizer state: see the optimizer)."""
@@ -460,26 +484,6 @@ class DistributedModel(SMPModelMethods, nn.Module):
         return compute_copy_bytes(self.flat_groups())
 
 
-def _broadcast_from_rank0(module: nn.Module, rt) -> None:
-    """Every rank starts from rank 0's initial values, whatever each rank's RNG did."""
-    seen: set[int] = set()
-    for tensor in list(module.parameters()) + list(module.buffers()):
-        if id(tensor) in seen:
-            continue
-        seen.add(id(tensor))
-        broadcast(tensor.data, 0, rt.groups.world, None)
-
-
-def _tensors_requiring_grad(output: Any) -> list[torch.Tensor]:
-    leaves, _ = tree_flatten(output)
-    found = [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
-    if not found and not isinstance(output, torch.Tensor):
-        values = getattr(output, "__dict__", {}).values() if not isinstance(output, dict) else output.values()
-        for value in values:
-            if isinstance(value, torch.Tensor) and value.requires_grad:
-                found.append(value)
-    return found
-
-
-def _cast_floats(tree: Any, dtype: torch.dtype) -> Any:
-    return tree_map(lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t, tree)
+def _group_is_tp(group: FlatParamGroup) -> bool:
+    """A flat group holds TP pieces only or none (``smsdp.core.cutting.make_groups``)."""
+    return bool(group.infos) and is_tp_split(group.infos[0].original)

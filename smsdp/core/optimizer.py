@@ -1,4 +1,4 @@
-"""``smp.DistributedOptimizer``: the step boundary of MiCS.
+"""``ShardedOptimizer``: the step boundary of MiCS (``smp.DistributedOptimizer`` is built on it).
 
 ``step()`` finishes the 2-hop gradient synchronization (replica all-reduce of
 the gradient shards, data-parallel all-reduce of the replicated parameters),
@@ -15,39 +15,27 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from smsdp.comm import world as runtime_state
-from smsdp.core.loss_scaler import DynamicLossScaler
-from smsdp.core.optimizer_params import check_same_shard, local_state_dict, remap_to_shards
-from smsdp.smp.loss_scalers import scaler_for
+from smsdp.comm import world
+from smsdp.core.loss_scaler import DynamicLossScaler, LossScaler
+from smsdp.core.optimizer_params import remap_to_shards
+from smsdp.core.state_dicts import check_optimizer_state_shard, local_optimizer_state
 from smsdp.tensor_parallel.pieces import is_tp_split
 from smsdp.util import fault_injection
 
-_UNSET: Any = object()  # tells "not given" from SMP's defaults, to keep smsdp's fp16 default
 
-
-class DistributedOptimizer(torch.optim.Optimizer):
+class ShardedOptimizer(torch.optim.Optimizer):
     """Wraps a ``torch.optim`` optimizer so that it steps this rank's shards.
 
     A real ``torch.optim.Optimizer``: ``param_groups``, ``state`` and ``defaults`` are the
     wrapped optimizer's own (LR schedulers write the learning rate it uses). Build it from
     ``model.parameters()``, ``model.get_module().parameters()`` or the module's parameters
-    before wrapping, in as many groups as needed. Under fp16: SMP's ``static_loss_scale``
-    or ``dynamic_loss_scale=True`` with ``dynamic_loss_args``; given none of them, a dynamic
-    scale from 2**16 (``smsdp.core.loss_scaler.DynamicLossScaler``).
+    before wrapping, in as many groups as needed. ``model``: the sharded model (default: the
+    newest one). Under fp16 the loss is scaled by ``loss_scaler`` (default: a dynamic scale
+    from 2**16, ``smsdp.core.loss_scaler.DynamicLossScaler``); without fp16 there is none.
     """
 
-    def __init__(
-        self,
-        optimizer: torch.optim.Optimizer,
-        static_loss_scale: Any = _UNSET,
-        dynamic_loss_scale: bool = False,
-        dynamic_loss_args: dict | None = None,
-        *,
-        model=None,
-        loss_scaler: DynamicLossScaler | None = None,
-        **more_dynamic_loss_args: Any,
-    ):
-        rt = runtime_state.get()
+    def __init__(self, optimizer: torch.optim.Optimizer, *, model=None, loss_scaler: LossScaler | None = None):
+        rt = world.get()
         if model is None:
             if not rt.models:
                 raise RuntimeError("DistributedOptimizer: wrap the model with smp.DistributedModel first")
@@ -68,20 +56,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._tp_degree = rt.topology.tp_degree
         self._all_reduce_tp_group = rt.all_reduce_tp_group
         self._all_reduce_world = rt.all_reduce_world
-        explicit = (
-            static_loss_scale is not _UNSET or dynamic_loss_scale or bool(dynamic_loss_args or more_dynamic_loss_args)
-        )
-        self.loss_scaler = (
-            loss_scaler
-            if loss_scaler is not None and rt.params.fp16
-            else scaler_for(
-                rt.params.fp16,
-                None if static_loss_scale is _UNSET else static_loss_scale,
-                dynamic_loss_scale,
-                {**(dynamic_loss_args or {}), **more_dynamic_loss_args},
-                explicit,
-            )
-        )
+        self.loss_scaler = (loss_scaler or DynamicLossScaler()) if rt.params.fp16 else None
         if self.loss_scaler is not None:
             model.use_loss_scaler(self.loss_scaler)
         rt.optimizers.append(self)  # lets smp.resume_from_checkpoint find it, as SMP's does
@@ -97,7 +72,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         remap_to_shards(self.optimizer, self.model)
 
     def local_state_dict(self) -> dict:
-        return local_state_dict(self)
+        return local_optimizer_state(self.optimizer, self.loss_scaler)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.model.zero_grad()
@@ -202,11 +177,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def state_dict(self) -> dict:
         """This rank's state, as ``local_state_dict()`` (a full optimizer state: ``smp.save_checkpoint``)."""
-        return local_state_dict(self)
+        return local_optimizer_state(self.optimizer, self.loss_scaler)
 
     def load_state_dict(self, state: dict) -> None:
         """What ``state_dict()`` or ``local_state_dict()`` returned on a rank with the same shards."""
-        check_same_shard(state)
+        check_optimizer_state_shard(state)
         self.optimizer.load_state_dict(state["optimizer"])
         if self.loss_scaler is not None and "loss_scaler" in state:
             self.loss_scaler.load_state_dict(state["loss_scaler"])

@@ -1,4 +1,4 @@
-"""What SMP v1 scripts expect of ``DistributedOptimizer``'s inputs and state dicts.
+"""What SMP v1 scripts give ``DistributedOptimizer``: parameters, mapped here to this rank's shards.
 
 SMP scripts build the optimizer from the module's own parameters (before
 wrapping, or from ``model.get_module()`` after), from ``model.parameters()``,
@@ -12,10 +12,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-
-from smsdp.smp import api
-
-PARTIAL_KEY = "_smp_is_partial"
 
 
 def shards_by_original(model: Any) -> dict[int, torch.nn.Parameter]:
@@ -63,28 +59,4 @@ def remap_to_shards(optimizer: torch.optim.Optimizer, model: Any) -> None:
         raise ValueError(
             "DistributedOptimizer: wrap the optimizer before its first step (its state would "
             "belong to whole parameters, not to this rank's shards)"
-        )
-
-
-def local_state_dict(optimizer: Any) -> dict:
-    """This rank's optimizer state (for its shards) and the loss scaler, marked partial as SMP marks it."""
-    state = {
-        PARTIAL_KEY: True,
-        "shard": (api.sdp_rank(), api.sdp_size()),
-        "optimizer": optimizer.optimizer.state_dict(),
-    }
-    if optimizer.loss_scaler is not None:
-        state["loss_scaler"] = optimizer.loss_scaler.state_dict()
-    return state
-
-
-def check_same_shard(state: dict) -> None:
-    """Another rank's optimizer state has the same shapes and other values: refuse it."""
-    here = (api.sdp_rank(), api.sdp_size())
-    if "shard" in state and tuple(state["shard"]) != here:
-        raise RuntimeError(
-            f"DistributedOptimizer.load_state_dict: this state belongs to shard {state['shard'][0]} of "
-            f"{state['shard'][1]}, this rank holds shard {here[0]} of {here[1]}; save it per rank "
-            "(smp.save(optimizer.local_state_dict(), f, partial=True)) or use smp.save_checkpoint / "
-            "smp.resume_from_checkpoint, which reshard the optimizer state"
         )

@@ -37,7 +37,7 @@ class QuantizedBytes:
 
 def packed_nbytes(numel: int, block: int) -> int:
     # ``BlockQuantizer.packed_nbytes``'s formula, restated because the planner must not import torch
-    # (``import estimator`` stays torch-free); test_quantized's byte-exact planner test ties the two.
+    # (the client imports the planner without torch); test_quantized's byte-exact planner test ties the two.
     return 4 * math.ceil(numel / block) + 4 * math.ceil(numel / 4)
 
 

@@ -1,4 +1,5 @@
-"""The planner's answer for one configuration: :class:`Plan`, its :class:`Recommendation`, its errors.
+"""The planner's answer for one configuration: :class:`Plan`, its :class:`Recommendation`, the fit of
+each resharding strategy (:class:`StrategyFit`), and the errors.
 
 ``plan()`` (``smsdp.planner.plan``) builds it; ``print(plan)`` is the table of
 ``smsdp.planner.render``; ``to_dict()`` the same numbers as JSON-able values.
@@ -6,8 +7,9 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from smsdp.config import ConfigError, ConfigProblem, RuntimeConfig
 from smsdp.planner import comm as comm_model
@@ -15,9 +17,6 @@ from smsdp.planner import memory as mem
 from smsdp.planner.hardware import Assumptions, GiB, Hardware
 from smsdp.planner.model import ModelSpec
 from smsdp.planner.render import precision_name, render_plan
-
-if TYPE_CHECKING:  # pragma: no cover
-    from smsdp.planner.strategies import StrategyFit
 
 
 class PlanError(ValueError):
@@ -60,6 +59,52 @@ class Recommendation:
 
 
 NO_RECOMMENDATION = Recommendation(None, None, None)
+
+
+class Resharding(enum.Enum):
+    """What a unit keeps from its forward to its backward."""
+
+    NOTHING = "reshard after forward"  # True: gathered again for the backward
+    WHOLE_UNIT = "keep gathered"  # False (ZeRO-2 style)
+    SLICE = "keep 1/k slices"  # int k (hpZ): regathered inside a host
+
+    @classmethod
+    def of(cls, setting: bool | int) -> Resharding:
+        if setting is True:
+            return cls.NOTHING
+        if setting is False:
+            return cls.WHOLE_UNIT
+        return cls.SLICE
+
+
+@dataclass(frozen=True)
+class StrategyFit:
+    """One ``sdp_reshard_after_forward`` setting, planned for the plan's cluster, model and batch."""
+
+    setting: bool | int
+    peak_bytes: int
+    peak_phase: str
+    fits: bool
+    smallest_degree: int | None  # the smallest sharded degree at which it fits; None: none does
+
+    @property
+    def kind(self) -> Resharding:
+        return Resharding.of(self.setting)
+
+    @property
+    def label(self) -> str:
+        """How the setting is written: ``True``, ``False`` or ``k``."""
+        return str(self.setting)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "sdp_reshard_after_forward": self.setting,
+            "kind": self.kind.value,
+            "peak": self.peak_bytes,
+            "peak_phase": self.peak_phase,
+            "fits": self.fits,
+            "smallest_sharded_degree": self.smallest_degree,
+        }
 
 
 @dataclass(frozen=True)

@@ -14,60 +14,12 @@ there, so a ``k``'s smallest degree is searched only among degrees above ``k``.
 
 from __future__ import annotations
 
-import enum
-from dataclasses import dataclass
-from typing import Any
-
 from smsdp.config import ConfigError, RuntimeConfig
 from smsdp.config.parameters import reshard_degree
 from smsdp.planner.evaluate import evaluate, shard_degrees
-from smsdp.planner.result import Plan
+from smsdp.planner.result import Plan, Resharding, StrategyFit
 
-
-class Resharding(enum.Enum):
-    """What a unit keeps from its forward to its backward."""
-
-    NOTHING = "reshard after forward"  # True: gathered again for the backward
-    WHOLE_UNIT = "keep gathered"  # False (ZeRO-2 style)
-    SLICE = "keep 1/k slices"  # int k (hpZ): regathered inside a host
-
-    @classmethod
-    def of(cls, setting: bool | int) -> Resharding:
-        if setting is True:
-            return cls.NOTHING
-        if setting is False:
-            return cls.WHOLE_UNIT
-        return cls.SLICE
-
-
-@dataclass(frozen=True)
-class StrategyFit:
-    """One ``sdp_reshard_after_forward`` setting, planned for the plan's cluster, model and batch."""
-
-    setting: bool | int
-    peak_bytes: int
-    peak_phase: str
-    fits: bool
-    smallest_degree: int | None  # the smallest sharded degree at which it fits; None: none does
-
-    @property
-    def kind(self) -> Resharding:
-        return Resharding.of(self.setting)
-
-    @property
-    def label(self) -> str:
-        """How the setting is written: ``True``, ``False`` or ``k``."""
-        return str(self.setting)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "sdp_reshard_after_forward": self.setting,
-            "kind": self.kind.value,
-            "peak": self.peak_bytes,
-            "peak_phase": self.peak_phase,
-            "fits": self.fits,
-            "smallest_sharded_degree": self.smallest_degree,
-        }
+__all__ = ["Resharding", "StrategyFit", "strategy_fits", "strategy_runtimes"]
 
 
 def strategy_fits(base: Plan) -> tuple[StrategyFit, ...]:

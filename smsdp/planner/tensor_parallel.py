@@ -10,7 +10,7 @@ A ``ParamTensor`` records the plain length along the dimension its layer splits
 TP rank holds; the rest of the planner then runs unchanged on those pieces, sharded
 over that rank's shard group of degree d.
 
-A model with no split recorded (``ModelSpec.from_param_count``, ``from_module`` of a
+A model with no split recorded (``ModelSpec.from_param_count``, ``smsdp.core.model_spec`` of a
 plain module) is planned as if every block tensor split evenly, which is what Megatron
 layers do to all but the layer norms and row-parallel biases; the plan says so.
 

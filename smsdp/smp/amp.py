@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from smsdp.comm import world as runtime_state
+from smsdp.comm import world
 from smsdp.core.loss_scaler import DynamicLossScaler
 
 
@@ -39,11 +39,11 @@ class GradScaler:
         self._bound: Any = None  # the DistributedOptimizer whose scaler this one drives
 
     def _active(self) -> bool:
-        return self._enabled and runtime_state.get().params.fp16
+        return self._enabled and world.get().params.fp16
 
     def _bind(self, optimizer: Any = None) -> Any:
         if self._bound is None and self._active():
-            rt = runtime_state.get()
+            rt = world.get()
             optimizer = optimizer or (rt.optimizers[-1] if rt.optimizers else None)
             if optimizer is None:
                 raise RuntimeError("smp.amp.GradScaler: create the smp.DistributedOptimizer before the first scale()")

@@ -5,36 +5,36 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from smsdp.comm import world as runtime_state
+from smsdp.comm import world
 
 
 def init(config: Mapping[str, Any] | Any = None) -> None:
     """Join the job: config from the job's environment, or an SMP ``parameters`` dict."""
-    runtime_state.init(config)
+    world.init(config)
 
 
 def is_initialized() -> bool:
-    return runtime_state.is_initialized()
+    return world.is_initialized()
 
 
 def _coords():
-    return runtime_state.get().coords
+    return world.get().coords
 
 
 def rank() -> int:
-    return runtime_state.get().cluster.rank
+    return world.get().cluster.rank
 
 
 def size() -> int:
-    return runtime_state.get().cluster.world_size
+    return world.get().cluster.world_size
 
 
 def local_rank() -> int:
-    return runtime_state.get().cluster.local_rank
+    return world.get().cluster.local_rank
 
 
 def local_size() -> int:
-    return runtime_state.get().topology.processes_per_host
+    return world.get().topology.processes_per_host
 
 
 def dp_rank() -> int:
@@ -51,7 +51,7 @@ def rdp_rank() -> int:
 
 
 def rdp_size() -> int:
-    return runtime_state.get().topology.rdp_size
+    return world.get().topology.rdp_size
 
 
 def tp_rank() -> int:
@@ -59,7 +59,7 @@ def tp_rank() -> int:
 
 
 def tp_size() -> int:
-    return runtime_state.get().topology.tp_degree
+    return world.get().topology.tp_degree
 
 
 def sdp_rank() -> int:
@@ -67,7 +67,7 @@ def sdp_rank() -> int:
 
 
 def sdp_size() -> int:
-    return runtime_state.get().topology.shard_degree
+    return world.get().topology.shard_degree
 
 
 def pp_rank() -> int:
@@ -79,33 +79,33 @@ def pp_size() -> int:
 
 
 def get_world_process_group():
-    return runtime_state.get().groups.world.pg
+    return world.get().groups.world.pg
 
 
 def get_dp_process_group():
-    return runtime_state.get().groups.world.pg
+    return world.get().groups.world.pg
 
 
 def get_rdp_process_group():
-    return runtime_state.get().groups.rdp_group.pg
+    return world.get().groups.rdp_group.pg
 
 
 def get_tp_process_group():
-    return runtime_state.get().groups.tp_group.pg
+    return world.get().groups.tp_group.pg
 
 
 def get_sdp_process_group():
-    return runtime_state.get().groups.shard_group.pg
+    return world.get().groups.shard_group.pg
 
 
 def get_replica_process_group():
-    return runtime_state.get().groups.replica_group.pg
+    return world.get().groups.replica_group.pg
 
 
 def comm_stats() -> dict[str, int]:
     """Bytes this rank sent per collective key (``all_gather``, ``all_reduce.replica``, ...) so far."""
-    return {key: c["bytes_sent"] for key, c in runtime_state.get().stats.snapshot().items()}
+    return {key: c["bytes_sent"] for key, c in world.get().stats.snapshot().items()}
 
 
 def reset_comm_stats() -> None:
-    runtime_state.get().stats.reset()
+    world.get().stats.reset()

@@ -21,7 +21,7 @@ import enum
 
 import torch.distributed as dist
 
-from smsdp.comm import world as runtime_state
+from smsdp.comm import world
 from smsdp.comm.process_groups import RankGroup
 
 
@@ -65,7 +65,7 @@ def rank_group(group: CommGroup) -> RankGroup:
     """This rank's members and process group for an SMP ``CommGroup``."""
     if not isinstance(group, CommGroup):
         raise TypeError(f"group={group!r}: expected one of smp.{', smp.'.join(g.name for g in CommGroup)}")
-    groups = runtime_state.get().groups
+    groups = world.get().groups
     if group in (WORLD, DP_GROUP):
         return groups.world
     if group is RDP_GROUP:
@@ -77,7 +77,7 @@ def rank_group(group: CommGroup) -> RankGroup:
 
 def _pipeline_group() -> RankGroup:
     """One rank per pipeline group; reuses the tensor-parallel group when that is one rank too."""
-    groups = runtime_state.get().groups
+    groups = world.get().groups
     if groups.tp_group.size == 1:
         return groups.tp_group
     if not _singletons:  # new_group is collective: every rank creates every singleton, in order
@@ -127,11 +127,11 @@ def pp_barrier() -> None:
 
 
 def mp_rank() -> int:
-    return runtime_state.get().coords.tp_rank
+    return world.get().coords.tp_rank
 
 
 def mp_size() -> int:
-    return runtime_state.get().topology.tp_degree
+    return world.get().topology.tp_degree
 
 
 def get_mp_process_group():

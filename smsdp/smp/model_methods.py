@@ -1,10 +1,20 @@
-"""SMP v1's ``DistributedModel`` methods beyond ``nn.Module``'s, for a sharded model.
+"""SMP v1's ``DistributedModel`` methods beyond ``nn.Module``'s, answered from a sharded model's public surface.
 
 "Local" in SMP means what belongs to this rank's model partition. In smsdp
 every rank runs the whole model and holds a shard of every parameter, so the
 local parameters are the shards (``parameters()``), and the local state dict is
-this rank's shards, loadable only by a rank with the same sharded coordinates
-(the partial-checkpoint format of ``smp.save(..., partial=True)``).
+this rank's shards (``ShardedModel.local_state_dict``), loadable only by a rank
+with the same sharded coordinates (the partial-checkpoint format of
+``smp.save(..., partial=True)``).
+
+SMP's tensor-parallel questions are answered as smsdp runs: the distributed modules
+are those converted to their tensor-parallel versions; a distributed parameter is
+a piece of one split over ``tp_group``. Every rank of a tensor-parallel group reads
+the group's batch (``prescaled_batch``), and every gradient is averaged over the
+ranks with the same tensor-parallel rank (SMP's ``RDP_GROUP``): with
+``tensor_parallel_degree > 1`` every parameter works on the scaled batch and is
+reduced by SMP's scaled-batch reducer; at degree 1 none is (the default reducer,
+over ``DP_GROUP``, which is then the same group).
 """
 
 from __future__ import annotations
@@ -19,19 +29,15 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from smsdp.comm import world as runtime_state
-from smsdp.smp import api
-from smsdp.smp.model_args import check_no_effect_kwargs
+from smsdp.comm import world
 
 logger = logging.getLogger("smsdp")
 
-PARTIAL_KEY = "_smp_is_partial"
-
 
 class SMPModelMethods:
-    """Mixed into ``DistributedModel`` (which provides ``module``, ``flat_groups`` and ``state_dict``)."""
-
-    check_smp_v1_kwargs = staticmethod(check_no_effect_kwargs)
+    """Mixed into ``DistributedModel`` over a ``ShardedModel``, whose public methods it calls
+    (``module``, ``named_parameters``, ``state_dict``, ``tensor_parallel_degree``,
+    ``tensor_parallel_modules``, ``is_tensor_parallel_piece``)."""
 
     @property
     def partitioned(self) -> bool:
@@ -60,38 +66,6 @@ class SMPModelMethods:
     def local_modules(self, *args: Any, **kwargs: Any) -> Iterator[nn.Module]:
         return self.module.modules()
 
-    def local_state_dict(self, *args: Any, **kwargs: Any) -> dict:
-        """This rank's fp32 shards and the buffers, marked partial as SMP marks it."""
-        return {
-            PARTIAL_KEY: True,
-            "shard": (api.sdp_rank(), api.sdp_size()),
-            "groups": [(g.unit_name, g.numel, g.master.detach().cpu().clone()) for g in self.flat_groups()],
-            "buffers": {name: b.detach().cpu().clone() for name, b in self.module.named_buffers()},
-        }
-
-    def load_local_state_dict(self, state: dict) -> None:
-        """Load what ``local_state_dict`` returned on a rank with the same shard coordinates."""
-        here = (api.sdp_rank(), api.sdp_size())
-        if tuple(state["shard"]) != here:
-            raise RuntimeError(
-                f"load_state_dict: this partial state dict holds shard {state['shard'][0]} of "
-                f"{state['shard'][1]}, this rank holds shard {here[0]} of {here[1]}; load a full state dict "
-                "(model.state_dict(), smp.save(..., partial=False)) or smp.resume_from_checkpoint to change the sharding"
-            )
-        self.reshard_all()
-        groups = list(self.flat_groups())
-        layout = [(g.unit_name, g.numel) for g in groups]
-        if [(name, numel) for name, numel, _ in state["groups"]] != layout:
-            raise RuntimeError(
-                "load_state_dict: the partial state dict was saved from a different model "
-                "(its units and sizes differ from this model's)"
-            )
-        for group, (_, _, master) in zip(groups, state["groups"]):
-            group.master.copy_(master)
-        buffers = dict(self.module.named_buffers())
-        for name, value in state["buffers"].items():
-            buffers[name].copy_(value)
-
     def cpu(self) -> nn.Module:
         """A plain copy of the whole module on the CPU, every parameter gathered (every rank must call)."""
         full = self.state_dict()
@@ -103,27 +77,27 @@ class SMPModelMethods:
             param.data = full[name].clone()
         return plain
 
-    # Tensor-parallel questions: smsdp distributes no module over tensor-parallel ranks.
+    # Tensor-parallel questions (see the module docstring).
     def distributed_modules(self) -> Iterator[nn.Module]:
-        return iter(())
+        return self.tensor_parallel_modules()
 
     def is_distributed_parameter(self, param: torch.Tensor) -> bool:
-        return False
+        return self.is_tensor_parallel_piece(param)
 
     def is_distributed_buffer(self, buffer: torch.Tensor) -> bool:
-        return False
+        return self.is_tensor_parallel_piece(buffer)
 
     def is_scaled_batch_parameter(self, param: torch.Tensor) -> bool:
-        return False
+        return self.tensor_parallel_degree > 1 and _is_one_of(param, self.parameters(), self.module.parameters())
 
     def is_scaled_batch_buffer(self, buffer: torch.Tensor) -> bool:
-        return False
+        return self.tensor_parallel_degree > 1 and _is_one_of(buffer, self.module.buffers())
 
     def default_reducer_named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
-        return self.named_parameters()
+        return iter(()) if self.tensor_parallel_degree > 1 else self.named_parameters()
 
     def scaled_batch_reducer_named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
-        return iter(())
+        return self.named_parameters() if self.tensor_parallel_degree > 1 else iter(())
 
     def register_comm_hook(self, *args: Any, **kwargs: Any) -> None:
         raise NotImplementedError(
@@ -142,38 +116,17 @@ class SMPModelMethods:
             )
         yield
 
-    @contextlib.contextmanager
-    def backward_through_model(self):
-        self.__dict__["_backward_through_model"] = True
-        try:
-            yield
-        finally:
-            self.__dict__["_backward_through_model"] = False
-
-    def check_loss_scale_applied(self) -> None:
-        """A plain ``loss.backward()`` misses what ``model.backward`` multiplies in: under fp16
-        every gradient would come out loss-scale times too small, and inside ``@smp.step`` with
-        several microbatches their gradients would add up instead of averaging. Silently."""
-        if self.__dict__.get("_backward_through_model"):
-            return
-        if getattr(self, "_loss_scaler", None) is not None:
-            raise RuntimeError(
-                "fp16 training: call model.backward(loss) instead of loss.backward(); model.backward applies "
-                "the loss scale that DistributedOptimizer.step() divides out"
-            )
-        if runtime_state.get().backward_scale != 1.0:
-            raise RuntimeError(
-                f"inside @smp.step with microbatches={runtime_state.get().params.microbatches}: call "
-                "model.backward(loss) instead of loss.backward(); model.backward averages the microbatches' gradients"
-            )
-
     def register_post_partition_hook(self, hook: Callable[..., Any]) -> RemovableHandle:
         """Run ``hook(model, optimizer)`` once, at the next forward (the model is partitioned already)."""
 
         def run_once(model: nn.Module, args: Any) -> None:
             handle.remove()
-            optimizers = runtime_state.get().optimizers
+            optimizers = world.get().optimizers
             hook(model, optimizers[-1] if optimizers else None)
 
         handle = self.register_forward_pre_hook(run_once)
         return handle
+
+
+def _is_one_of(tensor: torch.Tensor, *candidates: Iterator[torch.Tensor]) -> bool:
+    return any(t is tensor for group in candidates for t in group)

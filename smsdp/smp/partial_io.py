@@ -21,13 +21,13 @@ from typing import Any
 import torch
 
 from smsdp.checkpoint.files import atomic_write_bytes
-from smsdp.comm import world as runtime_state
+from smsdp.comm import world
 from smsdp.smp import api
 
 
 def partial_file(f: str | os.PathLike, three_part: bool | None = None) -> str:
     """This rank's partial file for ``f``; ``three_part=None``: three parts when shards differ by rdp rank."""
-    rt = runtime_state.get()
+    rt = world.get()
     if three_part is None:
         three_part = api.sdp_size() > 1
     name = f"{os.fspath(f)}_0_{rt.coords.tp_rank}"

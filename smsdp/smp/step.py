@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
-from smsdp.comm import world as runtime_state
+from smsdp.comm import world
 
 
 @dataclass
@@ -75,7 +75,7 @@ def step(
 
     @functools.wraps(func)
     def run(*args: Any, **kwargs: Any):
-        rt = runtime_state.get()
+        rt = world.get()
         chunks = rt.params.microbatches
         bound = signature.bind(*args, **kwargs)
         # model.backward() inside the step averages over microbatches, as SMP does, so

@@ -4,9 +4,9 @@
 version: ``smp_cls.from_module(module, tp_group)`` (a classmethod) or, for a
 plain callable, ``smp_cls(module, tp_group)`` returns the module that replaces
 ``module`` (it may convert ``module`` in place and return it). Built in, by
-class name so that nothing is imported early: the bundled GPT (its ``Block``
-and the whole ``GPT``), and Hugging Face GPT-2, GPT-NeoX and Llama (their
-blocks and ``*ForCausalLM`` heads).
+class name so that ``transformers`` is not imported early: Hugging Face GPT-2,
+GPT-NeoX and Llama (their blocks and ``*ForCausalLM`` heads). Any other model,
+the bundled GPT included, registers its own versions with ``tp_register``.
 
 An instance is converted when it is marked: ``set_tensor_parallelism(module,
 True)`` marks it and its submodules; ``tensor_parallelism()`` (what
@@ -23,16 +23,21 @@ partition, so ``merged_state_dict`` gives back the plain model's state dict.
 from __future__ import annotations
 
 import contextlib
+import importlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch
+import torch.distributed as dist
 from torch import nn
 from torch.nn.modules.module import register_module_module_registration_hook
 
+from smsdp.tensor_parallel.split_params import split_of
 from smsdp.tensor_parallel.tp_group import TPGroup
 
 __all__ = [
     "TensorParallelError",
+    "is_converted",
     "registered_version",
     "set_tensor_parallelism",
     "tensor_parallelism",
@@ -56,8 +61,6 @@ def _hf(module: str, name: str, converter: str) -> tuple[str, str]:
 
 _BUILTIN: dict[str, str] = dict(
     [
-        ("entrypoints.gpt.Block", "smsdp.tensor_parallel.layers.transformer:DistributedTransformerLayer"),
-        ("entrypoints.gpt.GPT", "smsdp.tensor_parallel.layers.transformer:DistributedTransformerLMHead"),
         _hf("gpt2.modeling_gpt2", "GPT2Block", "convert_gpt2_block"),
         _hf("gpt2.modeling_gpt2", "GPT2LMHeadModel", "convert_causal_lm"),
         _hf("gpt_neox.modeling_gpt_neox", "GPTNeoXLayer", "convert_gpt_neox_layer"),
@@ -89,8 +92,6 @@ def tp_register_with_module(module_cls: type) -> Callable[[Any], Any]:
 
 
 def _load(spec: str) -> Any:
-    import importlib
-
     module, attr = spec.split(":")
     return getattr(importlib.import_module(module), attr)
 
@@ -131,6 +132,11 @@ def tensor_parallelism(enabled: bool = True) -> Iterator[None]:
         handle.remove()
 
 
+def is_converted(module: nn.Module) -> bool:
+    """Whether ``module`` is a tensor-parallel version made by the conversion (kept class or not)."""
+    return bool(getattr(module, _CONVERTED, False))
+
+
 def _marked(module: nn.Module) -> bool:
     mark = getattr(module, _MARK, None)
     if mark is None:  # a top-level model built inside the context: its children carry the mark
@@ -140,7 +146,7 @@ def _marked(module: nn.Module) -> bool:
 
 def _convert_one(module: nn.Module, tp: TPGroup) -> nn.Module:
     version = registered_version(type(module))
-    if version is None or not _marked(module) or getattr(module, _CONVERTED, False):
+    if version is None or not _marked(module) or is_converted(module):
         return module
     make = version.from_module if hasattr(version, "from_module") else version
     converted = make(module, tp)
@@ -179,8 +185,6 @@ def _convert_tree(module: nn.Module, tp: TPGroup) -> nn.Module:
 
 
 def _has_split_parameter(model: nn.Module) -> bool:
-    from smsdp.tensor_parallel.split_params import split_of
-
     return any(split_of(p) is not None for p in model.parameters())
 
 
@@ -190,9 +194,6 @@ def _check_dropout_rng(model: nn.Module, tp: TPGroup) -> None:
     (Megatron's per-region RNG tracker is not built; with equal states every TP
     rank draws the same masks.) Collective over the TP group when the model has dropout.
     """
-    import torch
-    import torch.distributed as dist
-
     if tp.size == 1 or not any(isinstance(m, nn.Dropout) and m.p > 0 for m in model.modules()):
         return
     state = torch.get_rng_state()

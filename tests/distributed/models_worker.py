@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 import smsdp as smp
 from smsdp.comm import world as runtime_state
+from smsdp.core.activation_offload import job_offloader
 from tests.models import TINY_MODELS, lm_batch
 from tests.mpi_harness import computed_once, init_gloo_from_env, worker_main
 
@@ -146,7 +147,7 @@ def sharded(case: Case) -> dict:
         opt.step()
         opt.zero_grad()
         losses.append(loss.item())
-    offloader = runtime_state.get().activation_offloader
+    offloader = job_offloader()
     return {
         "losses": losses,
         "params": model.state_dict(),

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import smsdp as smp
-from smsdp.smp.loss_scalers import StaticLossScaler, dynamic_scaler, scaler_for
+from smsdp.smp.loss_scale_args import StaticLossScaler, dynamic_scaler, scaler_for
 from smsdp.smp.model_args import check_no_effect_kwargs
 from smsdp.smp.model_methods import SMPModelMethods
 from smsdp.smp.step import _split

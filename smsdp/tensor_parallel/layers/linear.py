@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from smsdp.comm import world
 from smsdp.tensor_parallel.overlap import column_linear_overlapped
 from smsdp.tensor_parallel.partition import Even, Partition
 from smsdp.tensor_parallel.split_params import replicated_parameter, split_parameter
@@ -160,10 +161,8 @@ def _with_dim(partition: Partition, dim: int) -> Partition:
 
 
 def _job_tp_group() -> TPGroup:
-    from smsdp.comm import world as runtime_state
-
-    if not runtime_state.is_initialized():
+    if not world.is_initialized():
         raise RuntimeError(
             "DistributedLinear(tp_group=None) uses the job's tp_group: call smp.init() first, or pass tp_group="
         )
-    return TPGroup.of(runtime_state.get().groups.tp_group)
+    return TPGroup.of(world.get().groups.tp_group)

@@ -14,7 +14,8 @@ cross-entropy, so the full logits never exist on one rank. Its ``logits`` are
 this rank's slice (``vocab_start`` says where it begins).
 
 smsdp never imports the bundled model: these classes read the block's
-structure, which ``smsdp.tensor_parallel.registry`` ties to its class by name.
+structure; the bundled model registers them as its versions with ``smp.tp_register``,
+as any model laid out the same way may.
 """
 
 from __future__ import annotations
