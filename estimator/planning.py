@@ -98,9 +98,9 @@ def plan_for_job(
         model = gpt_from_hyperparameters(dict(hyperparameters))
     elif not isinstance(model, ModelSpec):
         # An nn.Module: the caller built it, so torch is loaded already; the torch side cuts it into units.
-        from smsdp.core.model_spec import model_spec
+        from smsdp.core.spec_from_module import spec_from_module
 
-        model = model_spec(model)
+        model = spec_from_module(model)
     defaults = {key: _int_hp(hyperparameters, key, value) for key, value in BUNDLED_BATCH_DEFAULTS.items()}
     batch = request.batch_size or (defaults["batch_size"] if bundled else 1)
     accum = request.grad_accum or (defaults["grad_accum"] if bundled else 1)

@@ -77,7 +77,7 @@ _GROUPS = [
     "get_mp_group",
     "is_tracing",
 ]
-_EXPORTS.update(dict.fromkeys(_GROUPS, "smsdp.smp.groups"))
+_EXPORTS.update(dict.fromkeys(_GROUPS, "smsdp.smp.comm_groups"))
 _EXPORTS.update(dict.fromkeys(("broadcast", "send", "recv_from", "allgather"), "smsdp.smp.objects"))
 _EXPORTS.update({"save": "smsdp.smp.partial_io", "load": "smsdp.smp.partial_io"})
 _SUBMODULES = {"amp", "nn", "optimizers", "state"}  # smp.amp.GradScaler, smp.nn.FusedLayerNorm, smp.state.cfg

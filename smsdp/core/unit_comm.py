@@ -1,7 +1,7 @@
 """What a unit sends with: the collectives and constants of its micro-step, bound once.
 
 ``bind_unit_comm`` captures this rank's groups, the configured all-gather and
-reduce-scatter (exact or int8, ``smsdp.comm.quantized``), the reduce
+reduce-scatter (exact or int8, ``smsdp.comm.quantized_collectives``), the reduce
 dtype and the reshard group when the model is built, so no hook of
 ``smsdp.core.unit`` looks anything up in a global.
 """
@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from smsdp.comm.quantization import BlockQuantizer
-from smsdp.comm.quantized import QuantizedAllGather, QuantizedReduceScatter
+from smsdp.comm.block_quantizer import BlockQuantizer
+from smsdp.comm.quantized_collectives import QuantizedAllGather, QuantizedReduceScatter
 from smsdp.core.flat_param_group import GatherFn
 
 

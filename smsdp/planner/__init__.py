@@ -16,7 +16,7 @@ doors. ``docs/planner.md`` states every formula and constant.
 """
 
 from smsdp.planner.hardware import Assumptions, Hardware
-from smsdp.planner.model import ROOT, ModelSpec, ParamTensor, TransformerShape
+from smsdp.planner.model_spec import ROOT, ModelSpec, ParamTensor, TransformerShape
 from smsdp.planner.plan import plan, plan_runtime
 from smsdp.planner.result import DoesNotFitError, Plan, PlanError, Recommendation
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 from smsdp.config import ConfigError, RuntimeConfig, SMPParameters
-from smsdp.planner import comm as comm_model
+from smsdp.planner import comm_model
 from smsdp.planner import memory as mem
 from smsdp.planner.hardware import Assumptions, Hardware
-from smsdp.planner.model import ModelSpec
+from smsdp.planner.model_spec import ModelSpec
 from smsdp.planner.quantized import quantized_bytes
 from smsdp.planner.result import NO_RECOMMENDATION, Plan
 from smsdp.planner.tensor_parallel import tp_bytes_per_micro_step, tp_piece

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from smsdp.config.parameters import reshard_degree
 from smsdp.config.shard_layout import ShardLayout, is_sharded
-from smsdp.planner.model import ROOT, ModelSpec, TransformerShape
+from smsdp.planner.model_spec import ROOT, ModelSpec, TransformerShape
 
 OPTIMIZER_BYTES_PER_ELEMENT = {"adamw": 8, "adam": 8, "sgd_momentum": 4, "sgd": 0}
 """fp32 state per trainable element: Adam(W) keeps two moments; SGD with momentum one; plain SGD none."""

@@ -24,7 +24,7 @@ from smsdp.config.instance_types import LOCAL, lookup
 from smsdp.planner import memory as mem
 from smsdp.planner.evaluate import evaluate
 from smsdp.planner.hardware import Assumptions
-from smsdp.planner.model import ModelSpec
+from smsdp.planner.model_spec import ModelSpec
 from smsdp.planner.recommend import recommend as recommend_for
 from smsdp.planner.result import DoesNotFitError, Plan, PlanError, Recommendation
 from smsdp.planner.strategies import strategy_fits

@@ -1,17 +1,17 @@
 """Bytes the int8 block-quantized collectives send (``sdp_quantized_allgather``, ``sdp_quantized_gradients``).
 
-What ``smsdp.comm.quantized`` puts on the wire, group by group, in ring
+What ``smsdp.comm.quantized_collectives`` puts on the wire, group by group, in ring
 accounting (as ``smp.comm_stats()`` counts it):
 
 - a packed tensor of ``s`` elements is ``4 ceil(s / B)`` bytes of fp32 scales
-  plus ``s`` int8 values padded to a multiple of 4 bytes (``smsdp.comm.quantization``,
+  plus ``s`` int8 values padded to a multiple of 4 bytes (``smsdp.comm.block_quantizer``,
   ``B = sdp_quantization_block``);
 - the all-gather of a flat group gathers the ``d`` packed shards: ``(d-1)``
   packed shards per gather, flat over the shard group (the hierarchical
   all-gather is not used with quantization). The forward gathers every sharded
   group; the backward gathers again those not kept from the forward, except
   under ``sdp_reshard_after_forward=k``, whose backward regathers the forward's
-  values from ``1/k`` slices in the compute dtype (``smsdp.planner.comm``);
+  values from ``1/k`` slices in the compute dtype (``smsdp.planner.comm_model``);
 - the gradient reduce-scatter packs the ``d`` chunks of each bucket
   (``sdp_reduce_bucket_size / d`` elements per chunk) and all-to-alls them:
   ``(d-1)`` packed chunks per bucket.
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from smsdp.config.parameters import reshard_degree
 from smsdp.planner.memory import GroupLayout, UnitSizes, kept_for_backward_elems
-from smsdp.planner.model import ROOT
+from smsdp.planner.model_spec import ROOT
 
 
 @dataclass(frozen=True)

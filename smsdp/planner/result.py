@@ -12,10 +12,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from smsdp.config import ConfigError, ConfigProblem, RuntimeConfig
-from smsdp.planner import comm as comm_model
+from smsdp.planner import comm_model
 from smsdp.planner import memory as mem
 from smsdp.planner.hardware import Assumptions, GiB, Hardware
-from smsdp.planner.model import ModelSpec
+from smsdp.planner.model_spec import ModelSpec
 from smsdp.planner.render import precision_name, render_plan
 
 

@@ -21,7 +21,7 @@ import argparse
 from dataclasses import dataclass
 
 from smsdp.planner.hardware import Assumptions
-from smsdp.planner.model import ModelSpec
+from smsdp.planner.model_spec import ModelSpec
 from smsdp.planner.plan import Plan, plan
 
 INSTANCE = "ml.p4d.24xlarge"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from smsdp.planner.model import ModelSpec
+from smsdp.planner.model_spec import ModelSpec
 from smsdp.planner.plan import Plan, plan
 
 P4D = "ml.p4d.24xlarge"

@@ -10,7 +10,7 @@ A ``ParamTensor`` records the plain length along the dimension its layer splits
 TP rank holds; the rest of the planner then runs unchanged on those pieces, sharded
 over that rank's shard group of degree d.
 
-A model with no split recorded (``ModelSpec.from_param_count``, ``smsdp.core.model_spec`` of a
+A model with no split recorded (``ModelSpec.from_param_count``, ``smsdp.core.spec_from_module`` of a
 plain module) is planned as if every block tensor split evenly, which is what Megatron
 layers do to all but the layer norms and row-parallel biases; the plan says so.
 
@@ -34,7 +34,7 @@ import math
 from dataclasses import replace
 
 from smsdp.comm.accounting import CollectiveKind, ring_bytes
-from smsdp.planner.model import ROOT, ModelSpec
+from smsdp.planner.model_spec import ROOT, ModelSpec
 
 __all__ = ["piece_length", "tp_all_reduce_elements", "tp_bytes_per_micro_step", "tp_piece"]
 

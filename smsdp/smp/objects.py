@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from smsdp.smp.groups import WORLD, CommGroup, RankType, rank_group, world_rank_of
+from smsdp.smp.comm_groups import WORLD, CommGroup, RankType, rank_group, world_rank_of
 
 # One tag for the length message and one for the payload: a receiver can never take one
 # rank's length for another message's bytes.

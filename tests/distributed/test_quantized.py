@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from smsdp.core.model_spec import model_spec
+from smsdp.core.spec_from_module import spec_from_module
 from smsdp.planner import plan
 from tests.distributed.quantized_worker import BATCH, BLOCK, CASES
 from tests.models import TINY_MODELS
@@ -74,7 +74,7 @@ def test_the_planner_predicts_the_bytes_of_a_step(results, case):
     """The planner's in-group all-gather and reduce-scatter bytes per step, quantized or not, equal
     what the runtime counted in the last step, to the byte."""
     p = plan(
-        model_spec(TINY_MODELS["gpt"].build(seed=7)),
+        spec_from_module(TINY_MODELS["gpt"].build(seed=7)),
         batch_size=BATCH,
         instance_type="local",
         instance_count=1,

@@ -10,11 +10,10 @@ import sys
 import pytest
 
 from smsdp.config import ConfigError
-from smsdp.planner import Assumptions, ModelSpec, ParamTensor, TransformerShape, plan
-from smsdp.planner import comm as comm_model
+from smsdp.planner import Assumptions, ModelSpec, ParamTensor, TransformerShape, comm_model, plan
 from smsdp.planner import memory as mem
 from smsdp.planner.hardware import GiB, Hardware
-from smsdp.planner.model import ROOT
+from smsdp.planner.model_spec import ROOT
 
 P4D = "ml.p4d.24xlarge"
 BF16_CKPT = {"bf16": True, "activation_checkpointing": True, "delayed_parameter_initialization": True}
@@ -42,7 +41,7 @@ def toy() -> ModelSpec:
 def test_gpt_spec_counts_the_bundled_gpts_parameters(bias, tie):
     torch = pytest.importorskip("torch")
     from entrypoints.gpt import GPT, GPTConfig
-    from smsdp.core.model_spec import model_spec
+    from smsdp.core.spec_from_module import spec_from_module
 
     cfg = GPTConfig(vocab_size=300, block_size=24, n_layer=3, n_head=4, d_model=32, bias=bias, tie_embeddings=tie)
     with torch.device("meta"):
@@ -50,7 +49,7 @@ def test_gpt_spec_counts_the_bundled_gpts_parameters(bias, tie):
     spec = ModelSpec.gpt(3, 32, 4, 300, 24, bias=bias, tie_embeddings=tie)
     assert spec.num_params == model.num_params()
     assert spec.flops_params == model.num_params(non_embedding=True)
-    from_module = model_spec(model)
+    from_module = spec_from_module(model)
     for unit in spec.unit_ids():
         assert sorted(t.numel for t in spec.tensors_of(unit)) == sorted(t.numel for t in from_module.tensors_of(unit))
     assert from_module.shape == spec.shape  # taken from model.config

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from smsdp.comm.quantization import BlockQuantizer
+from smsdp.comm.block_quantizer import BlockQuantizer
 
 
 def _round_trip(q: BlockQuantizer, x: torch.Tensor) -> torch.Tensor:

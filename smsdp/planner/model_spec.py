@@ -9,7 +9,7 @@ the transformer shape the activation formulas need. Three ways to get one:
   embeddings in the root unit);
 - :meth:`ModelSpec.from_param_count`: a parameter count, optionally split over
   ``n_layers`` equal units (no activations unless a shape is given);
-- ``smsdp.core.model_spec.model_spec(module)``: an ``nn.Module``, typically built
+- ``smsdp.core.spec_from_module.spec_from_module(module)``: an ``nn.Module``, typically built
   on the meta device, cut into units the way ``smp.DistributedModel`` cuts it
   (on the torch side: it uses the runtime's own cutting).
 

@@ -1,7 +1,7 @@
 """The shard group's parameter all-gather and gradient reduce-scatter with int8 blocks on the wire.
 
 ``sdp_quantized_allgather`` (ZeRO++'s qwZ): each rank packs its parameter shard
-(``smsdp.comm.quantization``), the packed shards are all-gathered, and every rank
+(``smsdp.comm.block_quantizer``), the packed shards are all-gathered, and every rank
 decodes all of them, its own included, so every rank computes with the same
 parameters. ``sdp_quantized_gradients`` (ZeRO++'s qgZ): each rank packs the
 ``d`` chunks of its flat gradient, an all-to-all sends chunk ``j`` to shard rank
@@ -24,8 +24,8 @@ import torch
 import torch.distributed as dist
 
 from smsdp.comm.accounting import CollectiveKind, CommStats
+from smsdp.comm.block_quantizer import BlockQuantizer
 from smsdp.comm.collectives import COMPLETED, GroupLike, Handle, PendingHandle, all_gather_flat, pg_and_size
-from smsdp.comm.quantization import BlockQuantizer
 
 __all__ = ["QuantizedAllGather", "QuantizedReduceScatter"]
 

@@ -1,9 +1,9 @@
 """The planner's view of an ``nn.Module``: its parameter tensors and units, cut as the runtime cuts them.
 
-    from smsdp.core.model_spec import model_spec
+    from smsdp.core.spec_from_module import spec_from_module
     with torch.device("meta"):
         model = MyModel(config)
-    print(plan(model_spec(model), instance_type="ml.p4d.24xlarge", ...))
+    print(plan(spec_from_module(model), instance_type="ml.p4d.24xlarge", ...))
 
 The torch side of the planner: units are found by the runtime's own cutting
 (``smsdp.core.cutting``: each instance of a repeated block class; a parameter
@@ -18,10 +18,10 @@ from dataclasses import replace
 from torch import nn
 
 from smsdp.core.cutting import find_unit_modules, plan_units
-from smsdp.planner.model import ROOT, ModelSpec, ParamTensor, TransformerShape, format_count, shape_from_config
+from smsdp.planner.model_spec import ROOT, ModelSpec, ParamTensor, TransformerShape, format_count, shape_from_config
 
 
-def model_spec(
+def spec_from_module(
     module: nn.Module,
     *,
     transformer_layer_cls: type | tuple[type, ...] | None = None,
