@@ -141,20 +141,13 @@ def comm_per_step(
     dp = world // tp_degree
     r = dp // d
     span = group_span(world, processes_per_host, d, tp_degree)
-    psi, psi_t, psi_p = sharded_elems, sharded_trainable_elems, persistent_trainable_elems
-    gathered = 2 * psi - kept_elems  # elements all-gathered per micro-step in the sharding group
-    regathered = 0.0  # bytes the backward gathers inside the reshard groups (one host each)
-    if reshard_degree and d > 1:
-        k = reshard_degree
-        gathered, regathered = psi, m * (k - 1) / k * (psi - kept_elems) * compute_bytes
-
+    psi_t, psi_p = sharded_trainable_elems, persistent_trainable_elems
     hierarchical = (
         hierarchical_allgather and span.shard_hosts > 1 and span.hierarchical_ok and quantized.all_gather is None
     )  # the int8 gather is flat
-    int8_sent = None if quantized.all_gather is None else m * quantized.all_gather
-    all_gather = _all_gather_links(span, d, m * gathered * compute_bytes, hierarchical, int8_sent)
-    all_gather = LinkBytes(intra=all_gather.intra + regathered, inter=all_gather.inter)
-
+    all_gather, regathers = _gathers(
+        span, d, m, sharded_elems, kept_elems, compute_bytes, reshard_degree, hierarchical, quantized
+    )
     rs_bytes = m * (d - 1) / d * psi_t * reduce_bytes if d > 1 else 0.0
     if quantized.reduce_scatter is not None:
         rs_bytes = m * quantized.reduce_scatter
@@ -173,8 +166,30 @@ def comm_per_step(
         span.shard_hosts,
         hierarchical,
         tensor_parallel,
-        reshard_degree if regathered else None,
+        reshard_degree if regathers else None,
     )
+
+
+def _gathers(
+    span: GroupSpan,
+    d: int,
+    m: int,
+    psi: int,
+    kept: int,
+    c: int,
+    reshard_degree: int | None,
+    hierarchical: bool,
+    quantized: QuantizedBytes,
+) -> tuple[LinkBytes, bool]:
+    """The all-gathers of a step by link, and whether the backward's come from 1/k slices inside a host."""
+    gathered = 2 * psi - kept  # elements all-gathered per micro-step in the sharding group
+    regathered = 0.0  # bytes the backward gathers inside the reshard groups (one host each)
+    if reshard_degree and d > 1:
+        k = reshard_degree
+        gathered, regathered = psi, m * (k - 1) / k * (psi - kept) * c
+    int8_sent = None if quantized.all_gather is None else m * quantized.all_gather
+    links = _all_gather_links(span, d, m * gathered * c, hierarchical, int8_sent)
+    return LinkBytes(intra=links.intra + regathered, inter=links.inter), bool(regathered)
 
 
 def _all_gather_links(
@@ -241,6 +256,9 @@ def link_seconds(link: LinkBytes, intra_bps: float, inter_bps: float) -> float:
     return t
 
 
+_LINKS = ("all_gather", "reduce_scatter", "replica_all_reduce", "persistent_all_reduce", "tensor_parallel")
+
+
 def step_time(
     comm: CommBreakdown,
     *,
@@ -278,25 +296,21 @@ def step_time(
     m = micro_steps
     compute = (flops_per_token + recompute_flops_per_token) * tokens_per_rank_per_micro_step / tp_degree
     compute /= peak_flops * achieved_fraction
-    tensor_parallel = link_seconds(comm.tensor_parallel, intra_bps, inter_bps) / m
-    in_group = (
-        link_seconds(comm.all_gather, intra_bps, inter_bps) + link_seconds(comm.reduce_scatter, intra_bps, inter_bps)
-    ) / m
-    boundary = link_seconds(comm.replica_all_reduce, intra_bps, inter_bps) + link_seconds(
-        comm.persistent_all_reduce, intra_bps, inter_bps
-    )
+    seconds = {name: link_seconds(getattr(comm, name), intra_bps, inter_bps) for name in _LINKS}
+    tensor_parallel = seconds["tensor_parallel"] / m
+    in_group = (seconds["all_gather"] + seconds["reduce_scatter"]) / m
+    boundary = seconds["replica_all_reduce"] + seconds["persistent_all_reduce"]
     micro = (max(compute, in_group) if overlap else compute + in_group) + tensor_parallel
     exposed = boundary
     if early_boundary_sync:
         backward_share = 0.75 if recompute_flops_per_token else 2.0 / 3.0
         exposed = max(0.0, boundary - max(0.0, backward_share * compute - in_group))
-    step = m * micro + exposed
     return StepTime(
         compute_s=m * compute,
         in_group_comm_s=m * in_group,
         boundary_comm_s=boundary,
         exposed_boundary_s=exposed,
-        step_s=step,
+        step_s=m * micro + exposed,
         tokens_per_step=tokens_per_rank_per_micro_step * m * world // tp_degree,
         model_flops_per_token=flops_per_token,
         peak_flops=peak_flops,

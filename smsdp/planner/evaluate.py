@@ -46,73 +46,17 @@ def with_parameters(runtime: RuntimeConfig, instance_count: int | None = None, *
 def evaluate(
     model: ModelSpec, runtime: RuntimeConfig, batch: int, accum: int, optimizer: str, assumptions: Assumptions
 ) -> Plan:
+    """The plan of one configuration, without searching for a better one."""
     p = runtime.parameters
-    d, world, ppn = p.sharded_data_parallel_degree, runtime.world_size, runtime.processes_per_host
-    c, t = compute_bytes(p), p.tensor_parallel_degree
-    hardware = Hardware.for_instance(runtime.instance_type, ppn, world, assumptions)
-    piece = tp_piece(model, t)  # what TP rank 0, the largest, holds: the whole model when t = 1
-    groups = mem.layout(piece, d, p.sdp_param_persistence_threshold)
+    c = compute_bytes(p)
+    hardware = Hardware.for_instance(runtime.instance_type, runtime.processes_per_host, runtime.world_size, assumptions)
+    piece = tp_piece(model, p.tensor_parallel_degree)  # what TP rank 0, the largest, holds: the model when t = 1
+    groups = mem.layout(piece, p.sharded_data_parallel_degree, p.sdp_param_persistence_threshold)
     sizes = mem.unit_sizes(groups)
-    state = mem.model_state(groups, c, mem.OPTIMIZER_BYTES_PER_ELEMENT[optimizer])
     warnings: list[str] = list(piece.notes)
-
     act_detail = _activations(model, p, batch, c, warnings)
-    activations = None if act_detail is None else act_detail.total
-
-    sharded = sum(g.padded for g in groups if g.sharded)
-    sharded_t = sum(g.padded for g in groups if g.sharded and g.trainable)
-    persistent_t = sum(g.numel for g in groups if not g.sharded and g.trainable)
-    comm = comm_model.comm_per_step(
-        sharded_elems=sharded,
-        sharded_trainable_elems=sharded_t,
-        persistent_trainable_elems=persistent_t,
-        compute_bytes=c,
-        sdp_degree=d,
-        world=world,
-        processes_per_host=ppn,
-        micro_steps=accum,
-        hierarchical_allgather=p.sdp_hierarchical_allgather,
-        kept_elems=mem.kept_for_backward_elems(sizes, p),
-        reduce_bytes=2 if p.sdp_reduce_dtype == "bf16" else 4,
-        tp_degree=t,
-        reshard_degree=mem.reshard_degree(p),
-        quantized=quantized_bytes(groups, sizes, p, d),
-        tp_bytes_per_micro_step=0.0
-        if t == 1 or model.shape is None
-        else tp_bytes_per_micro_step(
-            batch * model.shape.seq_len, model.shape.d_model, model.shape.n_layer, t, bytes_per_element=c
-        ),
-    )
-
-    # The runtime collects earlier units' reduce-scatters at each unit's post-backward.
-    pending = assumptions.pending_reduce_units or 2
-    memory = mem.MemoryBreakdown(
-        parameters=state.params,
-        gradients=state.grads,
-        optimizer_state=state.optimizer,
-        unsharded_params=mem.unsharded_in_flight_bytes(
-            sizes,
-            c,
-            p.sdp_max_live_parameters,
-            p.sdp_reshard_after_forward,
-            p.sdp_forward_prefetch,
-            p.sdp_backward_prefetch,
-        ),
-        unsharded_grads=mem.gradient_buffer_bytes(sizes, c, pending),
-        activations=activations,
-        communication_buffers=mem.comm_buffer_bytes(
-            sizes, c, d, hierarchical_hosts=comm.shard_group_hosts if comm.hierarchical else 1
-        ),
-        framework_overhead=hardware.overhead_bytes(assumptions),
-        optimizer_step_temp=mem.optimizer_step_temp_bytes(groups, foreach=hardware.is_gpu),
-        construction=mem.construction_bytes(
-            model.num_params, state, sizes, p.delayed_parameter_initialization, hardware.is_gpu
-        ),
-        kept_slices=c * mem.kept_slice_elems(sizes, p),
-    )
-
-    time = _step_time(model, p, hardware, comm, batch, accum, world, assumptions, warnings)
-
+    comm = _comm(model, runtime, groups, sizes, batch, accum)
+    memory = _memory(model, p, groups, sizes, optimizer, hardware, assumptions, comm, act_detail)
     return Plan(
         model=model,
         runtime=runtime,
@@ -124,11 +68,87 @@ def evaluate(
         memory=memory,
         budget_bytes=hardware.budget_bytes(assumptions),
         comm=comm,
-        time=time,
+        time=_step_time(model, p, hardware, comm, batch, accum, runtime.world_size, assumptions, warnings),
         recommendation=NO_RECOMMENDATION,
         warnings=tuple(warnings),
         activation_detail=act_detail,
         prefetches_next_unit=memory.unsharded_params > mem.unsharded_in_flight_bytes(sizes, c, max_live=0),
+    )
+
+
+def _comm(
+    model: ModelSpec,
+    runtime: RuntimeConfig,
+    groups: list[mem.GroupLayout],
+    sizes: mem.UnitSizes,
+    batch: int,
+    accum: int,
+) -> comm_model.CommBreakdown:
+    p = runtime.parameters
+    c, t, d = compute_bytes(p), p.tensor_parallel_degree, p.sharded_data_parallel_degree
+    tp_bytes = 0.0
+    if t > 1 and model.shape is not None:
+        s = model.shape
+        tp_bytes = tp_bytes_per_micro_step(batch * s.seq_len, s.d_model, s.n_layer, t, bytes_per_element=c)
+    return comm_model.comm_per_step(
+        sharded_elems=sum(g.padded for g in groups if g.sharded),
+        sharded_trainable_elems=sum(g.padded for g in groups if g.sharded and g.trainable),
+        persistent_trainable_elems=sum(g.numel for g in groups if not g.sharded and g.trainable),
+        compute_bytes=c,
+        sdp_degree=d,
+        world=runtime.world_size,
+        processes_per_host=runtime.processes_per_host,
+        micro_steps=accum,
+        hierarchical_allgather=p.sdp_hierarchical_allgather,
+        kept_elems=mem.kept_for_backward_elems(sizes, p),
+        reduce_bytes=2 if p.sdp_reduce_dtype == "bf16" else 4,
+        tp_degree=t,
+        reshard_degree=mem.reshard_degree(p),
+        quantized=quantized_bytes(groups, sizes, p, d),
+        tp_bytes_per_micro_step=tp_bytes,
+    )
+
+
+def _memory(
+    model: ModelSpec,
+    p: SMPParameters,
+    groups: list[mem.GroupLayout],
+    sizes: mem.UnitSizes,
+    optimizer: str,
+    hardware: Hardware,
+    assumptions: Assumptions,
+    comm: comm_model.CommBreakdown,
+    act_detail: mem.Activations | None,
+) -> mem.MemoryBreakdown:
+    c = compute_bytes(p)
+    state = mem.model_state(groups, c, mem.OPTIMIZER_BYTES_PER_ELEMENT[optimizer])
+    # The runtime collects earlier units' reduce-scatters at each unit's post-backward.
+    pending = assumptions.pending_reduce_units or 2
+    in_flight = mem.unsharded_in_flight_bytes(
+        sizes,
+        c,
+        p.sdp_max_live_parameters,
+        p.sdp_reshard_after_forward,
+        p.sdp_forward_prefetch,
+        p.sdp_backward_prefetch,
+    )
+    hierarchical_hosts = comm.shard_group_hosts if comm.hierarchical else 1
+    return mem.MemoryBreakdown(
+        parameters=state.params,
+        gradients=state.grads,
+        optimizer_state=state.optimizer,
+        unsharded_params=in_flight,
+        unsharded_grads=mem.gradient_buffer_bytes(sizes, c, pending),
+        activations=None if act_detail is None else act_detail.total,
+        communication_buffers=mem.comm_buffer_bytes(
+            sizes, c, p.sharded_data_parallel_degree, hierarchical_hosts=hierarchical_hosts
+        ),
+        framework_overhead=hardware.overhead_bytes(assumptions),
+        optimizer_step_temp=mem.optimizer_step_temp_bytes(groups, foreach=hardware.is_gpu),
+        construction=mem.construction_bytes(
+            model.num_params, state, sizes, p.delayed_parameter_initialization, hardware.is_gpu
+        ),
+        kept_slices=c * mem.kept_slice_elems(sizes, p),
     )
 
 
