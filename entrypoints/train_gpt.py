@@ -51,6 +51,7 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 # Run straight from a source checkout (``python entrypoints/train_gpt.py``)
@@ -161,21 +162,29 @@ def save_atomically(obj, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def main(argv=None) -> dict:
-    args = parse_args(argv)
-    t_start = time.perf_counter()
-    stop = StopSignal()  # first: a SIGTERM during start-up is honoured after the first step
+@dataclass
+class Run:
+    """What the parts of a run share: its arguments, data, model, optimizer and where they live."""
 
-    # -- the job ------------------------------------------------------------------
-    smp.init()
-    is_main = smp.rank() == 0
-    dp_rank, dp_size = smp.rdp_rank(), smp.rdp_size()  # data-parallel replicas
-    torch.manual_seed(args.seed)  # same init everywhere (rank 0's is broadcast anyway)
+    args: argparse.Namespace
+    data: TokenDataset
+    config: GPTConfig
+    model: smp.DistributedModel
+    optimizer: smp.DistributedOptimizer
+    device: torch.device
+    n_params: int
+    flops_per_token: float
+    dp_rank: int  # among the data-parallel replicas
+    dp_size: int
 
-    # -- data ---------------------------------------------------------------------
+    @property
+    def tokens_per_step(self) -> int:
+        return self.args.batch_size * self.args.seq_len * self.args.grad_accum * self.dp_size
+
+
+def build(args: argparse.Namespace) -> Run:
+    """The data, the GPT wrapped for sharding, and its optimizer."""
     data = TokenDataset(args.train, seq_len=args.seq_len)
-
-    # -- model and optimizer ------------------------------------------------------
     config = GPTConfig(
         vocab_size=args.vocab_size,
         block_size=args.seq_len,
@@ -187,29 +196,32 @@ def main(argv=None) -> dict:
     gpt = GPT(config)
     if smp.tp_size() > 1:  # blocks, embedding and head split over tp_group (Megatron layout)
         smp.set_tensor_parallelism(gpt, True)
-    n_params = gpt.num_params()
-    flops_per_token = gpt.flops_per_token(args.seq_len)
+    n_params, flops_per_token = gpt.num_params(), gpt.flops_per_token(args.seq_len)
     # Declaring the accumulation lets the replica all-reduce overlap the last backward.
     model = smp.DistributedModel(gpt, backward_passes_per_step=args.grad_accum)
     optimizer = smp.DistributedOptimizer(
         torch.optim.AdamW(param_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.95))
     )
     device = next(model.parameters()).device  # where the runtime put the shards
+    return Run(args, data, config, model, optimizer, device, n_params, flops_per_token, smp.rdp_rank(), smp.rdp_size())
 
-    tokens_per_step = args.batch_size * args.seq_len * args.grad_accum * dp_size
+
+def start_logging(run: Run) -> ProgressLogger:
+    """The progress logger, after one line on what runs (and the batch arithmetic under tensor parallelism)."""
+    args, data = run.args, run.data
     log = ProgressLogger(
         args.max_steps,
-        tokens_per_step=tokens_per_step,
-        flops_per_token=flops_per_token,
+        tokens_per_step=run.tokens_per_step,
+        flops_per_token=run.flops_per_token,
         log_interval=args.log_interval,
         rank=smp.rank(),
         world_size=smp.size(),
     )
     log.info(
-        f"GPT {n_params / 1e6:.2f}M params, {smp.size()} ranks ("
+        f"GPT {run.n_params / 1e6:.2f}M params, {smp.size()} ranks ("
         + (f"tensor-parallel degree {smp.tp_size()}, " if smp.tp_size() > 1 else "")
         + f"sharded degree {smp.sdp_size()}, "
-        f"{dp_size} data-parallel), {tokens_per_step} tokens/step, "
+        f"{run.dp_size} data-parallel), {run.tokens_per_step} tokens/step, "
         f"data {data.num_tokens('train'):,} train / {data.num_tokens('val'):,} val tokens "
         f"from {len(data.files)} file(s)"
     )
@@ -217,94 +229,126 @@ def main(argv=None) -> dict:
         arithmetic = batch_arithmetic(smp.size(), smp.tp_size(), smp.sdp_size(), args.batch_size, args.seq_len)
         for line in arithmetic.lines():
             log.info(line)
+    return log
 
-    @torch.no_grad()
-    def evaluate() -> torch.Tensor:
-        model.eval()
-        total = torch.zeros((), device=device)
-        for i in range(args.eval_batches):
-            x, y = data.batches(i, dp_rank, dp_size, args.batch_size, args.seed, split="val")
-            total += model(x.to(device), y.to(device)).loss.float()
-        model.train()
-        return mean_over_data_parallel(total / args.eval_batches)
 
-    # -- resume -------------------------------------------------------------------
-    # A restarted job (spot interruption, a new fit() with the same checkpoint path)
-    # continues from the newest complete checkpoint: data order follows the step
-    # number and the RNG states come back, so the run continues as if never stopped.
-    first_step = 1
-    if args.checkpoint_dir and any(Path(args.checkpoint_dir).glob("*_partial")):
-        resumed = smp.resume_from_checkpoint(args.checkpoint_dir, model=model, optimizer=optimizer)
-        first_step = resumed["step"] + 1
-        log.info(f"resumed from the checkpoint of step {resumed['step']} in {args.checkpoint_dir}")
+@torch.no_grad()
+def evaluate(run: Run) -> torch.Tensor:
+    """The validation loss of ``--eval_batches`` batches, averaged over the data-parallel replicas."""
+    args, model = run.args, run.model
+    model.eval()
+    total = torch.zeros((), device=run.device)
+    for i in range(args.eval_batches):
+        x, y = run.data.batches(i, run.dp_rank, run.dp_size, args.batch_size, args.seed, split="val")
+        total += model(x.to(run.device), y.to(run.device)).loss.float()
+    model.train()
+    return mean_over_data_parallel(total / args.eval_batches)
+
+
+def resume(run: Run, log: ProgressLogger) -> int:
+    """The first step to run: 1, or the one after the newest complete checkpoint's.
+
+    A restarted job (spot interruption, a new fit() with the same checkpoint path)
+    continues from the newest complete checkpoint: data order follows the step
+    number and the RNG states come back, so the run continues as if never stopped.
+    """
+    directory = run.args.checkpoint_dir
+    if not (directory and any(Path(directory).glob("*_partial"))):
+        return 1
+    resumed = smp.resume_from_checkpoint(directory, model=run.model, optimizer=run.optimizer)
+    log.info(f"resumed from the checkpoint of step {resumed['step']} in {directory}")
+    return resumed["step"] + 1
+
+
+def train_step(run: Run, step: int) -> torch.Tensor:
+    """One optimizer step of ``--grad_accum`` micro-steps; returns this rank's loss."""
+    args, model = run.args, run.model
+    step_loss = torch.zeros((), device=run.device)
+    for micro in range(args.grad_accum):
+        # Global batch numbers are counted in micro-steps, so a run with
+        # grad_accum=g sees the same data as one with g times the batch.
+        x, y = run.data.batches(
+            (step - 1) * args.grad_accum + micro, run.dp_rank, run.dp_size, args.batch_size, args.seed
+        )
+        loss = model(x.to(run.device), y.to(run.device)).loss / args.grad_accum
+        model.backward(loss)
+        step_loss += loss.detach().float()
+    run.optimizer.step()
+    run.optimizer.zero_grad()
+    return step_loss
+
+
+def save_checkpoint(run: Run, step: int) -> None:
+    smp.save_checkpoint(
+        run.args.checkpoint_dir,
+        tag=f"step{step}",
+        model=run.model,
+        optimizer=run.optimizer,
+        user_content={"step": step},
+        num_kept_partial_checkpoints=2,
+    )
+
+
+def save_artifacts(run: Run, log: ProgressLogger, t_start: float) -> dict:
+    """``model.pt`` (the full, unsharded state dict), ``config.json`` and ``summary.json``, by rank 0."""
+    state = run.model.state_dict()  # full, unsharded: a collective, so every rank calls it
+    summary = log.summary(
+        model_params=run.n_params,
+        sharded_degree=smp.sdp_size(),
+        comm_bytes=smp.comm_stats(),
+        total_time_s=time.perf_counter() - t_start,
+    )
+    if smp.rank() == 0:
+        model_dir = Path(run.args.model_dir)
+        model_dir.mkdir(parents=True, exist_ok=True)
+        save_atomically({k: v.detach().cpu() for k, v in state.items()}, model_dir / "model.pt")
+        config_tmp = model_dir / ".config.json.tmp"
+        config_tmp.write_text(json.dumps(run.config.to_dict(), indent=2) + "\n")
+        os.replace(config_tmp, model_dir / "config.json")
+        summary["model_dir"] = str(model_dir.resolve())
+        write_summary(run.args.output_data_dir, **summary)
+        log.info(f"saved {model_dir / 'model.pt'}; summary in {Path(run.args.output_data_dir) / 'summary.json'}")
+    smp.barrier()  # nobody leaves (and tears the group down) before rank 0 has saved
+    return summary
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    t_start = time.perf_counter()
+    stop = StopSignal()  # first: a SIGTERM during start-up is honoured after the first step
+
+    # -- the job, the data, the model and optimizer --------------------------------
+    smp.init()
+    torch.manual_seed(args.seed)  # same init everywhere (rank 0's is broadcast anyway)
+    run = build(args)
+    log = start_logging(run)
+    first_step = resume(run, log)
 
     # -- training loop ------------------------------------------------------------
-    model.train()
+    run.model.train()
     log.start()
     for step in range(first_step, args.max_steps + 1):
-        step_loss = torch.zeros((), device=device)
-        for micro in range(args.grad_accum):
-            # Global batch numbers are counted in micro-steps, so a run with
-            # grad_accum=g sees the same data as one with g times the batch.
-            x, y = data.batches((step - 1) * args.grad_accum + micro, dp_rank, dp_size, args.batch_size, args.seed)
-            loss = model(x.to(device), y.to(device)).loss / args.grad_accum
-            model.backward(loss)
-            step_loss += loss.detach().float()
-        optimizer.step()
-        optimizer.zero_grad()
-
+        step_loss = train_step(run, step)
         if log.should_log(step):
             step_loss = mean_over_data_parallel(step_loss)  # every rank joins the collective
         log.step(step, step_loss)
         if (args.eval_interval and step % args.eval_interval == 0) or step == args.max_steps:
             with log.paused():
-                log.eval(step, evaluate())
+                log.eval(step, evaluate(run))
         saved = bool(args.checkpoint_dir and args.checkpoint_interval and step % args.checkpoint_interval == 0)
         if saved:
             with log.paused():
-                smp.save_checkpoint(
-                    args.checkpoint_dir,
-                    tag=f"step{step}",
-                    model=model,
-                    optimizer=optimizer,
-                    user_content={"step": step},
-                    num_kept_partial_checkpoints=2,
-                )
-        if step < args.max_steps and stop.agreed(device):
+                save_checkpoint(run, step)
+        if step < args.max_steps and stop.agreed(run.device):
             if args.checkpoint_dir and not saved:
-                smp.save_checkpoint(
-                    args.checkpoint_dir,
-                    tag=f"step{step}",
-                    model=model,
-                    optimizer=optimizer,
-                    user_content={"step": step},
-                    num_kept_partial_checkpoints=2,
-                )
+                save_checkpoint(run, step)
             where = f"; checkpoint step{step} in {args.checkpoint_dir}" if args.checkpoint_dir else ""
             log.info(f"stopped by SIGTERM after step {step}{where}")
             smp.barrier()
             return {"stopped_after_step": step}
 
     # -- artifacts ----------------------------------------------------------------
-    state = model.state_dict()  # full, unsharded: a collective, so every rank calls it
-    summary = log.summary(
-        model_params=n_params,
-        sharded_degree=smp.sdp_size(),
-        comm_bytes=smp.comm_stats(),
-        total_time_s=time.perf_counter() - t_start,
-    )
-    if is_main:
-        model_dir = Path(args.model_dir)
-        model_dir.mkdir(parents=True, exist_ok=True)
-        save_atomically({k: v.detach().cpu() for k, v in state.items()}, model_dir / "model.pt")
-        config_tmp = model_dir / ".config.json.tmp"
-        config_tmp.write_text(json.dumps(config.to_dict(), indent=2) + "\n")
-        os.replace(config_tmp, model_dir / "config.json")
-        summary["model_dir"] = str(model_dir.resolve())
-        write_summary(args.output_data_dir, **summary)
-        log.info(f"saved {model_dir / 'model.pt'}; summary in {Path(args.output_data_dir) / 'summary.json'}")
-    smp.barrier()  # nobody leaves (and tears the group down) before rank 0 has saved
-    return summary
+    return save_artifacts(run, log, t_start)
 
 
 if __name__ == "__main__":
