@@ -7,6 +7,7 @@ AdamW equivalence is test_equivalence.py's job. Run with 4 ranks on 2 simulated 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass, field
 
 import torch
@@ -367,6 +368,38 @@ def _gated_reference(x: torch.Tensor, y: torch.Tensor, n: int) -> dict:
     return {k: v.detach().clone() for k, v in net.state_dict().items()}
 
 
+class _Warnings(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+def nothing_sharded_warning() -> dict:
+    """The line a job prints when its sharded degree is above 1 and every parameter falls under
+    sdp_param_persistence_threshold (SMP's default of 1e6 exceeds every tensor of the tiny GPT);
+    none when something is sharded. Wrapping only: no step is needed to say it."""
+    said = {}
+    for name, threshold in (("default_threshold", None), ("threshold_0", 0)):
+        runtime_state.reset_for_tests()
+        params = {"sharded_data_parallel_degree": 2}
+        if threshold is not None:
+            params["sdp_param_persistence_threshold"] = threshold
+        smp.init(params)
+        capture = _Warnings()
+        logging.getLogger("smsdp").addHandler(capture)
+        try:
+            model = TINY_MODELS["gpt"].build(seed=7)
+            largest = max(p.numel() for p in model.parameters())
+            smp.DistributedModel(model)
+        finally:
+            logging.getLogger("smsdp").removeHandler(capture)
+        said[name] = {"messages": capture.messages, "largest": largest}
+    return said
+
+
 DELAYED = {
     "delayed_init_gpt_d2": ("gpt", 2),
     "delayed_init_gpt_d4": ("gpt", 4),
@@ -381,4 +414,5 @@ if __name__ == "__main__":
     cases["bf16_reduce_against_fsdp2"] = bf16_reduce_against_fsdp2
     cases["clip_norm_of_large_tensors"] = clip_norm_of_large_tensors
     cases["unused_gate_on_odd_ranks"] = unused_gate_on_odd_ranks
+    cases["nothing_sharded_warning"] = nothing_sharded_warning
     worker_main(cases, setup=init_gloo_from_env)

@@ -37,7 +37,13 @@ def results(tmp_path_factory):
         "tests/distributed/models_worker.py",
         CASES
         + DELAYED
-        + ["bf16_against_fsdp2", "bf16_reduce_against_fsdp2", "clip_norm_of_large_tensors", "unused_gate_on_odd_ranks"],
+        + [
+            "bf16_against_fsdp2",
+            "bf16_reduce_against_fsdp2",
+            "clip_norm_of_large_tensors",
+            "unused_gate_on_odd_ranks",
+            "nothing_sharded_warning",
+        ],
         4,
         env={"SMSDP_SIMULATED_HOSTS": "1", "SM_HOSTS": '["algo-1", "algo-2"]'},
         timeout=400,
@@ -165,3 +171,17 @@ def test_replicated_buckets_are_summed_in_order_when_a_rank_leaves_a_group_out(r
             torch.testing.assert_close(
                 result["sharded"][name], expected, rtol=1e-5, atol=1e-6, msg=lambda m: f"rank {rank} {name}: {m}"
             )
+
+
+def test_a_sharded_job_that_shards_nothing_says_so_at_its_start(results):
+    """sharded_data_parallel_degree=2 with SMP's default sdp_param_persistence_threshold (1e6), above
+    every tensor of the tiny GPT: one line with the largest tensor, the threshold and what to set."""
+    for result in results["nothing_sharded_warning"]:
+        said, largest = result["default_threshold"]["messages"], result["default_threshold"]["largest"]
+        lines = [m for m in said if "shards nothing" in m]
+        assert len(lines) == 1, said
+        assert f"the largest has {largest:,}" in lines[0]
+        assert "sdp_param_persistence_threshold=1,000,000" in lines[0]
+        assert f"set sdp_param_persistence_threshold to at most {largest}" in lines[0]
+        assert "sharded_data_parallel_degree=2" in lines[0]
+        assert not [m for m in result["threshold_0"]["messages"] if "shards nothing" in m]
