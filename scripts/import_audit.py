@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -133,7 +134,7 @@ def audit() -> dict[str, list[str]]:
     known = modules()
     module_graph: dict[str, set[str]] = {m: set() for m in known}
     full_graph: dict[str, set[str]] = {m: set() for m in known}
-    found: dict[str, list[str]] = {"circles": [], "private": [], "upward": [], "in-function": [], "names": []}
+    found: dict[str, list[str]] = {"circles": [], "private": [], "upward": [], "in-function": [], "names": [], "notes": []}
     for mod, path in known.items():
         for target, names, line, in_function in imports(mod, path, known):
             where = f"{path.relative_to(ROOT)}:{line}"
@@ -157,6 +158,7 @@ def audit() -> dict[str, list[str]]:
             for n, line_text in enumerate(text.splitlines(), 1):
                 if word in line_text:
                     found["names"].append(f"{path.relative_to(ROOT)}:{n} names {word}")
+    found["notes"] = note_problems()
     found = {kind: list(dict.fromkeys(items)) for kind, items in found.items()}  # one line per statement
     for comp in cycles(full_graph):
         held = "" if comp in cycles(module_graph) else " (held by in-function imports)"
@@ -188,6 +190,32 @@ def _defers_heavy(mod: str | None, known: dict[str, Path], seen: frozenset = fro
             break
     _HEAVY_CACHE[mod] = heavy
     return heavy
+
+
+NOTE = re.compile(r"\[Note: ([^\]]+)\]")
+NOTE_TREES = ("smsdp", "estimator", "entrypoints", "tests", "bench", "docs", "README.md")
+
+
+def note_problems() -> list[str]:
+    """Every ``[Note: title]`` cited is written exactly once.
+
+    A note is written where a line starts with it (after ``#`` and spaces) and cited
+    everywhere else, so a citation of a note that does not exist, or a title written
+    twice (two texts that will drift apart), is found."""
+    written: dict[str, list[str]] = {}
+    cited: dict[str, list[str]] = {}
+    for tree in NOTE_TREES:
+        root = ROOT / tree
+        paths = [root] if root.is_file() else sorted([*root.rglob("*.py"), *root.rglob("*.md")])
+        for path in paths:
+            for n, line in enumerate(path.read_text().splitlines(), 1):
+                for match in NOTE.finditer(line):
+                    where = f"{path.relative_to(ROOT)}:{n}"
+                    heading = line.lstrip(" #").startswith(match.group(0))
+                    (written if heading else cited).setdefault(match.group(1), []).append(where)
+    problems = [f"[Note: {t}] is written {len(w)} times: {', '.join(w)}" for t, w in written.items() if len(w) > 1]
+    problems += [f"[Note: {t}] is cited at {', '.join(w)} and written nowhere" for t, w in cited.items() if t not in written]
+    return problems
 
 
 def main(argv: list[str] | None = None) -> int:

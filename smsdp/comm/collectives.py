@@ -247,21 +247,11 @@ def broadcast(
 # --------------------------------------------------------------------------- #
 # Hierarchical all-gather
 # --------------------------------------------------------------------------- #
-# [Note: hierarchical all-gather order]
-# For a shard group of n = H hosts x L members per host (layout in
-# smsdp.config.topology.HierarchicalLayout), with shard s:
-#   1. inter-host: all-gather among the H members sharing this rank's local
-#      position (stage1 group, host order) -> H*s, recorded as
-#      "all_gather.inter_host"; the only traffic that crosses hosts.
-#   2. intra-host: all-gather of those H*s among the L members on this host
-#      (stage2 group) -> n*s in block order k = position*H + host, recorded
-#      as "all_gather.intra_host".
-#   3. re-layout: block k goes to flat block gather_order[k] of the output
-#      (one index_copy_; skipped when the order is already the identity, in
-#      which case stage 2 writes straight into the output).
-# Bytes sent: (H-1)s + (L-1)Hs = (n-1)s, the flat ring volume.
-# With async_op=True, stage 1 is launched now and wait() runs stages 2-3
-# (stage 2's bytes are recorded when it is issued, i.e. inside wait()).
+# The stages and the block order are [Note: hierarchical all-gather order] (smsdp.config.topology.
+# HierarchicalLayout). Here: stage 1 is recorded as "all_gather.inter_host", stage 2 as
+# "all_gather.intra_host"; the re-layout is one index_copy_, skipped when the order is already the
+# identity (stage 2 then writes straight into the output). With async_op=True, stage 1 is launched
+# now and wait() runs stages 2-3 (stage 2's bytes are recorded when it is issued, inside wait()).
 def hierarchical_all_gather(
     output: torch.Tensor,
     input: torch.Tensor,

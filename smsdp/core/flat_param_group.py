@@ -205,7 +205,7 @@ class FlatParamGroup:
         return self.kept.numel() if self.state is ParamState.KEPT_SLICE else self.gathered_numel
 
     def unshard(self, gather: GatherFn, async_op: bool, regather: GatherFn | None = None) -> None:
-        """Gather in the shard group, or from the kept slices with ``regather`` (see [Note: kept slices])."""
+        """Gather in the shard group, or from the kept slices with ``regather`` (see [Note: kept slices (hpZ)])."""
         if self.state is ParamState.KEPT_SLICE:
             self.unsharded.untyped_storage().resize_(self.padded_numel * self.unsharded.element_size())
             self._gather_handle = regather(self.unsharded, self.kept, async_op)

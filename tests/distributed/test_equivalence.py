@@ -164,7 +164,7 @@ def test_persistence_threshold_splits_parameters(results):
 def _formula(layout: dict, micro_steps: int, first_step: bool) -> dict:
     """The formula of docs/runtime.md ("Communication per optimizer step"), fp32 (4 bytes for
     compute and reduce), ring accounting, with the root and the forward's last unit kept gathered
-    into the backward (distributed_model.py, [Note: kept for backward]); the last unit is known
+    into the backward (smsdp/core/model.py, [Note: kept for backward]); the last unit is known
     from the second forward on. Under sdp_reshard_after_forward=k the forward gathers every unit
     in the shard group and the backward gathers the rest from 1/k slices in groups of k."""
     d, n = layout["sdp"], layout["dp"]
