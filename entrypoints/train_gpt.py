@@ -110,7 +110,8 @@ def param_groups(model, weight_decay: float) -> list:
     nanoGPT splits by ``p.dim() >= 2``, but a sharded model yields 1-D shards,
     so the split goes by the original parameter names instead.
     """
-    decay, no_decay = [], []
+    decay: list[torch.nn.Parameter] = []
+    no_decay: list[torch.nn.Parameter] = []
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue

@@ -134,7 +134,8 @@ def check_job(
     """Raise :class:`DoesNotFitError` (a ``ConfigError``) when the plan says the job cannot fit."""
     result = plan_for_job(runtime, script, hyperparameters, request, recommend=False)
     if result is not None and not result.fits:
-        raise DoesNotFitError(plan_for_job(runtime, script, hyperparameters, request))
+        with_recommendation = plan_for_job(runtime, script, hyperparameters, request)
+        raise DoesNotFitError(with_recommendation or result)
     return result
 
 

@@ -134,7 +134,14 @@ def audit() -> dict[str, list[str]]:
     known = modules()
     module_graph: dict[str, set[str]] = {m: set() for m in known}
     full_graph: dict[str, set[str]] = {m: set() for m in known}
-    found: dict[str, list[str]] = {"circles": [], "private": [], "upward": [], "in-function": [], "names": [], "notes": []}
+    found: dict[str, list[str]] = {
+        "circles": [],
+        "private": [],
+        "upward": [],
+        "in-function": [],
+        "names": [],
+        "notes": [],
+    }
     for mod, path in known.items():
         for target, names, line, in_function in imports(mod, path, known):
             where = f"{path.relative_to(ROOT)}:{line}"
@@ -214,7 +221,9 @@ def note_problems() -> list[str]:
                     heading = line.lstrip(" #").startswith(match.group(0))
                     (written if heading else cited).setdefault(match.group(1), []).append(where)
     problems = [f"[Note: {t}] is written {len(w)} times: {', '.join(w)}" for t, w in written.items() if len(w) > 1]
-    problems += [f"[Note: {t}] is cited at {', '.join(w)} and written nowhere" for t, w in cited.items() if t not in written]
+    problems += [
+        f"[Note: {t}] is cited at {', '.join(w)} and written nowhere" for t, w in cited.items() if t not in written
+    ]
     return problems
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import io
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch.distributed.checkpoint.default_planner import create_default_global_save_plan
@@ -102,7 +102,7 @@ class ChunkSavePlanner(SavePlanner):
         return new_plan
 
     def resolve_data(self, write_item: WriteItem) -> torch.Tensor | io.BytesIO:
-        tensor = self.chunks[(write_item.index.fqn, tuple(write_item.index.offset))].tensor
+        tensor = self.chunks[(write_item.index.fqn, tuple(_given(write_item.index.offset, "offset")))].tensor
         # A clone on the CPU: a view would serialize its whole storage (the flat master).
         return tensor.detach().to("cpu", copy=True).contiguous()
 
@@ -169,7 +169,7 @@ class ChunkLoadPlanner(LoadPlanner):
             reads = [
                 r
                 for r in create_read_items_for_chunk_list(fqn, md, metadata)
-                if chunks[r.dest_index.index].tensor.numel()
+                if chunks[_given(r.dest_index.index, "index")].tensor.numel()
             ]
             covered = sum(math.prod(r.lengths) for r in reads)
             wanted = sum(c.tensor.numel() for c in needed)
@@ -188,10 +188,20 @@ class ChunkLoadPlanner(LoadPlanner):
         raise ValueError(f"unexpected non-tensor item {read_item.storage_index.fqn} in a chunk checkpoint")
 
     def resolve_tensor(self, read_item: ReadItem) -> torch.Tensor:
-        tensor = self.chunks[read_item.dest_index.fqn][read_item.dest_index.index].tensor
+        tensor = self.chunks[read_item.dest_index.fqn][_given(read_item.dest_index.index, "index")].tensor
         for dim, (offset, length) in enumerate(zip(read_item.dest_offsets, read_item.lengths)):
             tensor = tensor.narrow(dim, offset, length)
         return tensor
 
     def commit_tensor(self, read_item: ReadItem, tensor: torch.Tensor) -> None:
         pass  # ``resolve_tensor`` returned a view: the data is already in place
+
+
+_T = TypeVar("_T")
+
+
+def _given(value: _T | None, what: str) -> _T:
+    """A field of DCP's item index that our planners always set (chunked items have an offset and an index)."""
+    if value is None:
+        raise ValueError(f"a checkpoint item without its {what}: not one of this planner's chunks")
+    return value

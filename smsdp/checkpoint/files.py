@@ -263,7 +263,7 @@ def scan(path: str | os.PathLike, kind: str) -> list[Found]:
 
 def check_files(found: Found, names: Iterable[str] | None = None, checksum: bool = True) -> str | None:
     """What is wrong with the listed files of a checkpoint (``names``: a subset), or None."""
-    if not found.complete:
+    if not found.complete or found.marker is None:
         return found.problem or "incomplete"
     files = found.marker["files"]
     for name in sorted(files) if names is None else names:

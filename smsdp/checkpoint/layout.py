@@ -231,7 +231,7 @@ def load_chunks(model: Any, optimizer: Any, saved: dict, load_state: bool) -> tu
     """CPU buffers for everything this rank needs (every replica reads its own chunks)."""
     flat = saved.get("format_version", FLAT_FORMAT_VERSION) <= FLAT_FORMAT_VERSION
     chunks: Chunks = {}
-    pending: dict[str, list] = {"model": [], "buffers": [], "optim": {}}
+    pending: dict[str, Any] = {"model": [], "buffers": [], "optim": {}}
     for group in model.flat_groups():
         for info in group.infos:
             name = info.names[0]

@@ -435,12 +435,11 @@ def _load_full(found: files.Found, model: Any, strict: bool, translate_function:
     current = None if strict else model.state_dict()  # every rank: a collective
 
     def apply() -> Any:
-        expected = {k: v.shape for k, v in current.items()} if current is not None else None
         merged = dict(state_dict)
         if current is not None:
             for key, value in current.items():
                 merged.setdefault(key, value)  # strict=False: what the checkpoint lacks stays as it is
-            merged = {k: v for k, v in merged.items() if k in expected}
+            merged = {k: v for k, v in merged.items() if k in current}
         try:
             model.load_state_dict(merged, strict=strict)
         except RuntimeError as exc:

@@ -147,7 +147,8 @@ class _Staged(Handle):
     """A gather whose input lives in a staging tensor until it completes."""
 
     def __init__(self, inner: Handle, buffer: StagingBuffer, slot: torch.Tensor) -> None:
-        self._inner, self._buffer, self._slot = inner, buffer, slot
+        self._inner, self._buffer = inner, buffer
+        self._slot: torch.Tensor | None = slot
 
     def wait(self) -> None:
         self._inner.wait()
@@ -263,7 +264,10 @@ class AllGatherStrategy:
 
     def _hierarchical(self, output: torch.Tensor, input: torch.Tensor, async_op: bool) -> Handle | None:
         """The staged two-stage gather, or None if its staging does not fit the buffers now."""
-        layout = self.groups.hierarchical.layout
+        groups = self.groups.hierarchical
+        if groups is None:
+            return None  # the shard group lies on one host
+        layout = groups.layout
         dtype, device, numel = output.dtype, input.device, input.numel()
         stage1 = self.scratch.take(layout.num_hosts * numel, dtype, device)
         staged = None
@@ -283,7 +287,7 @@ class AllGatherStrategy:
 
         source = input if input.dtype == dtype else input.to(dtype)
         return hierarchical_all_gather(
-            output, source, self.groups.hierarchical, self.stats, async_op, staging=(stage1, staged), on_done=give_back
+            output, source, groups, self.stats, async_op, staging=(stage1, staged), on_done=give_back
         )
 
     def _log_staging_full(self, stage1_bytes: int, staged_bytes: int) -> None:

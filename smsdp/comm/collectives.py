@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from functools import lru_cache
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -98,7 +99,7 @@ COMPLETED = CompletedHandle()
 class PendingHandle(Handle):
     """Wraps a torch ``Work``; ``then`` runs once after it completes (a copy-out, a next stage)."""
 
-    def __init__(self, work, then: Callable[[], None] | None = None) -> None:
+    def __init__(self, work: Any, then: Callable[[], object] | None = None) -> None:
         self._work = work
         self._then = then
         self._done = False
@@ -116,7 +117,7 @@ class PendingHandle(Handle):
         return self._done
 
 
-def _finish(work, async_op: bool, then: Callable[[], None] | None = None) -> Handle:
+def _finish(work: Any, async_op: bool, then: Callable[[], object] | None = None) -> Handle:
     handle = PendingHandle(work, then)
     if async_op:
         return handle
@@ -127,6 +128,12 @@ def _finish(work, async_op: bool, then: Callable[[], None] | None = None) -> Han
 # --------------------------------------------------------------------------- #
 # Helpers
 # --------------------------------------------------------------------------- #
+def _staged(buffer: torch.Tensor | None) -> torch.Tensor:
+    if buffer is None:
+        raise ValueError("hierarchical_all_gather: an order other than the identity needs a stage-2 staging buffer")
+    return buffer
+
+
 def pg_and_size(group: GroupLike) -> tuple[dist.ProcessGroup | None, int]:
     """The torch process group of ``group`` (ours or torch's; None: the world) and its size."""
     if isinstance(group, RankGroup):
@@ -281,7 +288,7 @@ def hierarchical_all_gather(
 
     def stages_2_and_3() -> None:
         stage1.wait()
-        stage2_out = out if layout.is_identity_order else staged
+        stage2_out = out if layout.is_identity_order else _staged(staged)
         all_gather_flat(stage2_out, stage1_out, layout_groups.stage2, stats, label=INTRA_HOST)
         if stage2_out is not out:
             _relayout(out, stage2_out, layout.gather_order)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch.distributed as dist
 
@@ -131,7 +132,7 @@ def build_process_groups(
 
 
 def _new_group(ranks: Group, backend: str | None, timeout: datetime.timedelta | None) -> dist.ProcessGroup | None:
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
     if backend is not None:
         kwargs["backend"] = backend
     if timeout is not None:

@@ -77,7 +77,9 @@ _T4 = ("NVIDIA T4", 16.0, 0.0, 65.0, 16.0)  # PCIe gen3, no NVLink
 _L4 = ("NVIDIA L4", 24.0, 121.0, 121.0, 32.0)  # PCIe gen4, no NVLink
 
 
-def _gpu_type(name: str, gpus: int, gpu: tuple, vcpus: int, memory_gib: float, net_gbps: float) -> InstanceType:
+def _gpu_type(
+    name: str, gpus: int, gpu: tuple[str, float, float, float, float], vcpus: int, memory_gib: float, net_gbps: float
+) -> InstanceType:
     gpu_name, gpu_mem, bf16, fp16, link = gpu
     return InstanceType(
         name=name,

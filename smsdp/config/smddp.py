@@ -106,7 +106,7 @@ def _parse_buffer_size(name: str, raw: Any, source: str) -> tuple[int, ConfigPro
         )
         return 0, ConfigProblem((name,), rule, raw)
     size = int(text)
-    rule = _buffer_size_problem(size)
-    if rule:
-        return 0, ConfigProblem((name,), f"(from {source}) {rule}", size)
+    problem = _buffer_size_problem(size)
+    if problem:
+        return 0, ConfigProblem((name,), f"(from {source}) {problem}", size)
     return size, None

@@ -11,7 +11,9 @@ from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, ValidationError, model_validator
+from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError, PydanticUndefined
+from typing_extensions import Self
 
 from smsdp.config.errors import NO_VALUE, ConfigError, ConfigProblem, did_you_mean, problems_of
 
@@ -38,7 +40,7 @@ def _problems_from_validation_error(exc: ValidationError, model: type[BaseModel]
     return problems
 
 
-def _describe_pydantic_error(error: Mapping[str, Any], model: type[BaseModel], loc: tuple) -> str:
+def _describe_pydantic_error(error: Mapping[str, Any], model: type[BaseModel], loc: tuple[Any, ...]) -> str:
     message = str(error["msg"]).removeprefix("Value error, ")
     message = message[:1].lower() + message[1:]
     rule = f"is invalid: {message}"
@@ -52,7 +54,7 @@ def _describe_pydantic_error(error: Mapping[str, Any], model: type[BaseModel], l
     return rule
 
 
-def _default_at(model: type[BaseModel] | None, loc: tuple) -> Any:
+def _default_at(model: type[BaseModel] | None, loc: tuple[Any, ...]) -> Any:
     """The default of the field at ``loc`` (by name or alias), or NO_VALUE."""
     for index, part in enumerate(loc):
         field = _find_field(model, part)
@@ -66,7 +68,7 @@ def _default_at(model: type[BaseModel] | None, loc: tuple) -> Any:
     return NO_VALUE
 
 
-def _find_field(model: Any, name: Any):
+def _find_field(model: Any, name: Any) -> FieldInfo | None:
     if not (isinstance(model, type) and issubclass(model, BaseModel)):
         return None
     for field_name, field in model.model_fields.items():
@@ -143,14 +145,14 @@ class ConfigModel(BaseModel):
             raise ConfigError.from_problems(_problems_from_validation_error(exc, type(self))) from None
 
     @classmethod
-    def model_validate(cls, obj: Any, **kwargs: Any):  # type: ignore[override]
+    def model_validate(cls, obj: Any, **kwargs: Any) -> Self:
         try:
             return super().model_validate(plain(obj), **kwargs)
         except ValidationError as exc:
             raise ConfigError.from_problems(_problems_from_validation_error(exc, cls)) from None
 
     @classmethod
-    def model_validate_json(cls, json_data: Any, **kwargs: Any):  # type: ignore[override]
+    def model_validate_json(cls, json_data: Any, **kwargs: Any) -> Self:
         try:
             return super().model_validate_json(json_data, **kwargs)
         except ValidationError as exc:

@@ -24,6 +24,7 @@ import logging
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 
@@ -70,7 +71,7 @@ class OffloadGroup:
 
     @property
     def nbytes(self) -> int:
-        return sum(s.host.numel() * s.host.element_size() for s in self.offloaded())
+        return sum(_nbytes(s.host) for s in self.offloaded())
 
     def __hash__(self) -> int:
         return id(self)
@@ -93,7 +94,7 @@ class ActivationOffloader:
         self.horizon = horizon
         self.stats = OffloadStats()
         self._cuda = device.type == "cuda"
-        self._stream = torch.cuda.Stream(device) if self._cuda else None
+        self._stream: torch.cuda.Stream | None = torch.cuda.Stream(device) if self._cuda else None
         # Forward order; weak, so a graph that is never backwarded (a grad-enabled
         # evaluation) drops its groups with it.
         self._groups: list[weakref.ref[OffloadGroup]] = []
@@ -130,7 +131,7 @@ class ActivationOffloader:
         else:
             saved = _Saved(group, host=self._to_host(tensor))
             if self._cuda:
-                saved.offloaded_event = self._stream.record_event()
+                saved.offloaded_event = self._side().record_event()
             self.stats.offloaded_bytes += tensor.numel() * tensor.element_size()
         group.add(saved)
         return saved
@@ -142,17 +143,18 @@ class ActivationOffloader:
             return host
         # The copy waits for the forward that produced the tensor, runs beside the
         # next module's forward, and keeps the device memory alive until it is done.
-        self._stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(self._stream):
+        side = self._side()
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
             host.copy_(tensor, non_blocking=True)
-        tensor.record_stream(self._stream)
+        tensor.record_stream(side)
         return host
 
     # ---- backward --------------------------------------------------------------------------
 
     def _unpack(self, saved: _Saved) -> torch.Tensor:
         if saved.host is None:
-            return saved.kept
+            return _present(saved.kept)
         group = saved.group
         if group.state is not GroupState.CONSUMED:
             if group.state is GroupState.ON_HOST:
@@ -163,11 +165,11 @@ class ActivationOffloader:
         elif saved.loaded is None:
             self._load(group)  # a second backward through the same graph (retain_graph)
             self.stats.on_demand_groups += 1
-        tensor = saved.loaded
+        tensor = _present(saved.loaded)
         saved.loaded = None  # from here the recomputation owns it
         if self._cuda:
             current = torch.cuda.current_stream(self.device)
-            current.wait_event(saved.loaded_event)
+            current.wait_event(_present(saved.loaded_event))
             tensor.record_stream(current)
         return tensor
 
@@ -201,14 +203,16 @@ class ActivationOffloader:
 
     def _load(self, group: OffloadGroup) -> None:
         for saved in group.offloaded():
+            host = _present(saved.host)
             if not self._cuda:
-                saved.loaded = saved.host.clone()
+                saved.loaded = host.clone()
             else:
-                with torch.cuda.stream(self._stream):
-                    self._stream.wait_event(saved.offloaded_event)
-                    saved.loaded = saved.host.to(self.device, non_blocking=True)
-                    saved.loaded_event = self._stream.record_event()
-            self.stats.loaded_bytes += saved.host.numel() * saved.host.element_size()
+                side = self._side()
+                with torch.cuda.stream(side):
+                    side.wait_event(_present(saved.offloaded_event))
+                    saved.loaded = host.to(self.device, non_blocking=True)
+                    saved.loaded_event = side.record_event()
+            self.stats.loaded_bytes += _nbytes(host)
         if group.state is GroupState.ON_HOST:
             group.state = GroupState.LOADED
 
@@ -226,9 +230,27 @@ class ActivationOffloader:
         self.stats.max_loaded_groups = max(self.stats.max_loaded_groups, len(loaded))
         self.stats.max_loaded_bytes = max(self.stats.max_loaded_bytes, sum(g.nbytes for g in loaded))
 
+    def _side(self) -> torch.cuda.Stream:
+        """The side stream the copies run on (CUDA only)."""
+        return _present(self._stream)
+
     def waiting_groups(self) -> list[GroupState]:
         """States of the live groups, oldest first (for tests and diagnostics)."""
         return [g.state for g in reversed(list(self._live_groups_newest_first()))]
+
+
+_T = TypeVar("_T")
+
+
+def _present(value: _T | None) -> _T:
+    """``value``, which this point of the offload protocol has set (a broken invariant says so)."""
+    if value is None:
+        raise RuntimeError("activation offloading: a saved tensor was used in a state it cannot be in")
+    return value
+
+
+def _nbytes(tensor: torch.Tensor | None) -> int:
+    return 0 if tensor is None else tensor.numel() * tensor.element_size()
 
 
 _JOB_OFFLOADER: tuple[world.World, ActivationOffloader | None] | None = None

@@ -30,7 +30,7 @@ def find_unit_modules(root: nn.Module, layer_classes: Iterable[type] | None) -> 
     for name, module in root.named_modules():
         if module is root or id(module) in inside:
             continue
-        if isinstance(module, classes):
+        if isinstance(module, classes) and isinstance(module, nn.Module):
             found.append((name, module))
             inside.update(id(m) for m in module.modules())
     return found

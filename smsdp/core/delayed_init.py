@@ -77,7 +77,7 @@ class _Op:
     kwargs: dict
     inputs: list[torch.Tensor]  # meta tensors among the arguments
     writes: list[torch.Tensor]  # meta tensors written in place
-    outputs: list[torch.Tensor]  # meta outputs, flattened in order
+    outputs: list[torch.Tensor | None]  # meta outputs, flattened in order (None: not a meta tensor)
     new_keys: set[int]  # storages first created by this op
 
 
@@ -151,7 +151,10 @@ class _RngEvent:
         if self.kind == "get":
             self.saved = torch.get_rng_state()
         elif self.kind == "set":
-            torch.set_rng_state(self.value.saved if isinstance(self.value, _RngEvent) else self.value)
+            state = self.value.saved if isinstance(self.value, _RngEvent) else self.value
+            if state is None:
+                raise RuntimeError("delayed initialization: a recorded RNG state was set before it was saved")
+            torch.set_rng_state(state)
         else:
             torch.manual_seed(self.value)
 

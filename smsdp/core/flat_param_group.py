@@ -50,6 +50,7 @@ import enum
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -93,13 +94,14 @@ class FlatParamGroup:
     layout: ShardLayout  # this rank's range of the flat buffer; degree 1 when replicated
     compute_dtype: torch.dtype
     device: torch.device
-    master: torch.Tensor = field(default=None)  # fp32: the local shard, or the whole buffer when replicated
-    unsharded: torch.Tensor = field(default=None)  # all-gather output; storage freed when resharded
-    flat_param: nn.Parameter = field(default=None)  # the autograd leaf the views are split from
+    # Made by ``build``:
+    master: torch.Tensor = field(init=False)  # fp32: the local shard, or the whole buffer when replicated
+    unsharded: torch.Tensor = field(init=False)  # all-gather output; storage freed when resharded
+    flat_param: nn.Parameter = field(init=False)  # the autograd leaf the views are split from
     grad_acc: torch.Tensor | None = None  # fp32 gradient of ``master``; owned here (see the gradients section)
     optim_params: list[tuple[str, nn.Parameter]] = field(default_factory=list)
     state: ParamState = ParamState.SHARDED
-    _gather_handle: object = None
+    _gather_handle: Any = None
     kept: torch.Tensor | None = None  # this rank's 1/k of the gathered buffer, in state KEPT_SLICE
     _split_sizes: list[int] = field(default_factory=list)
     _optim_slices: list[tuple[int, int]] = field(default_factory=list)  # (offset in master, length)
@@ -202,11 +204,15 @@ class FlatParamGroup:
         """Elements held in compute copies now (counted against the live budget)."""
         if self.state is ParamState.SHARDED:
             return 0
-        return self.kept.numel() if self.state is ParamState.KEPT_SLICE else self.gathered_numel
+        if self.state is ParamState.KEPT_SLICE and self.kept is not None:
+            return self.kept.numel()
+        return self.gathered_numel
 
     def unshard(self, gather: GatherFn, async_op: bool, regather: GatherFn | None = None) -> None:
         """Gather in the shard group, or from the kept slices with ``regather`` (see [Note: kept slices (hpZ)])."""
         if self.state is ParamState.KEPT_SLICE:
+            if regather is None or self.kept is None:
+                raise RuntimeError(f"{self.unit_name}: a kept 1/k slice needs the reshard group's all-gather")
             self.unsharded.untyped_storage().resize_(self.padded_numel * self.unsharded.element_size())
             self._gather_handle = regather(self.unsharded, self.kept, async_op)
             self.state = ParamState.GATHERING

@@ -135,7 +135,11 @@ class ShardedModel(nn.Module):
         self._root = self._units[-1]
         backward_order = [g for u in reversed(self._units[:-1]) for g in u.groups] + self._root.groups
         self._replicated_sync = ReplicatedGradSync(
-            backward_order, rt.all_reduce_dp, rt.dp_size, self._root.comm.reduce_dtype, params.sdp_reduce_bucket_size
+            backward_order,
+            rt.all_reduce_dp,
+            rt.dp_size,
+            self._root.bound_comm().reduce_dtype,
+            params.sdp_reduce_bucket_size,
         )
         self._unit_of_module = {id(u.module): u for u in self._units if not u.is_root}
         self._keep_for_backward = keep_gathered_for_backward  # [Note: kept for backward]
@@ -446,7 +450,7 @@ class ShardedModel(nn.Module):
 
     # ---- whole-model state ---------------------------------------------------------------------
 
-    def state_dict(self, *args: Any, **kwargs: Any) -> OrderedDict[str, torch.Tensor]:
+    def state_dict(self, *args: Any, **kwargs: Any) -> OrderedDict[str, torch.Tensor]:  # type: ignore[override]
         """The full, unsharded state dict with the wrapped module's keys (every rank must call).
 
         Parameters come back in fp32 (the master copy), on the CPU, so that plain

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from smsdp.comm import world
+from smsdp.core.flat_param_group import FlatParamGroup
 from smsdp.core.loss_scaler import DynamicLossScaler, LossScaler
 from smsdp.core.optimizer_params import remap_to_shards
 from smsdp.core.state_dicts import check_optimizer_state_shard, local_optimizer_state
@@ -96,7 +97,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._grads_ready = True
         return self.overflow
 
-    def step(self, closure: Any = None) -> None:
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]  # torch's returns the closure's loss
         fault_injection.at("optimizer_step")
         try:
             self._step(closure)
@@ -106,7 +107,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
     def _step(self, closure: Any) -> None:
         self._make_grads_ready()
         groups = [g for g in self.model.flat_groups() if g.trainable]
-        if self.overflow:
+        if self.overflow and self.loss_scaler is not None:
             self.loss_scaler.update(overflow=True)
             for group in groups:
                 group.zero_grad()
@@ -163,7 +164,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 group.scale_grad_(coef)
         return norm
 
-    def _unscale_and_check_overflow(self, groups) -> bool:
+    def _unscale_and_check_overflow(self, groups: list[FlatParamGroup]) -> bool:
+        if self.loss_scaler is None:
+            return False
         inv_scale = 1.0 / self.loss_scaler.scale
         bad = torch.zeros(1, dtype=torch.float32, device=self._device)
         for group in groups:

@@ -89,7 +89,7 @@ class ReplicatedGradSync:
     def wait(self) -> None:
         """Wait for the sums, put each group's part back into its fp32 gradient, and rearm."""
         for bucket in self.buckets:
-            if bucket.handle is not None:
+            if bucket.handle is not None and bucket.flat is not None:
                 bucket.handle.wait()
                 offset = 0
                 for group in bucket.groups:

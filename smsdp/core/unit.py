@@ -61,6 +61,12 @@ class Unit:
     _pending: list[_PendingReduce] = field(default_factory=list)
     _sync: dict[int, Any] = field(default_factory=dict)  # id(group) -> replica all-reduce in flight
 
+    def bound_comm(self) -> UnitComm:
+        """What this unit sends with (``smsdp.core.wrap`` binds it before any hook runs)."""
+        if self.comm is None:
+            raise RuntimeError(f"unit {self.name}: its collectives are not bound yet")
+        return self.comm
+
     # ---- sizes -------------------------------------------------------------------------
 
     @property
@@ -80,8 +86,9 @@ class Unit:
     # ---- gathering ---------------------------------------------------------------------
 
     def unshard(self, async_op: bool) -> None:
+        comm = self.bound_comm()
         for group in self.groups:
-            group.unshard(self.comm.gather, async_op, self.comm.regather)
+            group.unshard(comm.gather, async_op, comm.regather)
         if not async_op:
             self.wait_unshard()
 
@@ -105,7 +112,7 @@ class Unit:
 
     def post_forward(self, keep_slice: bool = False) -> None:
         """Free the gathered buffer; with ``keep_slice`` and reshard groups, keep this rank's 1/k."""
-        comm = self.comm
+        comm = self.bound_comm()
         if not keep_slice or comm.regather is None:
             self.reshard()
             return
@@ -135,7 +142,7 @@ class Unit:
 
     def _reduce_grad(self, group: FlatParamGroup, grad: torch.Tensor) -> None:
         """Micro-step reduction: reduce-scatter in the shard group, or keep locally when replicated."""
-        comm = self.comm
+        comm = self.bound_comm()
         if not group.sharded:
             group.accumulate(grad.float(), scale=comm.mean_scale)
             return
@@ -166,7 +173,7 @@ class Unit:
         self._pending = [p for p in self._pending if p.group is keep]
         for pending in done:
             pending.handle.wait()
-            pending.group.accumulate_part(pending.shard, pending.start, self.comm.mean_scale)
+            pending.group.accumulate_part(pending.shard, pending.start, self.bound_comm().mean_scale)
         if sync:
             for group in {id(p.group): p.group for p in done}.values():
                 self._start_group_sync(group)
@@ -189,7 +196,7 @@ class Unit:
     def _start_group_sync(self, group: FlatParamGroup) -> None:
         if not (group.trainable and group.sharded) or id(group) in self._sync:
             return
-        comm = self.comm
+        comm = self.bound_comm()
         if comm.replica_degree == 1:
             self._sync[id(group)] = None
             return

@@ -26,6 +26,7 @@ crosses hosts and whose stage 2 (``(L-1) H/d Psi c``) stays inside them.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from smsdp.config.topology import Topology, TopologyError
@@ -92,7 +93,7 @@ def group_span(world: int, processes_per_host: int, sdp_degree: int, tp_degree: 
     """From the real topology (``smsdp.config.topology``): how many hosts each group spans."""
     topo = Topology(world, processes_per_host, tp_degree, sdp_degree)
 
-    def hosts(group) -> int:
+    def hosts(group: Iterable[int]) -> int:
         return len({topo.host_of(r) for r in group})
 
     shard = max(topo.shard_groups(), key=hosts)

@@ -152,7 +152,7 @@ def _memory(
     )
 
 
-def _activations(model: ModelSpec, p: SMPParameters, batch: int, c: int, warnings: list[str]):
+def _activations(model: ModelSpec, p: SMPParameters, batch: int, c: int, warnings: list[str]) -> mem.Activations | None:
     """The activation estimate (None without a transformer shape), with its warnings."""
     detail = None
     checkpointing = p.activation_checkpointing
@@ -180,14 +180,14 @@ def _activations(model: ModelSpec, p: SMPParameters, batch: int, c: int, warning
 def _step_time(
     model: ModelSpec,
     p: SMPParameters,
-    hardware,
-    comm,
+    hardware: Hardware,
+    comm: comm_model.CommBreakdown,
     batch: int,
     accum: int,
     world: int,
     assumptions: Assumptions,
     warnings: list[str],
-):
+) -> comm_model.StepTime | None:
     """The step-time model on GPUs with a tensor-core peak for the compute dtype; None otherwise."""
     peak = hardware.peak_flops.get(p.compute_dtype_name, 0.0)
     if not hardware.is_gpu:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from smsdp.config.parameters import reshard_degree
+from smsdp.config.parameters import SMPParameters, reshard_degree
 from smsdp.config.shard_layout import ShardLayout, is_sharded
 from smsdp.planner.model_spec import ROOT, ModelSpec, TransformerShape
 
@@ -245,10 +245,10 @@ def unit_sizes(groups: list[GroupLayout]) -> UnitSizes:
     return UnitSizes(order, gathered, replicated, trainable_sharded, trainable_all)
 
 
-def kept_for_backward_elems(sizes: UnitSizes, p) -> int:
+def kept_for_backward_elems(sizes: UnitSizes, p: SMPParameters) -> int:
     """Sharded elements the runtime keeps gathered from forward into backward (gathered once
     per micro-step, not twice): every unit under ``sdp_reshard_after_forward=False``; else the
-    root, and the forward's last unit as the backward's first prefetch (distributed_model.py):
+    root, and the forward's last unit as the backward's first prefetch (``smsdp.core.model``):
     with ``sdp_backward_prefetch`` >= 1 and room in the live budget, which under
     ``sdp_reshard_after_forward=k`` also holds the earlier units' ``1/k`` slices."""
     if p.sdp_reshard_after_forward is False:
@@ -261,7 +261,7 @@ def kept_for_backward_elems(sizes: UnitSizes, p) -> int:
     return root + last if fits and p.sdp_backward_prefetch > 0 else root
 
 
-def kept_slice_elems(sizes: UnitSizes, p) -> int:
+def kept_slice_elems(sizes: UnitSizes, p: SMPParameters) -> int:
     """Elements of the ``1/k`` slices ``sdp_reshard_after_forward=k`` holds at the end of a forward
     (``DistributedModel.compute_copy_bytes()["kept_slices"]``): every unit not kept whole."""
     k = reshard_degree(p)
@@ -274,7 +274,7 @@ def unsharded_in_flight_bytes(
     sizes: UnitSizes,
     compute_bytes: int,
     max_live: int,
-    reshard_after_forward: bool = True,
+    reshard_after_forward: bool | int = True,
     forward_prefetch: int = 1,
     backward_prefetch: int = 1,
 ) -> int:

@@ -82,7 +82,14 @@ def plan_runtime(
     return replace(base, recommendation=recommend_for(base), strategies=strategy_fits(base))
 
 
-def _runtime(runtime, distribution, parameters, instance_type, instance_count, processes_per_host) -> RuntimeConfig:
+def _runtime(
+    runtime: RuntimeConfig | None,
+    distribution: Mapping[str, Any] | None,
+    parameters: Mapping[str, Any] | SMPParameters | None,
+    instance_type: str,
+    instance_count: int,
+    processes_per_host: int | None,
+) -> RuntimeConfig:
     given = [
         name
         for name, value in (("runtime", runtime), ("distribution", distribution), ("parameters", parameters))

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from smsdp.config.parameters import reshard_degree
+from smsdp.config.parameters import SMPParameters, reshard_degree
 from smsdp.planner.memory import GroupLayout, UnitSizes, kept_for_backward_elems
 from smsdp.planner.model_spec import ROOT
 
@@ -41,7 +41,7 @@ def packed_nbytes(numel: int, block: int) -> int:
     return 4 * math.ceil(numel / block) + 4 * math.ceil(numel / 4)
 
 
-def quantized_bytes(groups: list[GroupLayout], sizes: UnitSizes, p, sdp_degree: int) -> QuantizedBytes:
+def quantized_bytes(groups: list[GroupLayout], sizes: UnitSizes, p: SMPParameters, sdp_degree: int) -> QuantizedBytes:
     """Per micro-step, for the parameters ``p`` (an ``SMPParameters``) at shard degree ``sdp_degree``."""
     d, block = sdp_degree, p.sdp_quantization_block
     if d <= 1:
@@ -61,7 +61,7 @@ def quantized_bytes(groups: list[GroupLayout], sizes: UnitSizes, p, sdp_degree: 
     return QuantizedBytes(gather, reduce)
 
 
-def _units_kept_for_backward(sizes: UnitSizes, p) -> set[int]:
+def _units_kept_for_backward(sizes: UnitSizes, p: SMPParameters) -> set[int]:
     """Units whose backward sends no quantized gather (see the module docstring)."""
     if p.sdp_reshard_after_forward is False or reshard_degree(p):
         return set(sizes.gathered)

@@ -62,7 +62,7 @@ def simulate(
     ``backward_passes_per_step``), to show what the early synchronization buys."""
     rows = []
     per_host = 8
-    systems = [("ZeRO-3 (d = world)", None, True)]
+    systems: list[tuple[str, int | None, bool]] = [("ZeRO-3 (d = world)", None, True)]
     for i, k in enumerate(mics_degrees):
         systems.append((f"MiCS (d = {k})", k, True))
         if i == 0:

@@ -102,7 +102,7 @@ def get_replica_process_group():
     return world.get().groups.replica_group.pg
 
 
-def comm_stats() -> dict[str, int]:
+def comm_stats() -> dict[str, int | float]:
     """Bytes this rank sent per collective key (``all_gather``, ``all_reduce.replica``, ...) so far."""
     return {key: c["bytes_sent"] for key, c in world.get().stats.snapshot().items()}
 

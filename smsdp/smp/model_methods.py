@@ -23,7 +23,7 @@ import contextlib
 import copy
 import logging
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -31,10 +31,17 @@ from torch.utils.hooks import RemovableHandle
 
 from smsdp.comm import world
 
+if TYPE_CHECKING:  # the type checker sees the host these methods are mixed into
+    from smsdp.core.model import ShardedModel
+
+    _Host = ShardedModel
+else:
+    _Host = object
+
 logger = logging.getLogger("smsdp")
 
 
-class SMPModelMethods:
+class SMPModelMethods(_Host):
     """Mixed into ``DistributedModel`` over a ``ShardedModel``, whose public methods it calls
     (``module``, ``named_parameters``, ``state_dict``, ``tensor_parallel_degree``,
     ``tensor_parallel_modules``, ``is_tensor_parallel_piece``)."""
@@ -66,7 +73,7 @@ class SMPModelMethods:
     def local_modules(self, *args: Any, **kwargs: Any) -> Iterator[nn.Module]:
         return self.module.modules()
 
-    def cpu(self) -> nn.Module:
+    def cpu(self) -> nn.Module:  # type: ignore[override]  # SMP's: a plain copy, not this model moved
         """A plain copy of the whole module on the CPU, every parameter gathered (every rank must call)."""
         full = self.state_dict()
         plain = copy.deepcopy(self.module, memo={id(self): self}).cpu()

@@ -46,5 +46,6 @@ def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float, tp_grou
     total = grad_norm(params, tp_group)
     coef = min(1.0, max_norm / (total + 1e-6))
     for p in params:
-        p.grad.detach().mul_(coef)
+        if p.grad is not None:
+            p.grad.detach().mul_(coef)
     return total

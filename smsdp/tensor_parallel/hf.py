@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import Any
 
 import torch.nn.functional as F
 from torch import nn
@@ -71,7 +72,7 @@ def _row(tp: TPGroup) -> Callable[[nn.Module], nn.Module]:
     return lambda plain: RowParallelLinear(plain, tp)
 
 
-def convert_gpt2_block(block: nn.Module, tp_group) -> nn.Module:
+def convert_gpt2_block(block: Any, tp_group: Any) -> nn.Module:
     tp = TPGroup.of(tp_group)
     attn = block.attn
     if attn.is_cross_attention or hasattr(block, "crossattention"):
@@ -86,7 +87,7 @@ def convert_gpt2_block(block: nn.Module, tp_group) -> nn.Module:
     return block
 
 
-def convert_gpt_neox_layer(layer: nn.Module, tp_group) -> nn.Module:
+def convert_gpt_neox_layer(layer: Any, tp_group: Any) -> nn.Module:
     tp = TPGroup.of(tp_group)
     heads_per_rank(layer.attention.config.num_attention_heads, tp, "num_attention_heads")
     _swap(layer, "attention.query_key_value", _column(tp))
@@ -96,7 +97,7 @@ def convert_gpt_neox_layer(layer: nn.Module, tp_group) -> nn.Module:
     return layer
 
 
-def convert_llama_layer(layer: nn.Module, tp_group) -> nn.Module:
+def convert_llama_layer(layer: Any, tp_group: Any) -> nn.Module:
     tp = TPGroup.of(tp_group)
     config = layer.self_attn.config
     heads_per_rank(config.num_attention_heads, tp, "num_attention_heads")
@@ -110,7 +111,7 @@ def convert_llama_layer(layer: nn.Module, tp_group) -> nn.Module:
     return layer
 
 
-def convert_causal_lm(model: nn.Module, tp_group) -> nn.Module:
+def convert_causal_lm(model: Any, tp_group: Any) -> nn.Module:
     """Vocab-parallel input embedding, output embedding and loss of a ``*ForCausalLM`` model."""
     tp = TPGroup.of(tp_group)
     plain_in, plain_out = model.get_input_embeddings(), model.get_output_embeddings()

@@ -30,7 +30,8 @@ def convert_for_job(module: nn.Module, tp_group, stats=None) -> nn.Module:
 
 def split_names(module: nn.Module) -> dict[str, TPSplit]:
     """Every state-dict name of a split parameter (tied names included) and its cut."""
-    return {name: split_of(t) for name, t in module.state_dict(keep_vars=True).items() if split_of(t) is not None}
+    splits = {name: split_of(t) for name, t in module.state_dict(keep_vars=True).items()}
+    return {name: split for name, split in splits.items() if split is not None}
 
 
 def merge_tp_pieces(state: Mapping[str, torch.Tensor], splits: Mapping[str, TPSplit]) -> dict[str, torch.Tensor]:

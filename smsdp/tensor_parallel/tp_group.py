@@ -28,7 +28,9 @@ layers also work, unchanged, without tensor parallelism.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -105,7 +107,7 @@ def _local_last(x: torch.Tensor, tp: TPGroup) -> torch.Tensor:
     return x.chunk(tp.size, dim=-1)[tp.rank].contiguous()
 
 
-def _region(name: str, forward, backward) -> type:
+def _region(name: str, forward: Callable[..., Any], backward: Callable[..., Any]) -> type[torch.autograd.Function]:
     """An autograd Function that runs ``forward(x, tp)`` and, backward, ``backward(grad, tp)``."""
 
     def fwd(ctx, x, tp):

@@ -95,8 +95,8 @@ class ThroughputMeter:
         self._clock = clock
         self._window: deque[tuple[float, int]] = deque(maxlen=window)  # (seconds, tokens)
         self._steps = 0
-        self._warmup_total = [0.0, 0]  # seconds, tokens
-        self._measured_total = [0.0, 0]
+        self._warmup_total: list[float] = [0.0, 0]  # seconds, tokens
+        self._measured_total: list[float] = [0.0, 0]
         self._last = clock()
 
     def start(self) -> None:
@@ -130,7 +130,7 @@ class ThroughputMeter:
         return self._steps
 
     @staticmethod
-    def _rate(seconds: float, tokens: int) -> float:
+    def _rate(seconds: float, tokens: float) -> float:
         return tokens / seconds if seconds > 0 else 0.0
 
     def tokens_per_s(self) -> float:
@@ -197,7 +197,7 @@ class ProgressLogger:
         self._t_start = clock()
         self._last_loss: Any = None
         self._last_val_loss: float | None = None
-        self.lines: list = []  # everything printed, for tests and the summary
+        self.lines: list[str] = []  # everything printed, for tests and the summary
 
     @property
     def stream(self) -> TextIO:
@@ -208,7 +208,7 @@ class ProgressLogger:
         self._t_start = self._clock()
         self.meter.start()
 
-    def paused(self):
+    def paused(self) -> contextlib.AbstractContextManager[None]:
         return self.meter.paused()
 
     def should_log(self, step: int) -> bool:
@@ -282,7 +282,7 @@ def _jsonable(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON serialisable")
 
 
-def write_summary(path_or_dir: str | os.PathLike, **fields: Any) -> Path:
+def write_summary(path_or_dir: str | os.PathLike[str], **fields: Any) -> Path:
     """Write ``fields`` as JSON to ``summary.json`` in a directory (or to the
     given ``*.json`` path), atomically: readers such as the Estimator, which
     may poll while the job runs, see the old file or the complete new one.

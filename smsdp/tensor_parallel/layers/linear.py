@@ -93,7 +93,7 @@ class DistributedLinear(nn.Module):
         self.gather_output = gather_output
         self.input_copied = input_copied
         self.transposed = is_conv1d(plain)
-        self.weight = split_parameter(plain.weight, weight_partition, tp)
+        self.weight = split_parameter(plain.get_parameter("weight"), weight_partition, tp)
         bias = getattr(plain, "bias", None)
         if bias is None:
             self.bias = None

@@ -20,7 +20,7 @@ as any model laid out the same way may.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -46,7 +46,7 @@ def heads_per_rank(n_head: int, tp: TPGroup, what: str = "n_head") -> int:
 
 
 class _ParallelSelfAttention(nn.Module):
-    def __init__(self, plain: nn.Module, tp: TPGroup):
+    def __init__(self, plain: Any, tp: TPGroup):
         super().__init__()
         d = plain.d_model
         self.n_head = heads_per_rank(plain.n_head, tp)
@@ -64,7 +64,7 @@ class _ParallelSelfAttention(nn.Module):
 
 
 class _ParallelMLP(nn.Module):
-    def __init__(self, plain: nn.Module, tp: TPGroup):
+    def __init__(self, plain: Any, tp: TPGroup):
         super().__init__()
         self.c_fc = ColumnParallelLinear(plain.c_fc, tp)
         self.gelu = plain.gelu
@@ -78,7 +78,7 @@ class _ParallelMLP(nn.Module):
 class DistributedTransformerLayer(nn.Module):
     """The bundled GPT's ``Block``, heads and MLP split over ``tp``."""
 
-    def __init__(self, block: nn.Module, tp: TPGroup):
+    def __init__(self, block: Any, tp: TPGroup):
         super().__init__()
         self.tp = tp
         self.ln_1 = block.ln_1
@@ -87,7 +87,7 @@ class DistributedTransformerLayer(nn.Module):
         self.mlp = _ParallelMLP(block.mlp, tp)
 
     @classmethod
-    def from_module(cls, block: nn.Module, tp_group) -> DistributedTransformerLayer:
+    def from_module(cls, block: Any, tp_group: Any) -> DistributedTransformerLayer:
         return cls(block, TPGroup.of(tp_group))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -109,7 +109,7 @@ class DistributedTransformerLMHead(nn.Module):
     this keeps whatever ``transformer.h`` holds.
     """
 
-    def __init__(self, gpt: nn.Module, tp: TPGroup):
+    def __init__(self, gpt: Any, tp: TPGroup):
         super().__init__()
         self.tp = tp
         self.config = gpt.config
@@ -122,7 +122,7 @@ class DistributedTransformerLMHead(nn.Module):
         self.vocab_start = self.transformer.wte.vocab_start
 
     @classmethod
-    def from_module(cls, gpt: nn.Module, tp_group) -> DistributedTransformerLMHead:
+    def from_module(cls, gpt: Any, tp_group: Any) -> DistributedTransformerLMHead:
         return cls(gpt, TPGroup.of(tp_group))
 
     def tie_weights(self) -> None:
