@@ -16,9 +16,9 @@ from smsdp.smp.refused import REFUSED, refused  # torch-free: SMP names smsdp re
 _MODEL = ("DistributedModel", "set_activation_checkpointing", "delay_param_initialization", "model_creation")
 _TENSOR_PARALLEL = ("tp_register", "tp_register_with_module", "set_tensor_parallelism")
 _EXPORTS = {
-    **dict.fromkeys(_MODEL, "smsdp.smp.model"),
+    **dict.fromkeys(_MODEL, "smsdp.smp.distributed_model"),
     **dict.fromkeys(_TENSOR_PARALLEL, "smsdp.smp.tensor_parallelism"),
-    "DistributedOptimizer": "smsdp.smp.optimizer",
+    "DistributedOptimizer": "smsdp.smp.distributed_optimizer",
     "step": "smsdp.smp.step",
     "StepOutput": "smsdp.smp.step",
     **dict.fromkeys(("save_checkpoint", "resume_from_checkpoint", "CheckpointError"), "smsdp.smp.checkpointing"),

@@ -79,8 +79,8 @@ class Timers:
 
 def install() -> Timers:
     """Wrap the runtime's methods (those that exist in this version of smsdp; see ``Timers.wrapped``)."""
-    from smsdp.smp.model import DistributedModel
-    from smsdp.smp.optimizer import DistributedOptimizer
+    from smsdp.smp.distributed_model import DistributedModel
+    from smsdp.smp.distributed_optimizer import DistributedOptimizer
 
     t = Timers()
     t.wrapped = []

@@ -36,21 +36,21 @@ class DynamicLossScaler:
     backoff_factor: float = 0.5
     growth_interval: int = 2000
     min_scale: float = 1.0
-    _clean_steps: int = 0
+    clean_steps: int = 0  # clean steps since the scale last changed
 
     def update(self, overflow: bool) -> None:
         if overflow:
             self.scale = max(self.min_scale, self.scale * self.backoff_factor)
-            self._clean_steps = 0
+            self.clean_steps = 0
             return
-        self._clean_steps += 1
-        if self._clean_steps >= self.growth_interval:
+        self.clean_steps += 1
+        if self.clean_steps >= self.growth_interval:
             self.scale *= self.growth_factor
-            self._clean_steps = 0
+            self.clean_steps = 0
 
     def state_dict(self) -> dict:
-        return {"scale": self.scale, "clean_steps": self._clean_steps}
+        return {"scale": self.scale, "clean_steps": self.clean_steps}
 
     def load_state_dict(self, state: dict) -> None:
         self.scale = float(state["scale"])
-        self._clean_steps = int(state["clean_steps"])
+        self.clean_steps = int(state["clean_steps"])

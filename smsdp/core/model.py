@@ -5,7 +5,7 @@ it is ``smsdp.core.prefetch``'s) and holds the model's training state and its
 rules (the backward goes through the model); what wrapping does first is
 ``smsdp.core.wrap``'s; what happens to a unit's parameters and gradients in each
 hook is the unit's job (``smsdp.core.unit``). SMP v1's own methods are added on
-top, in ``smsdp.smp.model``.
+top, in ``smsdp.smp.distributed_model``.
 
 [Note: the schedule of one micro-step]
 forward:  the root unit is gathered first (it stays gathered for the whole

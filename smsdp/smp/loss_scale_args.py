@@ -57,7 +57,7 @@ class HysteresisLossScaler(DynamicLossScaler):
 
     def update(self, overflow: bool) -> None:
         if overflow:
-            self._clean_steps = 0
+            self.clean_steps = 0
             if self._tolerance_left > 1:
                 self._tolerance_left -= 1
                 return
@@ -65,10 +65,10 @@ class HysteresisLossScaler(DynamicLossScaler):
             return
         if self.consecutive_hysteresis:
             self._tolerance_left = self.delayed_shift
-        self._clean_steps += 1
-        if self._clean_steps >= self.growth_interval:
+        self.clean_steps += 1
+        if self.clean_steps >= self.growth_interval:
             self.scale *= self.growth_factor
-            self._clean_steps = 0
+            self.clean_steps = 0
             self._tolerance_left = self.delayed_shift
 
     def state_dict(self) -> dict:

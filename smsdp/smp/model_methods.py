@@ -39,6 +39,7 @@ else:
     _Host = object
 
 logger = logging.getLogger("smsdp")
+_LOGGED = {"join": False}  # said once per process
 
 
 class SMPModelMethods(_Host):
@@ -115,8 +116,8 @@ class SMPModelMethods(_Host):
     @contextlib.contextmanager
     def join(self, *args: Any, **kwargs: Any):
         """Accepted for SMP scripts; smsdp needs every rank to run the same number of steps."""
-        if not getattr(self, "_join_logged", False):
-            self._join_logged = True
+        if not _LOGGED["join"]:
+            _LOGGED["join"] = True
             logger.info(
                 "DistributedModel.join() has no effect in smsdp: every rank must run the same number "
                 "of steps (uneven inputs are not supported); drop_last=True in the data loader ensures it"
