@@ -10,10 +10,9 @@ It is written so that the smsdp runtime can shard it without special cases:
 - Construction never reads parameter values, so ``with torch.device("meta"):
   GPT(cfg)`` works; :meth:`GPT.init_weights` re-runs the initialisation after
   ``to_empty()`` (delayed parameter initialisation).
-- Its tensor-parallel recipe is registered at the end of this file with
-  ``smp.tp_register``, as any user model registers its own: ``Block`` becomes
-  smsdp's ``DistributedTransformerLayer`` and the whole ``GPT`` its
-  ``DistributedTransformerLMHead`` when a job runs at ``tensor_parallel_degree > 1``.
+- It never imports smsdp (plain PyTorch loads what a job saved). Its
+  tensor-parallel recipe is ``entrypoints.gpt_tensor_parallel``, registered with
+  ``smp.tp_register`` as any user model registers its own.
 
 FLOP accounting follows the PaLM paper (appendix B) per token and
 Megatron-LM (Narayanan et al., 2021, section 5.1) per iteration; both are here
@@ -29,9 +28,6 @@ from typing import NamedTuple
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
-import smsdp as smp
-from smsdp.tensor_parallel.layers.transformer import DistributedTransformerLayer, DistributedTransformerLMHead
 
 __all__ = [
     "GPT",
@@ -284,9 +280,3 @@ def megatron_flops_per_iteration(
     if activation_recompute:
         return 96.0 * B * s * l * h * h * (1.0 + s / (6.0 * h) + V / (16.0 * l * h))
     return 72.0 * B * s * l * h * h * (1.0 + s / (6.0 * h) + V / (12.0 * l * h))
-
-
-# The tensor-parallel versions smp.DistributedModel swaps in for marked instances (smp.model_creation(
-# tensor_parallelism=True) or smp.set_tensor_parallelism); they read the layout described above.
-smp.tp_register(Block, DistributedTransformerLayer)
-smp.tp_register(GPT, DistributedTransformerLMHead)

@@ -66,6 +66,7 @@ import torch.distributed as dist  # noqa: E402
 import smsdp as smp  # noqa: E402
 from entrypoints.data import TokenDataset  # noqa: E402
 from entrypoints.gpt import GPT, GPTConfig  # noqa: E402
+from entrypoints.gpt_tensor_parallel import register_tensor_parallel  # noqa: E402
 from smsdp.tensor_parallel import batch_arithmetic  # noqa: E402
 from smsdp.util.metrics import ProgressLogger, write_summary  # noqa: E402
 
@@ -196,6 +197,7 @@ def build(args: argparse.Namespace) -> Run:
     )
     gpt = GPT(config)
     if smp.tp_size() > 1:  # blocks, embedding and head split over tp_group (Megatron layout)
+        register_tensor_parallel()
         smp.set_tensor_parallelism(gpt, True)
     n_params, flops_per_token = gpt.num_params(), gpt.flops_per_token(args.seq_len)
     # Declaring the accumulation lets the replica all-reduce overlap the last backward.

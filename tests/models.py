@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from entrypoints.gpt import GPT, GPTConfig
+from entrypoints.gpt_tensor_parallel import register_tensor_parallel
 
 __all__ = [
     "SEQ_LEN",
@@ -71,6 +72,7 @@ def tiny_gpt(
     bias: bool = True,
     seed: int | None = None,
 ) -> GPT:
+    register_tensor_parallel()  # as a script running it at tensor_parallel_degree > 1 does
     _seed(seed)
     return GPT(
         GPTConfig(
