@@ -47,7 +47,11 @@ def test_every_block_says_what_it_is_and_every_marker_is_known():
     unknown = [f"{b.where} ```{b.lang}" for b in BLOCKS if b.lang not in LANGUAGES]
     assert not unknown, f"fenced blocks need one of {sorted(LANGUAGES)} as their language: {unknown}"
     known = (LOCAL_JOB, PRINTED_ABOVE)
-    odd = [f"{b.where}: <!-- {b.marker} -->" for b in BLOCKS if b.marker and b.not_run_reason is None and b.marker not in known]
+    odd = [
+        f"{b.where}: <!-- {b.marker} -->"
+        for b in BLOCKS
+        if b.marker and b.not_run_reason is None and b.marker not in known
+    ]
     assert not odd, f"markers are '{NOT_RUN}: why', or one of {known}: {odd}"
 
 
@@ -151,7 +155,9 @@ def test_command_runs(block: Block, command: str):
             text=True,
             timeout=240,
         )
-        assert proc.returncode == 0, f"{block.where}: `{part}` ({rule}) exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        assert proc.returncode == 0, (
+            f"{block.where}: `{part}` ({rule}) exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
 
 
 def test_every_doc_file_is_read():
