@@ -29,6 +29,7 @@ import tempfile
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DOC_FILES = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
@@ -119,7 +120,7 @@ def _open_quote(text: str) -> bool:
 # ---------------------------------------------------------------------------- running python blocks
 
 
-def _aws_for_examples() -> object:
+def _aws_for_examples() -> Any:
     """Moto's mock AWS, an empty AWS config, fake credentials, and the examples' bucket."""
     home = Path(tempfile.mkdtemp(prefix="doc-aws-"))
     for name in [name for name in os.environ if name.startswith("AWS_")]:
@@ -186,7 +187,7 @@ def main(argv: list[str]) -> None:
             for result in run_file(REPO_ROOT / name):
                 print("DOC-RESULT " + json.dumps(result), flush=True)
     finally:
-        mock.stop()  # type: ignore[attr-defined]
+        mock.stop()
 
 
 if __name__ == "__main__":

@@ -163,3 +163,16 @@ def test_command_runs(block: Block, command: str):
 def test_every_doc_file_is_read():
     assert {p.name for p in DOC_FILES} >= {"README.md", "architecture.md", "planner.md", "benchmarks.md"}
     assert all(Path(p).is_file() for p in DOC_FILES)
+
+
+_LINK = re.compile(r"\]\((?P<target>[^)#\s]+)(?:#[^)]*)?\)")
+
+
+def test_relative_links_point_at_files():
+    broken = []
+    for path in DOC_FILES:
+        for match in _LINK.finditer(path.read_text()):
+            target = match["target"]
+            if "://" not in target and not (path.parent / target).exists():
+                broken.append(f"{path.relative_to(REPO_ROOT)}: {target}")
+    assert not broken, broken
