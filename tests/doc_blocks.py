@@ -120,9 +120,8 @@ def _open_quote(text: str) -> bool:
 # ---------------------------------------------------------------------------- running python blocks
 
 
-def _aws_for_examples() -> Any:
+def _aws_for_examples(home: Path) -> Any:
     """Moto's mock AWS, an empty AWS config, fake credentials, and the examples' bucket."""
-    home = Path(tempfile.mkdtemp(prefix="doc-aws-"))
     for name in [name for name in os.environ if name.startswith("AWS_")]:
         del os.environ[name]
     os.environ.update(
@@ -179,15 +178,18 @@ def run_file(path: Path) -> list[dict]:
 
 
 def main(argv: list[str]) -> None:
-    os.chdir(tempfile.mkdtemp(prefix="doc-examples-"))
     sys.path.insert(0, str(REPO_ROOT))
-    mock = _aws_for_examples()
-    try:
-        for name in argv:
-            for result in run_file(REPO_ROOT / name):
-                print("DOC-RESULT " + json.dumps(result), flush=True)
-    finally:
-        mock.stop()
+    with tempfile.TemporaryDirectory(prefix="doc-examples-") as scratch:
+        os.chdir(scratch)
+        tempfile.tempdir = scratch  # what the examples make in temp directories goes too
+        mock = _aws_for_examples(Path(scratch))
+        try:
+            for name in argv:
+                for result in run_file(REPO_ROOT / name):
+                    print("DOC-RESULT " + json.dumps(result), flush=True)
+        finally:
+            mock.stop()
+            os.chdir(REPO_ROOT)
 
 
 if __name__ == "__main__":
