@@ -34,7 +34,7 @@ ROLE = f"arn:aws:iam::{ACCOUNT}:role/SageMakerRole"
 BUCKET = "smsdp-test-bucket"
 OUTPUT = f"s3://{BUCKET}/jobs"
 JOB = "gpt-moto-1"
-IMAGE = f"763104351884.dkr.ecr.{REGION}.amazonaws.com/pytorch-training:2.8.0-gpu-py312"
+IMAGE = f"763104351884.dkr.ecr.{REGION}.amazonaws.com/pytorch:2.13.0-cu133-amzn2023-sagemaker"  # the default image
 DISTRIBUTION = {
     "smdistributed": {
         "modelparallel": {"enabled": True, "parameters": {"ddp": True, "sharded_data_parallel_degree": 8, "bf16": True}}
