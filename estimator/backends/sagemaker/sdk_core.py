@@ -24,8 +24,6 @@ from estimator.backends.sagemaker.training_request import create_training_job_re
 
 #: Request fields that are maps of the user's names (kept as they are) rather than shapes.
 _MAPS = {"HyperParameters", "Environment"}
-#: Request fields whose value is a list of this sagemaker-core shape.
-_LISTS = {"InputDataConfig": "Channel", "Tags": "Tag"}
 
 
 def submit(request: SageMakerRequest, sagemaker_session: Any) -> None:
@@ -54,24 +52,15 @@ def submit(request: SageMakerRequest, sagemaker_session: Any) -> None:
 
 
 def training_job_arguments(create_training_job: dict[str, Any]) -> dict[str, Any]:
-    """The request as ``TrainingJob.create`` keywords: sagemaker-core shapes, which serialize back to it."""
-    shapes = import_sdk_module("sagemaker.core.shapes")
+    """The request as ``TrainingJob.create`` keywords, in snake case: its pydantic check builds the shapes."""
     utils = import_sdk_module("sagemaker.core.utils.utils")
-    arguments: dict[str, Any] = {}
-    for field, value in create_training_job.items():
-        name = utils.pascal_to_snake(field)
-        if field in _LISTS:
-            shape = getattr(shapes, _LISTS[field])
-            arguments[name] = [shape(**_snake(item, utils)) for item in value]
-        elif isinstance(value, dict) and field not in _MAPS:
-            arguments[name] = getattr(shapes, field)(**_snake(value, utils))
-        else:
-            arguments[name] = value
-    return arguments
+    return {
+        utils.pascal_to_snake(field): value if field in _MAPS else _snake(value, utils)
+        for field, value in create_training_job.items()
+    }
 
 
 def _snake(value: Any, utils: Any) -> Any:
-    """A shape's fields in snake case, nested shapes and lists of shapes too (pydantic builds them)."""
     if isinstance(value, dict):
         return {utils.pascal_to_snake(key): _snake(item, utils) for key, item in value.items()}
     if isinstance(value, list):
