@@ -19,7 +19,8 @@ _EXPORTS = {
     "delay_param_initialization": "smsdp.core.delayed_init",
     "model_creation": "smsdp.core.delayed_init",
     **dict.fromkeys(
-        ("tp_register", "tp_register_with_module", "set_tensor_parallelism"), "smsdp.tensor_parallel.registry"
+        ("tp_register", "tp_register_with_module", "set_tensor_parallelism", "tensor_parallelism"),
+        "smsdp.tensor_parallel.registry",
     ),
 }
 _API = [
