@@ -1,17 +1,19 @@
 """The container image of a SageMaker job: SageMaker's PyTorch training images whose torch smsdp supports.
 
 smsdp names these images itself, whatever SageMaker SDK is installed: SDK 2.257's table
-ends at torch 2.8, and from torch 2.11 on AWS publishes its PyTorch training images
-(Deep Learning Containers, "DLC") under a new repository name, ``pytorch``, with tags such
-as ``2.13.0-cu133-amzn2023-sagemaker``. Sources (August 2026): the DLC repository's
-``docs/src/data/pytorch/<version>-{cuda,cpu}-sagemaker.yml`` (tags, Python, CUDA) and
-``docs/reference/region_availability.md`` (the registry account of each region), in
-https://github.com/aws/deep-learning-containers.
+ends at torch 2.8 and SDK 3.27's at 2.10, and from torch 2.11 on AWS publishes its PyTorch
+training images (Deep Learning Containers, "DLC") under a new repository name, ``pytorch``,
+with tags such as ``2.13.0-cu133-amzn2023-sagemaker``. Sources (the repository as of
+2026-08-21): https://github.com/aws/deep-learning-containers, files
+``docs/src/data/pytorch/<version>-{cuda,cpu}-sagemaker.yml`` (tags, Python, CUDA; release
+dates 2026-04-30, 2026-07-02, 2026-07-20 for 2.11, 2.12, 2.13),
+``.github/config/image/pytorch/<version>-sagemaker-cuda.yml`` (the torch each image holds) and
+``docs/reference/region_availability.md`` (the registry account of each region).
 
 A job gets, in order: ``image_uri`` when given (a DLC or SMP image is checked by the torch
 version its tag names; any other image is accepted and recorded as unchecked); the image of
 ``framework_version`` from the table below; for a supported version the table does not list,
-the installed SDK's own table (``sdk.training_image_uri``). A ``framework_version`` or a
+the installed SDK's own table (``sdk.sdk_training_image_uri``). A ``framework_version`` or a
 recognized image older than ``MIN_TORCH`` is refused when the Estimator is built.
 """
 
