@@ -284,12 +284,13 @@ def other_sdk_job(tmp_path_factory) -> dict:
         env={**env, "PYTHONPATH": str(REPO_ROOT)},
         capture_output=True,
         text=True,
-        timeout=110,
+        timeout=200,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     return json.loads(out.read_text())
 
 
+@pytest.mark.timeout(240)  # the SDK 3 job runs in its own Python first (7 s of CPU here)
 def test_sdk3_sends_the_same_create_training_job_request_as_sdk2(submitted, other_sdk_job):
     _, sent, dry_run = submitted
     assert (installed_sdk().value, other_sdk_job["sdk"]) == ("SageMaker Python SDK 2", "SageMaker Python SDK 3")
@@ -300,6 +301,7 @@ def test_sdk3_sends_the_same_create_training_job_request_as_sdk2(submitted, othe
     assert other_sdk_job["image"] == dry_run.to_dict()["Image"]
 
 
+@pytest.mark.timeout(240)  # the SDK 3 job runs in its own Python first (7 s of CPU here)
 def test_sdk3_describes_logs_stops_and_attaches_the_job_as_sdk2_does(submitted, other_sdk_job):
     est, _, _ = submitted
     assert other_sdk_job["status"] == other_sdk_job["described"] == "Completed"
@@ -309,6 +311,7 @@ def test_sdk3_describes_logs_stops_and_attaches_the_job_as_sdk2_does(submitted, 
     assert other_sdk_job["attached"] == json.loads(json.dumps(attached_view(again)))
 
 
+@pytest.mark.timeout(240)  # the SDK 3 job runs in its own Python first (7 s of CPU here)
 def test_sdk3_resolves_the_default_bucket_as_sdk2_does(other_sdk_job):
     request, bucket = other_sdk_job["default_bucket_request"], f"sagemaker-{REGION}-{ACCOUNT}"
     assert request["OutputDataConfig"] == {"S3OutputPath": f"s3://{bucket}/"}
