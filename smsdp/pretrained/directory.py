@@ -88,7 +88,7 @@ class HFDirectory:
                 where = "in no file" if header is None else f"in {header.file.name}"
                 raise PretrainedError(f"{self.source} puts {name} in {file_name}, but the file headers have it {where}")
 
-    def describe(self, name: str | None = None) -> str:
+    def describe(self) -> str:
         """Where a tensor was looked for, for error messages."""
         if self.source.name == INDEX_FILE:
             return f"{self.source} (and its {len(self.files)} file(s))"

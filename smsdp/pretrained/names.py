@@ -10,8 +10,8 @@ Another model declares its mapping: ``rename`` (model name -> checkpoint name),
 ``transposed`` (names whose 2-D tensor the checkpoint stores transposed, as
 GPT-2's ``Conv1D`` stores ``[in, out]`` where ``nn.Linear`` has ``[out, in]``) and
 ``config`` (the ``config.json`` an export writes, so that ``from_pretrained``
-builds the matching Hugging Face class). The bundled GPT's is
-``entrypoints.gpt.hf_gpt2_names()``: GPT-2's names, four transposed weights.
+builds the matching Hugging Face class). The bundled GPT declares its own this
+way, as any user model would: GPT-2's names, four weights transposed.
 """
 
 from __future__ import annotations

@@ -29,12 +29,12 @@ LOAD_CASES = [f"load:{m}:{v}:{t}:{d}" for m, v, t, d in LOADS]
 # buffer (the largest parameter whose default init is overwritten), one box's read buffer and
 # file pages, the first-use imports of the load path.
 ALLOWANCE_BYTES = 8 * 2**20
-# [Note: glibc's dynamic mmap threshold] Once a unit-sized buffer (above 128 KiB) has been freed,
-# glibc raises its mmap threshold to that size and serves later unit-sized buffers from its heap,
-# where freed memory stays resident: measured here, one rank in four then showed 15 to 30 MiB more
-# than its peers, a different rank in each launch. Fixing the threshold makes resident memory
-# follow the bytes the runtime holds, which is what the bound is about; a job can set the same
-# variable (the report in docs/pretrained.md gives both figures).
+# glibc's dynamic mmap threshold: once a buffer above 128 KiB is freed, glibc raises the threshold to
+# its size (up to 32 MiB) and serves later buffers of that size from its heap, where freed memory
+# stays resident. These units are 6 to 7 MiB, under that cap, and with the default the peaks were
+# up to 29 MiB higher, different on each rank (bench/pretrained_memory.py prints both). A fixed
+# threshold makes resident memory follow the bytes the runtime holds, which is what the bound is
+# about; a job can set it too (docs/pretrained.md).
 ALLOCATOR_ENV = {"MALLOC_MMAP_THRESHOLD_": str(128 * 1024)}
 
 
