@@ -65,8 +65,7 @@ def load_pretrained(model: Any, path: str | os.PathLike, *, names: TensorNames |
     module = getattr(model, "module", model)
     names = names if names is not None else TensorNames.of(module)
     what = f"load_pretrained({os.fspath(path)})"
-    plan = _run_agreed(what, _plan, model, module, path, names)
-    directory, sources, buffers = plan
+    directory, sources, buffers = _run_agreed(what, _plan, model, module, path, names)
     read = _run_agreed(what, _read_all, model, sources, buffers)
     used = {s.header.name for s in sources.values()} | {header.name for _, header in buffers.values()}
     report = LoadReport(

@@ -94,13 +94,14 @@ def dtype_problem(source: str, target: torch.dtype, rounding: bool = False) -> s
 
 
 def find_sources(
-    directory: HFDirectory, names: TensorNames, infos: Iterable[Any], target: torch.dtype
+    directory: HFDirectory, names: TensorNames, infos: Iterable[Any], target: torch.dtype, rounding: bool = False
 ) -> tuple[dict[int, ParamSource], list[str]]:
     """Each parameter's checkpoint tensor (keyed by ``id(info)``), and every problem found.
 
     Problems name the tensor and the file: a parameter with no tensor under any of its
     names (tied ones have several), a shape that differs from the plain parameter's, a
-    dtype that cannot fill it. Only headers are read.
+    dtype that cannot fill ``target`` (exactly, unless ``rounding``: a bf16 storage may
+    take an fp32 checkpoint). Only headers are read.
     """
     sources: dict[int, ParamSource] = {}
     problems: list[str] = []
@@ -124,7 +125,7 @@ def find_sources(
         if transposed and len(want) != 2:
             problems.append(f"{header.name} in {header.file}: only 2-D tensors can be stored transposed")
             continue
-        wrong_dtype = dtype_problem(header.dtype, target)
+        wrong_dtype = dtype_problem(header.dtype, target, rounding)
         if wrong_dtype:
             problems.append(f"{header.name} in {header.file}: {wrong_dtype}")
             continue
