@@ -53,6 +53,7 @@ and leave; the next job with the same checkpoint directory resumes there.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -220,8 +221,10 @@ def main(argv=None) -> dict:
 
     # -- model and optimizer ------------------------------------------------------
     config = model_config(args)
-    # A pretrained model is built on the meta device: no rank ever holds it whole.
-    with smp.delay_param_initialization(enabled=bool(args.pretrained_dir)):
+    # A pretrained model is built on the meta device: no rank ever holds it whole. Otherwise the
+    # build is eager, whatever the job's delayed_parameter_initialization (smp.plan says so).
+    on_meta = smp.delay_param_initialization if args.pretrained_dir else contextlib.nullcontext
+    with on_meta():
         gpt = GPT(config)
     if smp.tp_size() > 1:  # blocks, embedding and head split over tp_group (Megatron layout)
         smp.set_tensor_parallelism(gpt, True)
