@@ -16,5 +16,6 @@ setup(
         "numpy",
         "mpi4py>=3.1",
         "pyyaml>=6",
+        "safetensors>=0.4",
     ]
 )

@@ -16,6 +16,7 @@ _EXPORTS = {
     "StepOutput": "smsdp.smp.step",
     **dict.fromkeys(("save_checkpoint", "resume_from_checkpoint", "CheckpointError"), "smsdp.checkpoint.save_resume"),
     "set_activation_checkpointing": "smsdp.core.activation_checkpointing",
+    **dict.fromkeys(("load_pretrained", "save_pretrained", "TensorNames", "PretrainedError"), "smsdp.pretrained"),
     "delay_param_initialization": "smsdp.core.delayed_init",
     "model_creation": "smsdp.core.delayed_init",
     **dict.fromkeys(
