@@ -21,7 +21,15 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "smsdp"
 # top to bottom; names on one row sit beside each other and import neither; util is a leaf below all.
 # The planner (torch-free) models the runtime from comm's ring accounting and the config.
-LAYERS = [["smp"], ["core", "checkpoint"], ["tensor_parallel", "planner"], ["comm"], ["config"], ["util"]]
+LAYERS = [
+    ["smp"],
+    ["pretrained"],
+    ["core", "checkpoint"],
+    ["tensor_parallel", "planner"],
+    ["comm"],
+    ["config"],
+    ["util"],
+]
 RANK = {name: depth for depth, row in enumerate(LAYERS) for name in row}
 HEAVY = ("torch", "numpy", "transformers", "mpi4py", "matplotlib")  # what an in-function import may defer
 

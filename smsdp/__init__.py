@@ -14,14 +14,17 @@ from typing import Any
 from smsdp.smp.refused import REFUSED, refused  # torch-free: SMP names smsdp refuses, with what to use
 
 _MODEL = ("DistributedModel", "set_activation_checkpointing", "delay_param_initialization", "model_creation")
-_TENSOR_PARALLEL = ("tp_register", "tp_register_with_module", "set_tensor_parallelism")
+_TENSOR_PARALLEL = ("tp_register", "tp_register_with_module", "set_tensor_parallelism", "tensor_parallelism")
 _EXPORTS = {
     **dict.fromkeys(_MODEL, "smsdp.smp.distributed_model"),
-    **dict.fromkeys(_TENSOR_PARALLEL, "smsdp.smp.tensor_parallelism"),
+    **dict.fromkeys(_TENSOR_PARALLEL, "smsdp.smp.tensor_parallel_api"),
     "DistributedOptimizer": "smsdp.smp.distributed_optimizer",
     "step": "smsdp.smp.step",
     "StepOutput": "smsdp.smp.step",
     **dict.fromkeys(("save_checkpoint", "resume_from_checkpoint", "CheckpointError"), "smsdp.smp.checkpointing"),
+    **dict.fromkeys(
+        ("load_pretrained", "save_pretrained", "TensorNames", "PretrainedError"), "smsdp.smp.checkpointing"
+    ),
 }
 _API = [
     "init",

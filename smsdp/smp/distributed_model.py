@@ -5,7 +5,7 @@ SMP v1's own methods on top (``smsdp.smp.model_methods``) and SMP's constructor
 keywords: the tracing and DDP ones are accepted and have no effect here
 (``smsdp.smp.model_args`` logs why, once). The model-building names of ``smp.*``
 (delayed initialization, activation checkpointing) are re-exported here from the
-layer that implements them; the tensor-parallel ones are ``smsdp.smp.tensor_parallelism``.
+layer that implements them; the tensor-parallel ones are ``smsdp.smp.tensor_parallel_api``.
 """
 
 from __future__ import annotations

@@ -49,3 +49,9 @@ class DistributedOptimizer(ShardedOptimizer):
                 explicit,
             )
         super().__init__(optimizer, model=model, loss_scaler=loss_scaler)
+
+    @property
+    def _global_grad_norm(self) -> float:
+        """SMP v1's name for ``step_grad_norm`` (its GPT-NeoX example logs it every step); 0.0 before the first step."""
+        norm = self.step_grad_norm
+        return 0.0 if norm is None else norm
