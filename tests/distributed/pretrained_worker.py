@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 import smsdp as smp
 from entrypoints.gpt import GPT, config_from_hf_gpt2, hf_gpt2_names
+from entrypoints.gpt_tensor_parallel import register_tensor_parallel
 from smsdp.comm import world as runtime_state
 from smsdp.pretrained import read_config
 from smsdp.pretrained.reading import plain_shape
@@ -76,6 +77,7 @@ def _build(model: str, path: str, tp: int):
     torch.manual_seed(0)  # one RNG state on every rank: GPT-2's dropout under tensor parallelism needs it
     with smp.model_creation(tensor_parallelism=tp > 1):
         if model == "bundled":
+            register_tensor_parallel()  # as train_gpt.py does before building it
             return GPT(config_from_hf_gpt2(read_config(path)))
         return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
 
