@@ -18,7 +18,6 @@ from typing import Any
 from estimator.redact import REDACTED, is_secret
 from estimator.spec import FILE_SCHEME, S3_SCHEME, Channel, CodeSpec, Hyperparameter
 from smsdp.config import ConfigError, ConfigProblem
-from smsdp.config.instance_types import LOCAL
 
 # SageMaker's own limits, so a job that runs locally is also accepted remotely.
 # Every pattern is used with fullmatch: "$" would also match before a trailing newline.
@@ -77,7 +76,8 @@ def problem(path: str | tuple, rule: str, value: Any = ...) -> ConfigError:
 
 def collect(*checks: Callable[[], Any]) -> list[Any]:
     """Run every check; raise one ConfigError listing all their problems."""
-    results, problems = [], []
+    results: list[Any] = []
+    problems: list[ConfigProblem] = []
     for check in checks:
         try:
             results.append(check())
@@ -299,10 +299,12 @@ def check_job_name(job_name: Any, field: str = "job_name") -> str:
     return job_name
 
 
-def check_output_path(output_path: Any, instance_type: str) -> str:
-    """Local jobs write under a directory (absolute from now on); remote ones under s3://."""
+def output_path_text(output_path: Any) -> str | None:
+    """``output_path`` as text, its type and characters checked; None when it was not given.
+
+    Where it may point (a directory, S3) is the backend's rule (``estimator.backends.JobRules``)."""
     if output_path is None:
-        return str(Path("smsdp-jobs").resolve()) if instance_type == LOCAL else ""
+        return None
     if (
         not isinstance(output_path, (str, os.PathLike))
         or not isinstance(os.fspath(output_path), str)
@@ -313,18 +315,16 @@ def check_output_path(output_path: Any, instance_type: str) -> str:
     rule = text_rule(text, path=True)
     if rule:
         raise problem("output_path", rule, text)
-    if text.startswith(S3_SCHEME):
-        if instance_type == LOCAL:
-            raise problem(
-                "output_path",
-                "is in S3 but local jobs write to this machine; use a directory such as './smsdp-jobs'",
-                text,
-            )
-        return text
+    return text
+
+
+def local_directory(text: str) -> str:
+    """A ``file://`` URI or a path as an absolute path (``~`` expanded)."""
     return str(Path(text.removeprefix(FILE_SCHEME)).expanduser().resolve())
 
 
-def check_checkpoint_uri(uri: Any, instance_type: str) -> str | None:
+def check_checkpoint_uri(uri: Any) -> str | None:
+    """``checkpoint_s3_uri``'s type and characters; where it may point is the backend's rule."""
     if uri is None:
         return None
     text = os.fspath(uri) if isinstance(uri, (str, os.PathLike)) else None
@@ -333,12 +333,6 @@ def check_checkpoint_uri(uri: Any, instance_type: str) -> str | None:
     rule = text_rule(text, path=True)
     if rule:
         raise problem("checkpoint_s3_uri", rule, text)
-    if instance_type == LOCAL and text.startswith(S3_SCHEME):
-        raise problem(
-            "checkpoint_s3_uri",
-            "is in S3 but local jobs keep checkpoints on this machine; use 'file:///some/dir' to keep them across jobs",
-            text,
-        )
     return text
 
 

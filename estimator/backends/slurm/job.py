@@ -13,18 +13,18 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from estimator.backends.local.job import POLL_S, LocalJob
-from estimator.backends.local.status import SecondaryStatus, StatusRecord, read_status, write_status
-from estimator.backends.slurm import scheduler
+import estimator.backends.slurm.scheduler as scheduler
 from estimator.backends.slurm.failure import lost_a_node, node_failure_reason
 from estimator.backends.slurm.job_files import JOB_ID_FILE, STOP_FILE, job_nodes
+from estimator.backends.supervised.job import POLL_S, SupervisedJob
+from estimator.backends.supervised.status import SecondaryStatus, StatusRecord, read_status, write_status
 from estimator.job import JobStatus
 
 STATE_CACHE_S = 1.0  # wait() polls often; Slurm is asked at most this often
 END_WAIT_S = 15.0
 
 
-class SlurmJob(LocalJob):
+class SlurmJob(SupervisedJob):
     def __init__(self, job_dir: Path):
         super().__init__(job_dir)
         self._state: scheduler.SlurmJobState | None = None
@@ -51,19 +51,15 @@ class SlurmJob(LocalJob):
 
     # ---------------------------------------------------------------- state
 
-    def _record(self) -> StatusRecord:
-        record = read_status(self.paths.status_file)
-        if record.status.is_terminal:
-            return record
+    def _supervisor_running(self) -> bool:
+        """Still queued or running (or Slurm forgot it: the directory's word stands)."""
         state = self.slurm_state()
-        if state is None or state.active:
-            return record  # still queued or running (or Slurm forgot it: the directory's word stands)
-        record = read_status(self.paths.status_file)  # the supervisor may have finished just now
-        if record.status.is_terminal:
-            return record
-        record = _ended_by_slurm(record, state, self.paths.root)
-        write_status(self.paths.status_file, record)
-        return record
+        return state is None or state.active
+
+    def _ended_without_supervisor(self, record: StatusRecord) -> StatusRecord:
+        state = self.slurm_state()
+        assert state is not None  # _supervisor_running() said the job is no longer active
+        return _ended_by_slurm(record, state, self.paths.root)
 
     def describe(self) -> dict:
         described = super().describe()
@@ -74,9 +70,9 @@ class SlurmJob(LocalJob):
         }
         return described
 
-    def _let_supervisor_exit(self, timeout: float = END_WAIT_S) -> None:
+    def _let_supervisor_exit(self) -> None:
         """The status turns terminal just before the batch script ends: wait until Slurm has let the job go."""
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + END_WAIT_S
         while time.monotonic() < deadline:
             state = self.slurm_state(fresh=True)
             if state is None or state.state not in ("RUNNING", "COMPLETING", "CONFIGURING", "PENDING"):

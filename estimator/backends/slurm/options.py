@@ -15,10 +15,10 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from estimator.backends import SLURM
-from estimator.validation import check_output_path, problem
-from smsdp.config.instance_types import LOCAL
+from estimator.backends.supervised.known_paths import check_local_output_path
+from estimator.validation import problem
 
+SLURM = "slurm"  # the instance type
 FIELD = "slurm_options"
 
 #: sbatch (22.05+) long options a user may set.
@@ -188,15 +188,16 @@ def _option_value(key: str, name: str, value: Any) -> str | bool:
     return value
 
 
-def sbatch_lines(options: Mapping[str, str | bool]) -> list[str]:
+def sbatch_lines(options: Mapping[str, object]) -> list[str]:
     """``#SBATCH --name=value`` (or ``--name`` for a flag), in the order given."""
     return [f"#SBATCH --{name}" if value is True else f"#SBATCH --{name}={value}" for name, value in options.items()]
 
 
 def gpus_per_node(options: Mapping[str, str | bool]) -> int | None:
     """GPUs the job asks for on each node (``gres=gpu[:type]:N`` or ``gpus-per-node``), if it says."""
-    if isinstance(options.get("gpus-per-node"), str):
-        match = re.search(r"(\d+)$", options["gpus-per-node"])
+    per_node = options.get("gpus-per-node")
+    if isinstance(per_node, str):
+        match = re.search(r"(\d+)$", per_node)
         return int(match[1]) if match else None
     gres = options.get("gres")
     if isinstance(gres, str):
@@ -216,4 +217,4 @@ def check_slurm_output_path(output_path: Any) -> str:
             "node sees; use a shared directory such as '/shared/smsdp-jobs'",
             output_path,
         )
-    return check_output_path(output_path, LOCAL)
+    return check_local_output_path(output_path)

@@ -17,8 +17,8 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from estimator.backends.local.mpirun import LAUNCHER_MODULE
-from estimator.backends.local.rank_tags import RankTagger
+from estimator.backends.supervised.container_env import LAUNCHER_MODULE
+from estimator.backends.supervised.rank_tags import LineTagger
 
 SRUN_PREFIX = "[srun] "
 _LABEL_RE = re.compile(r"^\s*(?P<rank>\d+): ?")
@@ -45,7 +45,7 @@ def srun_argv(instance_count: int, processes_per_host: int, script_argv: Sequenc
 
 
 @dataclass(frozen=True)
-class SrunTagger(RankTagger):
+class SrunTagger(LineTagger):
     """``"3: text"`` (srun --label) becomes ``"[algo-2 rank3] text"``; srun's own lines ``"[srun] ..."``."""
 
     def retag(self, raw_line: str) -> list[str]:

@@ -2,9 +2,9 @@
 
     python -m estimator.backends.slurm.supervisor JOB_DIR
 
-It is the local supervisor (``estimator.backends.local.supervisor``: job log,
-status file, model packing, failure files, stop grace period) with three
-differences:
+What every supervisor does (job log, status file, model packing, failure
+files, stop grace period, retries) is ``estimator.backends.supervised.supervisor``;
+here is what is Slurm's:
 
 - it runs the ``srun`` argv from ``job.json`` and tags its ``--label`` lines
   (``"3: text"`` -> ``"[algo-2 rank3] text"``),
@@ -16,7 +16,7 @@ differences:
   time limit) stops the job the same way,
 - when the job ends because Slurm lost a node, or a rank died outside Python,
   the failure reason says which node or rank (``slurm_failure_reason``),
-- ``max_retry_attempts`` works as in local jobs (``estimator.backends.local.retry``):
+- ``max_retry_attempts`` works as in local jobs (``estimator.backends.supervised.retry``):
   a failed attempt's log and failure files are put aside and ``srun`` runs
   again in the same allocation (a new step, a new ``MASTER_PORT``); the script
   resumes from its newest complete checkpoint in ``SM_CHECKPOINT_DIR``.
@@ -27,28 +27,30 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import subprocess
 import sys
 import threading
 
-from estimator.backends.local.container_env import visible_gpu_count
-from estimator.backends.local.job_dir import JobDir
-from estimator.backends.local.process_session import JobProcesses
-from estimator.backends.local.status import SecondaryStatus
-from estimator.backends.local.supervisor import Supervisor
-from estimator.backends.local.supervisor import main as supervisor_main
-from estimator.backends.slurm import scheduler
+import estimator.backends.slurm.scheduler as scheduler
 from estimator.backends.slurm.failure import lost_a_node, node_failure_reason, slurm_failure_reason
 from estimator.backends.slurm.job_files import NODES_FILE, STOP_FILE, job_nodes
 from estimator.backends.slurm.srun import SrunTagger
+from estimator.backends.supervised.container_env import visible_gpu_count
+from estimator.backends.supervised.job_dir import JobDir
+from estimator.backends.supervised.process_session import JobProcesses
+from estimator.backends.supervised.status import SecondaryStatus
+from estimator.backends.supervised.supervisor import Supervisor, run_supervisor
 from estimator.job import JobStatus
 
+MODULE = "estimator.backends.slurm.supervisor"
 STOP_POLL_S = 0.2
 
 
 class SlurmSupervisor(Supervisor):
+    launcher_name = "srun"
+
     def __init__(self, job: JobDir):
         super().__init__(job)
-        self.tagger = SrunTagger(self.tagger.hosts, self.tagger.processes_per_host)
         self.job_id = os.environ.get("SLURM_JOB_ID", "")
 
     def run(self) -> int:
@@ -60,19 +62,24 @@ class SlurmSupervisor(Supervisor):
         watcher.start()
         return super().run()
 
-    def _run_attempt(self) -> int:
-        os.environ["MASTER_PORT"] = str(_free_port())  # each attempt's ranks meet afresh
-        return super()._run_attempt()
+    def tagger(self) -> SrunTagger:
+        return SrunTagger(self.hosts, self.processes_per_host)
+
+    def attempt_environment(self, env: dict[str, str]) -> dict[str, str]:
+        return {**env, "MASTER_PORT": str(_free_port())}  # each attempt's ranks meet afresh
 
     def processes(self) -> JobProcesses:
         """This node's part of the job: srun's session (the ranks are Slurm's to end, on every node)."""
         return JobProcesses(session_id=None if self.proc is None else self.proc.pid, marker=None)
 
+    def wait_for_ranks(self, proc: subprocess.Popen) -> int:
+        return proc.wait()
+
     def _record_nodes(self) -> None:
         """Which Slurm node each SageMaker-style host name is, for the log and describe()."""
         nodes = os.environ.get("SLURM_JOB_NODELIST", "")
         expanded = scheduler.run(["scontrol", "show", "hostnames", nodes], check=False).split() if nodes else []
-        mapping = dict(zip(self.tagger.hosts, expanded))
+        mapping = dict(zip(self.hosts, expanded))
         (self.job.root / NODES_FILE).write_text("".join(f"{host} {node}\n" for host, node in mapping.items()))
         print(f"[smsdp] Slurm job {self.job_id}: hosts {mapping}", flush=True)
 
@@ -86,7 +93,7 @@ class SlurmSupervisor(Supervisor):
 
     # ---------------------------------------------------------------- signals go through Slurm
 
-    def _signal_ranks(self, sig: int) -> None:
+    def signal_ranks(self, sig: int) -> None:
         if self.proc is None:
             return
         if self.job_id:
@@ -94,8 +101,8 @@ class SlurmSupervisor(Supervisor):
         else:  # not under Slurm (a by-hand run): srun forwards what it gets
             self.proc.send_signal(sig)
 
-    def _kill_all(self) -> None:
-        self._signal_ranks(signal.SIGKILL)
+    def kill_all(self) -> None:
+        self.signal_ranks(signal.SIGKILL)
         if self.proc is not None:
             self.processes().signal(signal.SIGKILL)
 
@@ -107,28 +114,15 @@ class SlurmSupervisor(Supervisor):
 
     # ---------------------------------------------------------------- end
 
-    def _reason(self, exit_code: int) -> str:
-        return slurm_failure_reason(self.job, exit_code)
+    def failure_reason(self, exit_code: int, log_lines: list[str] | None) -> str:
+        return slurm_failure_reason(self.job, exit_code, log_lines)
 
-    def _finish(self, exit_code: int) -> None:
-        """As a local job ends, except that a job Slurm ended for a lost node fails naming the node."""
-        lost_node = self._lost_node()
-        if lost_node is None:
-            super()._finish(exit_code)
-            return
-        with self._lock:
-            self._finished = True
-        self.attempts.scrub_failure_files(self.scrub)
-        self.status.write(
-            JobStatus.FAILED, SecondaryStatus.FAILED, exit_code=exit_code, failure_reason=self.scrub(lost_node)
-        )
-
-    def _lost_node(self) -> str | None:
-        """The reason, if Slurm says the job ended because a node failed."""
+    def ended_by_scheduler(self, exit_code: int) -> tuple[JobStatus, str, str] | None:
+        """A job Slurm ended because a node failed fails naming the node."""
         state = scheduler.job_state(self.job_id) if self.job_id else None
-        if not lost_a_node(state):
+        if state is None or not lost_a_node(state):
             return None
-        return node_failure_reason(state, job_nodes(self.job.root))
+        return JobStatus.FAILED, SecondaryStatus.FAILED, node_failure_reason(state, job_nodes(self.job.root))
 
 
 def _free_port() -> int:
@@ -138,4 +132,4 @@ def _free_port() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(supervisor_main(SlurmSupervisor, "estimator.backends.slurm.supervisor"))
+    sys.exit(run_supervisor(SlurmSupervisor, MODULE))

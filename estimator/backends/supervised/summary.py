@@ -7,8 +7,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from estimator.backends.local.job_dir import JobDir
-from estimator.backends.local.rank_tags import split_prefix
+from estimator.backends.supervised.job_dir import JobDir
+from estimator.backends.supervised.rank_tags import split_prefix
 from estimator.job import JobStatus
 from smsdp.util.metric_format import GIB, parse_progress_line
 

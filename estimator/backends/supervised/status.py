@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from estimator.backends.local.job_dir import read_json, write_json_atomically
+from estimator.backends.supervised.job_dir import read_json, write_json_atomically
 from estimator.job import JobStatus
 
 
