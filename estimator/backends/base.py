@@ -24,10 +24,14 @@ RequestT = TypeVar("RequestT")
 
 @dataclass(frozen=True)
 class AttachedJob:
-    """A job found by name, plus the Estimator arguments that describe it."""
+    """A job found by name, plus the Estimator arguments that describe it.
+
+    ``missing``: arguments the job kept only redacted (``environment['HF_TOKEN']``): a re-run needs
+    them given again (``Estimator.attach(name, environment={...})``)."""
 
     job: Job
     estimator_kwargs: dict[str, Any] = field(default_factory=dict)
+    missing: tuple[str, ...] = ()
 
 
 class Backend(abc.ABC, Generic[RequestT]):
@@ -73,6 +77,9 @@ class JobRules:
     def check_checkpoint_uri(self, uri: Any, instance_type: str) -> str | None:
         """``checkpoint_s3_uri``, checked; ``ConfigError`` naming it."""
         return check_checkpoint_uri(uri)
+
+    def check_environment_names(self, environment: Any) -> None:
+        """Refuse variables this backend's own tools read (``ConfigError`` naming each)."""
 
     def check_option(self, value: Any, instance_type: str) -> Any:
         """The checked value of ``option_argument``; called for any backend whose rules own it."""
