@@ -143,12 +143,8 @@ def batch_script(spec: JobSpec, root: Path, options: dict[str, str | bool]) -> s
 
 
 def output_pattern(root: Path) -> str:
-    """``--output``'s file name pattern for ``root / SLURM_OUTPUT``: a ``%`` of the path is written ``%%``.
-
-    A backslash anywhere turns Slurm's replacements off: then the path stays as it is, and the
-    file is named ``slurm-%j.out`` literally."""
-    if "\\" in str(root):
-        return str(root / SLURM_OUTPUT)
+    """``--output``'s file name pattern for ``root / SLURM_OUTPUT``: Slurm reads ``%j`` in it as the job
+    id, so a ``%`` of the path is written ``%%`` (a backslash, which Slurm drops, is refused earlier)."""
     return str(root).replace("%", "%%") + "/" + SLURM_OUTPUT
 
 

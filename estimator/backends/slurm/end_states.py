@@ -57,7 +57,7 @@ def stop_cause(state: SlurmJobState | None, job_id: str) -> tuple[str, str]:
         )
     return (
         SecondaryStatus.STOPPED,
-        f"stopped by a SIGTERM that did not come from stop() ({said}): a scancel, or the cluster's administrator",
+        f"Slurm stopped job {job_id} without stop() asking ({said}): a scancel, or the cluster's administrator",
     )
 
 

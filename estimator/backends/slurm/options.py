@@ -279,4 +279,12 @@ def check_slurm_output_path(output_path: Any) -> str:
             "node sees; use a shared directory such as '/shared/smsdp-jobs'",
             output_path,
         )
-    return check_local_output_path(output_path)
+    path = check_local_output_path(output_path)
+    if "\\" in path:
+        raise problem(
+            "output_path",
+            "contains a backslash, which Slurm drops from the job's output file name (the batch job would "
+            "fail to start); use a directory whose path has none",
+            path,
+        )
+    return path

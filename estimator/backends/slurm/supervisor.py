@@ -71,6 +71,8 @@ HEARTBEAT_S = 2.0
 SRUN_EXIT_GRACE_S = 5.0
 #: How long a stop waits for every rank's guard to record its rank's end before it says which did not.
 CONFIRM_S = 30.0
+#: After the kill request, how long the guards get to end their ranks before Slurm (then this node) does.
+GUARD_KILL_WAIT_S = 5.0
 
 
 class SlurmSupervisor(Supervisor):
@@ -80,6 +82,7 @@ class SlurmSupervisor(Supervisor):
         super().__init__(job, argv=_launch_argv())
         self.job_id = os.environ.get("SLURM_JOB_ID", "")
         self.unconfirmed: dict[int, dict] = {}  # ranks a stop could not confirm ended: rank -> started record
+        self.asked = False  # the stop came from stop() (the stop file), not from Slurm or a node's loss
 
     def run(self) -> int:
         os.umask(0o077)  # the job directory is private: it holds the job's secrets' effects and outputs
@@ -116,7 +119,10 @@ class SlurmSupervisor(Supervisor):
                 if time.monotonic() - all_ended_at > SRUN_EXIT_GRACE_S:
                     proc.kill()
             time.sleep(POLL_S)
-        if self.stop_reason is not None:
+        # srun that exited by itself saw every task (each rank's guard) end. srun that was killed (above,
+        # with the controller down, or when a guard did not end) did not: a stop is Stopped once every
+        # rank's guard recorded its end.
+        if self.stop_reason is not None and proc.returncode < 0:
             self._confirm_ranks_ended()
         return proc.returncode
 
@@ -148,15 +154,24 @@ class SlurmSupervisor(Supervisor):
         request(self.job.root, STOP_FILE if sig == signal.SIGTERM else KILL_FILE)
 
     def kill_all(self) -> None:
+        """Every guard ends its rank and all below it (the kill file); what does not end is ended harder."""
         request(self.job.root, KILL_FILE)
         if self.proc is not None:
-            self.processes().signal(signal.SIGKILL)  # srun, on this node; the guards end their ranks
-        if self.job_id:  # a guard that is gone cannot: Slurm, if its controller answers
-            threading.Thread(target=self._scancel_step, daemon=True).start()
+            threading.Thread(target=self._escalate, args=(self.proc,), daemon=True).start()
 
-    def _scancel_step(self) -> None:
-        with contextlib.suppress(scheduler.SlurmCommandError):
-            scheduler.scancel(f"{self.job_id}.{self._step_id()}", "--signal=KILL")
+    def _escalate(self, srun: subprocess.Popen) -> None:
+        """srun ends once its tasks (the guards) have: if it has not after a while, a guard is gone or
+        stuck: Slurm kills the step (if its controller answers), then srun itself is killed here."""
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            srun.wait(timeout=GUARD_KILL_WAIT_S)
+            return
+        if self.job_id:
+            with contextlib.suppress(scheduler.SlurmCommandError):
+                scheduler.scancel(f"{self.job_id}.{self._step_id()}", "--signal=KILL")
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            srun.wait(timeout=GUARD_KILL_WAIT_S)
+            return
+        self.processes().signal(signal.SIGKILL)  # srun and what else of the job is on this node
 
     def _step_id(self) -> str:
         """The step srun made last (steps are numbered from 0; a retry makes the next)."""
@@ -167,6 +182,7 @@ class SlurmSupervisor(Supervisor):
     def signal_stop(self) -> tuple[str, str | None]:
         """A SIGTERM: stop() asked (the stop file is there), or Slurm did (the time limit, a preemption, scancel)."""
         if (self.job.root / STOP_FILE).exists():
+            self.asked = True
             return SecondaryStatus.STOPPED, None
         try:
             state = scheduler.job_state(self.job_id) if self.job_id else None
@@ -178,6 +194,7 @@ class SlurmSupervisor(Supervisor):
         stop_file = self.job.root / STOP_FILE
         while not self._finished:
             if stop_file.exists():
+                self.asked = self.asked or self.stop_reason is None  # not the file this supervisor made
                 self.request_stop(SecondaryStatus.STOPPED)
                 return
             time.sleep(POLL_S)
@@ -208,7 +225,9 @@ class SlurmSupervisor(Supervisor):
         return slurm_failure_reason(self.job, exit_code, log_lines)
 
     def ended_by_scheduler(self, exit_code: int) -> tuple[JobStatus, str, str] | None:
-        """A job Slurm ended because a node failed fails naming the node."""
+        """A job Slurm ended because a node failed fails naming the node (a stop that stop() asked is a stop)."""
+        if self.asked:
+            return None
         try:
             state = scheduler.job_state(self.job_id) if self.job_id else None
         except scheduler.SlurmCommandError:

@@ -7,6 +7,8 @@
 - ``strays``: start ``sleep 1000`` (it holds the rank's stdout) and ``setsid sleep 999``, and exit.
 - ``wait``: loop for ever, touching ``$SM_OUTPUT_DATA_DIR/alive-rank<R>`` every 0.1 s: only a stop ends it.
 
+Modes combine, in the order given: ``--probe lines,strays``.
+
 Any other ``--name value`` is accepted (and recorded), as a hostile hyperparameter would be.
 """
 
@@ -19,13 +21,15 @@ import time
 from pathlib import Path
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--probe", required=True, choices=["record", "lines", "strays", "wait"])
+parser.add_argument("--probe", required=True)
 parser.add_argument("--count", type=int, default=200)
 args, _ = parser.parse_known_args()
 rank = int(os.environ.get("RANK", "0"))
 out = Path(os.environ["SM_OUTPUT_DATA_DIR"])
 
-if args.probe == "record":
+modes = args.probe.split(",")
+
+if "record" in modes:
     names = [name for name in os.environ.get("PROBE_ENV", "").split(",") if name]
     record = {"argv": sys.argv[1:], "env": {name: os.environ.get(name) for name in names}, "cwd": os.getcwd()}
     (out / f"probe-rank{rank}.json").write_text(json.dumps(record))
@@ -34,14 +38,14 @@ if args.probe == "record":
 
         write_summary(out, final_loss=1.0, steps=1)
         Path(os.environ["SM_MODEL_DIR"], "weights.txt").write_text("trained\n")
-elif args.probe == "lines":
+if "lines" in modes:
     for i in range(args.count):
         print(f"rank {rank} line {i} " + "x" * 60)
-elif args.probe == "strays":
+if "strays" in modes:
     subprocess.Popen(["sleep", "1000"])  # inherits stdout: the launcher's output stays open
     subprocess.Popen(["setsid", "sleep", "999"])
-    print(f"rank {rank} leaves two sleeps behind", flush=True)
-else:
+    print(f"rank {rank} leaves two sleeps behind at t={time.time():.3f}", flush=True)
+if "wait" in modes:
     alive = out / f"alive-rank{rank}"
     while True:
         alive.write_text(str(time.time()))
