@@ -43,6 +43,18 @@ class Estimator:
     ...                 hyperparameters={"max_steps": 50})
     >>> est.fit({"train": "file://data/"})
     >>> est.model_data, est.latest_job.describe()
+
+    ``collective_timeout``: seconds a collective may wait for a peer rank before the job
+    fails (``RuntimeConfig.collective_timeout_s``; default 600): a hung or dead rank ends
+    the job within about that long instead of holding it until ``max_run``.
+
+    ``max_retry_attempts`` (0-30, SageMaker's name): a failed job is restarted in place up
+    to that many times; the script resumes from its newest checkpoint in
+    ``SM_CHECKPOINT_DIR`` (``train_gpt.py`` does).
+
+    ``instance_type="slurm"`` submits the job to Slurm (``sbatch``), ``instance_count``
+    nodes x ``processes_per_host`` ranks; ``slurm_options`` are its sbatch options
+    (``{"partition": "gpu", "time": "2:00:00", "gres": "gpu:8"}``; README, "Slurm").
     """
 
     def __init__(
@@ -66,17 +78,7 @@ class Estimator:
         slurm_options: Mapping[str, Any] | None = None,
         **remote_options: Any,
     ):
-        """``collective_timeout``: seconds a collective may wait for a peer rank before the job
-        fails (``RuntimeConfig.collective_timeout_s``; default 600): a hung or dead rank ends
-        the job within about that long instead of holding it until ``max_run``.
-
-        ``max_retry_attempts`` (0-30, SageMaker's name): a failed job is restarted in place up
-        to that many times; the script resumes from its newest checkpoint in
-        ``SM_CHECKPOINT_DIR`` (``train_gpt.py`` does).
-
-        ``instance_type="slurm"`` submits the job to Slurm (``sbatch``), ``instance_count``
-        nodes x ``processes_per_host`` ranks; ``slurm_options`` are its sbatch options
-        (``{"partition": "gpu", "time": "2:00:00", "gres": "gpu:8"}``; README, "Slurm")."""
+        """Checks every argument at once (one ``ConfigError`` listing every problem); see the class."""
         reject_unknown_options(remote_options)
         self._args = resolve_arguments(
             EstimatorArguments(

@@ -85,7 +85,7 @@ class SlurmSupervisor(Supervisor):
         self.asked = False  # the stop came from stop() (the stop file), not from Slurm or a node's loss
 
     def run(self) -> int:
-        os.umask(0o077)  # the job directory is private: it holds the job's secrets' effects and outputs
+        os.umask(0o077)  # what the job creates is the owner's alone, as in a local job
         # What the node has, not what the submitting machine has.
         os.environ["SM_NUM_CPUS"] = str(os.cpu_count() or 1)
         os.environ["SM_NUM_GPUS"] = str(visible_gpu_count())
@@ -113,12 +113,18 @@ class SlurmSupervisor(Supervisor):
     def wait_for_ranks(self, proc: subprocess.Popen) -> int:
         """srun's exit; srun is ended once every rank's guard recorded its end (it may wait on a dead controller)."""
         all_ended_at: float | None = None
+        killed = False
         while proc.poll() is None:
-            if len(rank_records(self.job.root, self.attempts.number, "ended")) >= self.world_size:
+            ended = rank_records(self.job.root, self.attempts.number, "ended")
+            if len(ended) >= self.world_size:
                 all_ended_at = all_ended_at or time.monotonic()
                 if time.monotonic() - all_ended_at > SRUN_EXIT_GRACE_S:
                     proc.kill()
+                    killed = True
             time.sleep(POLL_S)
+        if killed:  # srun waited on something else (the controller): the ranks' own exits are the answer
+            codes = [int(record.get("status", 1)) for record in ended.values()]
+            return next((code for code in codes if code != 0), 0)
         # srun that exited by itself saw every task (each rank's guard) end. srun that was killed (above,
         # with the controller down, or when a guard did not end) did not: a stop is Stopped once every
         # rank's guard recorded its end.

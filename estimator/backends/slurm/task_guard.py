@@ -47,6 +47,7 @@ RANKS_DIR = "ranks"
 ATTEMPT_VARIABLE = "SMSDP_ATTEMPT"
 POLL_S = 0.2
 KILL_WAIT_S = 10.0
+LINE_LIMIT = 1 << 20
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -123,7 +124,8 @@ class Guard:
                     return  # srun is gone: the line has nowhere to go
 
     def _relay(self, pipe) -> None:
-        for raw in iter(pipe.readline, b""):
+        # A line that never ends (a progress bar without newlines) is passed on in pieces of LINE_LIMIT.
+        for raw in iter(lambda: pipe.readline(LINE_LIMIT), b""):
             self._emit(raw.rstrip(b"\n"))
 
     # ---------------------------------------------------------------- control
