@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from estimator.backends import JobRules, backend_arguments, rules_for, rules_owning
+from estimator.backends import JobRules, backend_arguments, check_backend_options, rules_for, rules_owning
 from estimator.naming import base_name_for
 from estimator.source_tree import scan_source_dir
 from estimator.spec import FILE_SCHEME, S3_SCHEME, CheckpointSpec, CodeSpec, Hyperparameter
@@ -136,7 +136,7 @@ def resolve_arguments(args: EstimatorArguments) -> ResolvedArguments:
     rules = rules_for(args.instance_type)
     files_type = rules.config_instance_type(args.instance_type)
     config_env = args.environment if isinstance(args.environment, Mapping) else None
-    code, job, hps, env, _, output, checkpoint_uri, checkpoint_path, max_run_s, timeout_s, retries, *own = collect(
+    code, job, hps, env, _, output, checkpoint_uri, checkpoint_path, max_run_s, timeout_s, retries, _, *own = collect(
         lambda: check_code(args.entry_point, args.source_dir),
         lambda: resolve_job(
             args.distribution, instance_type=files_type, instance_count=args.instance_count, environment=config_env
@@ -150,6 +150,7 @@ def resolve_arguments(args: EstimatorArguments) -> ResolvedArguments:
         lambda: check_max_run(args.max_run),
         lambda: check_collective_timeout(args.collective_timeout),
         lambda: check_max_retry_attempts(args.max_retry_attempts),
+        lambda: check_backend_options(args.instance_type, args.remote_options),
         *(_option_check(name, value, args.instance_type) for name, value in args.backend_arguments.items()),
     )
     _check_code_tree(code, job.runtime, hps, exclude=[Path(output), _local_dir(checkpoint_uri)])
