@@ -12,93 +12,27 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import difflib
-import json
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
-from estimator.backends import SLURM, Backend, backend_for, backend_named, check_backend_options
-from estimator.backends.slurm.options import check_slurm_options, check_slurm_output_path
-from estimator.job import Job, JobFailedError
-from estimator.naming import MAX_NAME_TRIES, JobNameTakenError, base_name_for, unique_job_name
-from estimator.source_tree import scan_source_dir
-from estimator.spec import CheckpointSpec, Hyperparameter, JobSpec
-from estimator.tensor_parallel_check import check_tensor_parallel_job
-from estimator.validation import (
-    check_checkpoint_local_path,
-    check_checkpoint_uri,
-    check_code,
-    check_collective_timeout,
-    check_environment,
-    check_hyperparameters,
-    check_inputs,
-    check_job_name,
-    check_max_retry_attempts,
-    check_max_run,
-    check_output_path,
-    collect,
+import estimator.interrupts as interrupts
+from estimator.arguments import (
+    DEFAULT_MAX_RUN,
+    EstimatorArguments,
+    missing_secrets_error,
+    reject_unknown_options,
+    resolve_arguments,
+    with_overrides,
 )
-from smsdp.config import ConfigError, Distribution, RuntimeConfig, resolve_job
+from estimator.backends import Backend, attach, backend_for
+from estimator.job import Job, JobFailedError
+from estimator.naming import MAX_NAME_TRIES, JobNameTakenError, unique_job_name
+from estimator.spec import Hyperparameter, JobSpec
+from estimator.validation import check_inputs, check_job_name
+from smsdp.config import RuntimeConfig
 from smsdp.config.instance_types import LOCAL
 
-DEFAULT_MAX_RUN = 24 * 60 * 60  # SageMaker's default MaxRuntimeInSeconds
 STOP_WAIT_S = 30.0
-
-#: SageMaker estimator arguments that only a remote job uses. Accepted (and
-#: passed to the backend) so a pasted SageMaker notebook works; ignored locally.
-REMOTE_ONLY_OPTIONS = frozenset(
-    {
-        "framework_version",
-        "py_version",
-        "image_uri",
-        "volume_size",
-        "volume_kms_key",
-        "output_kms_key",
-        "tags",
-        "sagemaker_session",
-        "subnets",
-        "security_group_ids",
-        "use_spot_instances",
-        "max_wait",
-        "metric_definitions",
-        "enable_network_isolation",
-        "encrypt_inter_container_traffic",
-        "keep_alive_period_in_seconds",
-        "disable_profiler",
-        "debugger_hook_config",
-        "code_location",
-        "dependencies",
-        "container_log_level",
-        "enable_sagemaker_metrics",
-        "model_uri",
-        "model_channel_name",
-        "training_repository_access_mode",
-        "input_mode",
-        # smsdp's own remote options: how smsdp reaches the container, and CPU-only instance types.
-        "smsdp_source",
-        "smsdp_requirement",
-        "allow_cpu_instances",
-    }
-)
-_OWN_ARGUMENTS = (
-    "entry_point",
-    "source_dir",
-    "instance_type",
-    "instance_count",
-    "distribution",
-    "hyperparameters",
-    "environment",
-    "output_path",
-    "base_job_name",
-    "role",
-    "checkpoint_s3_uri",
-    "checkpoint_local_path",
-    "max_run",
-    "collective_timeout",
-    "max_retry_attempts",
-    "slurm_options",
-)
 
 
 class Estimator:
@@ -109,6 +43,18 @@ class Estimator:
     ...                 hyperparameters={"max_steps": 50})
     >>> est.fit({"train": "file://data/"})
     >>> est.model_data, est.latest_job.describe()
+
+    ``collective_timeout``: seconds a collective may wait for a peer rank before the job
+    fails (``RuntimeConfig.collective_timeout_s``; default 600): a hung or dead rank ends
+    the job within about that long instead of holding it until ``max_run``.
+
+    ``max_retry_attempts`` (0-30, SageMaker's name): a failed job is restarted in place up
+    to that many times; the script resumes from its newest checkpoint in
+    ``SM_CHECKPOINT_DIR`` (``train_gpt.py`` does).
+
+    ``instance_type="slurm"`` submits the job to Slurm (``sbatch``), ``instance_count``
+    nodes x ``processes_per_host`` ranks; ``slurm_options`` are its sbatch options
+    (``{"partition": "gpu", "time": "2:00:00", "gres": "gpu:8"}``; README, "Slurm").
     """
 
     def __init__(
@@ -132,80 +78,45 @@ class Estimator:
         slurm_options: Mapping[str, Any] | None = None,
         **remote_options: Any,
     ):
-        """``collective_timeout``: seconds a collective may wait for a peer rank before the job
-        fails (``RuntimeConfig.collective_timeout_s``; default 600): a hung or dead rank ends
-        the job within about that long instead of holding it until ``max_run``.
-
-        ``max_retry_attempts`` (0-30, SageMaker's name): a failed job is restarted in place up
-        to that many times; the script resumes from its newest checkpoint in
-        ``SM_CHECKPOINT_DIR`` (``train_gpt.py`` does).
-
-        ``instance_type="slurm"`` submits the job to Slurm (``sbatch``), ``instance_count``
-        nodes x ``processes_per_host`` ranks; ``slurm_options`` are its sbatch options
-        (``{"partition": "gpu", "time": "2:00:00", "gres": "gpu:8"}``; README, "Slurm")."""
-        _reject_unknown_options(remote_options)
-        config_env = environment if isinstance(environment, Mapping) else None
-        # A Slurm job's files and rules are a local job's: a shared directory, no ml.* capacity table.
-        files_type = LOCAL if instance_type == SLURM else instance_type  # RuntimeConfig and checkpoint rules
-        slurm_job = instance_type == SLURM
-        code, job, hps, env, output, checkpoint_uri, checkpoint_path, max_run_s, timeout_s, retries, slurm, _ = collect(
-            lambda: check_code(entry_point, source_dir),
-            lambda: resolve_job(
-                distribution, instance_type=files_type, instance_count=instance_count, environment=config_env
-            ),
-            lambda: check_hyperparameters(hyperparameters),
-            lambda: check_environment(environment),
-            lambda: check_slurm_output_path(output_path) if slurm_job else check_output_path(output_path, files_type),
-            lambda: check_checkpoint_uri(checkpoint_s3_uri, files_type),
-            lambda: check_checkpoint_local_path(checkpoint_local_path),
-            lambda: check_max_run(max_run),
-            lambda: check_collective_timeout(collective_timeout),
-            lambda: check_max_retry_attempts(max_retry_attempts),
-            lambda: check_slurm_options(slurm_options, instance_type),
-            lambda: check_backend_options(instance_type, remote_options),
-        )
-        python_files = [code.script_path]
-        if code.source_dir is not None:  # every problem of the tree now, not at the copy
-            tree = scan_source_dir(
-                code.source_dir, exclude=[Path(output), _local_dir(checkpoint_uri)], entry_point=code.entry_point
+        """Checks every argument at once (one ``ConfigError`` listing every problem); see the class."""
+        reject_unknown_options(remote_options)
+        self._args = resolve_arguments(
+            EstimatorArguments(
+                entry_point=entry_point,
+                source_dir=source_dir,
+                instance_type=instance_type,
+                instance_count=instance_count,
+                distribution=distribution,
+                hyperparameters=hyperparameters,
+                environment=environment,
+                output_path=output_path,
+                base_job_name=base_job_name,
+                role=role,
+                checkpoint_s3_uri=checkpoint_s3_uri,
+                checkpoint_local_path=checkpoint_local_path,
+                max_run=max_run,
+                collective_timeout=collective_timeout,
+                max_retry_attempts=max_retry_attempts,
+                backend_arguments={"slurm_options": slurm_options},
+                remote_options=remote_options,
             )
-            python_files = tree.python_files()
-        runtime = job.runtime
-        check_tensor_parallel_job(runtime, code.script_path, python_files, hps)
-        if timeout_s is not None:
-            runtime = runtime.model_copy(update={"collective_timeout_s": timeout_s})
-        base = check_job_name(base_job_name, "base_job_name") if base_job_name else base_name_for(code.entry_point)
-        self._code = code
+        )
         self._instance_type = instance_type
-        self._runtime: RuntimeConfig = runtime
-        self._hyperparameters = hps
-        self._environment = env
-        self._output_path = output
-        self._base_job_name = base
-        self._distribution = _plain_distribution(distribution)
-        self._mpi_arguments = job.mpi_arguments  # mpi.custom_mpi_options, split once by resolve_job
-        self._checkpoints = CheckpointSpec(checkpoint_uri, checkpoint_path)
-        self._max_run_s = max_run_s
-        self._max_retry_attempts = retries
-        self._backend_options = {
-            **remote_options,
-            **({"role": role} if role else {}),
-            **({"max_retry_attempts": retries} if retries else {}),
-            **({"slurm_options": slurm} if slurm else {}),
-        }
         self.latest_job: Job | None = None
         self._next_job_name: str | None = None  # fixed by dry_run() for the fit() that follows
+        self._plan_request: Any = None  # what plan() was asked last; fit() checks the same
+        self._missing: tuple[str, ...] = ()  # arguments an attached job kept only redacted
 
     # ---------------------------------------------------------------- what it is
 
     @property
     def entry_point(self) -> str:
         """The script, relative to ``source_dir``."""
-        return self._code.entry_point
+        return self._args.code.entry_point
 
     @property
     def source_dir(self) -> str | None:
-        return None if self._code.source_dir is None else str(self._code.source_dir)
+        return None if self._args.code.source_dir is None else str(self._args.code.source_dir)
 
     @property
     def instance_type(self) -> str:
@@ -213,35 +124,35 @@ class Estimator:
 
     @property
     def instance_count(self) -> int:
-        return self._runtime.instance_count
+        return self._args.runtime.instance_count
 
     @property
     def processes_per_host(self) -> int:
-        return self._runtime.processes_per_host
+        return self._args.runtime.processes_per_host
 
     @property
     def output_path(self) -> str:
-        return self._output_path
+        return self._args.output_path
 
     @property
     def base_job_name(self) -> str:
-        return self._base_job_name
+        return self._args.base_job_name
 
     @property
     def runtime_config(self) -> RuntimeConfig:
         """The validated config every rank receives (``SMSDP_CONFIG``)."""
-        return self._runtime
+        return self._args.runtime
 
     def hyperparameters(self) -> dict[str, Hyperparameter]:
-        return dict(self._hyperparameters)
+        return dict(self._args.hyperparameters)
 
     @property
     def environment(self) -> dict[str, str]:
-        return dict(self._environment)
+        return dict(self._args.environment)
 
     @property
     def distribution(self) -> dict[str, Any]:
-        return copy.deepcopy(self._distribution)
+        return copy.deepcopy(self._args.distribution)
 
     @property
     def model_data(self) -> str:
@@ -254,7 +165,7 @@ class Estimator:
         return (
             f"Estimator(entry_point={self.entry_point!r}, instance_type={self.instance_type!r}, "
             f"instance_count={self.instance_count}, processes_per_host={self.processes_per_host}, "
-            f"world_size={self._runtime.world_size})"
+            f"world_size={self._args.runtime.world_size})"
         )
 
     # ---------------------------------------------------------------- running
@@ -263,27 +174,29 @@ class Estimator:
         """The backend-neutral description of one run of this estimator.
 
         ``name_try``: the how-manieth generated name this is (after clashes; see ``naming``)."""
+        if self._missing:
+            raise missing_secrets_error(self._missing, self.latest_job)
         channels = check_inputs(inputs)
         if job_name is not None:
             name = check_job_name(job_name)
         elif self._next_job_name is not None and name_try == 0:
             name = self._next_job_name
         else:
-            name = unique_job_name(self._base_job_name, name_try=name_try)
+            name = unique_job_name(self._args.base_job_name, name_try=name_try)
         return JobSpec(
             job_name=name,
-            code=self._code,
-            runtime=self._runtime,
-            output_path=self._output_path,
-            hyperparameters=self._hyperparameters,
-            environment=self._environment,
+            code=self._args.code,
+            runtime=self._args.runtime,
+            output_path=self._args.output_path,
+            hyperparameters=self._args.hyperparameters,
+            environment=self._args.environment,
             channels=channels,
-            distribution=self._distribution,
-            custom_mpi_options=self._mpi_arguments,
-            checkpoints=self._checkpoints,
-            max_run_s=self._max_run_s,
-            max_retry_attempts=self._max_retry_attempts,
-            backend_options=self._backend_options,
+            distribution=self._args.distribution,
+            custom_mpi_options=self._args.mpi_arguments,
+            checkpoints=self._args.checkpoints,
+            max_run_s=self._args.max_run_s,
+            max_retry_attempts=self._args.max_retry_attempts,
+            backend_options=self._args.backend_options,
         )
 
     def dry_run(self, inputs: Any = None, job_name: str | None = None):
@@ -318,7 +231,7 @@ class Estimator:
         from smsdp.planner.hardware import Assumptions
 
         request = PlanRequest(model, batch_size, grad_accum, optimizer, assumptions or Assumptions())
-        result = plan_for_job(self._runtime, self._code.script_path, self._hyperparameters, request)
+        result = plan_for_job(self._args.runtime, self._args.code.script_path, self._args.hyperparameters, request)
         if result is None:
             raise ValueError(
                 f"the planner does not know the model {self.entry_point} trains: pass it, e.g. "
@@ -339,7 +252,8 @@ class Estimator:
 
         With ``wait`` (default) block until it ends, streaming logs and a
         progress bar, then print a summary; raise ``JobFailedError`` if it
-        failed. Ctrl-C stops a local job (it runs on your machine).
+        failed. Ctrl-C stops a local job (it runs on your machine): once, however many
+        times it is pressed, and at any moment (``estimator.interrupts``).
 
         Before anything starts, when the model is known (given to ``plan()``, or the bundled
         ``train_gpt.py``), the planner checks the job fits in memory and raises
@@ -347,16 +261,24 @@ class Estimator:
         does not; ``check_memory=False`` launches anyway. Slurm jobs skip this check: their
         nodes' memory is not known here.
         """
-        # A Slurm job's nodes are unknown to the client (the planner would size this machine's RAM).
-        if check_memory and self.instance_type != SLURM:
+        if check_memory and self._args.rules.checks_memory:
             from estimator.planning import PlanRequest, check_job
 
-            asked = getattr(self, "_plan_request", None) or PlanRequest()
-            check_job(self._runtime, self._code.script_path, self._hyperparameters, asked)
+            asked = self._plan_request or PlanRequest()
+            check_job(self._args.runtime, self._args.code.script_path, self._args.hyperparameters, asked)
         backend = self._backend()
-        self.latest_job = self._launch(backend, inputs, job_name)
-        if wait:
-            self._wait(backend, logs)
+        started: list[Job] = []
+        with interrupts.guarded():
+            try:
+                self.latest_job = self._launch(backend, inputs, job_name)
+                started.append(self.latest_job)
+                interrupts.deliver()  # a Ctrl-C while the job's process started: now it can be stopped
+                if wait:
+                    self.latest_job.wait(logs=logs)
+            except KeyboardInterrupt:
+                if started and backend.stop_on_interrupt:
+                    _stop_after_interrupt(started[0])
+                raise
 
     def _launch(self, backend: Backend, inputs: Any, job_name: str | None) -> Job:
         """Launch under the given name, or under a generated one that nobody holds (retried on a clash)."""
@@ -371,24 +293,13 @@ class Estimator:
             return job
         raise AssertionError("unreachable")
 
-    def _wait(self, backend: Backend, logs: bool) -> None:
-        job = self.latest_job
-        assert job is not None
-        try:
-            job.wait(logs=logs)
-        except KeyboardInterrupt:
-            if backend.stop_on_interrupt:
-                print(f"\n[smsdp] interrupted: stopping job {job.name} ...", flush=True)
-                job.stop()
-                with contextlib.suppress(JobFailedError, TimeoutError):
-                    job.wait(logs=False, timeout=STOP_WAIT_S)
-            raise
-
     def _backend(self) -> Backend:
         return backend_for(self.instance_type)
 
     @classmethod
-    def attach(cls, job_name: str, output_path: str | None = None, sagemaker_session: Any = None) -> Estimator:
+    def attach(
+        cls, job_name: str, output_path: str | None = None, sagemaker_session: Any = None, **overrides: Any
+    ) -> Estimator:
         """The Estimator of an existing job, with ``latest_job`` set to it.
 
         A local ``output_path`` is the only place looked in. Without one, local jobs are
@@ -397,72 +308,25 @@ class Estimator:
         ``sagemaker_session``) is looked up on SageMaker, as SageMaker's own
         ``Estimator.attach(training_job_name, sagemaker_session)`` does. A name found
         nowhere raises ``LookupError`` naming every place looked in.
+
+        The job directory keeps no secret: a secret ``environment`` value (or one in
+        ``custom_mpi_options``) is not there to re-run the job with. ``fit()`` then refuses,
+        naming it; give it again here: ``Estimator.attach(name, environment={"HF_TOKEN": ...})``
+        (``overrides`` are Estimator arguments; ``environment`` and ``hyperparameters`` are
+        merged into the job's, name by name).
         """
-        if _is_remote_job(output_path, sagemaker_session):
-            attached = backend_named("sagemaker").attach(job_name, output_path, sagemaker_session=sagemaker_session)
-        elif output_path is not None:
-            attached = backend_named("local").attach(job_name, output_path)
-        else:
-            attached = _attach_anywhere(job_name)
-        attached = _as_slurm_job(attached, job_name)
-        estimator = cls(**attached.estimator_kwargs)
+        attached = attach(job_name, output_path, sagemaker_session)
+        kwargs, missing = with_overrides(attached.estimator_kwargs, attached.missing, overrides)
+        estimator = cls(**kwargs)
         estimator.latest_job = attached.job
+        estimator._missing = missing
         return estimator
 
 
-def _is_remote_job(output_path: str | None, sagemaker_session: Any) -> bool:
-    return sagemaker_session is not None or (isinstance(output_path, str) and output_path.startswith("s3://"))
-
-
-def _attach_anywhere(job_name: str):
-    """A local job in ./smsdp-jobs or an output path used before; else a SageMaker job of that name."""
-    try:
-        return backend_named("local").attach(job_name)
-    except ConfigError as local:
-        try:
-            return backend_named("sagemaker").attach(job_name, None)
-        except Exception as remote:
-            raise LookupError(f"no training job {job_name!r}: {local}; and on SageMaker: {remote}") from remote
-
-
-def _as_slurm_job(attached, job_name: str):
-    """A job directory found as a local job's may be a Slurm job's (the same layout): attach it as one."""
-    job_dir = getattr(attached.job, "job_dir", None)
-    try:
-        description = json.loads((Path(job_dir) / "job.json").read_text()) if job_dir is not None else {}
-    except (OSError, ValueError):
-        return attached
-    if description.get("ResourceConfig", {}).get("InstanceType") != SLURM:
-        return attached
-    return backend_named(SLURM).attach(job_name, str(Path(job_dir).parent))
-
-
-def _local_dir(uri: str | None) -> Path | None:
-    """A ``file://`` checkpoint directory (never copied with the code)."""
-    if not uri or uri.startswith("s3://"):
-        return None
-    return Path(uri.removeprefix("file://")).expanduser().resolve()
-
-
-def _reject_unknown_options(options: Mapping[str, Any]) -> None:
-    """A typo such as ``instance_typ=`` must not be swallowed by ``**remote_options``."""
-    for name in options:
-        if name not in REMOTE_ONLY_OPTIONS:
-            close = difflib.get_close_matches(name, [*_OWN_ARGUMENTS, *REMOTE_ONLY_OPTIONS], n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise TypeError(f"Estimator() got an unexpected keyword argument {name!r}{hint}")
-
-
-def _plain_distribution(distribution: Any) -> dict[str, Any]:
-    """The distribution as a JSON-able dict (it is stored in the job and shipped to SageMaker)."""
-    if distribution is None:
-        return {}
-    if isinstance(distribution, Distribution):
-        return distribution.model_dump(exclude_none=True, exclude_defaults=True)
-    return _plain(distribution)
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {key: _plain(item) for key, item in value.items()}
-    return value
+def _stop_after_interrupt(job: Job) -> None:
+    """Stop the job this fit() started and see it end; further Ctrl-Cs are counted, not raised."""
+    interrupts.stopping()
+    print(f"\n[smsdp] interrupted: stopping job {job.name} ...", flush=True)
+    job.stop()
+    with contextlib.suppress(JobFailedError, TimeoutError):
+        job.wait(logs=False, timeout=STOP_WAIT_S)

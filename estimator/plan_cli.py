@@ -225,7 +225,9 @@ def _run_plan(args: argparse.Namespace) -> int:
 
 def _parameters_from_args(args: argparse.Namespace, ppn: int) -> dict[str, Any]:
     """The SMP parameters the options describe (the sharded degree defaults to the whole cluster)."""
-    degree = args.sharded_degree or args.instance_count * ppn // args.tensor_parallel_degree
+    degree = args.sharded_degree
+    if degree is None:  # 0 is refused by the config, as -2 is, never read as "not given"
+        degree = args.instance_count * ppn // args.tensor_parallel_degree
     return {
         "sharded_data_parallel_degree": degree,
         "tensor_parallel_degree": args.tensor_parallel_degree,

@@ -79,6 +79,7 @@ class SourceTree:
             if entry.kind == "dir":
                 path.mkdir()
             elif entry.kind == "link":
+                assert entry.link_target is not None  # every link entry records its target
                 path.symlink_to(entry.link_target)
             else:
                 shutil.copy2(self.root / entry.relative, path, follow_symlinks=False)

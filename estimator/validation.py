@@ -18,7 +18,6 @@ from typing import Any
 from estimator.redact import REDACTED, is_secret
 from estimator.spec import FILE_SCHEME, S3_SCHEME, Channel, CodeSpec, Hyperparameter
 from smsdp.config import ConfigError, ConfigProblem
-from smsdp.config.instance_types import LOCAL
 
 # SageMaker's own limits, so a job that runs locally is also accepted remotely.
 # Every pattern is used with fullmatch: "$" would also match before a trailing newline.
@@ -32,8 +31,11 @@ RESERVED_HP_PREFIX = "sagemaker_"
 MAX_COLLECTIVE_TIMEOUT_S = 24 * 60 * 60
 MAX_RUN_LIMIT_S = 28 * 24 * 60 * 60  # SageMaker's largest MaxRuntimeInSeconds
 MAX_RETRY_ATTEMPTS = 30  # SageMaker's largest RetryStrategy.MaximumRetryAttempts
-#: Variables the job sets itself: a user value would silently break the contract.
-RESERVED_ENV_PREFIXES = ("SM_", "SMSDP_", "OMPI_COMM_WORLD_")
+#: Variables the job sets itself (the container contract, smsdp's own): a user value would silently break it.
+RESERVED_ENV_PREFIXES = ("SM_", "OMPI_COMM_WORLD_", "SMSDP_CONFIG")
+RESERVED_ENV_NAMES = frozenset({"SMSDP_SIMULATED_HOSTS", "SMSDP_JOB_ID", "SMSDP_ATTEMPT", "SMSDP_LAUNCH_ARGV"})
+#: C0 controls and DEL (NUL has its own message).
+_CONTROL = re.compile(r"[\x01-\x1f\x7f]")
 
 
 #: Integers longer than this many bits are longer than any limit here (and str() refuses huge ones).
@@ -49,6 +51,13 @@ def text_rule(value: str, path: bool = False) -> str | None:
     """
     if "\x00" in value:
         return "contains a NUL character, which no argument, variable or file name can hold"
+    control = _CONTROL.search(value) if path else None
+    if control is not None:
+        return (
+            f"contains the control character {control[0]!r}; a path with a newline, tab or other control "
+            "character would be split or misread by the shells, batch scripts and log lines it reaches: "
+            "rename the directory or file"
+        )
     try:
         os.fsencode(value) if path else value.encode("utf-8")
     except UnicodeError:
@@ -77,7 +86,8 @@ def problem(path: str | tuple, rule: str, value: Any = ...) -> ConfigError:
 
 def collect(*checks: Callable[[], Any]) -> list[Any]:
     """Run every check; raise one ConfigError listing all their problems."""
-    results, problems = [], []
+    results: list[Any] = []
+    problems: list[ConfigProblem] = []
     for check in checks:
         try:
             results.append(check())
@@ -225,7 +235,7 @@ def _looks_secret(name: Any, value: Any) -> bool:
 def _environment_rule(name: Any, value: Any) -> str | None:
     if not isinstance(name, str) or not ENV_NAME_RE.fullmatch(name):
         return "is not a valid variable name (letters, digits and '_', not starting with a digit)"
-    if name.startswith(RESERVED_ENV_PREFIXES):
+    if name.startswith(RESERVED_ENV_PREFIXES) or name in RESERVED_ENV_NAMES:
         return "is set by smsdp for every job (container contract); remove it, pass settings as hyperparameters"
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         return "must be a string (SageMaker passes environment values as strings), e.g. '1'"
@@ -299,10 +309,12 @@ def check_job_name(job_name: Any, field: str = "job_name") -> str:
     return job_name
 
 
-def check_output_path(output_path: Any, instance_type: str) -> str:
-    """Local jobs write under a directory (absolute from now on); remote ones under s3://."""
+def output_path_text(output_path: Any) -> str | None:
+    """``output_path`` as text, its type and characters checked; None when it was not given.
+
+    Where it may point (a directory, S3) is the backend's rule (``estimator.backends.JobRules``)."""
     if output_path is None:
-        return str(Path("smsdp-jobs").resolve()) if instance_type == LOCAL else ""
+        return None
     if (
         not isinstance(output_path, (str, os.PathLike))
         or not isinstance(os.fspath(output_path), str)
@@ -313,18 +325,16 @@ def check_output_path(output_path: Any, instance_type: str) -> str:
     rule = text_rule(text, path=True)
     if rule:
         raise problem("output_path", rule, text)
-    if text.startswith(S3_SCHEME):
-        if instance_type == LOCAL:
-            raise problem(
-                "output_path",
-                "is in S3 but local jobs write to this machine; use a directory such as './smsdp-jobs'",
-                text,
-            )
-        return text
+    return text
+
+
+def local_directory(text: str) -> str:
+    """A ``file://`` URI or a path as an absolute path (``~`` expanded)."""
     return str(Path(text.removeprefix(FILE_SCHEME)).expanduser().resolve())
 
 
-def check_checkpoint_uri(uri: Any, instance_type: str) -> str | None:
+def check_checkpoint_uri(uri: Any) -> str | None:
+    """``checkpoint_s3_uri``'s type and characters; where it may point is the backend's rule."""
     if uri is None:
         return None
     text = os.fspath(uri) if isinstance(uri, (str, os.PathLike)) else None
@@ -333,12 +343,6 @@ def check_checkpoint_uri(uri: Any, instance_type: str) -> str | None:
     rule = text_rule(text, path=True)
     if rule:
         raise problem("checkpoint_s3_uri", rule, text)
-    if instance_type == LOCAL and text.startswith(S3_SCHEME):
-        raise problem(
-            "checkpoint_s3_uri",
-            "is in S3 but local jobs keep checkpoints on this machine; use 'file:///some/dir' to keep them across jobs",
-            text,
-        )
     return text
 
 

@@ -25,8 +25,8 @@ import contextlib
 import json
 import os
 import resource
+import secrets
 import sys
-import tempfile
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -295,10 +295,10 @@ def write_summary(path_or_dir: str | os.PathLike[str], **fields: Any) -> Path:
         target = target / SUMMARY_FILENAME
     target.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(fields, indent=2, sort_keys=True, default=_jsonable) + "\n"
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    tmp = target.parent / f".{target.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
+    # The mode any new file of this process gets (0644 usually; 0600 in a job, whose processes run with umask 077).
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
-        # mkstemp creates the file 0600; the summary is meant to be read by others.
-        os.fchmod(fd, 0o644)
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()

@@ -241,7 +241,7 @@ def test_run_example_with_ones_own_script_passes_no_extra_arguments_and_shows_us
 def test_no_nul_byte_reaches_the_log(tmp_path):
     import io
 
-    from estimator.backends.local.log_pump import LogPump
+    from estimator.backends.supervised.log_pump import LogPump
 
     log = tmp_path / "job.log"
     pump = LogPump(io.BytesIO(b"before\x00after\n\x00\x00\n"), log, lambda s: [s.rstrip("\n")]).start()

@@ -277,7 +277,7 @@ def test_kill_session_reaches_children_in_their_own_process_groups():
     """Like Open MPI's ranks: same session as mpirun, but a process group each."""
     import subprocess
 
-    from estimator.backends.local.process_session import kill_session, session_members
+    from estimator.backends.supervised.process_session import kill_session, session_members
 
     leader = subprocess.Popen(["sh", "-c", "set -m; sleep 60 & sleep 60 & wait"], start_new_session=True)
     try:

@@ -18,8 +18,9 @@ ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
 # mypy: every package here must type-check clean at the level pyproject.toml sets for it
-# (smsdp.config, smsdp.planner, smsdp.util strictly; the rest of smsdp with check_untyped_defs).
-MYPY_PACKAGES = ["smsdp"]
+# (smsdp.config, smsdp.planner, smsdp.util strictly; the rest of smsdp and the estimator client with
+# check_untyped_defs).
+MYPY_PACKAGES = ["smsdp", "estimator"]
 
 
 def tool(name: str) -> str:

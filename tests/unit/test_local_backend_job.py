@@ -11,9 +11,9 @@ import pytest
 from estimator import Estimator, JobFailedError, JobStatus
 from estimator.backends.local.backend import LocalBackend
 from estimator.backends.local.job import LocalJob
-from estimator.backends.local.job_dir import write_json_atomically
-from estimator.backends.local.packaging import pack_model
-from estimator.backends.local.status import SecondaryStatus, StatusRecord, utcnow, write_status
+from estimator.backends.supervised.job_dir import write_json_atomically
+from estimator.backends.supervised.packaging import pack_model
+from estimator.backends.supervised.status import SecondaryStatus, StatusRecord, utcnow, write_status
 
 
 @pytest.fixture

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from estimator import Estimator, JobStatus
-from estimator.backends.local.job_dir import JobDir
-from estimator.backends.local.packaging import pack_model
-from estimator.backends.local.status import SecondaryStatus, StatusRecord, read_status, write_status
+from estimator.backends.supervised.job_dir import JobDir
+from estimator.backends.supervised.packaging import pack_model
+from estimator.backends.supervised.status import SecondaryStatus, StatusRecord, read_status, write_status
 
 
 @pytest.fixture

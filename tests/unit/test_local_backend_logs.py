@@ -12,10 +12,11 @@ import pytest
 
 from estimator import JobStatus
 from estimator.backends.local.failure import failure_reason
-from estimator.backends.local.job_dir import JobDir
-from estimator.backends.local.log_follower import LogFollower
-from estimator.backends.local.rank_tags import RankTagger, split_prefix
-from estimator.backends.local.summary import Metrics, format_summary
+from estimator.backends.local.rank_tags import RankTagger
+from estimator.backends.supervised.job_dir import JobDir
+from estimator.backends.supervised.log_follower import LogFollower
+from estimator.backends.supervised.rank_tags import split_prefix
+from estimator.backends.supervised.summary import Metrics, format_summary
 from estimator.progress import ProgressDisplay, format_progress
 
 PROGRESS = "[smsdp] step 10/50 loss=3.2100 tokens/s=12345.6 tflops=0.012 mem=1.23GiB"

@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from estimator import Estimator
-from estimator.backends.local.job_dir import JobDir
+from estimator.backends.supervised.job_dir import JobDir
 from smsdp.config import ConfigError
 from tests.unit.test_property_config import (
     SETTINGS,

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from estimator import Estimator
-from estimator.backends.local.container_env import hyperparameter_args
-from estimator.backends.local.job_dir import JobDir
 from estimator.backends.slurm.failure import slurm_failure_reason
 from estimator.backends.slurm.options import check_slurm_options
 from estimator.backends.slurm.srun import SrunTagger, ranks_that_died
+from estimator.backends.supervised.container_env import hyperparameter_args
+from estimator.backends.supervised.job_dir import JobDir
 from smsdp.config import ConfigError
 from smsdp.config.cluster import ClusterError, ClusterInfo, slurm_rank_env
 

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-LAUNCHER_MODULE = "entrypoints.launcher"
+from estimator.backends.supervised.container_env import LAUNCHER_MODULE
 
 #: Local-job settings: run as root on few cores, let every rank
 #: use every core (no pinning), prefix each output line with its rank

@@ -12,22 +12,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from estimator.backends.supervised.rank_tags import LineTagger
+
 TAG_RE = re.compile(r"\[\d+,(?P<rank>\d+)\]<(?:stdout|stderr)>: ?")
-PREFIX_RE = re.compile(r"^\[(?P<host>[^\s\]]+) rank(?P<rank>\d+)\] ")
 MPIRUN_PREFIX = "[mpirun] "
 
 
 @dataclass(frozen=True)
-class RankTagger:
-    hosts: tuple[str, ...]
-    processes_per_host: int
-
-    def prefix(self, rank: int) -> str:
-        host_index = min(rank // self.processes_per_host, len(self.hosts) - 1)
-        return f"[{self.hosts[host_index]} rank{rank}] "
-
+class RankTagger(LineTagger):
     def retag(self, raw_line: str) -> list[str]:
-        """The log lines (without newline) for one line of mpirun output."""
         raw_line = raw_line.rstrip("\r\n")
         matches = list(TAG_RE.finditer(raw_line))
         if not matches:
@@ -35,15 +28,7 @@ class RankTagger:
         lines = []
         if raw_line[: matches[0].start()].strip():
             lines.append(MPIRUN_PREFIX + raw_line[: matches[0].start()])
-        for match, following in zip(matches, matches[1:] + [None]):
+        for match, following in zip(matches, [*matches[1:], None]):
             end = following.start() if following else len(raw_line)
             lines.append(self.prefix(int(match["rank"])) + raw_line[match.end() : end])
         return lines
-
-
-def split_prefix(log_line: str) -> tuple[int | None, str]:
-    """``"[algo-1 rank0] text"`` -> ``(0, "text")``; ``(None, line)`` for other lines."""
-    match = PREFIX_RE.match(log_line)
-    if match is None:
-        return None, log_line
-    return int(match["rank"]), log_line[match.end() :]

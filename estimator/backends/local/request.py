@@ -10,7 +10,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from estimator.backends.local.job_dir import JobDirPlan
+from estimator.backends.supervised.job_dir import JobDirPlan
 from estimator.redact import Scrubber, redact_argv, redact_env
 
 

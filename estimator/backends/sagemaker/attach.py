@@ -37,7 +37,7 @@ def attach_job(job_name: str, sagemaker_session: Any) -> AttachedJob:
     archive = _download(sagemaker_session.boto_session.client("s3"), submit_directory)
     with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
         try:
-            manifest = read_manifest(tar.extractfile(MANIFEST).read().decode())
+            manifest = read_manifest(tar.extractfile(MANIFEST).read().decode())  # type: ignore[union-attr]
         except (KeyError, AttributeError, ValueError):
             raise _not_smsdp(job_name, f"its source dir has no {MANIFEST}") from None
         code_dir = _extract_user_files(tar, manifest, job_name)

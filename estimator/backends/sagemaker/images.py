@@ -212,7 +212,7 @@ def _full_version(version: str) -> str:
     found = release(version)
     if found is not None and version.count(".") == 1:
         for image in IMAGES:
-            if release(image.framework_version)[:2] == found[:2]:
+            if (release(image.framework_version) or ())[:2] == found[:2]:
                 return image.framework_version
     return version
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +52,7 @@ def submit(request: SageMakerRequest, sagemaker_session: Any) -> None:
     )
 
 
-def training_job_arguments(create_training_job: dict[str, Any]) -> dict[str, Any]:
+def training_job_arguments(create_training_job: Mapping[str, Any]) -> dict[str, Any]:
     """The request as ``TrainingJob.create`` keywords, in snake case: its pydantic check builds the shapes."""
     utils = import_sdk_module("sagemaker.core.utils.utils")
     return {

@@ -93,6 +93,7 @@ class SourceBundle:
             if file.text is not None:
                 target.write_text(file.text)
             else:
+                assert file.source is not None  # a file is either text or a copy of a source
                 shutil.copyfile(file.source, target)
         return directory
 

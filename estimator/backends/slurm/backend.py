@@ -9,33 +9,25 @@ supervisor on the job's first node, which starts the ranks with ``srun``.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
 
+import estimator.backends.slurm.scheduler as scheduler
 from estimator.backends.base import AttachedJob, Backend
-from estimator.backends.local.backend import (
-    LocalBackend,
-    _checkpoint_source,
-    _config_files,
-    _description,
-    _local_channels,
-    _name_taken,
-    _source_root,
-)
-from estimator.backends.local.container_env import container_env, hyperparameter_args, process_env
-from estimator.backends.local.job_dir import JobDir, JobDirPlan, JobNameTaken, read_json, write_text_atomically
-from estimator.backends.local.known_paths import remember_output_path
-from estimator.backends.local.status import StatusRecord, utcnow
-from estimator.backends.slurm import scheduler
 from estimator.backends.slurm.job import SlurmJob
-from estimator.backends.slurm.job_files import BATCH_SCRIPT, JOB_ID_FILE, SLURM_OUTPUT
-from estimator.backends.slurm.options import SLURM, gpus_per_node, sbatch_lines
+from estimator.backends.slurm.job_files import BATCH_SCRIPT, JOB_ID_FILE, LAUNCH_ARGV_VARIABLE, SLURM_OUTPUT
+from estimator.backends.slurm.options import OWNED_SBATCH_VARIABLES, SLURM, gpus_per_node, sbatch_lines
 from estimator.backends.slurm.request import SlurmRequest
 from estimator.backends.slurm.srun import srun_argv
+from estimator.backends.supervised.attach import estimator_kwargs, find_job_dir
+from estimator.backends.supervised.container_env import container_env, hyperparameter_args, process_env
+from estimator.backends.supervised.job_dir import JobDir, read_json, write_text_atomically
+from estimator.backends.supervised.launch import create_job_dir
+from estimator.backends.supervised.layout import OWN_SECTION, describe_spec, job_root, plan_job_dir, source_root
 from estimator.spec import JobSpec
 from estimator.validation import problem
 from smsdp.config.cluster import SIMULATED_HOSTS_ENV
@@ -49,9 +41,7 @@ class SlurmBackend(Backend[SlurmRequest]):
     stop_on_interrupt = False  # the job runs on the cluster: Ctrl-C stops waiting, not the job
 
     def dry_run(self, spec: JobSpec) -> SlurmRequest:
-        root = Path(spec.output_path) / spec.job_name
-        if root.exists():
-            raise _name_taken(spec.job_name, root)
+        root = job_root(spec)
         if spec.custom_mpi_options:
             raise problem(
                 ("distribution", "mpi", "custom_mpi_options"),
@@ -60,30 +50,25 @@ class SlurmBackend(Backend[SlurmRequest]):
                 spec.custom_mpi_options_text,
             )
         job = JobDir(root)
-        env = {**process_env(spec, _source_root()), **spec.environment, **container_env(spec, job)}
+        env = {**process_env(spec, source_root()), **spec.environment, **container_env(spec, job)}
         env = {name: value for name, value in env.items() if name not in _PER_NODE}
-        options = dict(spec.backend_options.get("slurm_options") or {})
+        options: dict[str, str | bool] = dict(spec.backend_options.get("slurm_options") or {})
         runtime = spec.runtime
         srun = srun_argv(
             runtime.instance_count,
             runtime.processes_per_host,
+            root,
             [spec.code.entry_point, *hyperparameter_args(dict(spec.hyperparameters))],
         )
-        description = _slurm_description(_description(spec, srun, env), options)
+        description = describe_spec(spec, srun, env, backend=SLURM)  # job.json: secrets scrubbed
+        description[OWN_SECTION]["SlurmOptions"] = options
         return SlurmRequest(
             job_name=spec.job_name,
             batch_script=batch_script(spec, root, options),
             sbatch_argv=("sbatch", "--parsable", str(root / BATCH_SCRIPT)),
             srun_argv=tuple(srun),
             env=env,
-            job_dir=JobDirPlan(
-                root=root,
-                config_files=_config_files(spec),
-                code_source=spec.code.source_dir or spec.code.script_path,
-                channels=_local_channels(spec),
-                checkpoint_source=_checkpoint_source(spec),
-                code_exclude=tuple(p for p in (Path(spec.output_path), _checkpoint_source(spec)) if p is not None),
-            ),
+            job_dir=plan_job_dir(spec, root),
             description=description,
             slurm_options=options,
             instance_count=runtime.instance_count,
@@ -92,25 +77,16 @@ class SlurmBackend(Backend[SlurmRequest]):
 
     def launch(self, request: SlurmRequest) -> SlurmJob:
         preflight(request)
-        now = utcnow()
+        job = create_job_dir(request.job_dir, request.job_name, request.description)
         try:
-            job = request.job_dir.create(
-                {
-                    "job.json": {**request.description, "CreationTime": now, "TrainingStartTime": now},
-                    "status.json": StatusRecord.starting().to_json(),
-                }
-            )
             write_text_atomically(job.root / BATCH_SCRIPT, request.batch_script)
-        except JobNameTaken:
-            raise _name_taken(request.job_name, request.job_path) from None
         except OSError as exc:
             shutil.rmtree(request.job_path, ignore_errors=True)
             raise problem(
                 "output_path", f"cannot hold the job directory {request.job_path}: {exc}", str(request.job_path.parent)
             ) from exc
-        remember_output_path(request.job_path.parent)
         try:
-            job_id = scheduler.submit(list(request.sbatch_argv), {**os.environ, **request.env})
+            job_id = scheduler.submit(list(request.sbatch_argv), submission_environment(request))
         except scheduler.SlurmCommandError:
             shutil.rmtree(job.root, ignore_errors=True)  # nothing was submitted: the name is free again
             raise
@@ -118,26 +94,34 @@ class SlurmBackend(Backend[SlurmRequest]):
         return SlurmJob(job.root)
 
     def attach(self, job_name: str, output_path: str | None = None) -> AttachedJob:
-        """A local job's attach (the same job directory), with the Slurm job's handle and options."""
-        local = LocalBackend().attach(job_name, output_path)
-        root = local.job.job_dir
-        own = read_json(JobDir(root).description_file)["Smsdp"]
-        kwargs: dict[str, Any] = {
-            **local.estimator_kwargs,
-            "instance_type": SLURM,
-            "slurm_options": own.get("SlurmOptions") or None,
-        }
-        return AttachedJob(SlurmJob(root), kwargs)
+        """The job directory's job (as a local job attaches), with the Slurm job's handle and options."""
+        root = find_job_dir(job_name, output_path)
+        own = read_json(JobDir(root).description_file)[OWN_SECTION]
+        kwargs, missing = estimator_kwargs(root)
+        kwargs.update(instance_type=SLURM, slurm_options=own.get("SlurmOptions") or None)
+        return AttachedJob(SlurmJob(root), kwargs, missing)
+
+
+def submission_environment(request: SlurmRequest) -> dict[str, str]:
+    """sbatch's environment, which it exports to the job: this process's, the job's, and the real srun argv
+    (secret values in it: the supervisor runs it; job.json has it scrubbed). Without the ``SBATCH_*``
+    variables that would override what smsdp sets (sbatch reads them as options, over the script's lines)."""
+    env = {**os.environ, **request.env, LAUNCH_ARGV_VARIABLE: json.dumps(list(request.srun_argv))}
+    return {name: value for name, value in env.items() if name not in OWNED_SBATCH_VARIABLES}
 
 
 def batch_script(spec: JobSpec, root: Path, options: dict[str, str | bool]) -> str:
-    """The script sbatch runs on the job's first node: our options, the user's, then the supervisor."""
+    """The script sbatch runs on the job's first node: our options, the user's, then the supervisor.
+
+    Every value is data: user options are single words (``options.check_slurm_options``), paths
+    are quoted for sbatch's parser (``sbatch_value``) and for bash (``shlex.quote``).
+    """
     runtime = spec.runtime
     own = {
         "job-name": spec.job_name,
         "nodes": runtime.instance_count,
         "ntasks-per-node": runtime.processes_per_host,
-        "output": str(root / SLURM_OUTPUT),
+        "output": output_pattern(root),
         "chdir": str(root),
         "no-requeue": True,
     }
@@ -158,12 +142,10 @@ def batch_script(spec: JobSpec, root: Path, options: dict[str, str | bool]) -> s
     )
 
 
-def _slurm_description(description: dict[str, Any], options: dict[str, str | bool]) -> dict[str, Any]:
-    description["ResourceConfig"]["InstanceType"] = SLURM
-    description["AlgorithmSpecification"]["TrainingImage"] = SLURM
-    description["Smsdp"]["SlurmOptions"] = options
-    description["Smsdp"]["Backend"] = SLURM
-    return description
+def output_pattern(root: Path) -> str:
+    """``--output``'s file name pattern for ``root / SLURM_OUTPUT``: Slurm reads ``%j`` in it as the job
+    id, so a ``%`` of the path is written ``%%`` (a backslash, which Slurm drops, is refused earlier)."""
+    return str(root).replace("%", "%%") + "/" + SLURM_OUTPUT
 
 
 def preflight(request: SlurmRequest) -> None:

@@ -3,21 +3,20 @@
 In order: Slurm ended the job because a node failed (its slurmd stopped
 answering); a rank's own traceback (``output/failure``, as in local jobs); a
 rank ``srun`` saw die outside Python (``srun: error: node2: task 3: Killed``);
-then the local job's rules (``estimator.backends.local.failure``).
+then the rules every backend shares (``estimator.backends.supervised.failure``).
 """
 
 from __future__ import annotations
 
-from estimator.backends.local.failure import failure_reason as local_failure_reason
-from estimator.backends.local.job_dir import JobDir
 from estimator.backends.slurm.scheduler import SlurmJobState, run
 from estimator.backends.slurm.srun import ranks_that_died
+from estimator.backends.supervised import failure
+from estimator.backends.supervised.job_dir import JobDir
 
 __all__ = ["NODE_LOST", "lost_a_node", "node_failure_reason", "slurm_failure_reason"]
 
 #: Words in a Slurm job's state or reason that mean it lost a node.
 NODE_LOST = ("NODE_FAIL", "NodeDown", "NodeFail", "Node failure", "NodeNotResponding")
-_PEER_LOSS_MARK = "this rank lost a peer in a collective"  # entrypoints.launcher.PEER_LOSS_NOTE
 
 
 def lost_a_node(state: SlurmJobState | None) -> bool:
@@ -41,19 +40,19 @@ def down_nodes() -> list[str]:
     return out.split()
 
 
-def slurm_failure_reason(job: JobDir, exit_code: int | None) -> str:
-    """The first failing rank: its traceback, else the rank srun saw die (and where), else the local rules."""
-    first = job.output / "failure"
-    if first.is_file():
-        text = first.read_text(errors="replace")
-        if _PEER_LOSS_MARK not in text:
-            return text
-    reported = {path.name.removeprefix("failure-rank") for path in job.failure_files()}
-    log = job.log_file.read_text(errors="replace") if job.log_file.is_file() else ""
-    for rank, node, how in ranks_that_died(log):
-        if str(rank) not in reported and "Exited with exit code" not in how:
+def slurm_failure_reason(job: JobDir, exit_code: int | None, log_lines: list[str] | None = None) -> str:
+    """The first failing rank: its traceback, else the rank srun saw die (and where), else the shared rules."""
+    return failure.failure_reason(job, exit_code, "srun", _death_sentence, log_lines)
+
+
+def _death_sentence(job: JobDir, log_lines: list[str] | None) -> str | None:
+    reported = failure.reported_ranks(job)
+    if log_lines is None:
+        log_lines = job.log_file.read_text(errors="replace").splitlines() if job.log_file.is_file() else []
+    for rank, node, how in ranks_that_died("\n".join(log_lines)):
+        if rank not in reported and "Exited with exit code" not in how:
             return (
                 f"rank {rank} on Slurm node {node}: {how}, without a Python traceback (srun's word; the "
                 f"other ranks' errors, if any, are the consequence)"
             )
-    return local_failure_reason(job, exit_code)
+    return None

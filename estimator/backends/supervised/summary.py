@@ -7,8 +7,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from estimator.backends.local.job_dir import JobDir
-from estimator.backends.local.rank_tags import split_prefix
+from estimator.backends.supervised.job_dir import JobDir
+from estimator.backends.supervised.rank_tags import split_prefix
 from estimator.job import JobStatus
 from smsdp.util.metric_format import GIB, parse_progress_line
 
@@ -79,8 +79,9 @@ def format_summary(
             f"   {_number(metrics.tflops, '.3f', ' TFLOP/s')}",
             f"  peak memory  {_number(metrics.peak_mem_gib, '.2f', ' GiB')} (rank 0)",
         ]
-    if status is JobStatus.FAILED and failure_reason:
-        lines.append("  failure      " + failure_reason.strip().splitlines()[-1])
+    if failure_reason and failure_reason.strip():
+        label = "failure " if status is JobStatus.FAILED else "note    "
+        lines.append(f"  {label}     " + failure_reason.strip().splitlines()[-1])
     if job.model_archive.is_file():
         lines.append(f"  model        {job.model_archive}")
     lines += [f"  outputs      {job.output_data}", f"  logs         {job.log_file}"]

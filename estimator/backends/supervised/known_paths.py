@@ -11,11 +11,27 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
-from estimator.validation import check_output_path
-from smsdp.config.instance_types import LOCAL
+from estimator.spec import S3_SCHEME
+from estimator.validation import local_directory, output_path_text, problem
 
 MAX_REMEMBERED = 50
+DEFAULT_OUTPUT_PATH = "smsdp-jobs"  # under the working directory, as SageMaker local mode's
+
+
+def check_local_output_path(output_path: Any) -> str:
+    """Where job directories go on this machine (absolute from now on): never S3."""
+    text = output_path_text(output_path)
+    if text is None:
+        return local_directory(DEFAULT_OUTPUT_PATH)
+    if text.startswith(S3_SCHEME):
+        raise problem(
+            "output_path",
+            "is in S3 but local jobs write to this machine; use a directory such as './smsdp-jobs'",
+            text,
+        )
+    return local_directory(text)
 
 
 def state_file() -> Path:
@@ -42,7 +58,7 @@ def remember_output_path(path: Path) -> None:
 
 def places_to_look() -> list[Path]:
     """``./smsdp-jobs``, then the output paths of earlier launches, newest first."""
-    places = [Path(check_output_path(None, LOCAL))]
+    places = [Path(check_local_output_path(None))]
     for path in reversed(remembered()):
         if path not in places:
             places.append(path)

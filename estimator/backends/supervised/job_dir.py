@@ -130,7 +130,7 @@ class JobDirPlan:
             raise JobNameTaken(str(self.root)) from None
         build = Path(tempfile.mkdtemp(prefix=f".{self.root.name}.creating-", dir=self.root.parent))
         try:
-            self._fill(JobDir(build), files)
+            self._fill(JobDir(build), files or {})
             os.rename(build, self.root)  # replaces the empty claim
         except BaseException:
             shutil.rmtree(build, ignore_errors=True)
@@ -159,6 +159,21 @@ class JobDirPlan:
         else:
             code_dir.mkdir()
             shutil.copy2(self.code_source, code_dir / self.code_source.name)
+        make_private(code_dir)  # the copy kept the source's modes (0644, 0755): the job's are owner-only
+
+
+def make_private(root: Path) -> None:
+    """Directories 0700, files 0600 (0700 if their owner may run them); links are left as they are."""
+    os.chmod(root, 0o700)
+    for directory, dirs, files in os.walk(root):  # never follows a link
+        for name in dirs:
+            path = os.path.join(directory, name)
+            if not os.path.islink(path):
+                os.chmod(path, 0o700)
+        for name in files:
+            path = os.path.join(directory, name)
+            if not os.path.islink(path):
+                os.chmod(path, 0o700 if os.stat(path).st_mode & 0o100 else 0o600)
 
 
 def _link_channel(source: Path, target: Path) -> None:

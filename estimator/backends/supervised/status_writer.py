@@ -15,8 +15,8 @@ import contextlib
 import sys
 from pathlib import Path
 
-from estimator.backends.local.job_dir import JobDir
-from estimator.backends.local.status import StatusRecord, read_status, write_status
+from estimator.backends.supervised.job_dir import JobDir
+from estimator.backends.supervised.status import StatusRecord, read_status, write_status
 from estimator.job import JobStatus
 
 RESERVE_BYTES = 256 * 1024

@@ -15,8 +15,8 @@ import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from estimator.backends.local.job_dir import JobDir, write_text_atomically
-from estimator.backends.local.status import utcnow
+from estimator.backends.supervised.job_dir import JobDir, write_text_atomically
+from estimator.backends.supervised.status import utcnow
 
 #: The fault-injection switch (smsdp.util.fault_injection) simulates a one-off fault:
 #: a restarted attempt runs without it, as a real retry would not meet it again.

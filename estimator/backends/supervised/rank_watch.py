@@ -20,8 +20,8 @@ import sys
 import time
 from collections.abc import Callable
 
-from estimator.backends.local.process_session import JobProcesses, children_of
-from estimator.backends.local.status_writer import note
+from estimator.backends.supervised.process_session import JobProcesses, children_of
+from estimator.backends.supervised.status_writer import note
 
 POLL_S = 0.2
 RANKS_GONE_GRACE_S = 2.0

@@ -14,10 +14,13 @@ import shutil
 import subprocess
 from functools import lru_cache
 
-from estimator.backends.local.job_dir import JobDir
+from estimator.backends.supervised.job_dir import JobDir
 from estimator.spec import Hyperparameter, JobSpec
 from smsdp.config import CONFIG_ENV_VAR
 from smsdp.config.cluster import SIMULATED_HOSTS_ENV
+
+#: The per-rank launcher every backend starts (``python -m entrypoints.launcher SCRIPT ARGS``).
+LAUNCHER_MODULE = "entrypoints.launcher"
 
 
 def host_names(instance_count: int) -> list[str]:

@@ -1,0 +1,43 @@
+"""The job log's line prefixes: ``[algo-2 rank3] text`` for a rank's line, ``[mpirun] text`` for the launcher's.
+
+A launcher tags each line of its ranks' output its own way (Open MPI's
+``[jobid,rank]<stdout>:``, srun's ``3:``); each backend turns them into this one
+form (``LineTagger.retag``), so the job log, ``wait()``'s progress display and the
+summary read the same on every backend.
+"""
+
+from __future__ import annotations
+
+import abc
+import re
+from dataclasses import dataclass
+
+PREFIX_RE = re.compile(r"^\[(?P<host>[^\s\]]+) rank(?P<rank>\d+)\] ")
+
+
+@dataclass(frozen=True)
+class LineTagger(abc.ABC):
+    """Host names and ranks per host: which (possibly simulated) host each rank runs on."""
+
+    hosts: tuple[str, ...]
+    processes_per_host: int
+
+    def prefix(self, rank: int) -> str:
+        host_index = min(rank // self.processes_per_host, len(self.hosts) - 1)
+        return f"[{self.hosts[host_index]} rank{rank}] "
+
+    @abc.abstractmethod
+    def retag(self, raw_line: str) -> list[str]:
+        """The log lines (without newline) for one line of the launcher's output."""
+
+    def finish(self) -> list[str]:
+        """The lines still held when the launcher's output ends (none, unless lines come in pieces)."""
+        return []
+
+
+def split_prefix(log_line: str) -> tuple[int | None, str]:
+    """``"[algo-1 rank0] text"`` -> ``(0, "text")``; ``(None, line)`` for other lines."""
+    match = PREFIX_RE.match(log_line)
+    if match is None:
+        return None, log_line
+    return int(match["rank"]), log_line[match.end() :]
