@@ -17,6 +17,7 @@ import torch
 
 import smsdp as smp
 from entrypoints.gpt import GPT, GPTConfig
+from entrypoints.gpt_tensor_parallel import register_tensor_parallel
 from smsdp.comm import world as runtime_state
 from tests.mpi_harness import init_gloo_from_env, worker_main
 
@@ -66,6 +67,8 @@ def run(name: str) -> dict:
     runtime_state.reset_for_tests()
     smp.init({"ddp": True, **params})
     torch.manual_seed(0)
+    if smp.tp_size() > 1:
+        register_tensor_parallel()  # as train_gpt.py does before building it
     with smp.model_creation(tensor_parallelism=smp.tp_size() > 1):
         plain = GPT(config)
     model = smp.DistributedModel(plain)
