@@ -65,6 +65,7 @@ import torch.distributed as dist  # noqa: E402
 import smsdp as smp  # noqa: E402
 from entrypoints.data import TokenDataset  # noqa: E402
 from entrypoints.gpt import GPT, GPTConfig  # noqa: E402
+from entrypoints.run_record import step_recorder  # noqa: E402
 from smsdp.tensor_parallel import batch_arithmetic  # noqa: E402
 from smsdp.util.metrics import ProgressLogger, write_summary  # noqa: E402
 
@@ -97,6 +98,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="resume from the newest complete checkpoint here; save here every --checkpoint_interval",
     )
     p.add_argument("--checkpoint_interval", type=int, default=0, help="steps between checkpoints (0: none)")
+    p.add_argument(
+        "--tensorboard_dir",
+        default="",
+        help="TensorBoard events (default: $SMSDP_TENSORBOARD_DIR, $SM_OUTPUT_DIR/tensorboard)",
+    )
+    p.add_argument(
+        "--step_metrics", type=int, default=1, help="1: metrics.csv and TensorBoard, a row per step; 0: none"
+    )
     args = p.parse_args(argv)
     if args.vocab_size < 256:
         p.error(f"--vocab_size {args.vocab_size} is below the 256 byte tokens; use 256 or more")
@@ -204,6 +213,7 @@ def main(argv=None) -> dict:
         log_interval=args.log_interval,
         rank=smp.rank(),
         world_size=smp.size(),
+        reduce_loss=mean_over_data_parallel,  # each step's loss of the global batch, reduced on printed steps
     )
     log.info(
         f"GPT {n_params / 1e6:.2f}M params, {smp.size()} ranks ("
@@ -237,6 +247,8 @@ def main(argv=None) -> dict:
         resumed = smp.resume_from_checkpoint(args.checkpoint_dir, model=model, optimizer=optimizer)
         first_step = resumed["step"] + 1
         log.info(f"resumed from the checkpoint of step {resumed['step']} in {args.checkpoint_dir}")
+    if args.step_metrics and is_main:  # a row per step: output/data/metrics.csv and TensorBoard
+        log.recorder = step_recorder(args, optimizer, flops_per_token, first_step)
 
     # -- training loop ------------------------------------------------------------
     model.train()
@@ -253,9 +265,7 @@ def main(argv=None) -> dict:
         optimizer.step()
         optimizer.zero_grad()
 
-        if log.should_log(step):
-            step_loss = mean_over_data_parallel(step_loss)  # every rank joins the collective
-        log.step(step, step_loss)
+        log.step(step, step_loss)  # this rank's loss; averaged over the replicas on printed steps
         if (args.eval_interval and step % args.eval_interval == 0) or step == args.max_steps:
             with log.paused():
                 log.eval(step, evaluate())
@@ -280,12 +290,14 @@ def main(argv=None) -> dict:
                     user_content={"step": step},
                     num_kept_partial_checkpoints=2,
                 )
+            log.close()  # every rank: the steps since the last printed one still get their rows
             where = f"; checkpoint step{step} in {args.checkpoint_dir}" if args.checkpoint_dir else ""
             log.info(f"stopped by SIGTERM after step {step}{where}")
             smp.barrier()
             return {"stopped_after_step": step}
 
     # -- artifacts ----------------------------------------------------------------
+    log.close()
     state = model.state_dict()  # full, unsharded: a collective, so every rank calls it
     summary = log.summary(
         model_params=n_params,

@@ -19,6 +19,7 @@ from estimator.arguments import DEFAULT_MAX_RUN, EstimatorArguments, reject_unkn
 from estimator.backends import Backend, attach, backend_for
 from estimator.job import Job, JobFailedError
 from estimator.naming import MAX_NAME_TRIES, JobNameTakenError, unique_job_name
+from estimator.plots import show_in_notebook
 from estimator.spec import Hyperparameter, JobSpec
 from estimator.validation import check_inputs, check_job_name
 from smsdp.config import RuntimeConfig
@@ -238,8 +239,9 @@ class Estimator:
         """Run the job. ``inputs``: a ``file://`` path (channel "training") or ``{channel: uri}``.
 
         With ``wait`` (default) block until it ends, streaming logs and a
-        progress bar, then print a summary; raise ``JobFailedError`` if it
-        failed. Ctrl-C stops a local job (it runs on your machine).
+        progress bar, then print a summary (in a notebook, with the loss curve);
+        raise ``JobFailedError`` if it failed. Ctrl-C stops a local job (it runs
+        on your machine).
 
         Before anything starts, when the model is known (given to ``plan()``, or the bundled
         ``train_gpt.py``), the planner checks the job fits in memory and raises
@@ -256,6 +258,8 @@ class Estimator:
         self.latest_job = self._launch(backend, inputs, job_name)
         if wait:
             self._wait(backend, logs)
+            if logs:
+                show_in_notebook(self.latest_job)  # in a notebook, loss and tokens/s against step below the summary
 
     def _launch(self, backend: Backend, inputs: Any, job_name: str | None) -> Job:
         """Launch under the given name, or under a generated one that nobody holds (retried on a clash)."""

@@ -55,4 +55,11 @@ def estimator_kwargs(root: Path) -> dict[str, Any]:
         "max_run": own["MaxRun"],
         "collective_timeout": own.get("CollectiveTimeout"),
         "max_retry_attempts": own.get("MaxRetryAttempts"),
+        **_tensorboard_output(read_json(JobDir(root).description_file)),
     }
+
+
+def _tensorboard_output(description: dict[str, Any]) -> dict[str, Any]:
+    """The directory the job's ``tensorboard_output_config`` named (its events are in <dir>/<job>), if any."""
+    uri = description.get("TensorBoardOutputConfig", {}).get("S3OutputPath")
+    return {"tensorboard_output_config": {"S3OutputPath": uri}} if uri else {}
