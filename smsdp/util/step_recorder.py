@@ -132,6 +132,7 @@ class StepRecorder:
         rate = tokens / step_seconds if step_seconds > 0 else 0.0
         row: dict[str, Any] = {
             "step": step,
+            "wall_time": time.time(),  # TensorBoard's time axis; not a table column
             "time_s": elapsed_s,
             "step_time_s": step_seconds,
             "tokens_per_s": rate,
@@ -157,7 +158,7 @@ class StepRecorder:
             for row in rows:
                 for name, tag in _SCALAR_TAGS.items():
                     if row.get(name) is not None:
-                        self._writer.add_scalar(tag, row[name], row["step"])
+                        self._writer.add_scalar(tag, row[name], row["step"], walltime=row["wall_time"])
             self._writer.flush()
         self.rows_written += len(rows)
         self.overhead_s += time.perf_counter() - started
