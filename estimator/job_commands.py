@@ -56,6 +56,13 @@ def add_jobs_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def jobs(args: argparse.Namespace) -> int:
+    if (args.output_path or "").startswith("s3://"):
+        print(
+            "smsdp: jobs lists job directories (local and Slurm jobs); SageMaker lists its own "
+            "(aws sagemaker list-training-jobs), and smsdp logs/describe/plot take their names",
+            file=sys.stderr,
+        )
+        return EXIT_NOT_FOUND
     listings = list_jobs(args.output_path)
     if args.json:
         print(json.dumps([entry.to_json() for entry in listings], indent=2))

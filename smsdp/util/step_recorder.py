@@ -13,7 +13,7 @@ for the device or talks to other ranks::
     log = ProgressLogger(max_steps, tokens_per_step, reduce_loss=mean_over_dp, recorder=recorder)
 
 TensorBoard is optional: without the ``tensorboard`` package the recorder says so
-once and writes the table only. Table columns: :mod:`smsdp.util.metrics_table`.
+once and writes the table only (events: :mod:`smsdp.util.tensorboard_events`). Table columns: :mod:`smsdp.util.metrics_table`.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from smsdp.util.metrics_table import (
     format_rows,
     parse_table,
 )
+from smsdp.util.tensorboard_events import EventWriter
 
 __all__ = ["StepRecorder", "default_tensorboard_dir"]
 
@@ -63,10 +64,10 @@ def default_tensorboard_dir(output_data_dir: str | os.PathLike) -> Path:
     return Path(output_data_dir) / TENSORBOARD_SUBDIR
 
 
-def _summary_writer(log_dir: Path, stream: TextIO) -> Any:
-    """torch's SummaryWriter on ``log_dir``, or None (said once) without the tensorboard package."""
+def _event_writer(log_dir: Path, stream: TextIO) -> EventWriter | None:
+    """An event file in ``log_dir``, or None (said once) without the tensorboard package."""
     try:
-        from torch.utils.tensorboard import SummaryWriter
+        return EventWriter(log_dir)
     except ImportError as exc:
         print(
             f"{PROGRESS_PREFIX} no TensorBoard event files: the tensorboard package is not installed "
@@ -75,7 +76,6 @@ def _summary_writer(log_dir: Path, stream: TextIO) -> Any:
             flush=True,
         )
         return None
-    return SummaryWriter(log_dir=str(log_dir), max_queue=1000, flush_secs=3600)  # flushed by write_rows()
 
 
 def _open_table(path: Path, first_step: int) -> TextIO:
@@ -118,7 +118,7 @@ class StepRecorder:
         self.tensorboard_dir = None if tensorboard_dir is None else Path(tensorboard_dir)
         self._writer = None
         if self.tensorboard_dir is not None:
-            self._writer = _summary_writer(self.tensorboard_dir, stream or sys.stdout)
+            self._writer = _event_writer(self.tensorboard_dir, stream or sys.stdout)
         self._pending: list[dict[str, Any]] = []
         self.rows_written = 0
         #: Seconds spent recording (sampling, writing the table and the event files): its cost.
@@ -156,9 +156,8 @@ class StepRecorder:
         self._table.flush()  # a reader of the running job sees whole rows, up to this step
         if self._writer is not None:
             for row in rows:
-                for name, tag in _SCALAR_TAGS.items():
-                    if row.get(name) is not None:
-                        self._writer.add_scalar(tag, row[name], row["step"], walltime=row["wall_time"])
+                scalars = {tag: row[name] for name, tag in _SCALAR_TAGS.items() if row.get(name) is not None}
+                self._writer.scalars(row["step"], row["wall_time"], scalars)
             self._writer.flush()
         self.rows_written += len(rows)
         self.overhead_s += time.perf_counter() - started
@@ -166,13 +165,13 @@ class StepRecorder:
     def add_scalar(self, tag: str, value: float, step: int) -> None:
         """One more scalar (a validation loss) in TensorBoard only."""
         if self._writer is not None:
-            self._writer.add_scalar(tag, value, step)
+            self._writer.scalars(step, time.time(), {tag: value})
             self._writer.flush()
 
     def add_text(self, tag: str, text: str) -> None:
         """A text in TensorBoard (shown as Markdown: wrap code in a fence)."""
         if self._writer is not None:
-            self._writer.add_text(tag, text, 0)
+            self._writer.text(tag, text, wall_time=time.time())
 
     def close(self) -> None:
         if self._writer is not None:
