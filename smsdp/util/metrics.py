@@ -318,6 +318,7 @@ class ProgressLogger:
         if self.recorder is not None:
             fields["metrics_table"] = str(self.recorder.table_path)
             fields["metrics_overhead_s"] = self.recorder.overhead_s
+            fields["metrics_overhead_cpu_s"] = self.recorder.overhead_cpu_s
         fields.update(extra)
         return fields
 

@@ -117,18 +117,20 @@ class StepRecorder:
         self.flops_per_token = flops_per_token
         self.tensorboard_dir = None if tensorboard_dir is None else Path(tensorboard_dir)
         self._writer = None
+        self._writer_cpu_s = 0.0  # the writer thread's, once it is closed
         if self.tensorboard_dir is not None:
             self._writer = _event_writer(self.tensorboard_dir, stream or sys.stdout)
         self._pending: list[dict[str, Any]] = []
         self.rows_written = 0
-        #: Seconds spent recording (sampling, writing the table and the event files): its cost.
+        #: Wall seconds the training thread spent recording (sampling, appending rows, queueing events).
         self.overhead_s = 0.0
+        self._thread_cpu_s = 0.0  # CPU seconds of the same
 
     # ---------------------------------------------------------------- per step
 
     def sample(self, step: int, step_seconds: float, tokens: int, elapsed_s: float) -> None:
         """Step ``step`` just ended: keep what it left behind, until its loss is known."""
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.thread_time()
         rate = tokens / step_seconds if step_seconds > 0 else 0.0
         row: dict[str, Any] = {
             "step": step,
@@ -143,10 +145,11 @@ class StepRecorder:
         }
         self._pending.append(row)
         self.overhead_s += time.perf_counter() - started
+        self._thread_cpu_s += time.thread_time() - cpu
 
     def write_rows(self, losses: Sequence[float]) -> None:
         """The pending steps' losses, in order: append their rows to the table and TensorBoard."""
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.thread_time()
         rows, self._pending = self._pending, []
         if len(losses) != len(rows):
             raise ValueError(f"{len(losses)} losses for {len(rows)} pending steps")
@@ -158,15 +161,19 @@ class StepRecorder:
             for row in rows:
                 scalars = {tag: row[name] for name, tag in _SCALAR_TAGS.items() if row.get(name) is not None}
                 self._writer.scalars(row["step"], row["wall_time"], scalars)
-            self._writer.flush()
         self.rows_written += len(rows)
         self.overhead_s += time.perf_counter() - started
+        self._thread_cpu_s += time.thread_time() - cpu
+
+    @property
+    def overhead_cpu_s(self) -> float:
+        """CPU seconds recording has cost: the training thread's, plus the event writer thread's."""
+        return self._thread_cpu_s + (self._writer.thread_cpu_s() if self._writer is not None else self._writer_cpu_s)
 
     def add_scalar(self, tag: str, value: float, step: int) -> None:
         """One more scalar (a validation loss) in TensorBoard only."""
         if self._writer is not None:
             self._writer.scalars(step, time.time(), {tag: value})
-            self._writer.flush()
 
     def add_text(self, tag: str, text: str) -> None:
         """A text in TensorBoard (shown as Markdown: wrap code in a fence)."""
@@ -175,7 +182,9 @@ class StepRecorder:
 
     def close(self) -> None:
         if self._writer is not None:
+            self._writer_cpu_s = self._writer.thread_cpu_s()
             self._writer.close()
+            self._writer_cpu_s = max(self._writer_cpu_s, self._writer.thread_cpu_s())
             self._writer = None
         if not self._table.closed:
             self._table.close()

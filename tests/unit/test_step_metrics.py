@@ -78,7 +78,7 @@ def test_every_step_is_a_row_and_the_printed_losses_are_the_rows(tmp_path):
     assert [(row["all_gather_bytes"], row["all_reduce_bytes"], row["broadcast_bytes"]) for row in rows] == [
         (100, 10, 0)
     ] * 7
-    assert recorder.rows_written == 7 and recorder.overhead_s > 0
+    assert recorder.rows_written == 7 and recorder.overhead_s > 0 and recorder.overhead_cpu_s > 0
 
 
 def test_reduce_loss_averages_every_pending_step_in_one_call(tmp_path):
