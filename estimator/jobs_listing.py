@@ -59,6 +59,14 @@ def list_jobs(output_path: str | None = None) -> list[JobListing]:
 
 
 def listing(root: Path) -> JobListing:
+    """The job in ``root``; one whose files cannot be read is listed as such, not left out."""
+    try:
+        return _listing(root)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return JobListing(root.name, "?", f"unreadable: {type(exc).__name__}: {exc}", None, None, None)
+
+
+def _listing(root: Path) -> JobListing:
     backend = recorded_backend(root)
     job = backend_named(backend).attach(root.name, str(root.parent)).job
     described = job.describe()
