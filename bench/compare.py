@@ -74,6 +74,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import datetime
 import json
 import os
@@ -91,6 +92,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))  # run as `python bench/compare.py` from a checkout, installed or not
 
 from estimator.backends.local.mpirun import FAST_MPI_ENV, find_mpirun  # noqa: E402
+from estimator.backends.supervised.process_session import kill_session  # noqa: E402
 
 WORKER = REPO_ROOT / "bench" / "workers" / "train_worker.py"
 RESULTS = REPO_ROOT / "bench" / "results"
@@ -215,10 +217,14 @@ def run_config(worker_args: list[str], timeout: float, log, env_extra: dict | No
         text=True,
         start_new_session=True,
     )
+    _LAUNCHES.add(proc)
     try:
         output, _ = proc.communicate(timeout=timeout)
         timed_out = False
-    except subprocess.TimeoutExpired:
+    except BaseException as exc:  # SIGTERM/SIGHUP (SystemExit, see main) or Ctrl-C: no launch outlives us
+        if not isinstance(exc, subprocess.TimeoutExpired):
+            _end_launches()
+            raise
         timed_out = True
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
@@ -227,6 +233,8 @@ def run_config(worker_args: list[str], timeout: float, log, env_extra: dict | No
                 break
             time.sleep(1)
         output, _ = proc.communicate()
+    finally:
+        _LAUNCHES.discard(proc)
     wall = time.perf_counter() - t0
     ranks = []
     for r in range(NPROCS):
@@ -609,7 +617,26 @@ def machine_line() -> str:
 
 
 # --------------------------------------------------------------------------------------------
+#: The mpirun launches running now (several at once for the peak-RSS launches, in threads).
+_LAUNCHES: set[subprocess.Popen] = set()
+
+
+def _end_launches() -> None:
+    """SIGKILL every running launch's whole session: mpirun and its ranks (each rank has a process group of its own)."""
+    for proc in list(_LAUNCHES):
+        kill_session(proc.pid, timeout=10)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
+
+
+def _exit_on_signal(signum: int, frame) -> None:
+    _end_launches()  # here, in the main thread: a launch waited on in a worker thread would outlive SystemExit
+    raise SystemExit(128 + signum)
+
+
 def main() -> None:
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _exit_on_signal)
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--precision", default="fp32,bf16", help="comma-separated: fp32,bf16")
     p.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset of " + ",".join(SYSTEMS))

@@ -13,7 +13,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from estimator.backends import SAGEMAKER, JobRules, backend_arguments, backend_name_for, rules_for, rules_owning
+from estimator.backends import (
+    SAGEMAKER,
+    JobRules,
+    backend_arguments,
+    backend_name_for,
+    check_backend_options,
+    rules_for,
+    rules_owning,
+)
 from estimator.naming import base_name_for
 from estimator.source_tree import scan_source_dir
 from estimator.spec import FILE_SCHEME, S3_SCHEME, CheckpointSpec, CodeSpec, Hyperparameter
@@ -31,7 +39,7 @@ from estimator.validation import (
     check_max_run,
     collect,
 )
-from smsdp.config import Distribution, RuntimeConfig, resolve_job
+from smsdp.config import ConfigError, ConfigProblem, Distribution, RuntimeConfig, resolve_job
 
 DEFAULT_MAX_RUN = 24 * 60 * 60  # SageMaker's default MaxRuntimeInSeconds
 
@@ -140,19 +148,21 @@ def resolve_arguments(args: EstimatorArguments) -> ResolvedArguments:
     rules = rules_for(args.instance_type)
     files_type = rules.config_instance_type(args.instance_type)
     config_env = args.environment if isinstance(args.environment, Mapping) else None
-    code, job, hps, env, output, checkpoint_uri, checkpoint_path, max_run_s, timeout_s, retries, *own = collect(
+    code, job, hps, env, _, output, checkpoint_uri, checkpoint_path, max_run_s, timeout_s, retries, _, *own = collect(
         lambda: check_code(args.entry_point, args.source_dir),
         lambda: resolve_job(
             args.distribution, instance_type=files_type, instance_count=args.instance_count, environment=config_env
         ),
         lambda: check_hyperparameters(args.hyperparameters),
         lambda: check_environment(args.environment),
+        lambda: rules.check_environment_names(args.environment),
         lambda: rules.check_output_path(args.output_path, args.instance_type),
         lambda: rules.check_checkpoint_uri(args.checkpoint_s3_uri, args.instance_type),
         lambda: check_checkpoint_local_path(args.checkpoint_local_path),
         lambda: check_max_run(args.max_run),
         lambda: check_collective_timeout(args.collective_timeout),
         lambda: check_max_retry_attempts(args.max_retry_attempts),
+        lambda: check_backend_options(args.instance_type, args.remote_options),
         *(_option_check(name, value, args.instance_type) for name, value in args.backend_arguments.items()),
         lambda: _tensorboard_output(args),
     )
@@ -242,3 +252,59 @@ def _plain(value: Any) -> Any:
     if isinstance(value, Mapping):
         return {key: _plain(item) for key, item in value.items()}
     return value
+
+
+def with_overrides(
+    kwargs: dict[str, Any], missing: tuple[str, ...], overrides: Mapping[str, Any]
+) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """An attached job's arguments with ``overrides`` (``environment``/``hyperparameters`` merged name by
+    name, the others replaced); and what is still missing of what the job kept only redacted."""
+    merged = dict(kwargs)
+    for name, value in overrides.items():
+        if name in ("environment", "hyperparameters") and isinstance(value, Mapping):
+            merged[name] = {**(merged.get(name) or {}), **value}
+        else:
+            merged[name] = value
+    still = tuple(item for item in missing if not _given(item, overrides))
+    return merged, still
+
+
+def _given(item: str, overrides: Mapping[str, Any]) -> bool:
+    """``environment['HF_TOKEN']`` is given by ``environment={'HF_TOKEN': ...}``; ``distribution`` by itself."""
+    argument, _, key = item.partition("[")
+    if argument not in overrides:
+        return False
+    value = overrides[argument]
+    return not key or (isinstance(value, Mapping) and key.rstrip("]").strip("'\"") in value)
+
+
+def missing_secrets_error(missing: tuple[str, ...], job: Any) -> ConfigError:
+    name = getattr(job, "name", "the attached job")
+    return ConfigError.from_problems(
+        [
+            ConfigProblem(
+                _problem_path(item),
+                f"held a secret of job {name}, and the job directory keeps no secret value, so this re-run "
+                f"does not have it: give it again, as in {_how_to_give(name, missing)}",
+            )
+            for item in missing
+        ]
+    )
+
+
+def _problem_path(item: str) -> tuple[str, ...]:
+    argument, _, key = item.partition("[")
+    return (argument, key.rstrip("]").strip("'\"")) if key else (argument,)
+
+
+def _how_to_give(job_name: str, missing: tuple[str, ...]) -> str:
+    """``Estimator.attach('job', environment={'HF_TOKEN': ...}, distribution=...)`` for what is missing."""
+    keys: dict[str, list[str]] = {}
+    for item in missing:
+        path = _problem_path(item)
+        keys.setdefault(path[0], []).extend(path[1:])
+    given = [
+        f"{argument}={{{', '.join(f'{key!r}: ...' for key in names)}}}" if names else f"{argument}=..."
+        for argument, names in keys.items()
+    ]
+    return f"Estimator.attach({job_name!r}, {', '.join(given)})"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from typing import Any
 from estimator.example import EXAMPLE_ENTRY_POINT as EXAMPLE_SCRIPT
 from estimator.example import example_distribution, example_source_dir
 from estimator.job_commands import JOB_COMMANDS
-from smsdp.config import ConfigError
+from smsdp.config import ConfigError, ConfigProblem
 from smsdp.planner.cli import json_object_arg
 
 EXIT_OK, EXIT_JOB_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -43,7 +44,11 @@ class Command:
 def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     """Options that describe one job; defaults give the bundled example."""
     job = parser.add_argument_group("job")
-    job.add_argument("--entry-point", default=EXAMPLE_SCRIPT, help="training script (default: the bundled GPT)")
+    job.add_argument(
+        "--entry-point",
+        default=None,
+        help=f"training script (default: the bundled GPT, {EXAMPLE_SCRIPT}); a path given here is always your own",
+    )
     job.add_argument(
         "--source-dir", default=None, help="directory shipped with the script (default: the bundled example's)"
     )
@@ -98,10 +103,15 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
 def estimator_from_args(args: argparse.Namespace):
     from estimator import Estimator
 
-    source_dir = args.source_dir
-    bundled = source_dir is None and args.entry_point == EXAMPLE_SCRIPT
+    source_dir, entry_point = args.source_dir, args.entry_point
+    # Only an omitted --entry-point means the example: a train_gpt.py of one's own is never swapped for it.
+    bundled = entry_point is None
     if bundled:
-        source_dir = example_source_dir()
+        if source_dir is not None:
+            raise ConfigError.from_problems(
+                [ConfigProblem(("source_dir",), "needs --entry-point: the script in it to run", source_dir)]
+            )
+        entry_point, source_dir = EXAMPLE_SCRIPT, example_source_dir()
     hyperparameters = {}
     max_steps = EXAMPLE_MAX_STEPS if bundled and args.max_steps is None else args.max_steps
     if max_steps is not None:  # a script of one's own gets only what was asked for
@@ -110,7 +120,7 @@ def estimator_from_args(args: argparse.Namespace):
             hyperparameters["log_interval"] = max(1, max_steps // 10)
     hyperparameters.update((name, _scalar(value)) for name, value in args.hyperparameter)
     return Estimator(
-        args.entry_point,
+        entry_point,
         source_dir,
         instance_type=args.instance_type,
         instance_count=args.instance_count,
@@ -156,6 +166,7 @@ def run_example(args: argparse.Namespace) -> int:
     except JobFailedError:
         return EXIT_JOB_FAILED  # the job's summary, with the failure, is already printed
     except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # fit() stopped the job: more Ctrl-Cs change nothing
         return EXIT_INTERRUPTED
     return EXIT_OK
 
@@ -221,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"smsdp: invalid job: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:  # before a job started, or a Ctrl-C after fit() stopped it
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -15,7 +15,15 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from estimator.arguments import DEFAULT_MAX_RUN, EstimatorArguments, reject_unknown_options, resolve_arguments
+import estimator.interrupts as interrupts
+from estimator.arguments import (
+    DEFAULT_MAX_RUN,
+    EstimatorArguments,
+    missing_secrets_error,
+    reject_unknown_options,
+    resolve_arguments,
+    with_overrides,
+)
 from estimator.backends import Backend, attach, backend_for
 from estimator.job import Job, JobFailedError
 from estimator.naming import MAX_NAME_TRIES, JobNameTakenError, unique_job_name
@@ -36,6 +44,18 @@ class Estimator:
     ...                 hyperparameters={"max_steps": 50})
     >>> est.fit({"train": "file://data/"})
     >>> est.model_data, est.latest_job.describe()
+
+    ``collective_timeout``: seconds a collective may wait for a peer rank before the job
+    fails (``RuntimeConfig.collective_timeout_s``; default 600): a hung or dead rank ends
+    the job within about that long instead of holding it until ``max_run``.
+
+    ``max_retry_attempts`` (0-30, SageMaker's name): a failed job is restarted in place up
+    to that many times; the script resumes from its newest checkpoint in
+    ``SM_CHECKPOINT_DIR`` (``train_gpt.py`` does).
+
+    ``instance_type="slurm"`` submits the job to Slurm (``sbatch``), ``instance_count``
+    nodes x ``processes_per_host`` ranks; ``slurm_options`` are its sbatch options
+    (``{"partition": "gpu", "time": "2:00:00", "gres": "gpu:8"}``; README, "Slurm").
     """
 
     def __init__(
@@ -59,17 +79,7 @@ class Estimator:
         slurm_options: Mapping[str, Any] | None = None,
         **remote_options: Any,
     ):
-        """``collective_timeout``: seconds a collective may wait for a peer rank before the job
-        fails (``RuntimeConfig.collective_timeout_s``; default 600): a hung or dead rank ends
-        the job within about that long instead of holding it until ``max_run``.
-
-        ``max_retry_attempts`` (0-30, SageMaker's name): a failed job is restarted in place up
-        to that many times; the script resumes from its newest checkpoint in
-        ``SM_CHECKPOINT_DIR`` (``train_gpt.py`` does).
-
-        ``instance_type="slurm"`` submits the job to Slurm (``sbatch``), ``instance_count``
-        nodes x ``processes_per_host`` ranks; ``slurm_options`` are its sbatch options
-        (``{"partition": "gpu", "time": "2:00:00", "gres": "gpu:8"}``; README, "Slurm")."""
+        """Checks every argument at once (one ``ConfigError`` listing every problem); see the class."""
         reject_unknown_options(remote_options)
         self._args = resolve_arguments(
             EstimatorArguments(
@@ -96,6 +106,7 @@ class Estimator:
         self.latest_job: Job | None = None
         self._next_job_name: str | None = None  # fixed by dry_run() for the fit() that follows
         self._plan_request: Any = None  # what plan() was asked last; fit() checks the same
+        self._missing: tuple[str, ...] = ()  # arguments an attached job kept only redacted
 
     # ---------------------------------------------------------------- what it is
 
@@ -164,6 +175,8 @@ class Estimator:
         """The backend-neutral description of one run of this estimator.
 
         ``name_try``: the how-manieth generated name this is (after clashes; see ``naming``)."""
+        if self._missing:
+            raise missing_secrets_error(self._missing, self.latest_job)
         channels = check_inputs(inputs)
         if job_name is not None:
             name = check_job_name(job_name)
@@ -240,8 +253,9 @@ class Estimator:
 
         With ``wait`` (default) block until it ends, streaming logs and a
         progress bar, then print a summary (in a notebook, with the loss curve);
-        raise ``JobFailedError`` if it failed. Ctrl-C stops a local job (it runs
-        on your machine).
+        raise ``JobFailedError`` if it failed. Ctrl-C stops a local job (it runs on
+        your machine): once, however many times it is pressed, and at any moment
+        (``estimator.interrupts``).
 
         Before anything starts, when the model is known (given to ``plan()``, or the bundled
         ``train_gpt.py``), the planner checks the job fits in memory and raises
@@ -255,11 +269,20 @@ class Estimator:
             asked = self._plan_request or PlanRequest()
             check_job(self._args.runtime, self._args.code.script_path, self._args.hyperparameters, asked)
         backend = self._backend()
-        self.latest_job = self._launch(backend, inputs, job_name)
-        if wait:
-            self._wait(backend, logs)
-            if logs:
-                show_in_notebook(self.latest_job)  # in a notebook, loss and tokens/s against step below the summary
+        started: list[Job] = []
+        with interrupts.guarded():
+            try:
+                self.latest_job = self._launch(backend, inputs, job_name)
+                started.append(self.latest_job)
+                interrupts.deliver()  # a Ctrl-C while the job's process started: now it can be stopped
+                if wait:
+                    self.latest_job.wait(logs=logs)
+            except KeyboardInterrupt:
+                if started and backend.stop_on_interrupt:
+                    _stop_after_interrupt(started[0])
+                raise
+        if wait and logs:
+            show_in_notebook(self.latest_job)  # in a notebook, loss and tokens/s against step below the summary
 
     def _launch(self, backend: Backend, inputs: Any, job_name: str | None) -> Job:
         """Launch under the given name, or under a generated one that nobody holds (retried on a clash)."""
@@ -274,24 +297,13 @@ class Estimator:
             return job
         raise AssertionError("unreachable")
 
-    def _wait(self, backend: Backend, logs: bool) -> None:
-        job = self.latest_job
-        assert job is not None
-        try:
-            job.wait(logs=logs)
-        except KeyboardInterrupt:
-            if backend.stop_on_interrupt:
-                print(f"\n[smsdp] interrupted: stopping job {job.name} ...", flush=True)
-                job.stop()
-                with contextlib.suppress(JobFailedError, TimeoutError):
-                    job.wait(logs=False, timeout=STOP_WAIT_S)
-            raise
-
     def _backend(self) -> Backend:
         return backend_for(self.instance_type)
 
     @classmethod
-    def attach(cls, job_name: str, output_path: str | None = None, sagemaker_session: Any = None) -> Estimator:
+    def attach(
+        cls, job_name: str, output_path: str | None = None, sagemaker_session: Any = None, **overrides: Any
+    ) -> Estimator:
         """The Estimator of an existing job, with ``latest_job`` set to it.
 
         A local ``output_path`` is the only place looked in. Without one, local jobs are
@@ -300,8 +312,25 @@ class Estimator:
         ``sagemaker_session``) is looked up on SageMaker, as SageMaker's own
         ``Estimator.attach(training_job_name, sagemaker_session)`` does. A name found
         nowhere raises ``LookupError`` naming every place looked in.
+
+        The job directory keeps no secret: a secret ``environment`` value (or one in
+        ``custom_mpi_options``) is not there to re-run the job with. ``fit()`` then refuses,
+        naming it; give it again here: ``Estimator.attach(name, environment={"HF_TOKEN": ...})``
+        (``overrides`` are Estimator arguments; ``environment`` and ``hyperparameters`` are
+        merged into the job's, name by name).
         """
         attached = attach(job_name, output_path, sagemaker_session)
-        estimator = cls(**attached.estimator_kwargs)
+        kwargs, missing = with_overrides(attached.estimator_kwargs, attached.missing, overrides)
+        estimator = cls(**kwargs)
         estimator.latest_job = attached.job
+        estimator._missing = missing
         return estimator
+
+
+def _stop_after_interrupt(job: Job) -> None:
+    """Stop the job this fit() started and see it end; further Ctrl-Cs are counted, not raised."""
+    interrupts.stopping()
+    print(f"\n[smsdp] interrupted: stopping job {job.name} ...", flush=True)
+    job.stop()
+    with contextlib.suppress(JobFailedError, TimeoutError):
+        job.wait(logs=False, timeout=STOP_WAIT_S)

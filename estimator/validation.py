@@ -31,8 +31,11 @@ RESERVED_HP_PREFIX = "sagemaker_"
 MAX_COLLECTIVE_TIMEOUT_S = 24 * 60 * 60
 MAX_RUN_LIMIT_S = 28 * 24 * 60 * 60  # SageMaker's largest MaxRuntimeInSeconds
 MAX_RETRY_ATTEMPTS = 30  # SageMaker's largest RetryStrategy.MaximumRetryAttempts
-#: Variables the job sets itself: a user value would silently break the contract.
-RESERVED_ENV_PREFIXES = ("SM_", "SMSDP_", "OMPI_COMM_WORLD_")
+#: Variables the job sets itself (the container contract, smsdp's own): a user value would silently break it.
+RESERVED_ENV_PREFIXES = ("SM_", "OMPI_COMM_WORLD_", "SMSDP_CONFIG")
+RESERVED_ENV_NAMES = frozenset({"SMSDP_SIMULATED_HOSTS", "SMSDP_JOB_ID", "SMSDP_ATTEMPT", "SMSDP_LAUNCH_ARGV"})
+#: C0 controls and DEL (NUL has its own message).
+_CONTROL = re.compile(r"[\x01-\x1f\x7f]")
 
 
 #: Integers longer than this many bits are longer than any limit here (and str() refuses huge ones).
@@ -48,6 +51,13 @@ def text_rule(value: str, path: bool = False) -> str | None:
     """
     if "\x00" in value:
         return "contains a NUL character, which no argument, variable or file name can hold"
+    control = _CONTROL.search(value) if path else None
+    if control is not None:
+        return (
+            f"contains the control character {control[0]!r}; a path with a newline, tab or other control "
+            "character would be split or misread by the shells, batch scripts and log lines it reaches: "
+            "rename the directory or file"
+        )
     try:
         os.fsencode(value) if path else value.encode("utf-8")
     except UnicodeError:
@@ -225,7 +235,7 @@ def _looks_secret(name: Any, value: Any) -> bool:
 def _environment_rule(name: Any, value: Any) -> str | None:
     if not isinstance(name, str) or not ENV_NAME_RE.fullmatch(name):
         return "is not a valid variable name (letters, digits and '_', not starting with a digit)"
-    if name.startswith(RESERVED_ENV_PREFIXES):
+    if name.startswith(RESERVED_ENV_PREFIXES) or name in RESERVED_ENV_NAMES:
         return "is set by smsdp for every job (container contract); remove it, pass settings as hyperparameters"
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         return "must be a string (SageMaker passes environment values as strings), e.g. '1'"

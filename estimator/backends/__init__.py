@@ -11,6 +11,7 @@ The client (``estimator.estimator``) asks this module, never a backend's name.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from typing import Any
 
 from estimator.backends.base import AttachedJob, Backend, JobRules
@@ -26,6 +27,7 @@ __all__ = [
     "attach",
     "backend_for",
     "backend_named",
+    "check_backend_options",
     "rules_for",
 ]
 
@@ -75,6 +77,18 @@ def backend_named(name: str, instance_type: str | None = None) -> Backend:
         ) from None
     backend: Backend = getattr(module, class_name)()
     return backend
+
+
+def check_backend_options(instance_type: str, options: Mapping[str, Any]) -> None:
+    """The backend's checks of its own options when the Estimator is built (``Backend.check_options``).
+
+    A backend that cannot be imported checks nothing here: ``dry_run``/``fit`` say what to install.
+    """
+    try:
+        backend = backend_for(instance_type)
+    except BackendUnavailable:
+        return
+    backend.check_options(options)
 
 
 def rules_for(instance_type: Any) -> JobRules:

@@ -12,6 +12,7 @@ built (where job files may go, an argument only one backend takes) is a
 from __future__ import annotations
 
 import abc
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -24,10 +25,14 @@ RequestT = TypeVar("RequestT")
 
 @dataclass(frozen=True)
 class AttachedJob:
-    """A job found by name, plus the Estimator arguments that describe it."""
+    """A job found by name, plus the Estimator arguments that describe it.
+
+    ``missing``: arguments the job kept only redacted (``environment['HF_TOKEN']``): a re-run needs
+    them given again (``Estimator.attach(name, environment={...})``)."""
 
     job: Job
     estimator_kwargs: dict[str, Any] = field(default_factory=dict)
+    missing: tuple[str, ...] = ()
 
 
 class Backend(abc.ABC, Generic[RequestT]):
@@ -35,6 +40,12 @@ class Backend(abc.ABC, Generic[RequestT]):
 
     #: Ctrl-C while ``fit()`` waits stops the job (True for jobs on this machine).
     stop_on_interrupt: bool = False
+
+    def check_options(self, options: Mapping[str, Any]) -> None:
+        """Check, when the Estimator is built, the backend-only arguments that need no job spec.
+
+        Raises ``ConfigError`` naming the argument. Most are checked by ``dry_run``; this is for
+        what must fail before anything else is done (a SageMaker image whose torch is too old)."""
 
     @abc.abstractmethod
     def dry_run(self, spec: JobSpec) -> RequestT:
@@ -73,6 +84,9 @@ class JobRules:
     def check_checkpoint_uri(self, uri: Any, instance_type: str) -> str | None:
         """``checkpoint_s3_uri``, checked; ``ConfigError`` naming it."""
         return check_checkpoint_uri(uri)
+
+    def check_environment_names(self, environment: Any) -> None:
+        """Refuse variables this backend's own tools read (``ConfigError`` naming each)."""
 
     def check_option(self, value: Any, instance_type: str) -> Any:
         """The checked value of ``option_argument``; called for any backend whose rules own it."""

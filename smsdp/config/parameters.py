@@ -21,7 +21,12 @@ def _bool_or_whole(value: Any) -> Any:
     """True, False, or an int: one message for anything else, not one per union member."""
     if isinstance(value, (bool, int)):
         return value
-    raise PydanticCustomError("bool_or_whole", "expected True or False, got a {kind}", {"kind": type(value).__name__})
+    raise PydanticCustomError(
+        "bool_or_whole",
+        "expected True, False or a whole number k that divides sharded_data_parallel_degree, got a {kind}; "
+        "use True (the default), False or e.g. 2",
+        {"kind": type(value).__name__},
+    )
 
 
 _BoolOrWhole = Annotated[StrictBool | int, BeforeValidator(_bool_or_whole)]

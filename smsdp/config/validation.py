@@ -45,6 +45,8 @@ def _describe_pydantic_error(error: Mapping[str, Any], model: type[BaseModel], l
     default = _default_at(model, loc)
     if error["type"] == "model_type":
         rule += "; write a dict"
+    elif error["type"] == "bool_or_whole":
+        pass  # its message says what the key takes
     elif isinstance(default, bool):
         rule += "; use True or False"
     elif default is not NO_VALUE and default is not None:

@@ -191,7 +191,9 @@ def _run_plan(args: argparse.Namespace) -> int:
         ppn = args.processes_per_host
         if ppn is None:
             ppn = 1 if args.instance_type == LOCAL else lookup(args.instance_type).default_processes_per_host
-        degree = args.sharded_degree or args.instance_count * ppn // args.tensor_parallel_degree
+        degree = args.sharded_degree
+        if degree is None:  # 0 is refused by the config, as -2 is, never read as "not given"
+            degree = args.instance_count * ppn // args.tensor_parallel_degree
         kwargs["processes_per_host"] = ppn
         kwargs["parameters"] = {
             "sharded_data_parallel_degree": degree,

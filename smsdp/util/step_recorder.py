@@ -78,6 +78,12 @@ def _event_writer(log_dir: Path, stream: TextIO) -> EventWriter | None:
         return None
 
 
+def _grad_norm(optimizer: Any) -> float | None:
+    """DistributedOptimizer's global norm of the step (before clipping), else of the last clipped step."""
+    norm = getattr(optimizer, "step_grad_norm", None)
+    return getattr(optimizer, "last_grad_norm", None) if norm is None else norm
+
+
 def _open_table(path: Path, first_step: int) -> TextIO:
     """The table, open for appending: new, or (resumed at ``first_step``) with the rows before it.
 
@@ -198,8 +204,7 @@ class StepRecorder:
         scaler = getattr(optimizer, "loss_scaler", None)
         return {
             "lr": float(optimizer.param_groups[0]["lr"]) if optimizer.param_groups else None,
-            # DistributedOptimizer: the norm the step clipped with (None when it does not clip)
-            "grad_norm": getattr(optimizer, "last_grad_norm", None),
+            "grad_norm": _grad_norm(optimizer),
             "loss_scale": None if scaler is None else float(scaler.scale),
         }
 

@@ -231,7 +231,7 @@ class SlurmTestCluster:
                 start_new_session=True,
             )
 
-    def _wait_idle(self) -> None:
+    def _wait_idle(self, wanted: tuple[str, ...] = ("idle",)) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
         states = ""
         while time.monotonic() < deadline:
@@ -246,7 +246,7 @@ class SlurmTestCluster:
                 timeout=30,
             )
             states = result.stdout.strip()
-            if result.returncode == 0 and states and all(line.split()[1] == "idle" for line in states.splitlines()):
+            if result.returncode == 0 and states and all(line.split()[1] in wanted for line in states.splitlines()):
                 return
             time.sleep(0.3)
         raise RuntimeError(
@@ -278,6 +278,20 @@ class SlurmTestCluster:
             ["slurmd", "-D", "-N", node.name, "-f", str(self.conf)],
             self.root / f"slurmd-{node.name}.out",
         )
+
+    def stop_controller(self) -> None:
+        """Stop slurmctld (SIGKILL: a crashed controller); the nodes and their jobs are left alone."""
+        controller = self.daemons[0]
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(controller.pid, signal.SIGKILL)
+        controller.wait(timeout=10)
+
+    def start_controller(self) -> None:
+        """slurmctld again, recovering its state (not ``-i``); returns once every node answers it again."""
+        self.daemons[0] = self._in_namespace(
+            None, CONTROLLER, ["slurmctld", "-D", "-f", str(self.conf)], self.root / "slurmctld.out"
+        )
+        self._wait_idle(wanted=("idle", "mix", "alloc", "comp"))
 
     def node(self, name: str) -> Node:
         return next(node for node in self.nodes if node.name == name)

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 
+import estimator.interrupts as interrupts
 from estimator.backends.base import AttachedJob, Backend
 from estimator.backends.local.job import LocalJob
 from estimator.backends.local.mpirun import mpirun_argv, require_mpirun
@@ -19,6 +20,7 @@ from estimator.backends.supervised.launch import create_job_dir
 from estimator.backends.supervised.layout import describe_spec, job_root, plan_job_dir, source_root
 from estimator.backends.supervised.process_session import JOB_MARKER
 from estimator.backends.supervised.status import SecondaryStatus, StatusRecord, write_status
+from estimator.backends.supervised.supervisor import hold_stop_signals
 from estimator.job import JobStatus
 from estimator.redact import is_secret
 from estimator.spec import JobSpec
@@ -57,22 +59,28 @@ class LocalBackend(Backend[LocalRequest]):
     def launch(self, request: LocalRequest) -> LocalJob:
         require_mpirun(request.argv[0])
         job = create_job_dir(request.job_dir, request.job_name, request.description)
-        try:
-            supervisor = _start_supervisor(job, request.env, request.argv)
-        except BaseException as exc:  # Ctrl-C, no fork: the job must not stay "Starting" for ever
-            write_status(
-                job.status_file,
-                StatusRecord.starting().moved_to(
-                    JobStatus.FAILED, SecondaryStatus.FAILED, failure_reason=f"the supervisor did not start: {exc!r}"
-                ),
-            )
-            raise
-        return LocalJob(job.root, supervisor=supervisor)
+        # From the supervisor's start to its handle's return, a Ctrl-C waits (estimator.interrupts):
+        # raised in between, it would leave a job running that nobody holds, or one without its argv.
+        with interrupts.critical():
+            try:
+                supervisor = _start_supervisor(job, request.env, request.argv)
+            except Exception as exc:  # no fork, no memory: the job must not stay "Starting" for ever
+                write_status(
+                    job.status_file,
+                    StatusRecord.starting().moved_to(
+                        JobStatus.FAILED,
+                        SecondaryStatus.FAILED,
+                        failure_reason=f"the supervisor did not start: {exc!r}",
+                    ),
+                )
+                raise
+            return LocalJob(job.root, supervisor=supervisor)
 
     def attach(self, job_name: str, output_path: str | None = None) -> AttachedJob:
         """The job under ``output_path``; without one, under ./smsdp-jobs or any output path used before."""
         root = find_job_dir(job_name, output_path)
-        return AttachedJob(LocalJob(root), estimator_kwargs(root))
+        kwargs, missing = estimator_kwargs(root)
+        return AttachedJob(LocalJob(root), kwargs, missing)
 
 
 def _values_off_the_command_line(options: tuple[str, ...]) -> tuple[list[str], dict[str, str]]:
@@ -102,6 +110,7 @@ def _start_supervisor(job: JobDir, env: Mapping[str, str], argv: Sequence[str]) 
             stderr=subprocess.STDOUT,
             umask=JOB_UMASK,
             start_new_session=True,  # the job outlives this process, like a SageMaker job
+            preexec_fn=hold_stop_signals,  # stop() at once after the start is a stop, not the supervisor's death
         )
     assert supervisor.stdin is not None
     with supervisor.stdin:

@@ -73,6 +73,15 @@ class MpirunSupervisor(Supervisor):
     def failure_reason(self, exit_code: int, log_lines: list[str] | None) -> str:
         return failure_reason(self.job, exit_code, log_lines=log_lines)
 
+    def processes_left(self) -> str | None:
+        """Processes of the job that outlived SIGKILL (a process stuck in the kernel): never Stopped then."""
+        left = self.processes().members()
+        if not left:
+            return None
+        return (
+            f"{len(left)} process(es) of the job survived SIGKILL (pids {', '.join(map(str, left))}); end them by hand"
+        )
+
 
 def _argv_from_stdin() -> list[str] | None:
     """The launching client writes the real mpirun argv (with secret values) to stdin, never to disk."""

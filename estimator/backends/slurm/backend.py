@@ -9,18 +9,18 @@ supervisor on the job's first node, which starts the ranks with ``srun``.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
 
 import estimator.backends.slurm.scheduler as scheduler
 from estimator.backends.base import AttachedJob, Backend
 from estimator.backends.slurm.job import SlurmJob
-from estimator.backends.slurm.job_files import BATCH_SCRIPT, JOB_ID_FILE, SLURM_OUTPUT
-from estimator.backends.slurm.options import SLURM, gpus_per_node, sbatch_lines
+from estimator.backends.slurm.job_files import BATCH_SCRIPT, JOB_ID_FILE, LAUNCH_ARGV_VARIABLE, SLURM_OUTPUT
+from estimator.backends.slurm.options import OWNED_SBATCH_VARIABLES, SLURM, gpus_per_node, sbatch_lines
 from estimator.backends.slurm.request import SlurmRequest
 from estimator.backends.slurm.srun import srun_argv
 from estimator.backends.supervised.attach import estimator_kwargs, find_job_dir
@@ -57,9 +57,10 @@ class SlurmBackend(Backend[SlurmRequest]):
         srun = srun_argv(
             runtime.instance_count,
             runtime.processes_per_host,
+            root,
             [spec.code.entry_point, *hyperparameter_args(dict(spec.hyperparameters))],
         )
-        description = describe_spec(spec, srun, env, backend=SLURM)
+        description = describe_spec(spec, srun, env, backend=SLURM)  # job.json: secrets scrubbed
         description[OWN_SECTION]["SlurmOptions"] = options
         return SlurmRequest(
             job_name=spec.job_name,
@@ -85,7 +86,7 @@ class SlurmBackend(Backend[SlurmRequest]):
                 "output_path", f"cannot hold the job directory {request.job_path}: {exc}", str(request.job_path.parent)
             ) from exc
         try:
-            job_id = scheduler.submit(list(request.sbatch_argv), {**os.environ, **request.env})
+            job_id = scheduler.submit(list(request.sbatch_argv), submission_environment(request))
         except scheduler.SlurmCommandError:
             shutil.rmtree(job.root, ignore_errors=True)  # nothing was submitted: the name is free again
             raise
@@ -96,22 +97,31 @@ class SlurmBackend(Backend[SlurmRequest]):
         """The job directory's job (as a local job attaches), with the Slurm job's handle and options."""
         root = find_job_dir(job_name, output_path)
         own = read_json(JobDir(root).description_file)[OWN_SECTION]
-        kwargs: dict[str, Any] = {
-            **estimator_kwargs(root),
-            "instance_type": SLURM,
-            "slurm_options": own.get("SlurmOptions") or None,
-        }
-        return AttachedJob(SlurmJob(root), kwargs)
+        kwargs, missing = estimator_kwargs(root)
+        kwargs.update(instance_type=SLURM, slurm_options=own.get("SlurmOptions") or None)
+        return AttachedJob(SlurmJob(root), kwargs, missing)
+
+
+def submission_environment(request: SlurmRequest) -> dict[str, str]:
+    """sbatch's environment, which it exports to the job: this process's, the job's, and the real srun argv
+    (secret values in it: the supervisor runs it; job.json has it scrubbed). Without the ``SBATCH_*``
+    variables that would override what smsdp sets (sbatch reads them as options, over the script's lines)."""
+    env = {**os.environ, **request.env, LAUNCH_ARGV_VARIABLE: json.dumps(list(request.srun_argv))}
+    return {name: value for name, value in env.items() if name not in OWNED_SBATCH_VARIABLES}
 
 
 def batch_script(spec: JobSpec, root: Path, options: dict[str, str | bool]) -> str:
-    """The script sbatch runs on the job's first node: our options, the user's, then the supervisor."""
+    """The script sbatch runs on the job's first node: our options, the user's, then the supervisor.
+
+    Every value is data: user options are single words (``options.check_slurm_options``), paths
+    are quoted for sbatch's parser (``sbatch_value``) and for bash (``shlex.quote``).
+    """
     runtime = spec.runtime
     own = {
         "job-name": spec.job_name,
         "nodes": runtime.instance_count,
         "ntasks-per-node": runtime.processes_per_host,
-        "output": str(root / SLURM_OUTPUT),
+        "output": output_pattern(root),
         "chdir": str(root),
         "no-requeue": True,
     }
@@ -130,6 +140,12 @@ def batch_script(spec: JobSpec, root: Path, options: dict[str, str | bool]) -> s
             "",
         ]
     )
+
+
+def output_pattern(root: Path) -> str:
+    """``--output``'s file name pattern for ``root / SLURM_OUTPUT``: Slurm reads ``%j`` in it as the job
+    id, so a ``%`` of the path is written ``%%`` (a backslash, which Slurm drops, is refused earlier)."""
+    return str(root).replace("%", "%%") + "/" + SLURM_OUTPUT
 
 
 def preflight(request: SlurmRequest) -> None:

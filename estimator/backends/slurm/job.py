@@ -1,11 +1,13 @@
 """``SlurmJob``: the handle of a job submitted to Slurm, read from its directory and from Slurm.
 
-The job directory (on a file system every node sees) holds what the local
-backend's does: ``job.json``, ``status.json`` (written by the supervisor in
-the allocation), ``logs/job.log``. Slurm is asked only what the directory
-cannot say: whether the job still runs (``squeue``/``scontrol``/``sacct``),
-so that a job Slurm ended before its supervisor could (a lost node, a
-cancelled pending job) still reaches an end state with Slurm's reason.
+The job directory (on a file system every node sees) holds what a local job's
+does: ``job.json``, ``status.json`` (written by the supervisor in the
+allocation), ``logs/job.log``. While the supervisor's heartbeat is fresh, the
+directory is the whole answer: Slurm is asked only when it is not (the job is
+still queued, or its supervisor is gone), so that a job Slurm ended before its
+supervisor could (a lost node, a time limit, a cancelled pending job) still
+reaches an end state with Slurm's reason, and a controller that does not
+answer slows nothing down while the job runs.
 """
 
 from __future__ import annotations
@@ -14,21 +16,27 @@ import time
 from pathlib import Path
 
 import estimator.backends.slurm.scheduler as scheduler
+from estimator.backends.slurm.end_states import ended_by_slurm
 from estimator.backends.slurm.failure import lost_a_node, node_failure_reason
-from estimator.backends.slurm.job_files import JOB_ID_FILE, STOP_FILE, job_nodes
+from estimator.backends.slurm.job_files import JOB_ID_FILE, STOP_FILE, heartbeat_age, job_nodes, request
 from estimator.backends.supervised.job import POLL_S, SupervisedJob
 from estimator.backends.supervised.status import SecondaryStatus, StatusRecord, read_status, write_status
 from estimator.job import JobStatus
 
 STATE_CACHE_S = 1.0  # wait() polls often; Slurm is asked at most this often
+UNREACHABLE_CACHE_S = 10.0  # and a controller that did not answer, this often
+#: A heartbeat older than this: the supervisor may be gone, ask Slurm (clocks of nodes may differ a little).
+HEARTBEAT_STALE_S = 20.0
 END_WAIT_S = 15.0
+_HOLDING = ("RUNNING", "COMPLETING", "CONFIGURING", "PENDING")
 
 
 class SlurmJob(SupervisedJob):
     def __init__(self, job_dir: Path):
         super().__init__(job_dir)
         self._state: scheduler.SlurmJobState | None = None
-        self._state_at = 0.0
+        self._state_at = -UNREACHABLE_CACHE_S
+        self._unreachable = False
 
     @property
     def slurm_job_id(self) -> str | None:
@@ -38,28 +46,48 @@ class SlurmJob(SupervisedJob):
             return None
 
     def slurm_state(self, fresh: bool = False) -> scheduler.SlurmJobState | None:
+        """What Slurm says (None: nothing, or its controller does not answer; ``controller_unreachable`` says)."""
         job_id = self.slurm_job_id
         if job_id is None:
             return None
-        if fresh or time.monotonic() - self._state_at > STATE_CACHE_S:
+        age = time.monotonic() - self._state_at
+        if (fresh and not self._unreachable) or age > (UNREACHABLE_CACHE_S if self._unreachable else STATE_CACHE_S):
             try:
-                self._state = scheduler.job_state(job_id)
-            except scheduler.SlurmCommandError:  # no Slurm client here (or no answer): the directory's word
+                self._state, self._unreachable = scheduler.job_state(job_id), False
+            except scheduler.ControllerUnreachable:
+                self._state, self._unreachable = None, True
+            except scheduler.SlurmCommandError:  # no Slurm client here: the directory's word
                 self._state = None
             self._state_at = time.monotonic()
         return self._state
 
+    @property
+    def controller_unreachable(self) -> bool:
+        return self._unreachable
+
+    def _supervisor_fresh(self) -> bool:
+        age = heartbeat_age(self.paths.root)
+        return age is not None and age < HEARTBEAT_STALE_S
+
     # ---------------------------------------------------------------- state
 
     def _supervisor_running(self) -> bool:
-        """Still queued or running (or Slurm forgot it: the directory's word stands)."""
+        """Its heartbeat is fresh; else Slurm still queues or runs it (or cannot say: the directory's word stands)."""
+        if self._supervisor_fresh():
+            return True
         state = self.slurm_state()
         return state is None or state.active
 
     def _ended_without_supervisor(self, record: StatusRecord) -> StatusRecord:
         state = self.slurm_state()
         assert state is not None  # _supervisor_running() said the job is no longer active
-        return _ended_by_slurm(record, state, self.paths.root)
+        if lost_a_node(state):
+            reason = node_failure_reason(state, job_nodes(self.paths.root))
+            return record.moved_to(JobStatus.FAILED, SecondaryStatus.FAILED, failure_reason=reason)
+        end = ended_by_slurm(state, (self.paths.root / STOP_FILE).exists(), str(self.paths.logs))
+        if end.status is JobStatus.FAILED:
+            return record.moved_to(end.status, end.secondary, failure_reason=end.reason)
+        return record.moved_to(end.status, end.secondary, status_message=end.reason or None)
 
     def describe(self) -> dict:
         described = super().describe()
@@ -74,45 +102,32 @@ class SlurmJob(SupervisedJob):
         """The status turns terminal just before the batch script ends: wait until Slurm has let the job go."""
         deadline = time.monotonic() + END_WAIT_S
         while time.monotonic() < deadline:
+            if heartbeat_age(self.paths.root) is None and self._unreachable:
+                return  # the supervisor has ended, and Slurm cannot be asked about the rest
             state = self.slurm_state(fresh=True)
-            if state is None or state.state not in ("RUNNING", "COMPLETING", "CONFIGURING", "PENDING"):
+            if (state is None and not self._unreachable) or (state is not None and state.state not in _HOLDING):
                 return
             time.sleep(max(POLL_S, 0.25))
 
     # ---------------------------------------------------------------- stop
 
     def stop(self) -> None:
-        """``scancel``: the ranks get SIGTERM, finish their step, checkpoint, leave; the job ends Stopped."""
+        """Ask the job to stop; returns at once. It ends Stopped once its ranks are gone.
+
+        The request is a file in the job directory: the supervisor and every rank's guard watch
+        for it, so it works with the Slurm controller down. A job still queued is cancelled.
+        """
         if self._record().status.is_terminal:
             return
-        (self.paths.root / STOP_FILE).touch()  # how the supervisor tells a stop from Slurm's own SIGTERM
-        job_id = self.slurm_job_id
-        if job_id is None:
-            return  # not submitted yet: the supervisor sees the file when it starts
+        request(self.paths.root, STOP_FILE)
+        if self._supervisor_fresh() or self.slurm_job_id is None:
+            return  # the supervisor does it (or sees the file when it starts)
         state = self.slurm_state(fresh=True)
         if state is not None and state.state == "PENDING":
-            scheduler.scancel(job_id)  # no rank to signal; nothing ran
+            scheduler.scancel(state.job_id)  # no rank to signal; nothing ran
             write_status(
                 self.paths.status_file,
                 read_status(self.paths.status_file).moved_to(JobStatus.STOPPED, SecondaryStatus.STOPPED),
             )
-            return
-        scheduler.scancel(job_id, "--signal=TERM")  # every step (the ranks), not the batch script
-
-
-def _ended_by_slurm(record: StatusRecord, state: scheduler.SlurmJobState, root: Path) -> StatusRecord:
-    """The end state of a job whose batch script Slurm ended before it recorded one."""
-    if lost_a_node(state):
-        return record.moved_to(
-            JobStatus.FAILED, SecondaryStatus.FAILED, failure_reason=node_failure_reason(state, job_nodes(root))
-        )
-    if state.state == "CANCELLED" and (root / STOP_FILE).exists():
-        return record.moved_to(JobStatus.STOPPED, SecondaryStatus.STOPPED)
-    if state.state == "TIMEOUT":
-        return record.moved_to(JobStatus.STOPPED, SecondaryStatus.MAX_RUNTIME_EXCEEDED)
-    return record.moved_to(
-        JobStatus.FAILED,
-        SecondaryStatus.FAILED,
-        failure_reason=f"Slurm job {state.job_id} ended {state.state} ({state.reason or 'no reason given'}) before "
-        f"its supervisor recorded an end; see {root / 'logs'}",
-    )
+        elif state is not None and state.active and heartbeat_age(self.paths.root) is not None:
+            scheduler.scancel(state.job_id)  # its supervisor stopped answering: Slurm ends the whole job

@@ -17,6 +17,7 @@ from typing import Any
 
 from estimator.backends.supervised.known_paths import check_local_output_path
 from estimator.validation import problem
+from smsdp.config import ConfigError, ConfigProblem
 
 SLURM = "slurm"  # the instance type
 FIELD = "slurm_options"
@@ -121,10 +122,55 @@ OWNED = {
     "batch": "the backend",
 }
 
+#: sbatch's input variables for the options in OWNED: left out of sbatch's environment (they would win).
+OWNED_SBATCH_VARIABLES = frozenset(
+    {
+        "SBATCH_ARRAY_INX",
+        "SBATCH_DISTRIBUTION",
+        "SBATCH_EXPORT",
+        "SBATCH_JOB_NAME",
+        "SBATCH_NO_REQUEUE",
+        "SBATCH_OPEN_MODE",
+        "SBATCH_REQUEUE",
+        "SBATCH_SIGNAL",
+        "SBATCH_WAIT",
+    }
+)
+#: Variables Slurm's commands read as their own settings: an ``environment=`` value would change the job's shape.
+SLURM_VARIABLE_PREFIXES = ("SBATCH_", "SLURM_", "SRUN_", "SALLOC_")
+
 _TIME_RE = re.compile(r"(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+|\d+-\d+:\d{1,2}|\d+-\d+:\d{1,2}:\d{1,2})")
 _GRES_RE = re.compile(r"[A-Za-z][\w.-]*(:[\w.-]+)*(:\d+[KMGT]?)?(,[A-Za-z][\w.-]*(:[\w.-]+)*(:\d+[KMGT]?)?)*")
 _NAME_RE = re.compile(r"[\w.@+-]+(,[\w.@+-]+)*")
 _NAMED = ("partition", "account", "qos", "reservation", "wckey", "clusters")
+#: What sbatch's #SBATCH parser treats as other than data: word breaks, quotes, escapes, comments.
+_DIRECTIVE_SPECIAL = re.compile(r"[\s'\"\\#]|[\x00-\x1f\x7f]")
+
+
+def directive_hazard(value: str) -> str | None:
+    """Why ``value`` cannot be one word of an ``#SBATCH`` line as written (None: it can)."""
+    special = _DIRECTIVE_SPECIAL.search(value)
+    if special is not None:
+        return (
+            f"contains {special[0]!r}, which sbatch's #SBATCH parser would split or reinterpret: use one word "
+            "without spaces, quotes, backslashes, '#' or control characters"
+        )
+    return None
+
+
+def sbatch_value(value: str) -> str:
+    """``value`` written so that sbatch's #SBATCH parser reads it back byte for byte.
+
+    The parser splits at whitespace, ends the line at an unquoted ``#``, and takes quotes
+    and backslashes as quoting: a value with any of them goes in double quotes, with ``"``
+    and ``\\`` escaped by a backslash (measured against sbatch 22.05). Control characters
+    cannot be written at all: paths holding one are refused when the Estimator is built.
+    """
+    if _DIRECTIVE_SPECIAL.search(value) is None:
+        return value
+    if re.search(r"[\x00-\x1f\x7f]", value):
+        raise ValueError(f"{value!r} holds a control character: no #SBATCH line can carry it")
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def check_slurm_options(options: Any, instance_type: str) -> dict[str, str | bool]:
@@ -141,9 +187,19 @@ def check_slurm_options(options: Any, instance_type: str) -> dict[str, str | boo
     if not isinstance(options, Mapping):
         raise problem(FIELD, "must be a dict of sbatch options, e.g. {'partition': 'gpu', 'time': '2:00:00'}", options)
     checked: dict[str, str | bool] = {}
+    problems: list[ConfigProblem] = []
+    spelled: dict[str, Any] = {}
     for key, value in options.items():
-        name = _option_name(key)
-        checked[name] = _option_value(key, name, value)
+        try:
+            name = _option_name(key)
+            if name in spelled:
+                raise problem((FIELD, key), f"and {spelled[name]!r} are the same sbatch option --{name}; keep one")
+            spelled[name] = key
+            checked[name] = _option_value(key, name, value)
+        except ConfigError as exc:  # every problem at once, as the Estimator reports its arguments'
+            problems += exc.problems
+    if problems:
+        raise ConfigError.from_problems(problems)
     return checked
 
 
@@ -185,12 +241,18 @@ def _option_value(key: str, name: str, value: Any) -> str | bool:
         raise problem(path, "is not a Slurm GRES list: use 'name[:type]:count', e.g. 'gpu:8' or 'gpu:a100:4'", value)
     elif name in _NAMED and not _NAME_RE.fullmatch(value):
         raise problem(path, "must be a name (letters, digits, '_', '-', '.'), e.g. 'gpu'", value)
+    unsafe = directive_hazard(value)
+    if unsafe:
+        raise problem(path, unsafe, value)
     return value
 
 
 def sbatch_lines(options: Mapping[str, object]) -> list[str]:
-    """``#SBATCH --name=value`` (or ``--name`` for a flag), in the order given."""
-    return [f"#SBATCH --{name}" if value is True else f"#SBATCH --{name}={value}" for name, value in options.items()]
+    """``#SBATCH --name=value`` (or ``--name`` for a flag), in the order given, each value as data."""
+    return [
+        f"#SBATCH --{name}" if value is True else f"#SBATCH --{name}={sbatch_value(str(value))}"
+        for name, value in options.items()
+    ]
 
 
 def gpus_per_node(options: Mapping[str, str | bool]) -> int | None:
@@ -217,4 +279,12 @@ def check_slurm_output_path(output_path: Any) -> str:
             "node sees; use a shared directory such as '/shared/smsdp-jobs'",
             output_path,
         )
-    return check_local_output_path(output_path)
+    path = check_local_output_path(output_path)
+    if "\\" in path:
+        raise problem(
+            "output_path",
+            "contains a backslash, which Slurm drops from the job's output file name (the batch job would "
+            "fail to start); use a directory whose path has none",
+            path,
+        )
+    return path

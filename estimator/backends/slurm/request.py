@@ -11,7 +11,7 @@ from types import MappingProxyType
 from typing import Any
 
 from estimator.backends.supervised.job_dir import JobDirPlan
-from estimator.redact import redact_argv, redact_env
+from estimator.redact import Scrubber, redact_argv, redact_env
 
 
 @dataclass(frozen=True)
@@ -51,11 +51,18 @@ class SlurmRequest:
         value = self.slurm_options.get("partition")
         return value if isinstance(value, str) else None
 
+    def scrubber(self) -> Scrubber:
+        """Every secret of the job (by variable or hyperparameter name, or by shape), in every view."""
+        return Scrubber.from_environment(self.env, self.srun_argv)
+
     def command_line(self) -> str:
         return shlex.join(redact_argv(self.sbatch_argv))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly and redacted, for tools and tests."""
+        return self.scrubber().tree(self._view())
+
+    def _view(self) -> dict[str, Any]:
         return {
             "job_name": self.job_name,
             "job_dir": str(self.job_path),
@@ -71,6 +78,9 @@ class SlurmRequest:
         }
 
     def __str__(self) -> str:
+        return self.scrubber()(self._text())
+
+    def _text(self) -> str:
         env_lines = [f"    {name}={value}" for name, value in sorted(redact_env(self.env).items())]
         channels = [f"    {name} <- {path}" for name, path in self.job_dir.channels.items()] or ["    (none)"]
         return "\n".join(

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from estimator.backends.slurm.options import check_slurm_options, check_slurm_output_path
+from estimator.backends.slurm.options import SLURM_VARIABLE_PREFIXES, check_slurm_options, check_slurm_output_path
 from estimator.backends.supervised.rules import JobDirRules
+from smsdp.config import ConfigError, ConfigProblem
 
 
 class SlurmRules(JobDirRules):
@@ -18,6 +20,21 @@ class SlurmRules(JobDirRules):
 
     def check_output_path(self, output_path: Any, instance_type: str) -> str:
         return check_slurm_output_path(output_path)
+
+    def check_environment_names(self, environment: Any) -> None:
+        if not isinstance(environment, Mapping):
+            return  # check_environment says what is wrong with it
+        problems = [
+            ConfigProblem(
+                ("environment", name),
+                "is read by sbatch or srun as one of their own settings (it would change how Slurm runs the job); "
+                "pass Slurm settings in slurm_options",
+            )
+            for name in environment
+            if isinstance(name, str) and name.startswith(SLURM_VARIABLE_PREFIXES)
+        ]
+        if problems:
+            raise ConfigError.from_problems(problems)
 
     def check_option(self, value: Any, instance_type: str) -> Any:
         return check_slurm_options(value, instance_type)

@@ -37,6 +37,16 @@ class SlurmCommandError(RuntimeError):
     """A Slurm command failed or is not installed."""
 
 
+class ControllerUnreachable(SlurmCommandError):
+    """slurmctld did not answer: nothing that needs it (squeue, scancel, a new step) works now."""
+
+
+#: What Slurm's commands say when slurmctld does not answer.
+_UNREACHABLE = ("Unable to contact slurm controller", "Socket timed out on send/recv")
+#: What a job is submitted with: every file its processes create is the owner's alone (SLURM_UMASK).
+JOB_UMASK = 0o077
+
+
 @dataclass(frozen=True)
 class SlurmJobState:
     """What Slurm says about one job: ``state`` (``RUNNING``, ``NODE_FAIL``, ...) and why."""
@@ -71,7 +81,8 @@ def require(command: str) -> str:
     return path
 
 
-def run(argv: list[str], env: Mapping[str, str] | None = None, check: bool = True) -> str:
+def run(argv: list[str], env: Mapping[str, str] | None = None, check: bool = True, umask: int = -1) -> str:
+    """``argv``'s output. ``ControllerUnreachable`` when slurmctld did not answer, whatever ``check`` says."""
     require(argv[0])
     try:
         result = subprocess.run(
@@ -81,11 +92,14 @@ def run(argv: list[str], env: Mapping[str, str] | None = None, check: bool = Tru
             timeout=COMMAND_TIMEOUT_S,
             env=None if env is None else dict(env),
             stdin=subprocess.DEVNULL,
+            umask=umask,
         )
     except subprocess.TimeoutExpired:
         raise SlurmCommandError(
             f"`{' '.join(argv)}` did not answer in {COMMAND_TIMEOUT_S:.0f} s: is slurmctld up?"
         ) from None
+    if result.returncode != 0 and any(words in result.stderr for words in _UNREACHABLE):
+        raise ControllerUnreachable(f"`{' '.join(argv)}`: {result.stderr.strip()}")
     if check and result.returncode != 0:
         raise SlurmCommandError(
             f"`{' '.join(argv)}` failed (exit {result.returncode}): {(result.stderr or result.stdout).strip()}"
@@ -94,8 +108,8 @@ def run(argv: list[str], env: Mapping[str, str] | None = None, check: bool = Tru
 
 
 def submit(argv: list[str], env: Mapping[str, str]) -> str:
-    """Run ``sbatch --parsable ...``; the job id."""
-    out = run(argv, env).strip()
+    """Run ``sbatch --parsable ...`` with the job's umask (Slurm gives it to the job's processes); the job id."""
+    out = run(argv, env, umask=JOB_UMASK).strip()
     job_id = out.split(";")[0].strip()
     if not job_id.isdigit():
         raise SlurmCommandError(f"`{' '.join(argv)}` printed {out!r}, not a job id")

@@ -4,10 +4,18 @@ Every backend that lays out a job directory (local, Slurm) attaches the same
 way: the directory is under ``output_path`` (or, without one, under
 ``./smsdp-jobs`` or an output path a job was started in before), and its
 ``job.json`` says which backend ran it and how to build its Estimator again.
+
+The job directory keeps no secret value (``job.json`` has them redacted), with
+one exception that is the container contract itself: ``hyperparameters.json``,
+the script's input, holds the real hyperparameters, and attach takes them from
+there. A secret ``environment`` value (or one in ``custom_mpi_options``) is
+nowhere: the arguments come back with it ``missing``, and re-running the job
+asks for it again rather than running with ``********``.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -38,16 +46,23 @@ def recorded_backend(root: Path) -> str:
     return str(backend or LOCAL)
 
 
-def estimator_kwargs(root: Path) -> dict[str, Any]:
-    """The Estimator arguments of the job in ``root``: the code that ran, even if the original moved."""
+def estimator_kwargs(root: Path) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """The Estimator arguments of the job in ``root`` (the code that ran, even if the original moved),
+    and those the job directory holds only redacted (``environment['HF_TOKEN']``)."""
     own = read_json(JobDir(root).description_file)[OWN_SECTION]
-    return {
+    hyperparameters = _contract_hyperparameters(JobDir(root))
+    redacted = tuple(own.get("Redacted", ()))
+    if hyperparameters is None:
+        hyperparameters = own["HyperParameters"]
+    else:
+        redacted = tuple(name for name in redacted if not name.startswith("hyperparameters["))
+    kwargs = {
         "entry_point": own["EntryPoint"],
         "source_dir": str(JobDir(root).code),
         "instance_type": LOCAL,
         "instance_count": own["InstanceCount"],
         "distribution": own["Distribution"],
-        "hyperparameters": own["HyperParameters"],
+        "hyperparameters": hyperparameters,
         "environment": own["Environment"],
         "output_path": str(root.parent),
         "checkpoint_s3_uri": own.get("CheckpointS3Uri"),
@@ -55,8 +70,18 @@ def estimator_kwargs(root: Path) -> dict[str, Any]:
         "max_run": own["MaxRun"],
         "collective_timeout": own.get("CollectiveTimeout"),
         "max_retry_attempts": own.get("MaxRetryAttempts"),
-        **_tensorboard_output(read_json(JobDir(root).description_file)),
     }
+    kwargs.update(_tensorboard_output(read_json(JobDir(root).description_file)))
+    return kwargs, redacted
+
+
+def _contract_hyperparameters(job: JobDir) -> dict[str, Any] | None:
+    """hyperparameters.json, decoded (every value is JSON, as SageMaker writes it); None if unreadable."""
+    try:
+        encoded = read_json(job.config / "hyperparameters.json")
+        return {name: json.loads(value) for name, value in encoded.items()}
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
 
 
 def _tensorboard_output(description: dict[str, Any]) -> dict[str, Any]:

@@ -11,7 +11,8 @@ In order:
    consequences. Each backend reads its launcher's words (``RankDeath``).
 3. A rank that only lost a peer (a collective timed out: some rank hung):
    ``output/failure`` if such a rank wrote it, else the oldest
-   ``failure-rank<N>`` file (ties: lowest rank).
+   ``failure-rank<N>`` file (ties: lowest rank); and the ranks that reported
+   nothing at all, among which is the one that hung (it never got to an error).
 4. Nothing at all: the end of the log is the best reason there is.
 """
 
@@ -21,7 +22,8 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from estimator.backends.supervised.job_dir import JobDir
+from estimator.backends.supervised.job_dir import JobDir, read_json
+from estimator.backends.supervised.layout import OWN_SECTION
 
 RANK_FILE_RE = re.compile(r"failure-rank(\d+)$")
 LOG_TAIL_LINES = 30
@@ -45,14 +47,31 @@ def failure_reason(
     if death is not None:
         return death
     if first_text is not None:
-        return first_text
+        return first_text + silent_ranks(job)
     earliest = earliest_rank_file(job)
     if earliest is not None:
         rank, path = earliest
-        return f"rank {rank}: {path.read_text(errors='replace')}"
+        return f"rank {rank}: {path.read_text(errors='replace')}" + silent_ranks(job)
     return (
         f"{launcher} exited with code {exit_code} and no rank reported an exception; "
         f"the end of the log:\n{log_tail(job, lines=log_lines)}"
+    )
+
+
+def silent_ranks(job: JobDir) -> str:
+    """A line naming the ranks that reported no error while others lost a peer ("" when unknown or none)."""
+    try:
+        own = read_json(job.description_file)[OWN_SECTION]
+        world_size = len(own["Hosts"]) * int(own["ProcessesPerHost"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+    reported = reported_ranks(job)
+    silent = [rank for rank in range(world_size) if rank not in reported]
+    if not reported or not silent:
+        return ""
+    return (
+        f"\n[smsdp] rank(s) {', '.join(map(str, silent))} reported no error while the others lost a peer: "
+        "a rank that hangs never gets to one, so the rank the others waited for is among these"
     )
 
 

@@ -99,9 +99,20 @@ class SupervisedJob(Job):
             described["FailureReason"] = record.failure_reason
         if record.end_time:
             described["TrainingEndTime"] = record.end_time
-        if record.attempts:  # one entry per failed and restarted attempt (max_retry_attempts)
+        # One entry per failed and restarted attempt (max_retry_attempts), and why a job that did
+        # not fail ended as it did (Slurm's time limit, a preemption, output lost to a full disk).
+        transitions = list(record.attempts)
+        if record.status_message:
+            transitions.append(
+                {
+                    "Status": record.secondary_status,
+                    "StartTime": record.last_modified,
+                    "StatusMessage": record.status_message,
+                }
+            )
+        if transitions:
             described["SecondaryStatusTransitions"] = [
-                {k: _as_datetime(v) if k.endswith("Time") else v for k, v in entry.items()} for entry in record.attempts
+                {k: _as_datetime(v) if k.endswith("Time") else v for k, v in entry.items()} for entry in transitions
             ]
         if self.paths.model_archive.is_file():
             described["ModelArtifacts"] = {"S3ModelArtifacts": self.model_data}
@@ -161,7 +172,10 @@ class SupervisedJob(Job):
         if print_summary:
             start, end = described.get("TrainingStartTime"), described.get("TrainingEndTime")
             wall = (end - start).total_seconds() if start and end else None
-            print(format_summary(self.name, status, wall, self.paths, described.get("FailureReason")))
+            last = (described.get("SecondaryStatusTransitions") or [{}])[-1]
+            said = last.get("StatusMessage") if last.get("Status") == described["SecondaryStatus"] else None
+            note = described.get("FailureReason") or said
+            print(format_summary(self.name, status, wall, self.paths, note))
             sys.stdout.flush()
         if status is JobStatus.FAILED:
             raise JobFailedError(self.name, described.get("FailureReason"))

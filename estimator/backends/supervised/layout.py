@@ -135,7 +135,41 @@ def describe_spec(spec: JobSpec, argv: list[str], env: dict[str, str], backend: 
         }
     # job.json is on disk: no secret value anywhere in it (custom_mpi_options' -x NAME=VALUE and
     # secret hyperparameters included); the supervisor gets the real argv another way.
-    return Scrubber.from_environment(env, spec.custom_mpi_options).tree(description)
+    scrubbed: dict[str, Any] = Scrubber.from_environment(env, spec.custom_mpi_options).tree(description)
+    scrubbed[OWN_SECTION]["Redacted"] = redacted_arguments(spec, scrubbed[OWN_SECTION])
+    return scrubbed
+
+
+#: job.json's own keys that hold an Estimator argument: key -> argument.
+ARGUMENT_KEYS = {
+    "EntryPoint": "entry_point",
+    "Distribution": "distribution",
+    "HyperParameters": "hyperparameters",
+    "Environment": "environment",
+    "CheckpointS3Uri": "checkpoint_s3_uri",
+    "CheckpointLocalPath": "checkpoint_local_path",
+}
+
+
+def redacted_arguments(spec: JobSpec, own: dict[str, Any]) -> list[str]:
+    """The Estimator arguments job.json holds redacted: ``environment['HF_TOKEN']``, ``distribution``, ...
+
+    Attach needs them again to re-run the job: the job directory keeps no secret value."""
+    real: dict[str, Any] = {
+        "entry_point": spec.code.entry_point,
+        "distribution": dict(spec.distribution),
+        "hyperparameters": dict(spec.hyperparameters),
+        "environment": dict(spec.environment),
+        "checkpoint_s3_uri": spec.checkpoints.s3_uri,
+        "checkpoint_local_path": spec.checkpoints.local_path,
+    }
+    found = []
+    for key, argument in ARGUMENT_KEYS.items():
+        if argument in ("hyperparameters", "environment"):
+            found += [f"{argument}[{name!r}]" for name, value in real[argument].items() if own[key].get(name) != value]
+        elif own[key] != real[argument]:
+            found.append(argument)
+    return found
 
 
 def _own_section(spec: JobSpec, argv: list[str], backend: str) -> dict[str, Any]:

@@ -26,8 +26,9 @@ MIN_FREE_BYTES = 4 * 2**20
 
 
 def clean_line(text: str) -> str:
-    """No NUL in a log line (an MPI abort can leave one): shown as ``\\0``."""
-    return text.replace("\x00", "\\0")
+    """No NUL in a log line (an MPI abort can leave one): shown as ``\\0``; bytes that are not
+    UTF-8 (read with surrogateescape) as U+FFFD."""
+    return text.replace("\x00", "\\0").encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 class LogPump:
@@ -38,8 +39,15 @@ class LogPump:
     file; ``recent`` holds the last lines either way.
     """
 
-    def __init__(self, source: IO[bytes], log_file: Path, transform: Callable[[str], Iterable[str]]):
-        self.source, self.log_file, self.transform = source, log_file, transform
+    def __init__(
+        self,
+        source: IO[bytes],
+        log_file: Path,
+        transform: Callable[[str], Iterable[str]],
+        finish: Callable[[], Iterable[str]] | None = None,
+    ):
+        """``finish``: the lines ``transform`` still holds when the output ends (a line split in pieces)."""
+        self.source, self.log_file, self.transform, self.finish = source, log_file, transform, finish
         self.write_error: str | None = None
         self.lost_lines = 0
         self.recent: collections.deque[str] = collections.deque(maxlen=KEPT_LINES)
@@ -57,13 +65,18 @@ class LogPump:
     def _run(self) -> None:
         try:
             for raw in self.source:
-                lines = [clean_line(line) for line in self.transform(raw.decode("utf-8", errors="replace"))]
-                self.recent.extend(lines)
-                self._write(lines)
+                self._take(self.transform(raw.decode("utf-8", errors="surrogateescape")))
+            if self.finish is not None:
+                self._take(self.finish())
         except (OSError, ValueError) as exc:  # the pipe itself broke: nothing more to read
             self.write_error = self.write_error or f"reading the job's output failed: {exc}"
         finally:
             self._close()
+
+    def _take(self, lines: Iterable[str]) -> None:
+        cleaned = [clean_line(line) for line in lines]
+        self.recent.extend(cleaned)
+        self._write(cleaned)
 
     def _write(self, lines: list[str]) -> None:
         if self._log is None and time.monotonic() >= self._next_try and self._room_again():

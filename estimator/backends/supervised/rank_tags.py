@@ -30,6 +30,10 @@ class LineTagger(abc.ABC):
     def retag(self, raw_line: str) -> list[str]:
         """The log lines (without newline) for one line of the launcher's output."""
 
+    def finish(self) -> list[str]:
+        """The lines still held when the launcher's output ends (none, unless lines come in pieces)."""
+        return []
+
 
 def split_prefix(log_line: str) -> tuple[int | None, str]:
     """``"[algo-1 rank0] text"`` -> ``(0, "text")``; ``(None, line)`` for other lines."""

@@ -30,6 +30,7 @@ class SecondaryStatus:
     FAILED = "Failed"
     STOPPED = "Stopped"
     MAX_RUNTIME_EXCEEDED = "MaxRuntimeExceeded"
+    INTERRUPTED = "Interrupted"  # the scheduler took the job's nodes (a spot interruption, a Slurm preemption)
 
 
 def utcnow() -> str:
@@ -46,6 +47,8 @@ class StatusRecord:
     exit_code: int | None = None
     #: One SecondaryStatusTransitions entry per failed and restarted attempt (retry.Attempts).
     attempts: tuple[dict, ...] = ()
+    #: Why a job that did not fail ended as it did (Slurm's time limit, output that was lost, ...).
+    status_message: str | None = None
 
     @classmethod
     def starting(cls) -> StatusRecord:
@@ -54,6 +57,7 @@ class StatusRecord:
     def moved_to(self, status: JobStatus, secondary: str, **changes: Any) -> StatusRecord:
         """The next record; terminal ones get an end time."""
         end = utcnow() if status.is_terminal else None
+        changes.setdefault("status_message", None)  # a message is about the status it came with
         return dataclasses.replace(
             self,
             status=status,

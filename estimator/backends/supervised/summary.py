@@ -79,8 +79,9 @@ def format_summary(
             f"   {_number(metrics.tflops, '.3f', ' TFLOP/s')}",
             f"  peak memory  {_number(metrics.peak_mem_gib, '.2f', ' GiB')} (rank 0)",
         ]
-    if status is JobStatus.FAILED and failure_reason:
-        lines.append("  failure      " + failure_reason.strip().splitlines()[-1])
+    if failure_reason and failure_reason.strip():
+        label = "failure " if status is JobStatus.FAILED else "note    "
+        lines.append(f"  {label}     " + failure_reason.strip().splitlines()[-1])
     if job.model_archive.is_file():
         lines.append(f"  model        {job.model_archive}")
     lines += [f"  outputs      {job.output_data}", f"  logs         {job.log_file}"]

@@ -52,6 +52,13 @@ from estimator.job import JobStatus
 from estimator.redact import Scrubber
 
 STOP_GRACE_S = 10.0  # SIGTERM -> SIGKILL; SageMaker gives 120 s, a local job needs less
+#: The signals that stop a job; blocked in a supervisor until it handles them (``hold_stop_signals``).
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+
+
+def hold_stop_signals() -> None:
+    """In a supervisor's process before exec: a stop arriving before it can handle one waits for it."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
 
 
 class Supervisor(abc.ABC):
@@ -76,6 +83,7 @@ class Supervisor(abc.ABC):
         self.scrub = Scrubber.from_environment(os.environ)
         self.status = StatusWriter(job)
         self.stop_reason: str | None = None  # a SecondaryStatus once a stop was asked for
+        self.stop_message: str | None = None  # why, when something other than stop() asked
         self._finished = False
         # Status writes happen under this lock, never in a signal handler (which
         # would interrupt the main thread in the middle of its own write).
@@ -115,11 +123,22 @@ class Supervisor(abc.ABC):
         """(status, secondary status, reason) when something outside the job ended it; None otherwise."""
         return None
 
+    def signal_stop(self) -> tuple[str, str | None]:
+        """(secondary status, message) of a stop that came as SIGTERM/SIGINT to the supervisor."""
+        return SecondaryStatus.STOPPED, None
+
+    def processes_left(self) -> str | None:
+        """What of the job may still run after its attempt ended (None: nothing, as far as can be told)."""
+        return None
+
     # ---------------------------------------------------------------- run
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
+        # A stop that came while this process was still starting was held (blocked by whoever started
+        # it, see STOP_SIGNALS): it is handled now, as a stop, rather than killing the supervisor.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
         timer = threading.Timer(self.max_run_s, self.request_stop, (SecondaryStatus.MAX_RUNTIME_EXCEEDED,))
         timer.daemon = True
         timer.start()
@@ -157,7 +176,12 @@ class Supervisor(abc.ABC):
             self.status.write(JobStatus.IN_PROGRESS, SecondaryStatus.TRAINING)
         assert self.proc.stdout is not None
         tagger = self.tagger()
-        self.pump = LogPump(self.proc.stdout, self.attempts.log_file, lambda s: map(self.scrub, tagger.retag(s)))
+        self.pump = LogPump(
+            self.proc.stdout,
+            self.attempts.log_file,
+            lambda line: map(self.scrub, tagger.retag(line)),
+            lambda: map(self.scrub, tagger.finish()),
+        )
         self.pump.start()
         exit_code = self.wait_for_ranks(self.proc)
         if not self.processes().kill_all(timeout=STOP_GRACE_S):
@@ -168,15 +192,15 @@ class Supervisor(abc.ABC):
     # ---------------------------------------------------------------- stop
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        threading.Thread(target=self.request_stop, args=(SecondaryStatus.STOPPED,), daemon=True).start()
+        threading.Thread(target=lambda: self.request_stop(*self.signal_stop()), daemon=True).start()
 
-    def request_stop(self, reason: str) -> None:
+    def request_stop(self, reason: str, message: str | None = None) -> None:
         """Stop the ranks: SIGTERM now, SIGKILL after the grace period (never fails on a write)."""
         with self._lock:
             if self.stop_reason is not None or self._finished:
                 return
-            self.stop_reason = reason
-            self.status.write(JobStatus.STOPPING, SecondaryStatus.STOPPING)
+            self.stop_reason, self.stop_message = reason, message
+            self.status.write(JobStatus.STOPPING, SecondaryStatus.STOPPING, status_message=message)
             if self.proc is None:
                 return
             self.signal_ranks(signal.SIGTERM)
@@ -209,9 +233,16 @@ class Supervisor(abc.ABC):
         log_note = self.pump.report() if self.pump is not None else None
         if log_note:
             note(f"[smsdp] {log_note}")
-        if self.stop_reason is not None:
+        left = self.processes_left()
+        if left is not None:
+            asked = "the job was asked to stop, but " if self.stop_reason is not None else ""
+            self.status.write(
+                JobStatus.FAILED, SecondaryStatus.FAILED, exit_code=exit_code, failure_reason=asked + left
+            )
+        elif self.stop_reason is not None:
             self._pack(quiet=True)
-            self.status.write(JobStatus.STOPPED, self.stop_reason, exit_code=exit_code)
+            message = "\n".join(m for m in (self.stop_message, log_note) if m) or None
+            self.status.write(JobStatus.STOPPED, self.stop_reason, exit_code=exit_code, status_message=message)
         elif exit_code == 0 and not log_note:
             self.status.write(JobStatus.IN_PROGRESS, SecondaryStatus.UPLOADING)
             problem = self._pack(quiet=False)
@@ -220,10 +251,25 @@ class Supervisor(abc.ABC):
             else:
                 self.status.write(JobStatus.COMPLETED, SecondaryStatus.COMPLETED, exit_code=0)
         else:
-            reason = self.scrub(self._reason(exit_code)) if exit_code != 0 else "every rank exited 0, but"
-            if log_note:
-                reason = f"{reason}\n{log_note}" if exit_code != 0 else f"{reason} {log_note}"
-            self.status.write(JobStatus.FAILED, SecondaryStatus.FAILED, exit_code=exit_code, failure_reason=reason)
+            self.status.write(
+                JobStatus.FAILED,
+                SecondaryStatus.FAILED,
+                exit_code=exit_code,
+                failure_reason=self._final_reason(exit_code, log_note),
+            )
+
+    def _final_reason(self, exit_code: int, log_note: str | None) -> str:
+        reason = self.scrub(self._reason(exit_code)) if exit_code != 0 else "every rank exited 0, but"
+        if log_note:
+            reason = f"{reason}\n{log_note}" if exit_code != 0 else f"{reason} {log_note}"
+        total = self.attempts.max_retries + 1
+        if total > 1 and self.attempts.number == total and exit_code != 0:
+            reason += (
+                f"\n[smsdp] attempt {self.attempts.number} of {total} failed: every attempt failed "
+                f"(max_retry_attempts={self.attempts.max_retries}); the earlier ones' reasons are in "
+                "describe()['SecondaryStatusTransitions']"
+            )
+        return reason
 
     def _pack(self, quiet: bool) -> str | None:
         """A stopped job keeps what it saved, as on SageMaker; a failure to pack is not fatal then."""
