@@ -13,7 +13,7 @@ header, one row per optimizer step, so ``pandas.read_csv`` reads it as it is::
 clock between two steps); ``mem_gib`` and the ``*_bytes`` columns are rank 0's: its
 peak memory so far and the bytes it sent in that step per collective kind (the
 ring accounting of ``smp.comm_stats()``). A figure the job does not have is empty
-(``grad_norm`` without clipping, ``loss_scale`` without fp16).
+(``grad_norm`` without smsdp's optimizer, ``loss_scale`` without fp16).
 
 Rows are appended whole and flushed together at each printed step, so a reader of a
 running job sees complete rows; a last line without its newline is still being
