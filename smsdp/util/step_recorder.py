@@ -5,8 +5,8 @@ every step; the recorder reads what the step left behind (learning rate, gradien
 norm, loss scale, peak memory, bytes sent per collective kind) and keeps the row
 until the next printed step, where the logger has the losses of the global batch
 (one all-reduce of the pending steps' losses, on the steps that print anyway) and
-the recorder appends the rows to the table and to TensorBoard. Nothing here waits
-for the device or talks to other ranks::
+the recorder appends the rows to the table and to TensorBoard. Nothing here talks to
+other ranks; the one value read from the device each step is the optimizer's gradient norm::
 
     recorder = StepRecorder(output_data_dir, tensorboard_dir, optimizer=opt, comm_stats=smp.comm_stats)
     recorder.add_text("config", "...")
