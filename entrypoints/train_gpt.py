@@ -76,6 +76,7 @@ import smsdp as smp  # noqa: E402
 from entrypoints.data import TokenDataset  # noqa: E402
 from entrypoints.gpt import GPT, GPTConfig, config_from_hf_gpt2, hf_gpt2_names  # noqa: E402
 from entrypoints.gpt_tensor_parallel import register_tensor_parallel  # noqa: E402
+from entrypoints.run_record import step_recorder  # noqa: E402
 from smsdp.pretrained import LoadReport, read_config  # noqa: E402
 from smsdp.tensor_parallel import batch_arithmetic  # noqa: E402
 from smsdp.util.metrics import ProgressLogger, write_summary  # noqa: E402
@@ -109,6 +110,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="resume from the newest complete checkpoint here; save here every --checkpoint_interval",
     )
     p.add_argument("--checkpoint_interval", type=int, default=0, help="steps between checkpoints (0: none)")
+    p.add_argument(
+        "--tensorboard_dir",
+        default="",
+        help="TensorBoard events (default: $SMSDP_TENSORBOARD_DIR, $SM_OUTPUT_DIR/tensorboard)",
+    )
+    p.add_argument(
+        "--step_metrics", type=int, default=1, help="1: metrics.csv and TensorBoard, a row per step; 0: none"
+    )
     p.add_argument(
         "--pretrained_dir",
         default=os.environ.get("SM_CHANNEL_MODEL"),
@@ -266,6 +275,7 @@ def start_logging(run: Run) -> ProgressLogger:
         log_interval=args.log_interval,
         rank=smp.rank(),
         world_size=smp.size(),
+        reduce_loss=mean_over_data_parallel,  # each step's loss of the global batch, reduced on printed steps
     )
     log.info(
         f"GPT {run.n_params / 1e6:.2f}M params, {smp.size()} ranks ("
@@ -381,15 +391,15 @@ def main(argv=None) -> dict:
     run = build(args)
     log = start_logging(run)
     first_step = resume(run, log)
+    if args.step_metrics and smp.rank() == 0:  # a row per step: output/data/metrics.csv and TensorBoard
+        log.recorder = step_recorder(args, run.optimizer, run.flops_per_token, first_step)
 
     # -- training loop ------------------------------------------------------------
     run.model.train()
     log.start()
     for step in range(first_step, args.max_steps + 1):
         step_loss = train_step(run, step)
-        if log.should_log(step):
-            step_loss = mean_over_data_parallel(step_loss)  # every rank joins the collective
-        log.step(step, step_loss)
+        log.step(step, step_loss)  # this rank's loss; averaged over the replicas on printed steps
         if (args.eval_interval and step % args.eval_interval == 0) or step == args.max_steps:
             with log.paused():
                 log.eval(step, evaluate(run))
@@ -400,12 +410,14 @@ def main(argv=None) -> dict:
         if step < args.max_steps and stop.agreed(run.device):
             if args.checkpoint_dir and not saved:
                 save_checkpoint(run, step)
+            log.close()  # every rank: the steps since the last printed one still get their rows
             where = f"; checkpoint step{step} in {args.checkpoint_dir}" if args.checkpoint_dir else ""
             log.info(f"stopped by SIGTERM after step {step}{where}")
             smp.barrier()
             return {"stopped_after_step": step}
 
     # -- artifacts ----------------------------------------------------------------
+    log.close()
     return save_artifacts(run, log, t_start)
 
 

@@ -13,11 +13,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from estimator.backends import JobRules, backend_arguments, check_backend_options, rules_for, rules_owning
+from estimator.backends import (
+    SAGEMAKER,
+    JobRules,
+    backend_arguments,
+    backend_name_for,
+    check_backend_options,
+    rules_for,
+    rules_owning,
+)
 from estimator.naming import base_name_for
 from estimator.source_tree import scan_source_dir
 from estimator.spec import FILE_SCHEME, S3_SCHEME, CheckpointSpec, CodeSpec, Hyperparameter
 from estimator.tensor_parallel_check import check_tensor_parallel_job
+from estimator.tensorboard_output import ARGUMENT as TENSORBOARD_ARGUMENT
+from estimator.tensorboard_output import check_tensorboard_output_config
 from estimator.validation import (
     check_checkpoint_local_path,
     check_code,
@@ -67,6 +77,8 @@ REMOTE_ONLY_OPTIONS = frozenset(
         "smsdp_source",
         "smsdp_requirement",
         "allow_cpu_instances",
+        # Every backend's: SageMaker's name for where TensorBoard event files go (estimator.tensorboard_output).
+        TENSORBOARD_ARGUMENT,
     }
 )
 OWN_ARGUMENTS = (
@@ -152,7 +164,9 @@ def resolve_arguments(args: EstimatorArguments) -> ResolvedArguments:
         lambda: check_max_retry_attempts(args.max_retry_attempts),
         lambda: check_backend_options(args.instance_type, args.remote_options),
         *(_option_check(name, value, args.instance_type) for name, value in args.backend_arguments.items()),
+        lambda: _tensorboard_output(args),
     )
+    *own, tensorboard = own
     _check_code_tree(code, job.runtime, hps, exclude=[Path(output), _local_dir(checkpoint_uri)])
     runtime = job.runtime
     if timeout_s is not None:
@@ -175,9 +189,15 @@ def resolve_arguments(args: EstimatorArguments) -> ResolvedArguments:
             **args.remote_options,
             **({"role": args.role} if args.role else {}),
             **({"max_retry_attempts": retries} if retries else {}),
+            **({TENSORBOARD_ARGUMENT: tensorboard} if tensorboard else {}),
             **options,
         },
     )
+
+
+def _tensorboard_output(args: EstimatorArguments) -> Any:
+    remote = not isinstance(args.instance_type, str) or backend_name_for(args.instance_type) == SAGEMAKER
+    return check_tensorboard_output_config(args.remote_options.get(TENSORBOARD_ARGUMENT), remote)
 
 
 def _option_check(name: str, value: Any, instance_type: str) -> Any:

@@ -3,6 +3,7 @@
     smsdp run-example            train the bundled GPT as a local job (4 ranks, 2 simulated hosts)
     smsdp dry-run                print the mpirun command and environment such a job would use
     smsdp plan                   will a configuration fit? memory, communication, step time
+    smsdp jobs | logs | describe | plot     jobs already started (estimator.job_commands)
 
 ``run-example`` and ``dry-run`` take the same job options (``--help``); ``plan``
 its own. A new subcommand is one ``Command`` in ``COMMANDS``: its name, help, an
@@ -21,6 +22,7 @@ from typing import Any
 
 from estimator.example import EXAMPLE_ENTRY_POINT as EXAMPLE_SCRIPT
 from estimator.example import example_distribution, example_source_dir
+from estimator.job_commands import JOB_COMMANDS
 from estimator.plan_cli import json_object_arg
 from smsdp.config import ConfigError, ConfigProblem
 
@@ -216,7 +218,7 @@ COMMANDS: list[Command] = [
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="smsdp", description=__doc__.split("\n\n")[0])
     subcommands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for command in COMMANDS:
+    for command in [*COMMANDS, *(Command(*job_command) for job_command in JOB_COMMANDS)]:
         sub = subcommands.add_parser(command.name, help=command.help, description=command.help)
         command.add_arguments(sub)
         sub.set_defaults(handler=command.run)

@@ -27,6 +27,7 @@ from estimator.arguments import (
 from estimator.backends import Backend, attach, backend_for
 from estimator.job import Job, JobFailedError
 from estimator.naming import MAX_NAME_TRIES, JobNameTakenError, unique_job_name
+from estimator.plots import show_in_notebook
 from estimator.spec import Hyperparameter, JobSpec
 from estimator.validation import check_inputs, check_job_name
 from smsdp.config import RuntimeConfig
@@ -251,9 +252,10 @@ class Estimator:
         """Run the job. ``inputs``: a ``file://`` path (channel "training") or ``{channel: uri}``.
 
         With ``wait`` (default) block until it ends, streaming logs and a
-        progress bar, then print a summary; raise ``JobFailedError`` if it
-        failed. Ctrl-C stops a local job (it runs on your machine): once, however many
-        times it is pressed, and at any moment (``estimator.interrupts``).
+        progress bar, then print a summary (in a notebook, with the loss curve);
+        raise ``JobFailedError`` if it failed. Ctrl-C stops a local job (it runs on
+        your machine): once, however many times it is pressed, and at any moment
+        (``estimator.interrupts``).
 
         Before anything starts, when the model is known (given to ``plan()``, or the bundled
         ``train_gpt.py``), the planner checks the job fits in memory and raises
@@ -279,6 +281,8 @@ class Estimator:
                 if started and backend.stop_on_interrupt:
                     _stop_after_interrupt(started[0])
                 raise
+        if wait and logs:
+            show_in_notebook(self.latest_job)  # in a notebook, loss and tokens/s against step below the summary
 
     def _launch(self, backend: Backend, inputs: Any, job_name: str | None) -> Job:
         """Launch under the given name, or under a generated one that nobody holds (retried on a clash)."""

@@ -66,5 +66,49 @@ class Job(abc.ABC):
     def model_data(self) -> str:
         """Where the packed model (``model.tar.gz``) is, as a URI."""
 
+    # ---------------------------------------------------------------- over time (estimator.metrics, .plots)
+
+    def metric_rows(self) -> list[dict[str, Any]]:
+        """One dict per step; here, from the log's progress lines (jobs with a metrics table read that)."""
+        from estimator.metrics import rows_from_log
+
+        return rows_from_log(self.logs().splitlines())
+
+    def metrics(self) -> Any:
+        """The job's metrics by step so far (``step``, ``loss``, ``tokens_per_s``, ...): a pandas
+        DataFrame when pandas is installed, else a list of dicts. Works while the job runs."""
+        from estimator.metrics import as_frame
+
+        return as_frame(self.metric_rows())
+
+    def plot(self, path: Any = None) -> Any:
+        """Loss and tokens/s against step (a matplotlib Figure); written as a PNG at ``path`` when given."""
+        from estimator.plots import curves_figure, save_png
+
+        figure = curves_figure([(self.name, self.metric_rows())])
+        if path is not None:
+            save_png(figure, path)
+        return figure
+
+    def log_reader(self) -> Any:
+        """An object whose ``read_new()`` returns the log lines written since its last call."""
+        return _LogsSinceLastRead(self)
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name} {self.status().value}>"
+
+
+class _LogsSinceLastRead:
+    """``read_new()`` for any job: ``logs()`` again, less the lines already returned."""
+
+    def __init__(self, job: Job):
+        self._job = job
+        self._seen = 0
+
+    def read_new(self) -> list[str]:
+        lines = self._job.logs().splitlines()
+        new, self._seen = lines[self._seen :], max(self._seen, len(lines))
+        return new
+
+    def close(self) -> None:
+        pass

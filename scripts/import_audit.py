@@ -31,7 +31,14 @@ LAYERS = [
     ["util"],
 ]
 RANK = {name: depth for depth, row in enumerate(LAYERS) for name in row}
-HEAVY = ("torch", "numpy", "transformers", "mpi4py", "matplotlib")  # what an in-function import may defer
+HEAVY = (
+    "torch",
+    "numpy",
+    "transformers",
+    "mpi4py",
+    "matplotlib",
+    "tensorboard",
+)  # what an in-function import may defer (heavy or optional)
 
 
 def module_name(path: Path) -> str:

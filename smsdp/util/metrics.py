@@ -98,6 +98,7 @@ class ThroughputMeter:
         self._warmup_total: list[float] = [0.0, 0]  # seconds, tokens
         self._measured_total: list[float] = [0.0, 0]
         self._last = clock()
+        self.last_seconds = 0.0  # the latest step's own time
 
     def start(self) -> None:
         """Anchor the clock: the next step is timed from now."""
@@ -116,6 +117,7 @@ class ThroughputMeter:
         """One step that processed ``tokens`` tokens has just finished."""
         now = self._clock()
         seconds, self._last = now - self._last, now
+        self.last_seconds = seconds
         self._steps += 1
         if self._steps <= self.warmup_steps:
             total = self._warmup_total
@@ -168,6 +170,13 @@ class ProgressLogger:
     size x sequence length x gradient accumulation x data-parallel size), so
     tokens/s and TFLOP/s are job totals; ``tflops_per_rank`` in the summary
     divides by ``world_size``.
+
+    ``reduce_loss``: every rank passes its own loss to ``step()``, and on printed
+    steps the logger averages the losses of the steps since the last print over
+    the data-parallel ranks in one call (``reduce_loss(tensor of losses)``, a
+    collective: every rank calls ``step()``). ``recorder`` (rank 0's
+    :class:`~smsdp.util.step_recorder.StepRecorder`): every step becomes a row of
+    the metrics table and TensorBoard; call :meth:`close` on every rank at the end.
     """
 
     def __init__(
@@ -181,6 +190,8 @@ class ProgressLogger:
         world_size: int = 1,
         stream: TextIO | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        reduce_loss: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        recorder: Any = None,
     ) -> None:
         self.max_steps = max_steps
         self.tokens_per_step = tokens_per_step
@@ -198,6 +209,9 @@ class ProgressLogger:
         self._last_loss: Any = None
         self._last_val_loss: float | None = None
         self.lines: list[str] = []  # everything printed, for tests and the summary
+        self.reduce_loss = reduce_loss
+        self.recorder = recorder if self.enabled else None
+        self._losses: list[Any] = []  # this rank's losses of the steps since the last print
 
     @property
     def stream(self) -> TextIO:
@@ -225,15 +239,48 @@ class ProgressLogger:
             torch.cuda.synchronize()
         self.meter.update(self.tokens_per_step)
         self._last_loss = loss.detach() if isinstance(loss, torch.Tensor) else loss
+        if self.reduce_loss is not None or self.recorder is not None:
+            self._losses.append(self._last_loss)
+        if self.recorder is not None:
+            self.recorder.sample(step, self.meter.last_seconds, self.tokens_per_step, self._clock() - self._t_start)
+        if log_now:
+            self._flush_losses()
         if not (log_now and self.enabled):
             return None
         rate = self.meter.tokens_per_s()
-        line = format_progress_line(step, self.max_steps, _as_float(loss), rate, self.tflops(rate), peak_memory_bytes())
+        line = format_progress_line(
+            step, self.max_steps, _as_float(self._last_loss), rate, self.tflops(rate), peak_memory_bytes()
+        )
         self._emit(line)
         return line
 
+    def _flush_losses(self) -> None:
+        """The pending steps' losses of the global batch (one collective), to the recorder."""
+        if not self._losses:
+            return
+        pending, self._losses = self._losses, []
+        if self.reduce_loss is not None:
+            device = next((loss.device for loss in pending if isinstance(loss, torch.Tensor)), torch.device("cpu"))
+            stacked = torch.stack(
+                [torch.as_tensor(loss, dtype=torch.float32, device=device).reshape(()) for loss in pending]
+            )
+            values = [float(v) for v in self.reduce_loss(stacked).tolist()]
+            self._last_loss = values[-1]
+        else:
+            values = [_as_float(loss) for loss in pending] if self.recorder is not None else []
+        if self.recorder is not None:
+            self.recorder.write_rows(values)
+
+    def close(self) -> None:
+        """Record the steps not printed yet (a collective with ``reduce_loss``: every rank calls it)."""
+        self._flush_losses()
+        if self.recorder is not None:
+            self.recorder.close()
+
     def eval(self, step: int, val_loss: Any) -> str | None:
         self._last_val_loss = _as_float(val_loss)
+        if self.recorder is not None:
+            self.recorder.add_scalar("val/loss", self._last_val_loss, step)
         if not self.enabled:
             return None
         line = format_eval_line(step, self.max_steps, self._last_val_loss)
@@ -268,6 +315,10 @@ class ProgressLogger:
         }
         if self._last_val_loss is not None:
             fields["val_loss"] = self._last_val_loss
+        if self.recorder is not None:
+            fields["metrics_table"] = str(self.recorder.table_path)
+            fields["metrics_overhead_s"] = self.recorder.overhead_s
+            fields["metrics_overhead_cpu_s"] = self.recorder.overhead_cpu_s
         fields.update(extra)
         return fields
 

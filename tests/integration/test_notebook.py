@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import sys
@@ -73,3 +74,9 @@ def test_quickstart_notebook_runs(this_interpreter_kernel, tmp_path):
     summary = json.loads((jobs[0] / "output" / "data" / "summary.json").read_text())
     sent = summary["comm_bytes"]  # the example shards: parameters gathered, gradients reduce-scattered
     assert summary["sharded_degree"] == 2 and sent["all_gather"] > 0 and sent["reduce_scatter"] > 0, summary
+
+    # fit() in a notebook ends with the loss and tokens/s curves: an image output of its cell
+    (fit_cell,) = [cell for cell in notebook.cells if cell.cell_type == "code" and cell.source.strip() == "est.fit()"]
+    images = [output["data"]["image/png"] for output in fit_cell.outputs if "image/png" in output.get("data", {})]
+    assert len(images) == 1 and base64.b64decode(images[0]).startswith(b"\x89PNG\r\n\x1a\n")
+    assert "all_gather_bytes" in everything and "grad_norm" in everything  # the metrics() table

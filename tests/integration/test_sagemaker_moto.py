@@ -12,6 +12,7 @@ the two: request, dry run, describe, logs, stop, attach and the default bucket.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -266,6 +267,54 @@ def test_missing_credentials_fail_before_any_upload(aws, user_code, monkeypatch)
     with pytest.raises(ConfigError, match="credentials: no AWS credentials found"):
         est.fit(job_name="no-credentials-1")
     assert _objects(BUCKET) == before
+
+
+def test_tensorboard_output_config_is_sent_and_the_job_is_seen_by_name(aws, user_code, capsys):
+    """The request the SDK sends holds TensorBoardOutputConfig as the dry run shows it; `smsdp describe`,
+    `smsdp logs --follow` and job.metrics() find the SageMaker job by its name alone."""
+    import boto3
+
+    from estimator.cli import main
+
+    capture, name = Capture(), "tb-moto-1"
+    config = {"S3OutputPath": f"s3://{BUCKET}/tensorboard", "LocalPath": "/opt/ml/output/tb"}
+    est = Estimator(
+        "train.py",
+        str(user_code),
+        instance_type="ml.g5.12xlarge",
+        role=ROLE,
+        distribution={"mpi": {"enabled": True, "processes_per_host": 4}},
+        output_path=OUTPUT,
+        sagemaker_session=sagemaker_session(capture),
+        tensorboard_output_config=config,
+    )
+    est.fit(wait=False, job_name=name)
+    (sent,) = capture.requests
+    assert sent == est.dry_run(job_name=name).create_training_job
+    assert (
+        sent["TensorBoardOutputConfig"] == config
+        and sent["Environment"]["SMSDP_TENSORBOARD_DIR"] == "/opt/ml/output/tb"
+    )
+
+    logs = boto3.client("logs", region_name=REGION)
+    stream = f"{name}/algo-1-1700000000"
+    with contextlib.suppress(logs.exceptions.ResourceAlreadyExistsException):
+        logs.create_log_group(logGroupName=LOG_GROUP)
+    logs.create_log_stream(logGroupName=LOG_GROUP, logStreamName=stream)
+    lines = ["[1,0]<stdout>:" + format_progress_line(step, 20, 3.0 - step / 10, 1e5, 12.0, 2**30) for step in (10, 20)]
+    logs.put_log_events(
+        logGroupName=LOG_GROUP,
+        logStreamName=stream,
+        logEvents=[{"timestamp": int(time.time() * 1000) + i, "message": m} for i, m in enumerate(lines)],
+    )
+    rows = est.latest_job.metric_rows()  # what metric_definitions capture: one row per progress line
+    assert [(row["step"], row["loss"], row["tokens_per_s"]) for row in rows] == [(10, 2.0, 1e5), (20, 1.0, 1e5)]
+
+    capsys.readouterr()
+    assert main(["describe", name]) == 0
+    assert json.loads(capsys.readouterr().out)["TrainingJobName"] == name
+    assert main(["logs", name, "--follow"]) == 0  # moto's jobs are Completed at once
+    assert capsys.readouterr().out.splitlines() == lines
 
 
 # --------------------------------------------------------------------- the same job through the other SDK

@@ -24,7 +24,10 @@ import pytest
 import torch
 
 from estimator import Estimator, JobFailedError, JobStatus
+from estimator.jobs_listing import list_jobs
+from estimator.metrics import rows_from_table
 from smsdp.config import ConfigError
+from smsdp.util.metrics_table import METRICS_FILENAME
 from tests.mpi_harness import requires_mpi
 from tests.slurm.conftest import no_job_processes_left, rank_pid
 
@@ -125,6 +128,12 @@ def test_two_node_gpt_matches_the_local_job(slurm_cluster, shared_dir, tmp_path)
 
     # Same training: every step's loss, the final loss, and the trained parameters.
     assert _losses(slurm_dir) == _losses(local_dir) and len(_losses(slurm_dir)) == 4
+    # The same metrics table (one job directory contract), and `smsdp jobs` lists the Slurm job as such.
+    slurm_rows, local_rows = (rows_from_table(d / "output" / "data" / METRICS_FILENAME) for d in (slurm_dir, local_dir))
+    assert [(r["step"], r["loss"]) for r in slurm_rows] == [(r["step"], r["loss"]) for r in local_rows]
+    assert [r["step"] for r in slurm_rows] == [1, 2, 3, 4]
+    (listed,) = [entry for entry in list_jobs(str(shared_dir)) if entry.name == "gpt-2x2"]
+    assert (listed.backend, listed.status, listed.final_loss) == ("slurm", "Completed", slurm_rows[-1]["loss"])
     assert _summary(slurm_dir)["final_loss"] == pytest.approx(_summary(local_dir)["final_loss"], rel=1e-6)
     slurm_model = torch.load(slurm_dir / "model" / "model.pt")
     local_model = torch.load(local_dir / "model" / "model.pt")
@@ -190,6 +199,10 @@ def test_a_retry_restarts_the_ranks_from_the_newest_checkpoint(slurm_cluster, sh
     assert resumed and int(resumed[1]) >= 4 and int(resumed[1]) % 4 == 0
     assert (job_dir / "output" / "attempt-1").is_dir() and not (job_dir / "output" / "failure").exists()
     assert _summary(job_dir)["steps"] == 24 - int(resumed[1])  # the second attempt ran the rest
+    # The table has each step once: the resumed attempt replaced the rows the failed one wrote past its checkpoint.
+    assert [row["step"] for row in rows_from_table(job_dir / "output" / "data" / METRICS_FILENAME)] == list(
+        range(1, 25)
+    )
     assert no_job_processes_left("gpt-retry") == []
 
 

@@ -123,8 +123,10 @@ def _rule(command: str) -> str | None:
         return "collect" if paths else "help"
     if re.match(r"\.venv/bin/python bench/\w+\.py\b", command):
         return "help"  # minutes each
-    if re.match(r"(\.venv/bin/)?smsdp (plan|dry-run)\b", command):
+    if re.match(r"(\.venv/bin/)?smsdp (plan|dry-run|jobs)\b", command):
         return "as written"
+    if re.match(r"(\.venv/bin/)?(smsdp (logs|describe|plot)|tensorboard)\b", command):
+        return "help"  # they name a job (or serve until stopped)
     return None
 
 

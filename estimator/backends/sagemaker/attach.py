@@ -79,6 +79,7 @@ def estimator_kwargs(described: dict[str, Any], manifest: dict[str, Any], code_d
         "metric_definitions": [d for d in algorithm.get("MetricDefinitions", []) if d not in METRIC_DEFINITIONS]
         or None,
         "allow_cpu_instances": True if not lookup(resources["InstanceType"]).has_gpus else None,
+        "tensorboard_output_config": described.get("TensorBoardOutputConfig"),
     }
     kwargs.update((name, value) for name, value in optional.items() if value is not None)
     kwargs.update(_image(algorithm["TrainingImage"], described["TrainingJobName"]))

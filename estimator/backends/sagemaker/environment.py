@@ -21,6 +21,8 @@ from collections.abc import Iterable, Mapping
 
 from estimator.redact import redact_value
 from estimator.spec import JobSpec
+from estimator.tensorboard_output import ARGUMENT as TENSORBOARD_ARGUMENT
+from estimator.tensorboard_output import tensorboard_environment
 from smsdp.config import (
     CONFIG_ENV_VAR,
     SCRATCH_BUFFER_ENV_VAR,
@@ -45,6 +47,7 @@ def job_environment(spec: JobSpec) -> dict[str, str]:
         SCRATCH_BUFFER_ENV_VAR: str(spec.runtime.smddp.scratch_buffer_size_bytes),
         SORT_BUFFER_ENV_VAR: str(spec.runtime.smddp.sort_buffer_size_bytes),
         CHECKPOINT_DIR_ENV: spec.checkpoints.local_path or DEFAULT_CHECKPOINT_DIR,
+        **tensorboard_environment(spec.backend_options.get(TENSORBOARD_ARGUMENT), spec.job_name, remote=True),
     }
     environment = {**contract, "PYTHONUNBUFFERED": "1"}  # progress lines reach CloudWatch as printed
     environment.update((name, value) for name, value in spec.environment.items() if name not in contract)

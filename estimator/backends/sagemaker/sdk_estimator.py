@@ -17,6 +17,7 @@ from estimator.backends.sagemaker.request import SageMakerRequest
 from estimator.backends.sagemaker.sdk import import_sdk_module
 from estimator.backends.sagemaker.source_bundle import ENTRY_SCRIPT
 from estimator.backends.sagemaker.training_request import metric_definitions
+from estimator.tensorboard_output import ARGUMENT as TENSORBOARD_ARGUMENT
 
 
 def sdk_arguments(request: SageMakerRequest) -> dict[str, Any]:
@@ -65,11 +66,14 @@ def sdk_arguments(request: SageMakerRequest) -> dict[str, Any]:
 def submit(request: SageMakerRequest, sagemaker_session: Any) -> None:
     """Stage the source dir, let the SDK upload it and create the job; return once it is created."""
     pytorch = import_sdk_module("sagemaker.pytorch")
+    arguments = sdk_arguments(request)
+    tensorboard = request.spec.backend_options.get(TENSORBOARD_ARGUMENT)
+    if tensorboard is not None:  # the SDK takes its own object (sagemaker.debugger)
+        debugger = import_sdk_module("sagemaker.debugger")
+        arguments["tensorboard_output_config"] = debugger.TensorBoardOutputConfig(
+            tensorboard.s3_output_path, tensorboard.local_path
+        )
     with tempfile.TemporaryDirectory(prefix=f"smsdp-{request.job_name}-") as staging:
         source_dir = request.bundle.write_to(Path(staging) / "code")
-        estimator = pytorch.PyTorch(
-            source_dir=str(source_dir),
-            sagemaker_session=sagemaker_session,
-            **sdk_arguments(request),
-        )
+        estimator = pytorch.PyTorch(source_dir=str(source_dir), sagemaker_session=sagemaker_session, **arguments)
         estimator.fit(request.inputs or None, wait=False, logs="None", job_name=request.job_name)

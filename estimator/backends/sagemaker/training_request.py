@@ -18,6 +18,7 @@ from typing import Any
 
 from estimator.backends.sagemaker.options import RemoteOptions
 from estimator.spec import JobSpec
+from estimator.tensorboard_output import ARGUMENT as TENSORBOARD_ARGUMENT
 from smsdp.util.metric_format import METRIC_DEFINITIONS
 
 #: The SDK's script-mode hyperparameters (sagemaker.model / sagemaker.estimator).
@@ -71,6 +72,8 @@ def create_training_job_request(spec: JobSpec, options: RemoteOptions, job: Reso
         request["CheckpointConfig"] = {"S3Uri": spec.checkpoints.s3_uri}
         if spec.checkpoints.local_path:
             request["CheckpointConfig"]["LocalPath"] = spec.checkpoints.local_path
+    if spec.backend_options.get(TENSORBOARD_ARGUMENT) is not None:  # SageMaker uploads LocalPath there as it runs
+        request["TensorBoardOutputConfig"] = spec.backend_options[TENSORBOARD_ARGUMENT].request()
     request["ProfilerConfig"] = {"DisableProfiler": True}
     if options.max_retry_attempts is not None:
         request["RetryStrategy"] = {"MaximumRetryAttempts": options.max_retry_attempts}

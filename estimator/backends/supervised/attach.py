@@ -71,6 +71,7 @@ def estimator_kwargs(root: Path) -> tuple[dict[str, Any], tuple[str, ...]]:
         "collective_timeout": own.get("CollectiveTimeout"),
         "max_retry_attempts": own.get("MaxRetryAttempts"),
     }
+    kwargs.update(_tensorboard_output(read_json(JobDir(root).description_file)))
     return kwargs, redacted
 
 
@@ -81,3 +82,9 @@ def _contract_hyperparameters(job: JobDir) -> dict[str, Any] | None:
         return {name: json.loads(value) for name, value in encoded.items()}
     except (OSError, ValueError, TypeError, AttributeError):
         return None
+
+
+def _tensorboard_output(description: dict[str, Any]) -> dict[str, Any]:
+    """The directory the job's ``tensorboard_output_config`` named (its events are in <dir>/<job>), if any."""
+    uri = description.get("TensorBoardOutputConfig", {}).get("S3OutputPath")
+    return {"tensorboard_output_config": {"S3OutputPath": uri}} if uri else {}

@@ -16,6 +16,8 @@ from functools import lru_cache
 
 from estimator.backends.supervised.job_dir import JobDir
 from estimator.spec import Hyperparameter, JobSpec
+from estimator.tensorboard_output import ARGUMENT as TENSORBOARD_ARGUMENT
+from estimator.tensorboard_output import tensorboard_environment
 from smsdp.config import CONFIG_ENV_VAR
 from smsdp.config.cluster import SIMULATED_HOSTS_ENV
 
@@ -68,6 +70,7 @@ def container_env(spec: JobSpec, job: JobDir) -> dict[str, str]:
         env[f"SM_HP_{_env_suffix(name)}"] = value if isinstance(value, str) else json.dumps(value)
     if spec.runtime.instance_count > 1:
         env[SIMULATED_HOSTS_ENV] = "1"
+    env.update(tensorboard_environment(spec.backend_options.get(TENSORBOARD_ARGUMENT), spec.job_name, remote=False))
     return env
 
 

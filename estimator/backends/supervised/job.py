@@ -26,6 +26,7 @@ from estimator.backends.supervised.status import StatusRecord, read_status, writ
 from estimator.backends.supervised.summary import format_summary
 from estimator.job import Job, JobFailedError, JobStatus
 from estimator.progress import ProgressDisplay
+from smsdp.util.metrics_table import METRICS_FILENAME
 
 POLL_S = 0.1
 
@@ -126,6 +127,16 @@ class SupervisedJob(Job):
             return self.paths.log_file.read_text(errors="replace")
         except FileNotFoundError:
             return ""
+
+    def log_reader(self) -> LogFollower:
+        return LogFollower(self.paths.log_file)
+
+    def metric_rows(self) -> list[dict[str, Any]]:
+        """The job's metrics table (a row per step), else its progress lines (a script that records none)."""
+        from estimator.metrics import rows_from_table
+
+        rows = rows_from_table(self.paths.output_data / METRICS_FILENAME)
+        return super().metric_rows() if rows is None else rows
 
     # ---------------------------------------------------------------- wait
 

@@ -17,6 +17,8 @@ from estimator.backends.supervised.job_dir import JobDirPlan
 from estimator.naming import JobNameTakenError
 from estimator.redact import Scrubber, redact_env
 from estimator.spec import FILE_SCHEME, S3_SCHEME, JobSpec
+from estimator.tensorboard_output import ARGUMENT as TENSORBOARD_ARGUMENT
+from estimator.tensorboard_output import file_uri
 from estimator.validation import problem
 from smsdp.config import ConfigProblem
 from smsdp.config.instance_types import LOCAL
@@ -123,6 +125,9 @@ def describe_spec(spec: JobSpec, argv: list[str], env: dict[str, str], backend: 
         "Environment": redact_env(spec.environment),  # job.json is on disk: no secret values
         OWN_SECTION: _own_section(spec, argv, backend),
     }
+    tensorboard = spec.backend_options.get(TENSORBOARD_ARGUMENT)
+    if tensorboard is not None:
+        description["TensorBoardOutputConfig"] = file_uri(tensorboard, spec.job_name)
     if spec.checkpoints.s3_uri or spec.checkpoints.local_path:
         description["CheckpointConfig"] = {
             "S3Uri": spec.checkpoints.s3_uri,

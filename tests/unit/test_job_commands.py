@@ -1,0 +1,42 @@
+"""`smsdp jobs`, `logs`, `describe`, `plot` without a job to look at: what they say and how they exit
+(tests/integration/test_observability.py runs them on real jobs)."""
+
+from __future__ import annotations
+
+import json
+
+from estimator.cli import COMMANDS, build_parser, main
+from estimator.jobs_listing import list_jobs
+
+
+def test_the_job_commands_come_after_the_others():
+    assert [c.name for c in COMMANDS] == ["run-example", "dry-run", "plan"]
+    args = build_parser().parse_args(["plot", "a", "b", "-o", "x.png"])
+    assert args.jobs == ["a", "b"] and args.output == "x.png"
+    assert build_parser().parse_args(["logs", "a", "-f"]).follow
+
+
+def test_an_empty_output_path_lists_no_jobs(tmp_path, capsys):
+    assert main(["jobs", "--output-path", str(tmp_path / "none")]) == 0
+    assert "no jobs under" in capsys.readouterr().out
+    assert main(["jobs", "--output-path", str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == []
+
+
+def test_a_job_directory_that_cannot_be_read_is_listed_as_such(tmp_path):
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "job.json").write_text("{")  # a disk that filled up mid-write, say
+    (tmp_path / "half-made").mkdir()  # no job.json: an interrupted creation, not a job
+    (listed,) = list_jobs(str(tmp_path))
+    assert listed.name == "broken" and listed.status.startswith("unreadable: JSONDecodeError")
+
+
+def test_sagemaker_jobs_are_not_listed_but_found_by_name(capsys):
+    assert main(["jobs", "--output-path", "s3://bucket/jobs"]) == 2
+    assert "aws sagemaker list-training-jobs" in capsys.readouterr().err
+
+
+def test_an_unknown_job_exits_2_naming_where_it_looked(tmp_path, capsys):
+    for command in (["logs", "nope"], ["describe", "nope"], ["plot", "nope", "-o", str(tmp_path / "x.png")]):
+        assert main([*command, "--output-path", str(tmp_path)]) == 2
+        assert "no job 'nope'" in capsys.readouterr().err and not (tmp_path / "x.png").exists()
