@@ -139,6 +139,8 @@ class NamespacedHosts:
             _run("ip", "addr", "add", f"{host.address}/24", "dev", INNER_IF, netns=host.netns)
             _run("ip", "link", "set", INNER_IF, "mtu", str(MTU), "up", netns=host.netns)
             _run("ip", "link", "set", "lo", "up", netns=host.netns)
+            # No IPv6 on the link: its router solicitations would add stray bytes to the counters.
+            _run("sysctl", "-qw", f"net.ipv6.conf.{INNER_IF}.disable_ipv6=1", check=False, netns=host.netns)
 
     def stop(self) -> None:
         """Kill what was spawned and whatever is left in the namespaces, then remove them and the bridge."""
@@ -162,15 +164,20 @@ class NamespacedHosts:
     def shape(self, rate: str | None) -> None:
         """``rate`` (tc syntax: "2gbit", "500mbit") on both ends of every host's link; None: unshaped."""
         for host in self.hosts:
-            for netns, dev in ((host.netns, INNER_IF), (None, host.root_if)):
-                if rate is None:
-                    _run("tc", "qdisc", "del", "dev", dev, "root", check=False, netns=netns)
-                else:
-                    _run(
-                        "tc", "qdisc", "replace", "dev", dev, "root", "tbf",
-                        "rate", rate, "burst", BURST, "latency", QUEUE_LATENCY, netns=netns,
-                    )  # fmt: skip
+            self.shape_host(host.index, rate)
         self.rate = rate
+
+    def shape_host(self, index: int, rate: str | None) -> None:
+        """``rate`` on both ends of host ``index``'s link (what it sends, and what is sent to it)."""
+        host = self.hosts[index]
+        for netns, dev in ((host.netns, INNER_IF), (None, host.root_if)):
+            if rate is None:
+                _run("tc", "qdisc", "del", "dev", dev, "root", check=False, netns=netns)
+            else:
+                _run(
+                    "tc", "qdisc", "replace", "dev", dev, "root", "tbf",
+                    "rate", rate, "burst", BURST, "latency", QUEUE_LATENCY, netns=netns,
+                )  # fmt: skip
 
     def link_bytes(self, index: int) -> tuple[int, int]:
         """(tx, rx) bytes of host ``index``'s ``eth0``, read inside its namespace."""
