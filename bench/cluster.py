@@ -269,13 +269,18 @@ def run_layout(layout: str, args, log, report: dict) -> None:
     specs = system_specs(names, hosts, per_host)
     with netns_hosts.NamespacedHosts(hosts) as bed:
         launcher = Launcher(bed, per_host, log)
-        for rate in [r or None for r in args.links.split(",")]:
+        entry_rates = [r or None for r in args.links.split(",")]
+        rss: dict[str, dict] = {}
+        for rate in entry_rates:
             bed.shape(rate)
             log(f"[{layout}] link {rate or 'unshaped'}: calibrating")
             calibration = calibrate(bed, launcher, rate, args, log) if not args.no_calibration else None
             entry = {"layout": layout, "rate": rate, "calibration": calibration, "runs": {}}
             report["settings"].append(entry)
             for precision in args.precision.split(","):
+                if args.rss and rate == entry_rates[0]:
+                    rss[precision] = peak_rss(launcher, args, specs, precision, log)
+                entry.setdefault("rss_mib", {})[precision] = rss.get(precision, {})
                 for repeat in range(args.repeats):
                     log(f"[{layout}] link {rate or 'unshaped'}: {precision}, run {repeat + 1} of {args.repeats}")
                     run = launcher.launch(worker_args(args, specs, precision), timeout=args.timeout)
@@ -283,6 +288,18 @@ def run_layout(layout: str, args, log, report: dict) -> None:
                         log(f"  FAILED: {run['error']}\n{run['logs']}")
                     entry["runs"].setdefault(precision, []).append(run)
             _print_setting(entry, specs, hosts, per_host, args.accum)
+
+
+def peak_rss(launcher: Launcher, args, specs: list[dict], precision: str, log) -> dict[str, float]:
+    """Peak RSS per rank (MiB, max over ranks) of each system trained alone for a few steps."""
+    figures = {}
+    for spec in specs:
+        log(f"  peak RSS: {spec['label']} alone ({precision})")
+        solo = argparse.Namespace(**{**vars(args), "warmup": 1, "steps": 2})
+        run = launcher.launch(worker_args(solo, [spec], precision), timeout=args.timeout)
+        if "error" not in run:
+            figures[spec["key"]] = max(r["rss_peak_kib"] for r in run["ranks"]) / 1024
+    return figures
 
 
 def worker_args(args, specs: list[dict], precision: str) -> list[str]:
@@ -300,6 +317,8 @@ def _print_setting(entry: dict, specs, hosts: int, per_host: int, accum: int) ->
         parts.append(calibration_table(entry["calibration"], hosts, per_host))
     for precision, runs in entry["runs"].items():
         rows = summarize(runs, specs, hosts, per_host)
+        for row in rows:
+            row["rss_mib"] = entry.get("rss_mib", {}).get(precision, {}).get(row["spec"]["key"])
         entry.setdefault("rows", {})[precision] = rows
         parts.append(speed_table(rows, precision, runs, accum))
         parts.append(phase_table(rows, precision))
@@ -324,6 +343,12 @@ def main() -> None:
     p.add_argument("--accum", type=int, default=1)
     p.add_argument("--timeout", type=float, default=1200)
     p.add_argument("--no-calibration", action="store_true")
+    p.add_argument(
+        "--rss",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="peak RSS of each system alone (short launches at the first link setting)",
+    )
     args = p.parse_args()
     reason = netns_hosts.missing_reason()
     if reason:

@@ -55,7 +55,8 @@ def fsdp2_link_formula(layout: dict, spec: dict, hosts: int, per_host: int, b_c:
     if spec["mesh"] == "hsdp":  # reduce-scatter and all-gathers inside a host; the replicas' all-reduce
         return 2 * (hosts - 1) / hosts * (root + blocks) * 4
     gathered = root + (blocks if spec.get("reshard") else 2 * blocks)
-    return accum * (_ring_cross(world) * gathered * b_c + 2 * _ring_cross(world) * (root + blocks) * 4)
+    # set_requires_gradient_sync(False) on all but the last micro-step: one reduce-scatter per step
+    return accum * _ring_cross(world) * gathered * b_c + 2 * _ring_cross(world) * (root + blocks) * 4
 
 
 def link_formula(row: dict, spec: dict, hosts: int, per_host: int, precision: str, accum: int) -> float | None:
@@ -135,7 +136,7 @@ def _one_launch(run: dict, spec: dict, hosts: int, per_host: int) -> dict | None
 
 # --------------------------------------------------------------------------------------------
 def _mib(x: float | None) -> str:
-    return "-" if x is None else f"{x / MIB:.2f}"
+    return "-" if x is None else f"{max(x, 0.0) / MIB:.2f}"  # a zero less the barriers' bytes reads slightly negative
 
 
 def _kinds(bytes_per_step: dict) -> dict[str, str]:
@@ -157,15 +158,14 @@ def _x(row: dict, ref: dict | None) -> str:
 
 
 def speed_table(rows: list[dict], precision: str, runs: list[dict], accum: int = 1) -> str:
-    hosts_per = rows[0]["world"] if rows and "world" in rows[0] else None
     loads = sorted({f"{run['load']:.1f}" for run in runs})
     head = (
         f"\n{precision}: {len([r for r in runs if 'error' not in r])} launch(es), load (1 min) at start: "
         f"{', '.join(loads)}\n\n"
         "| system | tokens/s (median [min-max]) | × FSDP2 1-D | × DDP | × FSDP2 HSDP | step ms | "
-        "model state/rank MiB (params + grads + optim) | all-gather MiB/step/rank | reduce-scatter | all-reduce | "
+        "model state/rank MiB (params + grads + optim) | peak RSS/rank MiB (alone) | all-gather MiB/step/rank | reduce-scatter | all-reduce | "
         "all-to-all | link MiB/step/host: measured | formula | model | measured / formula |\n"
-        "|" + "---|" * 15
+        "|" + "---|" * 16
     )
     lines = [head]
     fsdp1d, ddp, hsdp = _find(rows, "fsdp2_1d"), _find(rows, "ddp"), _find(rows, "fsdp2_hsdp")
@@ -173,26 +173,25 @@ def speed_table(rows: list[dict], precision: str, runs: list[dict], accum: int =
         if "error" in row:
             lines.append(f"| {row['spec']['label']} | failed: {row['error']} |" + " |" * 13)
             continue
-        hosts, per_host = _layout_of(row, hosts_per)
+        hosts, per_host = row["spec"]["_hosts"], row["spec"]["_per_host"]
         formula = link_formula(row, row["spec"], hosts, per_host, precision, accum)
+        if row["spec"]["system"] == "ddp":  # its reducer calls gloo from C++: nothing counted, the model is the formula
+            row["link_model"] = formula
         shown = formula if formula is not None else row["link_model"]
+        rss = f"{row['rss_mib']:.0f}" if row.get("rss_mib") else "-"
         ratio = f"{row['link_measured'] / shown:.3f}" if shown else "-"
         state = row["model_state"] or {}
         kinds = _kinds(row["bytes_per_step"])
         lines.append(
             f"| {row['label']} | {row['tokens_per_s']:,.0f} [{row['tokens_min']:,.0f}-{row['tokens_max']:,.0f}] | "
             f"{_x(row, fsdp1d)} | {_x(row, ddp)} | {_x(row, hsdp)} | {row['step_s'] * 1e3:.0f} | "
-            f"{_mib(state.get('params'))} + {_mib(state.get('grads'))} + {_mib(state.get('optimizer'))} | "
+            f"{_mib(state.get('params'))} + {_mib(state.get('grads'))} + {_mib(state.get('optimizer'))} | {rss} | "
             f"{kinds.get('all_gather', '0')} | {kinds.get('reduce_scatter', '0')} | "
             f"{kinds.get('all_reduce', '0') if row['spec']['system'] != 'ddp' else 'computed: see formula'} | "
             f"{kinds.get('all_to_all', '0')} | {_mib(row['link_measured'])} | "
             f"{_mib(formula) if formula is not None else 'model*'} | {_mib(row['link_model'])} | {ratio} |"
         )
     return "\n".join(lines)
-
-
-def _layout_of(row: dict, world: int | None) -> tuple[int, int]:
-    return row["spec"]["_hosts"], row["spec"]["_per_host"]
 
 
 def phase_table(rows: list[dict], precision: str) -> str:
@@ -232,11 +231,12 @@ def calibration_table(calibration: dict, hosts: int, per_host: int) -> str:
         return "\n".join(lines)
     lines += [
         "",
-        f"gloo collectives of {calibration['gloo_mib']:.2f} MiB (N: the all-gather's output, the others' input), "
-        "host 0's link:",
+        f"gloo collectives, {calibration['gloo_mib']:.2f} MiB per rank in (the all-gather's output is n times "
+        "that), bytes on host 0's link:",
         "",
-        "| group | ranks | collective | ms | link MiB (measured) | gloo model MiB | measured / model | MB/s on the link |",
-        "|---|---|---|---|---|---|---|---|",
+        "| group | ranks | collective | N MiB | ms | link MiB (measured) | gloo model MiB | measured / model | "
+        "MB/s on the link |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     by_rank = gloo["ranks"]
     host0 = [r for r in by_rank if r["host"] == 0]
@@ -244,9 +244,9 @@ def calibration_table(calibration: dict, hosts: int, per_host: int) -> str:
         model = sum(r["calibration"][i]["model_tx_rank"] for r in host0)
         measured = entry["link_tx"]
         ratio = f"{measured / model:.3f}" if model else "-"
-        rate = measured / entry["seconds"] / 1e6 if entry["seconds"] else 0
+        rate = max(measured, 0) / entry["seconds"] / 1e6 if entry["seconds"] else 0
         lines.append(
-            f"| {entry['group']} | {entry['n']} | {entry['kind']} | {entry['seconds'] * 1e3:.0f} | "
-            f"{measured / MIB:.2f} | {model / MIB:.2f} | {ratio} | {rate:.1f} |"
+            f"| {entry['group']} | {entry['n']} | {entry['kind']} | {entry['nbytes'] / MIB:.2f} | "
+            f"{entry['seconds'] * 1e3:.0f} | {max(measured, 0) / MIB:.2f} | {model / MIB:.2f} | {ratio} | {rate:.1f} |"
         )
     return "\n".join(lines)

@@ -15,9 +15,10 @@ this one process, their steps interleaved (round robin, order rotated every step
 barrier before each system's step), as ``train_worker.py`` does. Each smsdp system has
 a runtime of its own (``smp.init`` with its degree and settings), made current while
 its model and optimizer are built; everything a step uses is bound then. Around every
-step, local rank 0 of each host reads its host's ``eth0`` counters (after a barrier on
-both sides, so the step's traffic is all in); the bytes of the two barriers, measured
-alone beforehand, are taken off.
+step, local rank 0 of each host reads its host's ``eth0`` counters: barrier, read,
+barrier, step, barrier, read (nobody sends before the reader has read, everything of
+the step is in before it reads again); the bytes of the two barriers inside that
+window, measured alone beforehand, are taken off.
 
 Each rank writes ``OUT/result.rank<r>.json``.
 """
@@ -127,7 +128,9 @@ def calibrate(args, place: Place) -> dict:
             times, sent = [], []
             for _ in range(args.repeat):
                 dist.barrier()
-                before, model_before, t0 = read_link(), COUNTER.link_snapshot(), time.perf_counter()
+                before, model_before = read_link(), COUNTER.link_snapshot()
+                dist.barrier()  # nobody sends before every reader has read
+                t0 = time.perf_counter()
                 run()
                 seconds = time.perf_counter() - t0
                 dist.barrier()
@@ -273,6 +276,7 @@ def _one_step(system, batches, args, step: int, barrier: float, local0: bool) ->
     system.measure = step == args.warmup + args.steps - 1
     dist.barrier()
     link0 = read_link() if local0 else (0, 0)
+    dist.barrier()  # no rank of this host starts sending before its reader has read
     before, link_before, smsdp_before = COUNTER.snapshot(), COUNTER.link_snapshot(), system.smsdp_stats()
     t0, c0 = time.perf_counter(), time.process_time()
     loss = system.step(batches)

@@ -8,9 +8,10 @@ configuration runs first (``smp.init()``); then each configuration named in
 process group.
 
 Per configuration: a warm-up step (the forward's unit order is learned in it), then
-``--steps`` steps, each between two barriers; local rank 0 reads its host's ``eth0``
-``tx_bytes`` after each barrier. The bytes of two barriers alone, measured first, are
-taken off. Local rank 0 writes ``OUT/host<h>.json``: the bytes per step and the sizes the
+``--steps`` steps; local rank 0 reads its host's ``eth0`` ``tx_bytes`` around each:
+barrier, read, barrier, step, barrier, read (no rank sends before the reader has read,
+and the step's traffic is all in when it reads again). The bytes of the two barriers
+inside that window, measured alone first, are taken off. Local rank 0 writes ``OUT/host<h>.json``: the bytes per step and the sizes the
 formula needs.
 """
 
@@ -54,6 +55,7 @@ def train(steps: int, overhead: float) -> dict:
     for step in range(steps + 1):
         dist.barrier()
         before = tx()
+        dist.barrier()  # no rank of this host sends before its reader has read
         model.backward(model(x, x).loss)
         opt.step()
         opt.zero_grad()
