@@ -391,12 +391,14 @@ class DistributedModel(SMPModelMethods, nn.Module):
 
     def _make_post_backward(self, unit: Unit, group: FlatParamGroup):
         def post_backward(flat_param: torch.Tensor) -> None:
-            # Earlier units' reduce-scatters have had a unit's backward to finish: collecting
-            # them now keeps about one unit's fp32 gradient in flight, not the whole model's.
+            # This group's reduce-scatter goes first, so the link has it queued while the earlier
+            # ones are collected; those have had a unit's backward to finish: collecting them now
+            # keeps about two units' fp32 gradients in flight, not the whole model's.
             sync = self._state is TrainingState.BOUNDARY_BACKWARD
+            unit.post_backward(group)
+            unit.advance_reduces(group)
             for other in self._units:
                 other.complete_reduces(keep=group, sync=sync)
-            unit.post_backward(group)
             if sync and not group.sharded:
                 self._replicated_sync.group_ready(group)
 

@@ -46,7 +46,7 @@ class _PendingReduce:
     group: FlatParamGroup
     handle: Any
     shard: torch.Tensor
-    keepalive: torch.Tensor  # the reduce-scatter input must outlive the async collective
+    keepalive: torch.Tensor | None  # the reduce-scatter input must outlive the async collective (unless copied)
     start: int  # where ``shard`` lands in the group's gradient shard
 
 
@@ -148,7 +148,19 @@ class Unit:
             bucket = rows if (start, stop) == (0, shard_numel) else rows[:, start:stop].contiguous()
             out = torch.empty(stop - start, dtype=comm.reduce_dtype, device=grad.device)
             handle = comm.reduce_scatter(out, bucket.view(-1), True)
-            self._pending.append(_PendingReduce(group, handle, out, bucket, start))
+            keepalive = None if getattr(comm.reduce_scatter, "copies_input", False) else bucket
+            self._pending.append(_PendingReduce(group, handle, out, keepalive, start))
+
+    def advance_reduces(self, group: FlatParamGroup) -> None:
+        """Start the later stages of ``group``'s reduce-scatters (the inter-host one, when hierarchical).
+
+        Called right after ``post_backward(group)``, at the same point on every rank, so a
+        later stage is issued in the same order everywhere; it waits for the earlier stage
+        (inside the host, quick) so that the slow one is under way while the next unit computes.
+        """
+        for pending in self._pending:
+            if pending.group is group:
+                pending.handle.advance()
 
     @property
     def has_pending_reduces(self) -> bool:
