@@ -29,6 +29,9 @@ step:     ``DistributedOptimizer.step`` all-reduces the accumulated shards
           gradients over the data-parallel group, coalesced into as few
           all-reduces as ``sdp_reduce_bucket_size`` allows
           (``smsdp.core.replicated_grad_sync``), then clips and steps the local shards.
+          In the backward that ends the step (declared with ``backward_passes_per_step``,
+          or guessed: ``smsdp.core.accumulation``) these all-reduces start
+          unit by unit as the reduce-scatters come in, and step() waits for them.
 
 [Note: tensor parallelism inside the sharded step]
 With ``tensor_parallel_degree > 1`` the plain model (equal on every rank after
@@ -57,6 +60,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from smsdp.comm import world as runtime_state
 from smsdp.comm.collectives import broadcast
+from smsdp.core.accumulation import AccumulationBoundary
 from smsdp.core.activation_checkpointing import set_activation_checkpointing
 from smsdp.core.cutting import GroupPolicy, build_units, find_unit_modules
 from smsdp.core.delayed_materialize import materialize_units
@@ -139,10 +143,9 @@ class DistributedModel(SMPModelMethods, nn.Module):
         # [Note: early replica sync] With backward_passes_per_step declared, the backward
         # that ends the accumulation is known when it starts: each unit's replica all-reduce
         # is launched as soon as its reduce-scatter is done, overlapping the rest of that
-        # backward, and step() only waits. Undeclared, the sync happens in step().
-        self._backward_passes_per_step = backward_passes_per_step
+        # backward, and step() only waits. Undeclared, it is guessed (smsdp.core.accumulation).
+        self._accumulation = AccumulationBoundary(backward_passes_per_step)
         self._average_microbatches = average_grads_across_microbatches
-        self._backwards_since_step = 0  # position in the accumulation, for the boundary
         self._loss_scaler = None  # given by a DistributedOptimizer under fp16
         self._warned_nothing_offloaded = False
         self._register_hooks()
@@ -289,6 +292,7 @@ class DistributedModel(SMPModelMethods, nn.Module):
         self._replicated_sync.wait()
         for unit in self._units:
             unit.zero_grad()
+        self._accumulation.discard()
         if self._state is TrainingState.SYNCING:
             self._state = TrainingState.IDLE
 
@@ -369,14 +373,7 @@ class DistributedModel(SMPModelMethods, nn.Module):
 
     def _begin_backward(self) -> None:
         self.check_loss_scale_applied()  # before anything changes: it may raise
-        bpps = self._backward_passes_per_step
-        if self._state is TrainingState.SYNCING:
-            raise RuntimeError(
-                f"backward_passes_per_step={bpps}: a backward ran after the {bpps}-th one without "
-                f"optimizer.step(); call step() every {bpps} backward passes, or leave "
-                "backward_passes_per_step unset to synchronize in step()"
-            )
-        boundary = bpps is not None and (self._backwards_since_step + 1) % bpps == 0
+        boundary = self._accumulation.begin(syncing=self._state is TrainingState.SYNCING)
         self._state = TrainingState.BOUNDARY_BACKWARD if boundary else TrainingState.BACKWARD
         if self._offloader is not None:
             self._offloader.prefetch()  # the last checkpointed units' inputs, while the head's backward runs
@@ -411,7 +408,7 @@ class DistributedModel(SMPModelMethods, nn.Module):
         if boundary:
             self._replicated_sync.start()
         self._state = TrainingState.SYNCING if boundary else TrainingState.IDLE
-        self._backwards_since_step += 1
+        self._accumulation.end()
 
     # ---- the step boundary (called by DistributedOptimizer) ------------------------------------
 
@@ -422,13 +419,14 @@ class DistributedModel(SMPModelMethods, nn.Module):
     def synchronize_gradients(self) -> None:
         """Second hop: replica all-reduce of grad shards, dp all-reduce of replicated grads."""
         self.reshard_all()  # the step changes the masters: no gathered copy may outlive it
+        again = self._accumulation.mispredicted  # what came after a wrong guess goes now (smsdp.core.accumulation)
         for unit in self._units:
-            unit.start_sync()  # no-op for groups started during the boundary backward
-        self._replicated_sync.start()  # likewise
+            unit.start_sync(again)  # otherwise a no-op for groups started during the boundary backward
+        self._replicated_sync.start(again)  # likewise
         for unit in self._units:
             unit.wait_sync()
         self._replicated_sync.wait()
-        self._backwards_since_step = 0
+        self._accumulation.step()
         if self._state is TrainingState.SYNCING:
             self._state = TrainingState.IDLE
 
