@@ -130,6 +130,9 @@ class DistributedModel(SMPModelMethods, nn.Module):
         self._units = self._wrap(module, rt, transformer_layer_cls, broadcast_init)
         self._root = self._units[-1]
         backward_order = [g for u in reversed(self._units[:-1]) for g in u.groups] + self._root.groups
+        # [Note: staged reduce-scatters] see _make_post_backward
+        self._staged_reduces = getattr(self._root.comm.reduce_scatter, "copies_input", False)
+        self._previous_reduce: FlatParamGroup | None = None
         self._replicated_sync = ReplicatedGradSync(
             backward_order, rt.all_reduce_dp, rt.dp_size, self._root.comm.reduce_dtype, params.sdp_reduce_bucket_size
         )
@@ -388,20 +391,25 @@ class DistributedModel(SMPModelMethods, nn.Module):
 
     def _make_post_backward(self, unit: Unit, group: FlatParamGroup):
         def post_backward(flat_param: torch.Tensor) -> None:
-            # This group's reduce-scatter goes first, so the link has it queued while the earlier
-            # ones are collected; those have had a unit's backward to finish: collecting them now
-            # keeps about two units' fp32 gradients in flight, not the whole model's.
+            # Earlier units' reduce-scatters have had a unit's backward to finish: collecting
+            # them now keeps about one unit's fp32 gradient in flight, not the whole model's.
+            # A staged (hierarchical) one holds only its small inter-host part by then, so the
+            # previous unit's stays in flight too, and its inter-host stage is started now, while
+            # the one before it still keeps the link busy.
             sync = self._state is TrainingState.BOUNDARY_BACKWARD
-            unit.post_backward(group)
-            unit.advance_reduces(group)
+            keep = (group, self._previous_reduce) if self._staged_reduces else (group,)
             for other in self._units:
-                other.complete_reduces(keep=group, sync=sync)
+                other.advance_reduces()
+                other.complete_reduces(keep=keep, sync=sync)
+            unit.post_backward(group)
+            self._previous_reduce = group
             if sync and not group.sharded:
                 self._replicated_sync.group_ready(group)
 
         return post_backward
 
     def _end_of_backward(self) -> None:
+        self._previous_reduce = None
         boundary = self._state is TrainingState.BOUNDARY_BACKWARD
         for unit in self._units:
             unit.finalize_backward(sync=boundary)

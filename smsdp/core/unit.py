@@ -151,31 +151,30 @@ class Unit:
             keepalive = None if getattr(comm.reduce_scatter, "copies_input", False) else bucket
             self._pending.append(_PendingReduce(group, handle, out, keepalive, start))
 
-    def advance_reduces(self, group: FlatParamGroup) -> None:
-        """Start the later stages of ``group``'s reduce-scatters (the inter-host one, when hierarchical).
+    def advance_reduces(self) -> None:
+        """Start the later stages of the pending reduce-scatters (the inter-host one, when hierarchical).
 
-        Called right after ``post_backward(group)``, at the same point on every rank, so a
-        later stage is issued in the same order everywhere; it waits for the earlier stage
-        (inside the host, quick) so that the slow one is under way while the next unit computes.
+        Called at the same point of the program on every rank, so a later stage is issued in
+        the same order everywhere. Each waits for its earlier stage, which had a unit's backward
+        to finish inside the host.
         """
         for pending in self._pending:
-            if pending.group is group:
-                pending.handle.advance()
+            pending.handle.advance()
 
     @property
     def has_pending_reduces(self) -> bool:
         return bool(self._pending)
 
-    def complete_reduces(self, keep: FlatParamGroup | None = None, sync: bool = False) -> None:
-        """Wait for the reduce-scatters of every group but ``keep`` and add them into the shards.
+    def complete_reduces(self, keep: tuple[FlatParamGroup | None, ...] = (), sync: bool = False) -> None:
+        """Wait for the reduce-scatters of every group but those in ``keep`` and add them into the shards.
 
         ``sync``: this backward ends the accumulation, so each completed group's second
         hop starts at once (see ``start_sync``).
         """
         if not self._pending:
             return
-        done = [p for p in self._pending if p.group is not keep]
-        self._pending = [p for p in self._pending if p.group is keep]
+        done = [p for p in self._pending if not any(p.group is k for k in keep)]
+        self._pending = [p for p in self._pending if any(p.group is k for k in keep)]
         for pending in done:
             pending.handle.wait()
             pending.group.accumulate_part(pending.shard, pending.start, self.comm.mean_scale)
