@@ -7,8 +7,9 @@ way a job starts it: ``python -m entrypoints.launcher SCRIPT`` with torchrun's v
 variables; gloo goes over TCP, so what ranks of different hosts send each other crosses
 the links and what ranks of one host send each other stays on its loopback. The script
 (``multihost_link_script.py``) trains the job's configuration, the shard group spanning
-both hosts (d=4, hierarchical all-gather), then the shard group inside each host (d=2,
-replicas across hosts), and reads each host's ``eth0`` ``tx_bytes`` around every step.
+both hosts (d=4, hierarchical all-gather and reduce-scatter), then the same with the flat
+reduce-scatter, then the shard group inside each host (d=2, replicas across hosts), and
+reads each host's ``eth0`` ``tx_bytes`` around every step.
 
 The counters include every frame's Ethernet, IP and TCP headers and the ACKs a host sends
 for what it receives; the formula counts payload. With MTU 9000 and segmentation offload
@@ -37,7 +38,13 @@ HOSTS, PER_HOST = 2, 2
 WORLD = HOSTS * PER_HOST
 RATE = "1gbit"  # one shaped link: host 1's
 JOB_PARAMETERS = {"ddp": True, "sharded_data_parallel_degree": WORLD, "sdp_param_persistence_threshold": 1000}
+FLAT_REDUCE_SCATTER = {**JOB_PARAMETERS, "sdp_hierarchical_reduce_scatter": False}
 INSIDE_HOSTS = {**JOB_PARAMETERS, "sharded_data_parallel_degree": PER_HOST}
+RUNS = [
+    "shard group spanning both hosts (hierarchical all-gather and reduce-scatter)",
+    "shard group spanning both hosts, flat reduce-scatter",
+    "shard group inside a host, replicas across",
+]
 TOLERANCE = 0.05
 TIMEOUT_S = 240
 
@@ -53,7 +60,10 @@ def link_formula(run: dict) -> float:
         return 2 * (r - 1) / r * psi * b + replicated_all_reduce
     n = d // PER_HOST
     all_gather = (n - 1) / n * (2 * psi - kept) * b  # hierarchical: only the stage among hosts crosses
-    reduce_scatter = 2 * (d - 1) / d * psi * b  # gloo runs it as an all-reduce of the whole input
+    if run["params"]["sdp_hierarchical_reduce_scatter"]:
+        reduce_scatter = (n - 1) / n * psi * b  # only the all-to-all among hosts crosses
+    else:
+        reduce_scatter = 2 * (d - 1) / d * psi * b  # gloo runs it as an all-reduce of the whole input
     return all_gather + reduce_scatter + replicated_all_reduce
 
 
@@ -87,7 +97,7 @@ def measured(tmp_path_factory):
             )
             argv = [
                 sys.executable, "-m", "entrypoints.launcher", "tests/distributed/multihost_link_script.py",
-                "--out", str(out), "--more", json.dumps([INSIDE_HOSTS]),
+                "--out", str(out), "--more", json.dumps([FLAT_REDUCE_SCATTER, INSIDE_HOSTS]),
             ]  # fmt: skip
             log = open(out / f"rank{rank}.log", "w")  # closed once the child has it
             processes.append(bed.spawn(rank // PER_HOST, argv, env=env, cwd=REPO_ROOT, stdout=log, stderr=log))
@@ -99,7 +109,7 @@ def measured(tmp_path_factory):
     return [json.loads((out / f"host{h}.json").read_text()) for h in range(HOSTS)]
 
 
-@pytest.mark.parametrize("run_index, what", [(0, "shard group spanning both hosts"), (1, "shard group inside a host")])
+@pytest.mark.parametrize("run_index, what", list(enumerate(RUNS)))
 def test_bytes_on_each_host_link_equal_the_formula(measured, run_index, what):
     for host, result in enumerate(measured):
         run = result["runs"][run_index]
@@ -112,6 +122,6 @@ def test_bytes_on_each_host_link_equal_the_formula(measured, run_index, what):
             )
 
 
-def test_the_spanning_group_sends_more_over_the_links_than_replicas_do(measured):
-    spanning, inside = (measured[0]["runs"][i]["link_tx_per_step"][-1] for i in (0, 1))
-    assert spanning > inside > 0
+def test_the_hierarchical_reduce_scatter_sends_less_over_the_links_than_the_flat_one(measured):
+    hierarchical, flat, inside = (measured[0]["runs"][i]["link_tx_per_step"][-1] for i in range(3))
+    assert flat > hierarchical > inside > 0
