@@ -47,7 +47,7 @@ PROBE = REPO_ROOT / "bench" / "workers" / "tcp_probe.py"
 RESULTS = REPO_ROOT / "bench" / "results"
 DEFAULT_LINKS = "2gbit,500mbit,200mbit,100mbit"
 DEFAULT_LAYOUTS = "2x2,4x1,2x4"
-DEFAULT_SYSTEMS = "span,host,hpz,int8,fsdp2_1d,fsdp2_hsdp,fsdp2_k,ddp,nocomm"
+DEFAULT_SYSTEMS = "span,span_flat_rs,host,host_late,hpz,int8,fsdp2_1d,fsdp2_hsdp,fsdp2_k,ddp,nocomm"
 MASTER_PORT = 29400
 
 
@@ -62,29 +62,25 @@ def system_specs(names: list[str], hosts: int, per_host: int) -> list[dict]:
             "declare": True,
             "label": f"smsdp spanning hosts (d={world}), backward_passes_per_step declared",
         },
-        "span_hrs": {
+        "span_flat_rs": {
             "system": "smsdp",
             "sdp": world,
-            "config": {"sdp_hierarchical_reduce_scatter": True},
-            "label": f"smsdp spanning hosts (d={world}), hierarchical reduce-scatter",
+            "config": {"sdp_hierarchical_reduce_scatter": False},
+            "label": f"smsdp spanning hosts (d={world}), flat reduce-scatter",
         },
-        "span_hrs_pf2": {
+        "span_pf2": {
             "system": "smsdp",
             "sdp": world,
-            "config": {
-                "sdp_hierarchical_reduce_scatter": True,
-                "sdp_forward_prefetch": 2,
-                "sdp_backward_prefetch": 2,
-            },
-            "label": f"smsdp spanning hosts (d={world}), hierarchical reduce-scatter, prefetch 2",
-        },
-        "hpz_hrs": {
-            "system": "smsdp",
-            "sdp": world,
-            "config": {"sdp_reshard_after_forward": k, "sdp_hierarchical_reduce_scatter": True},
-            "label": f"smsdp hpZ (d={world}, k={k}), hierarchical reduce-scatter",
+            "config": {"sdp_forward_prefetch": 2, "sdp_backward_prefetch": 2},
+            "label": f"smsdp spanning hosts (d={world}), prefetch depth 2",
         },
         "host": {"system": "smsdp", "sdp": k, "label": f"smsdp inside a host (d={k}, r={hosts})"},
+        "host_late": {
+            "system": "smsdp",
+            "sdp": k,
+            "late_sync": True,
+            "label": f"smsdp inside a host (d={k}), replica sync in step() (no guess)",
+        },
         "host_declared": {
             "system": "smsdp",
             "sdp": k,
@@ -126,7 +122,7 @@ def system_specs(names: list[str], hosts: int, per_host: int) -> list[dict]:
         if name not in catalogue:
             raise SystemExit(f"unknown system {name!r}; known: {', '.join(catalogue)}")
         spec = dict(catalogue[name], key=name, _hosts=hosts, _per_host=per_host)
-        one_host_group = k == 1 and name in ("host", "host_declared", "hpz", "hpz_hrs", "fsdp2_hsdp", "fsdp2_k")
+        one_host_group = k == 1 and name in ("host", "host_declared", "host_late", "hpz", "fsdp2_hsdp", "fsdp2_k")
         if one_host_group or (hosts == 1 and name.startswith("span")):
             continue  # k=1: a host holds one rank, so a group inside it is a group of one
         specs.append(spec)

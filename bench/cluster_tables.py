@@ -42,7 +42,7 @@ def smsdp_link_formula(layout: dict, hosts: int, per_host: int, b_c: int, b_r: i
     all_gather = (n - 1) / n * gathered * b_c if hierarchical else _ring_cross(d) * gathered * b_c
     if reshard not in (True, False):  # hpZ: the forward alone crosses hosts (hierarchical or flat)
         all_gather = ((n - 1) / n if hierarchical else _ring_cross(d)) * m * psi * b_c
-    if config.get("sdp_hierarchical_reduce_scatter") and n is not None and per_host > 1:
+    if config.get("sdp_hierarchical_reduce_scatter") and n is not None:
         reduce_scatter = (n - 1) / n * m * psi * b_r
     else:
         reduce_scatter = 2 * _ring_cross(d) * m * psi * b_r  # gloo: an all-reduce of the input

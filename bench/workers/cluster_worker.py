@@ -165,6 +165,16 @@ def _barrier_link_bytes(place: Place, repeat: int = 5) -> float:
 # --------------------------------------------------------------------------------------------
 # training
 # --------------------------------------------------------------------------------------------
+# The settings the link formula depends on (bench/cluster_tables.py), as the runtime resolved them.
+EFFECTIVE_SETTINGS = (
+    "sdp_hierarchical_allgather",
+    "sdp_hierarchical_reduce_scatter",
+    "sdp_reshard_after_forward",
+    "sdp_quantized_allgather",
+    "sdp_quantized_gradients",
+)
+
+
 class BedSmsdp(tw.Smsdp):
     """smsdp with its own runtime: degree and settings of this system only."""
 
@@ -197,9 +207,17 @@ class BedSmsdp(tw.Smsdp):
             "replicated_elements": sum(g.numel for g in groups if not g.sharded),
             "sdp": self.rt.topology.shard_degree,
             "rdp": self.rt.topology.rdp_size,
-            "config": spec.get("config", {}),
+            "config": {key: getattr(self.rt.params, key) for key in EFFECTIVE_SETTINGS},  # defaults included
         }
         runtime_state.reset_for_tests()
+        self.late_sync = bool(spec.get("late_sync"))
+
+    def _step(self, batches) -> float:
+        if self.late_sync:
+            # The behaviour before the runtime guessed the step-ending backward of an undeclared
+            # script: forget the last step's length, so that no backward is taken to end the step.
+            self.model._accumulation.period = None
+        return super()._step(batches)
 
     def smsdp_stats(self) -> dict:
         return {key: c["bytes_sent"] for key, c in self.rt.stats.snapshot().items()}
