@@ -2,7 +2,7 @@
 
 Each case runs a real local job (``user_scripts/hazard.py``, one or two ranks),
 measures the time from the fault to the job's end (printed as ``[faults] ...``
-for the README's Failure handling table), and checks that no process of the job
+for the table in docs/faults.md), and checks that no process of the job
 is left by its environment marker (``SMSDP_JOB_ID=<job dir>`` in
 ``/proc/<pid>/environ``: a ``setsid`` daemon keeps it; names and sessions lie).
 """

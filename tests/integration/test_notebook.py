@@ -70,3 +70,6 @@ def test_quickstart_notebook_runs(this_interpreter_kernel, tmp_path):
     assert "(<JobStatus.COMPLETED: 'Completed'>, True)" in everything  # Estimator.attach
     jobs = list((run_dir / "smsdp-jobs").iterdir())
     assert len(jobs) == 1 and (jobs[0] / "output" / "model.tar.gz").is_file()
+    summary = json.loads((jobs[0] / "output" / "data" / "summary.json").read_text())
+    sent = summary["comm_bytes"]  # the example shards: parameters gathered, gradients reduce-scattered
+    assert summary["sharded_degree"] == 2 and sent["all_gather"] > 0 and sent["reduce_scatter"] > 0, summary
