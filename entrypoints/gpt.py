@@ -33,8 +33,14 @@ __all__ = [
     "CausalSelfAttention",
     "GPTConfig",
     "GPTOutput",
+    "config_from_hf_gpt2",
+    "hf_gpt2_config",
+    "hf_gpt2_names",
     "megatron_flops_per_iteration",
 ]
+
+# GELU as Hugging Face's GPT-2 config names it -> nn.GELU's ``approximate``
+GELU_APPROXIMATION = {"gelu": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh"}
 
 
 @dataclass
@@ -47,8 +53,11 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = True
     tie_embeddings: bool = True
+    activation: str = "gelu"  # "gelu" (exact) or GPT-2's "gelu_new" (the tanh approximation)
 
     def __post_init__(self) -> None:
+        if self.activation not in GELU_APPROXIMATION:
+            raise ValueError(f"activation={self.activation!r}: use one of {sorted(GELU_APPROXIMATION)}")
         if self.d_model % self.n_head != 0:
             raise ValueError(
                 f"d_model={self.d_model} is not divisible by n_head={self.n_head}; "
@@ -106,7 +115,7 @@ class MLP(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.c_fc = nn.Linear(config.d_model, 4 * config.d_model, bias=config.bias)
-        self.gelu = nn.GELU()
+        self.gelu = nn.GELU(approximate=GELU_APPROXIMATION[config.activation])
         self.c_proj = nn.Linear(4 * config.d_model, config.d_model, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
@@ -253,6 +262,81 @@ class GPT(nn.Module):
             # so that bf16 runs report a loss comparable with fp32 runs.
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
         return GPTOutput(logits=logits, loss=loss)
+
+
+# -- Hugging Face GPT-2 checkpoints -----------------------------------------------
+# The bundled GPT is GPT-2: the same tensors under the same names (nanoGPT kept them), except
+# that GPT-2's Conv1D stores its weight [in, out] where nn.Linear has [out, in]. So an HF GPT-2
+# directory loads into it (smp.load_pretrained) and it exports as one (smp.save_pretrained).
+GPT2_CONV1D_WEIGHTS = (
+    "transformer.h.*.attn.c_attn.weight",
+    "transformer.h.*.attn.c_proj.weight",
+    "transformer.h.*.mlp.c_fc.weight",
+    "transformer.h.*.mlp.c_proj.weight",
+)
+
+
+def hf_gpt2_names():
+    """How the bundled GPT's tensors are named in a Hugging Face GPT-2 checkpoint (``smp.TensorNames``)."""
+    from smsdp.pretrained.names import TensorNames
+
+    return TensorNames(
+        transposed=GPT2_CONV1D_WEIGHTS,
+        base_model_prefix="transformer",  # checkpoints saved from GPT2Model lack it
+        config=lambda module: hf_gpt2_config(module.config),
+    )
+
+
+def hf_gpt2_config(config: GPTConfig) -> dict:
+    """The ``config.json`` of the GPT-2 that computes what ``GPT(config)`` computes."""
+    if not config.bias:
+        raise ValueError("bias=False has no GPT-2 equivalent (GPT-2 has every bias); export a GPT with bias=True")
+    return {
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "vocab_size": config.vocab_size,
+        "n_positions": config.block_size,
+        "n_embd": config.d_model,
+        "n_layer": config.n_layer,
+        "n_head": config.n_head,
+        "n_inner": None,  # 4 * n_embd
+        "activation_function": config.activation,
+        "resid_pdrop": config.dropout,
+        "embd_pdrop": config.dropout,
+        "attn_pdrop": config.dropout,
+        "layer_norm_epsilon": 1e-5,  # nn.LayerNorm's
+        "tie_word_embeddings": config.tie_embeddings,
+        "bos_token_id": None,
+        "eos_token_id": None,
+    }
+
+
+def config_from_hf_gpt2(hf: dict, dropout: float = 0.0) -> GPTConfig:
+    """The bundled GPT of a Hugging Face GPT-2 ``config.json``; a setting it cannot follow is an error."""
+    if hf.get("model_type") != "gpt2":
+        raise ValueError(f"model_type={hf.get('model_type')!r}: the bundled GPT loads GPT-2 checkpoints only")
+    d_model = hf.get("n_embd", 768)
+    unsupported = {
+        "n_inner": (hf.get("n_inner"), (None, 4 * d_model)),
+        "layer_norm_epsilon": (hf.get("layer_norm_epsilon", 1e-5), (1e-5,)),
+        "activation_function": (hf.get("activation_function", "gelu_new"), tuple(GELU_APPROXIMATION)),
+        "scale_attn_weights": (hf.get("scale_attn_weights", True), (True,)),
+        "scale_attn_by_inverse_layer_idx": (hf.get("scale_attn_by_inverse_layer_idx", False), (False,)),
+        "add_cross_attention": (hf.get("add_cross_attention", False), (False,)),
+    }
+    for key, (value, allowed) in unsupported.items():
+        if value not in allowed:
+            raise ValueError(f"GPT-2 config {key}={value!r}: the bundled GPT supports {list(allowed)}")
+    return GPTConfig(
+        vocab_size=hf.get("vocab_size", 50257),
+        block_size=hf.get("n_positions", 1024),
+        n_layer=hf.get("n_layer", 12),
+        n_head=hf.get("n_head", 12),
+        d_model=d_model,
+        dropout=dropout,
+        tie_embeddings=hf.get("tie_word_embeddings", True),
+        activation=hf.get("activation_function", "gelu_new"),
+    )
 
 
 def megatron_flops_per_iteration(

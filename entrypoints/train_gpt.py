@@ -36,6 +36,14 @@ corpus shipped in ``entrypoints/data/``); ``$SM_MODEL_DIR`` (``./model``) gets
 parameters (sharded degree, bf16, ...) come from the job, through
 ``smp.init()``.
 
+Fine-tuning: ``--pretrained_dir`` (default ``$SM_CHANNEL_MODEL``, the channel of
+``fit({"model": "file://gpt2-dir/"})``) names a Hugging Face GPT-2 directory
+(``save_pretrained``'s ``config.json`` + safetensors): the architecture comes
+from its config, the model is built on the meta device and each rank reads
+its shards' slices of the weights (``smp.load_pretrained``). ``--export_hf
+true`` also writes ``$SM_MODEL_DIR/hf/``, a directory that
+``transformers.AutoModelForCausalLM.from_pretrained`` loads (``smp.save_pretrained``).
+
 SIGTERM (``job.stop()``, ``max_run``, a spot interruption) does not kill the
 run mid-step: every rank finishes the current step, they agree to stop, save a
 checkpoint in ``--checkpoint_dir`` (``$SM_CHECKPOINT_DIR``) when there is one,
@@ -45,6 +53,7 @@ and leave; the next job with the same checkpoint directory resumes there.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -64,7 +73,8 @@ import torch.distributed as dist  # noqa: E402
 
 import smsdp as smp  # noqa: E402
 from entrypoints.data import TokenDataset  # noqa: E402
-from entrypoints.gpt import GPT, GPTConfig  # noqa: E402
+from entrypoints.gpt import GPT, GPTConfig, config_from_hf_gpt2, hf_gpt2_names  # noqa: E402
+from smsdp.pretrained import read_config  # noqa: E402
 from smsdp.tensor_parallel import batch_arithmetic  # noqa: E402
 from smsdp.util.metrics import ProgressLogger, write_summary  # noqa: E402
 
@@ -97,10 +107,44 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="resume from the newest complete checkpoint here; save here every --checkpoint_interval",
     )
     p.add_argument("--checkpoint_interval", type=int, default=0, help="steps between checkpoints (0: none)")
+    p.add_argument(
+        "--pretrained_dir",
+        default=os.environ.get("SM_CHANNEL_MODEL"),
+        help="Hugging Face GPT-2 directory to start from (its config sets the architecture)",
+    )
+    p.add_argument("--export_hf", type=_flag, default=False, help="also write model_dir/hf/ for from_pretrained")
     args = p.parse_args(argv)
     if args.vocab_size < 256:
         p.error(f"--vocab_size {args.vocab_size} is below the 256 byte tokens; use 256 or more")
     return args
+
+
+def _flag(value: str) -> bool:
+    """SageMaker passes every hyperparameter as a string: "true"/"false" (or 1/0)."""
+    if value.lower() in ("true", "1", "yes"):
+        return True
+    if value.lower() in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"{value!r} is not a boolean: use true or false")
+
+
+def model_config(args: argparse.Namespace) -> GPTConfig:
+    """The hyperparameters' GPT, or the pretrained directory's (its config.json decides)."""
+    if not args.pretrained_dir:
+        return GPTConfig(
+            vocab_size=args.vocab_size,
+            block_size=args.seq_len,
+            n_layer=args.n_layer,
+            n_head=args.n_head,
+            d_model=args.d_model,
+            dropout=args.dropout,
+        )
+    config = config_from_hf_gpt2(read_config(args.pretrained_dir), dropout=args.dropout)
+    if args.seq_len > config.block_size:
+        raise ValueError(f"--seq_len {args.seq_len} exceeds the pretrained model's n_positions {config.block_size}")
+    if config.vocab_size < 256:
+        raise ValueError(f"the pretrained model's vocab_size {config.vocab_size} is below the 256 byte tokens")
+    return config
 
 
 def param_groups(model, weight_decay: float) -> list:
@@ -176,21 +220,21 @@ def main(argv=None) -> dict:
     data = TokenDataset(args.train, seq_len=args.seq_len)
 
     # -- model and optimizer ------------------------------------------------------
-    config = GPTConfig(
-        vocab_size=args.vocab_size,
-        block_size=args.seq_len,
-        n_layer=args.n_layer,
-        n_head=args.n_head,
-        d_model=args.d_model,
-        dropout=args.dropout,
-    )
-    gpt = GPT(config)
+    config = model_config(args)
+    # A pretrained model is built on the meta device: no rank ever holds it whole. Otherwise the
+    # build is eager, whatever the job's delayed_parameter_initialization (smp.plan says so).
+    on_meta = smp.delay_param_initialization if args.pretrained_dir else contextlib.nullcontext
+    with on_meta():
+        gpt = GPT(config)
     if smp.tp_size() > 1:  # blocks, embedding and head split over tp_group (Megatron layout)
         smp.set_tensor_parallelism(gpt, True)
     n_params = gpt.num_params()
     flops_per_token = gpt.flops_per_token(args.seq_len)
     # Declaring the accumulation lets the replica all-reduce overlap the last backward.
     model = smp.DistributedModel(gpt, backward_passes_per_step=args.grad_accum)
+    loaded = None
+    if args.pretrained_dir:  # each rank reads its shards' slices of the GPT-2 weights
+        loaded = smp.load_pretrained(model, args.pretrained_dir, names=hf_gpt2_names())
     optimizer = smp.DistributedOptimizer(
         torch.optim.AdamW(param_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.95))
     )
@@ -213,6 +257,11 @@ def main(argv=None) -> dict:
         f"data {data.num_tokens('train'):,} train / {data.num_tokens('val'):,} val tokens "
         f"from {len(data.files)} file(s)"
     )
+    if loaded is not None:
+        log.info(
+            f"loaded {loaded.parameters} pretrained tensors from {args.pretrained_dir} "
+            f"({loaded.bytes_read / 2**20:.1f} MiB read on rank 0)"
+        )
     if smp.tp_size() > 1:  # the TP ranks of a group read one batch (prescaled_batch): say what a step reads
         arithmetic = batch_arithmetic(smp.size(), smp.tp_size(), smp.sdp_size(), args.batch_size, args.seq_len)
         for line in arithmetic.lines():
@@ -286,6 +335,8 @@ def main(argv=None) -> dict:
             return {"stopped_after_step": step}
 
     # -- artifacts ----------------------------------------------------------------
+    if args.export_hf:  # unit by unit, written by rank 0: every rank calls it
+        smp.save_pretrained(model, Path(args.model_dir) / "hf", names=hf_gpt2_names(), overwrite=True)
     state = model.state_dict()  # full, unsharded: a collective, so every rank calls it
     summary = log.summary(
         model_params=n_params,

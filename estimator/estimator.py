@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from estimator.backends import SLURM, Backend, backend_for, backend_named
+from estimator.backends import SLURM, Backend, backend_for, backend_named, check_backend_options
 from estimator.backends.slurm.options import check_slurm_options, check_slurm_output_path
 from estimator.job import Job, JobFailedError
 from estimator.naming import MAX_NAME_TRIES, JobNameTakenError, base_name_for, unique_job_name
@@ -148,7 +148,7 @@ class Estimator:
         # A Slurm job's files and rules are a local job's: a shared directory, no ml.* capacity table.
         files_type = LOCAL if instance_type == SLURM else instance_type  # RuntimeConfig and checkpoint rules
         slurm_job = instance_type == SLURM
-        code, job, hps, env, output, checkpoint_uri, checkpoint_path, max_run_s, timeout_s, retries, slurm = collect(
+        code, job, hps, env, output, checkpoint_uri, checkpoint_path, max_run_s, timeout_s, retries, slurm, _ = collect(
             lambda: check_code(entry_point, source_dir),
             lambda: resolve_job(
                 distribution, instance_type=files_type, instance_count=instance_count, environment=config_env
@@ -162,6 +162,7 @@ class Estimator:
             lambda: check_collective_timeout(collective_timeout),
             lambda: check_max_retry_attempts(max_retry_attempts),
             lambda: check_slurm_options(slurm_options, instance_type),
+            lambda: check_backend_options(instance_type, remote_options),
         )
         python_files = [code.script_path]
         if code.source_dir is not None:  # every problem of the tree now, not at the copy

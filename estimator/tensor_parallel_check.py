@@ -1,20 +1,23 @@
-"""Refusing, when the Estimator is built, a tensor-parallel job whose model the runtime cannot split.
+"""Checking, when the Estimator is built, that a tensor-parallel job's model can be split.
 
 At ``tensor_parallel_degree`` t > 1 the runtime swaps each marked module for its
 registered tensor-parallel version (``smp.model_creation(tensor_parallelism=True)``,
-``smp.set_tensor_parallelism``, ``smp.tp_register``); a model with nothing marked or
-nothing registered fails on every rank once the job has started. What can be known
-here, without torch and without running the script:
+``smp.tensor_parallelism()``, ``smp.set_tensor_parallelism``, ``smp.tp_register``); a
+model with nothing marked or nothing registered fails on every rank at its first step,
+with the runtime's own error (the authority). What can be known here, without torch
+and without running the script:
 
 - the bundled ``train_gpt.py``: its GPT comes from the hyperparameters, so t must
-  split its heads and its vocabulary (``smsdp.planner.tensor_parallel``);
-- any other script: some Python file shipped with it must use one of the calls that
-  mark or build tensor-parallel modules. A script that uses none has no tensor-parallel
-  version of its model to run.
+  split its heads and its vocabulary (``smsdp.planner.tensor_parallel``): refused if not;
+- any other script: whether a Python file shipped with it uses one of the calls that
+  mark or build tensor-parallel modules (a text search). None found is only a warning:
+  the model may be built in a module installed from ``requirements.txt``, or reached
+  through ``getattr``, which no search of the shipped files can see.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -35,10 +38,15 @@ _MAX_SCANNED_FILE_BYTES = 2 * 2**20
 _T_PATH = ("smdistributed", "modelparallel", "parameters", "tensor_parallel_degree")
 
 
+class TensorParallelWarning(UserWarning):
+    """A tensor-parallel job in which the client found no marked model (the runtime decides)."""
+
+
 def check_tensor_parallel_job(
     runtime: RuntimeConfig, script: Path, python_files: Iterable[Path], hyperparameters: Mapping[str, Any]
 ) -> None:
-    """Raise ``ConfigError`` naming ``tensor_parallel_degree`` when the job's model cannot be split."""
+    """Raise ``ConfigError`` naming ``tensor_parallel_degree`` when the job's model cannot be split;
+    warn (``TensorParallelWarning``) when no shipped file marks one."""
     t = runtime.parameters.tensor_parallel_degree
     if t == 1:
         return
@@ -47,19 +55,16 @@ def check_tensor_parallel_job(
     if is_bundled_script(script):
         _check_bundled_gpt(t, hyperparameters)
     elif not any(_uses_tensor_parallelism(path) for path in python_files):
-        raise ConfigError.from_problems(
-            [
-                ConfigProblem(
-                    _T_PATH,
-                    (
-                        f"needs a model with a tensor-parallel version, but no Python file shipped with {script.name} "
-                        f"calls any of {', '.join(TP_CALLS)}: build the model inside "
-                        "smp.model_creation(tensor_parallelism=True) or call smp.set_tensor_parallelism(model, True) "
-                        "(registering custom blocks with smp.tp_register), or use tensor_parallel_degree=1"
-                    ),
-                    t,
-                )
-            ]
+        warnings.warn(
+            f"{'.'.join(_T_PATH)}={t}: no Python file shipped with {script.name} calls any of "
+            f"{', '.join(TP_CALLS)}. If the model is marked elsewhere (a module installed from "
+            "requirements.txt, getattr, ...), this is fine; if not, every rank fails when smp.DistributedModel "
+            "wraps the model: "
+            "build the model inside smp.model_creation(tensor_parallelism=True) or smp.tensor_parallelism(), "
+            "or call smp.set_tensor_parallelism(model, True) (registering custom blocks with smp.tp_register), "
+            "or use tensor_parallel_degree=1",
+            TensorParallelWarning,
+            stacklevel=3,
         )
 
 

@@ -16,10 +16,12 @@ _EXPORTS = {
     "StepOutput": "smsdp.smp.step",
     **dict.fromkeys(("save_checkpoint", "resume_from_checkpoint", "CheckpointError"), "smsdp.checkpoint.save_resume"),
     "set_activation_checkpointing": "smsdp.core.activation_checkpointing",
+    **dict.fromkeys(("load_pretrained", "save_pretrained", "TensorNames", "PretrainedError"), "smsdp.pretrained"),
     "delay_param_initialization": "smsdp.core.delayed_init",
     "model_creation": "smsdp.core.delayed_init",
     **dict.fromkeys(
-        ("tp_register", "tp_register_with_module", "set_tensor_parallelism"), "smsdp.tensor_parallel.registry"
+        ("tp_register", "tp_register_with_module", "set_tensor_parallelism", "tensor_parallelism"),
+        "smsdp.tensor_parallel.registry",
     ),
 }
 _API = [

@@ -9,11 +9,13 @@ A new backend is one entry in ``_BACKENDS``.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
+from typing import Any
 
 from estimator.backends.base import AttachedJob, Backend
 from smsdp.config.instance_types import LOCAL
 
-__all__ = ["AttachedJob", "Backend", "BackendUnavailable", "backend_for", "backend_named"]
+__all__ = ["AttachedJob", "Backend", "BackendUnavailable", "backend_for", "backend_named", "check_backend_options"]
 
 
 class BackendUnavailable(RuntimeError):
@@ -54,3 +56,15 @@ def backend_named(name: str, instance_type: str | None = None) -> Backend:
             f"Use instance_type='local' to run the same job on this machine."
         ) from None
     return getattr(module, class_name)()
+
+
+def check_backend_options(instance_type: str, options: Mapping[str, Any]) -> None:
+    """The backend's checks of its own options when the Estimator is built (``Backend.check_options``).
+
+    A backend that cannot be imported checks nothing here: ``dry_run``/``fit`` say what to install.
+    """
+    try:
+        backend = backend_for(instance_type)
+    except BackendUnavailable:
+        return
+    backend.check_options(options)

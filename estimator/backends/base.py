@@ -10,6 +10,7 @@ the one it uses.
 from __future__ import annotations
 
 import abc
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -32,6 +33,12 @@ class Backend(abc.ABC, Generic[RequestT]):
 
     #: Ctrl-C while ``fit()`` waits stops the job (True for jobs on this machine).
     stop_on_interrupt: bool = False
+
+    def check_options(self, options: Mapping[str, Any]) -> None:
+        """Check, when the Estimator is built, the backend-only arguments that need no job spec.
+
+        Raises ``ConfigError`` naming the argument. Most are checked by ``dry_run``; this is for
+        what must fail before anything else is done (a SageMaker image whose torch is too old)."""
 
     @abc.abstractmethod
     def dry_run(self, spec: JobSpec) -> RequestT:

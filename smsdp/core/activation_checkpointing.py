@@ -23,7 +23,14 @@ def set_activation_checkpointing(
     module: nn.Module, preserve_rng_state: bool = True, pack_args_as_tuple: bool = False, strategy: str = "each"
 ) -> None:
     """Checkpoint ``module``'s activations (SMP's signature; ``pack_args_as_tuple``/``strategy`` are accepted
-    for compatibility and have no effect: every call of the module is checkpointed on its own)."""
+    for compatibility and have no effect: every call of the module is checkpointed on its own).
+
+    A ``ModuleList`` (SMP's GPT-NeoX example passes ``model.gpt_neox.layers``) has no forward of its
+    own: each module in it is checkpointed, as SMP's default ``strategy="each"`` does."""
+    if isinstance(module, nn.ModuleList):
+        for child in module:
+            set_activation_checkpointing(child, preserve_rng_state, pack_args_as_tuple, strategy)
+        return
     if getattr(module, _MARK, False):
         return
     original = module.forward

@@ -61,6 +61,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.overflow = False
         self._grads_ready = False
         self._last_grad_norm: torch.Tensor | None = None
+        self._norm_this_step: torch.Tensor | None = None  # set when this step's gradients are ready
+        self._step_grad_norm: torch.Tensor | None = None
         self._max_norm = rt.params.sdp_gradient_clipping
         self._device = rt.device
         self._shard_degree = rt.topology.shard_degree
@@ -115,6 +117,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             return self.overflow
         self.model.finish_pending_reduces()
         self.model.synchronize_gradients()
+        self._norm_this_step = None
         self.overflow = False
         if self.loss_scaler is not None:
             self.overflow = self._unscale_and_check_overflow([g for g in self.model.flat_groups() if g.trainable])
@@ -138,6 +141,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             return
         if self._max_norm and self._max_norm > 0 and self._shard_degree > 1:  # SMP clips only when sharding
             self.clip_master_grads(self._max_norm)
+        # Every step's norm, as SMP's sharded optimizer keeps it: clipping measured it already, else measure.
+        self._step_grad_norm = self._norm_this_step if self._norm_this_step is not None else self._grad_norm_tensor()
         for group in groups:
             group.attach_grads()
         self.optimizer.step(closure) if closure is not None else self.optimizer.step()
@@ -152,6 +157,18 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def last_grad_norm(self) -> float | None:
         """The norm the last clipped step saw (read lazily: reading it waits for the device)."""
         return None if self._last_grad_norm is None else float(self._last_grad_norm)
+
+    @property
+    def step_grad_norm(self) -> float | None:
+        """The global norm of the last step taken (skipped fp16 steps keep the one before): the
+        synchronized, unscaled gradient, before clipping. None before the first step."""
+        return None if self._step_grad_norm is None else float(self._step_grad_norm)
+
+    @property
+    def _global_grad_norm(self) -> float:
+        """SMP v1's name for ``step_grad_norm`` (its GPT-NeoX example logs it every step); 0.0 before the first step."""
+        norm = self.step_grad_norm
+        return 0.0 if norm is None else norm
 
     def _grad_norm_tensor(self) -> torch.Tensor:
         # torch.sum's cascade summation, not torch.linalg.vector_norm: on CPU the latter keeps one
@@ -182,6 +199,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._make_grads_ready()
         norm = self._grad_norm_tensor()
         self._last_grad_norm = norm
+        if self._norm_this_step is None:  # the step's own norm is the one before any clipping
+            self._norm_this_step = norm
         coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
         for group in self.model.flat_groups():
             if group.trainable:

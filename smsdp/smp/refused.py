@@ -14,8 +14,6 @@ REFUSED = {
     "(pipeline_parallel_degree must be 1)",
     "set_partition": "pipeline parallelism is not implemented; remove smp.set_partition() "
     "(pipeline_parallel_degree must be 1)",
-    "tensor_parallelism": "this context name is not implemented; use "
-    "smp.model_creation(tensor_parallelism=True) or smp.set_tensor_parallelism()",
 }
 
 

@@ -113,8 +113,14 @@ def set_tensor_parallelism(module: nn.Module, enabled: bool = True) -> None:
 
 
 @contextlib.contextmanager
-def tensor_parallelism(enabled: bool = True) -> Iterator[None]:
-    """Mark every module assigned as a submodule while open (unless marked already)."""
+def tensor_parallelism(enabled: bool = True, **tp_config: Any) -> Iterator[None]:
+    """Mark every module assigned as a submodule while open (unless marked already).
+
+    SMP v1's ``smp.tensor_parallelism(enabled=True, **tp_config)``: the ``tp_config`` keywords
+    configure SMP's own ``DistributedTransformer`` layers (``distribute_embedding``,
+    ``fused_softmax``, ...), which smsdp does not build; they are accepted and have no effect,
+    as in ``smp.model_creation``.
+    """
     if not enabled:
         yield
         return

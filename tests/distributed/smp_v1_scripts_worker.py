@@ -8,6 +8,7 @@ that resumes there and trains to the end. The test compares the two jobs bit for
 
 from __future__ import annotations
 
+import logging
 import os
 
 import torch
@@ -74,16 +75,18 @@ def neox_optimizer_and_schedule(params):
     return opt, get_linear_schedule_with_warmup(opt, num_warmup_steps=2, num_training_steps=STEPS)
 
 
-def neox_script(resume: bool) -> dict:
+def neox_job(degree: int = 2, **parameters):
+    """The example's set-up: config, delayed init, DistributedModel, activation checkpointing, the optimizer."""
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
     _start(
         {
             "ddp": True,
-            "sharded_data_parallel_degree": 2,
+            "sharded_data_parallel_degree": degree,
             "delayed_parameter_initialization": True,
             "sdp_param_persistence_threshold": 0,
             "microbatches": 1,
+            **parameters,
         }
     )
     torch.manual_seed(42)
@@ -112,6 +115,11 @@ def neox_script(resume: bool) -> dict:
         model.backward(loss / GRAD_ACCUM)
         return loss
 
+    return model, optimizer, scheduler, train_step
+
+
+def neox_script(resume: bool) -> dict:
+    model, optimizer, scheduler, train_step = neox_job()
     start = 0
     if resume:
         user = smp.resume_from_checkpoint(_ckpt_dir("neox"), tag=f"step{SAVE_AT}", partial=True)
@@ -133,6 +141,39 @@ def neox_script(resume: bool) -> dict:
         if step + 1 == SAVE_AT and not resume:
             _save_both(model, optimizer, "neox", {"lr_scheduler": scheduler.state_dict(), "step": step + 1})
     return {"losses": losses, "lrs": lrs, "params": model.state_dict(), "grad_norm": optimizer.last_grad_norm}
+
+
+def neox_grad_norms(degree: int, clipping: float, steps: int = 4) -> dict:
+    """The example's training loop, logging ``optimizer._global_grad_norm`` every step as it does when
+    ``sharded_data_parallel_degree > 1``; beside it, one process's global norm of the gradient of the
+    same parameters (gathered before each step) on the same global batch."""
+    model, optimizer, scheduler, train_step = neox_job(degree, sdp_gradient_clipping=clipping)
+    n, r = smp.rdp_size(), smp.rdp_rank()
+    logged, before_each_step = [], []
+    for step in range(steps):
+        before_each_step.append(model.state_dict())  # every rank: it gathers the shards
+        for micro in range(GRAD_ACCUM):
+            ids = neox_batch(step, micro, n).chunk(n)[r]
+            train_step(model, ids, torch.ones_like(ids))
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+        if smp.rank() == 0:  # the example's log line
+            logging.info("Batch %d, Grad norm: %s", step, optimizer._global_grad_norm)
+        logged.append(float(optimizer._global_grad_norm))
+    return {"logged": logged, "one_process": [_one_process_norm(p, step, n) for step, p in enumerate(before_each_step)]}
+
+
+def _one_process_norm(params: dict, step: int, n: int) -> float:
+    """The global gradient norm one process gets for these parameters on the step's global batch (float64 sum)."""
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    plain = GPTNeoXForCausalLM(GPTNeoXConfig(**NEOX_CONFIG))
+    plain.load_state_dict(params, strict=True)
+    for micro in range(GRAD_ACCUM):
+        ids = neox_batch(step, micro, n)
+        (plain(input_ids=ids, labels=ids).loss / GRAD_ACCUM).backward()
+    return sum(p.grad.double().square().sum() for p in plain.parameters()).sqrt().item()
 
 
 def _save_both(model, optimizer, name: str, user_content: dict) -> None:
@@ -338,6 +379,8 @@ def t5_full_checkpoint_in_plain_model() -> dict:
 CASES = {
     "neox": lambda: neox_script(resume=False),
     "neox_reference": lambda: computed_once("neox_reference", neox_single_process),
+    "neox_norms_d2": lambda: neox_grad_norms(degree=2, clipping=1.0),  # the norm that clipping measured
+    "neox_norms_d4": lambda: neox_grad_norms(degree=4, clipping=0.0),  # no clipping: measured for the log
     "mnist": lambda: mnist_script(resume=False),
     "t5": lambda: t5_script(resume=False),
     "neox_resumed": lambda: neox_script(resume=True),

@@ -23,7 +23,7 @@ def jobs(tmp_path_factory):
     env = {"SMP_V1_SCRIPTS_CKPT": str(ckpt)}
     first = run_cases(
         WORKER,
-        ["neox", "neox_reference", "mnist", "t5"],
+        ["neox", "neox_reference", "mnist", "t5", "neox_norms_d2", "neox_norms_d4"],
         4,
         env=env,
         timeout=400,
@@ -53,6 +53,21 @@ def test_gpt_neox_script_matches_one_process_on_the_global_batch(jobs):
             )
         assert ours["lrs"][0] < ours["lrs"][1] > ours["lrs"][-1]  # the scheduler's writes reached the steps
     assert reference["losses"][-1] < reference["losses"][0]
+
+
+@pytest.mark.parametrize("degree", [2, 4])
+def test_gpt_neox_logs_global_grad_norm_equal_to_one_process_on_the_same_gradients(jobs, degree):
+    """The example logs ``optimizer._global_grad_norm`` every step when sharded_data_parallel_degree > 1."""
+    first, _ = jobs
+    for rank, result in enumerate(first[f"neox_norms_d{degree}"]):
+        assert all(isinstance(norm, float) and norm > 0 for norm in result["logged"]), result["logged"]
+        torch.testing.assert_close(
+            torch.tensor(result["logged"], dtype=torch.float64),
+            torch.tensor(result["one_process"], dtype=torch.float64),
+            rtol=1e-6,
+            atol=0,
+            msg=lambda m: f"rank {rank}, d={degree}: {m}",
+        )
 
 
 @pytest.mark.parametrize("script", ["neox", "mnist", "t5"])

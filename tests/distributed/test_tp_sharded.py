@@ -28,6 +28,7 @@ def results(tmp_path_factory):
             "gpt_delayed",
             "hf_llama_delayed",
             "gpt_persistent",
+            "gpt_tp_context",
             "gpt_accum2",
             "gpt_bf16",
             "gpt_fp16",
@@ -70,6 +71,13 @@ def test_unsharded_small_parameters_at_t2_match_single_process(results):
     _assert_matches(results["gpt_persistent"], "gpt with persistent small parameters")
     for result in results["gpt_persistent"]:
         assert result["sharded"]["comm"]["all_reduce.dp"] > 0
+
+
+def test_smp_tensor_parallelism_context_at_t2_matches_single_process(results):
+    """The model built inside SMP v1's ``with smp.tensor_parallelism():`` (t=2, d=2) trains as one process does."""
+    _assert_matches(results["gpt_tp_context"], "gpt marked with smp.tensor_parallelism()")
+    for result in results["gpt_tp_context"]:
+        assert result["sharded"]["comm"]["all_reduce.tp"] > 0  # converted: the TP all-reduces ran
 
 
 def test_gradient_accumulation_at_t2_matches_single_process(results):

@@ -51,9 +51,12 @@ def _train_plain(name: str, rdp: int, steps: int) -> dict:
     return {"losses": losses, "params": {k: v.detach().clone() for k, v in model.state_dict().items()}}
 
 
-def sharded(name: str, tp: int = 2, readers: int | None = None, accum: int = 1, steps: int = STEPS, **extra) -> dict:
+def sharded(
+    name: str, tp: int = 2, readers: int | None = None, accum: int = 1, steps: int = STEPS, marking: str = "", **extra
+) -> dict:
     """``readers``: the model replicas the global batch is made for (default: this job's);
-    ``accum``: backward passes per step, each on an equal part of this rank's batch."""
+    ``accum``: backward passes per step, each on an equal part of this rank's batch;
+    ``marking="context"``: the model is built inside SMP v1's ``smp.tensor_parallelism()``."""
     case = MODELS[name]
     runtime_state.reset_for_tests()
     smp.init(
@@ -68,7 +71,10 @@ def sharded(name: str, tp: int = 2, readers: int | None = None, accum: int = 1, 
         }
     )
     rdp, rdp_rank = smp.rdp_size(), smp.rdp_rank()
-    if name == "gpt":  # as SMP scripts do
+    if marking == "context":
+        with smp.tensor_parallelism(enabled=tp > 1, distribute_embedding=True):
+            plain = case.build(seed=7)
+    elif name == "gpt":  # as SMP scripts do
         with smp.model_creation(tensor_parallelism=tp > 1):
             plain = case.build(seed=7)
     else:
@@ -98,7 +104,7 @@ def sharded(name: str, tp: int = 2, readers: int | None = None, accum: int = 1, 
         "bytes": per_step_bytes,
         "layout": {**_layout(model, kept=True), "reshard_after_forward": True},
     }
-    if name == "gpt" and tp == 2 and accum == 1 and not extra:
+    if name == "gpt" and tp == 2 and accum == 1 and not extra and not marking:
         out["checkpoint"] = _full_checkpoint_round_trip(model, case)
     return out
 
@@ -114,8 +120,8 @@ def _full_checkpoint_round_trip(model, case) -> dict:
     return {"resumed": fresh.state_dict(), "saved": saved}
 
 
-def run(name: str, steps: int = STEPS, **extra) -> dict:
-    ours = sharded(name, steps=steps, **extra)
+def run(name: str, steps: int = STEPS, marking: str = "", **extra) -> dict:
+    ours = sharded(name, steps=steps, marking=marking, **extra)
     return {"sharded": ours, "reference": reference(name, smp.rdp_size(), steps)}
 
 
@@ -155,6 +161,7 @@ if __name__ == "__main__":
                 for name in ("gpt", "hf_llama")
             },
             "gpt_persistent": lambda: run("gpt", SHORT, sdp_param_persistence_threshold=1000),
+            "gpt_tp_context": lambda: run("gpt", SHORT, marking="context"),
             # 8 ranks: t=2, d=4, each TP rank's backward regathering from 1/2 slices (hpZ)
             "gpt_hpz_d4": lambda: run("gpt", SHORT, sharded_data_parallel_degree=4, sdp_reshard_after_forward=2),
             # 8 ranks on 2 simulated hosts: t=2, d=4, each TP rank's shard group 2 hosts x 2, its

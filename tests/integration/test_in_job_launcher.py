@@ -69,7 +69,7 @@ def _request():
         distribution=DISTRIBUTION,
         hyperparameters=TINY_GPT,
         role="arn:aws:iam::111122223333:role/SageMakerRole",
-        image_uri="763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training:2.8.0-gpu-py312",
+        image_uri="763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch:2.13.0-cu133-amzn2023-sagemaker",
         sagemaker_session=types.SimpleNamespace(boto_region_name="us-east-1"),
         output_path="s3://bucket/jobs",
     )

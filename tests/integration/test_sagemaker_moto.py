@@ -4,13 +4,18 @@ One job is submitted with most SageMaker options set; the CreateTrainingJob
 request the SDK sends is captured (``provide-client-params`` on the boto3
 session) and checked field by field and against ``dry_run()``. Moto completes
 training jobs at once, so the job is Completed as soon as it exists.
+
+This environment has SDK 2; the same job also runs through SDK 3 in
+``.venv-sagemaker3`` (``sagemaker_sdk_job.py``), and the last tests compare
+the two: request, dry run, describe, logs, stop, attach and the default bucket.
 """
 
 from __future__ import annotations
 
-import copy
 import io
 import json
+import os
+import subprocess
 import tarfile
 import time
 from pathlib import Path
@@ -23,101 +28,54 @@ moto = pytest.importorskip("moto")
 from estimator import Estimator, JobStatus  # noqa: E402
 from estimator.backends.sagemaker import SageMakerJob  # noqa: E402
 from estimator.backends.sagemaker.cloudwatch_logs import LOG_GROUP  # noqa: E402
+from estimator.backends.sagemaker.sdk import installed_sdk  # noqa: E402
 from smsdp.config import ConfigError, RuntimeConfig  # noqa: E402
 from smsdp.util.metric_format import METRIC_DEFINITIONS, format_progress_line  # noqa: E402
+from tests.conftest import REPO_ROOT  # noqa: E402
+from tests.integration.sagemaker_sdk_job import (  # noqa: E402
+    ACCOUNT,
+    BUCKET,
+    INPUTS,
+    JOB,
+    LOG_LINES,
+    OUTPUT,
+    REGION,
+    ROLE,
+    Capture,
+    attached_view,
+    estimator_arguments,
+    mock_aws,
+    sagemaker_session,
+    write_user_code,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
-REGION = "us-east-1"
-ACCOUNT = "123456789012"  # moto's
-ROLE = f"arn:aws:iam::{ACCOUNT}:role/SageMakerRole"
-BUCKET = "smsdp-test-bucket"
-OUTPUT = f"s3://{BUCKET}/jobs"
-JOB = "gpt-moto-1"
-IMAGE = f"763104351884.dkr.ecr.{REGION}.amazonaws.com/pytorch-training:2.8.0-gpu-py312"
-DISTRIBUTION = {
-    "smdistributed": {
-        "modelparallel": {"enabled": True, "parameters": {"ddp": True, "sharded_data_parallel_degree": 8, "bf16": True}}
-    },
-    "mpi": {"enabled": True, "processes_per_host": 8, "custom_mpi_options": "-x NCCL_DEBUG=WARN"},
-}
+IMAGE = f"763104351884.dkr.ecr.{REGION}.amazonaws.com/pytorch:2.13.0-cu133-amzn2023-sagemaker"  # the default image
+#: The environment with the other SageMaker SDK (3; this one has 2), made by scripts/bootstrap dev,sagemaker.
+SDK3_PYTHON = REPO_ROOT / ".venv-sagemaker3" / "bin" / "python"
 
 
 @pytest.fixture(scope="module")
 def aws(tmp_path_factory):
     """Mock AWS with a bucket; the environment has fake credentials and nothing from ~/.aws."""
-    home = tmp_path_factory.mktemp("aws-home")
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("AWS_DEFAULT_REGION", REGION)
-        env.setenv("AWS_CONFIG_FILE", str(home / "config"))
-        env.setenv("AWS_SHARED_CREDENTIALS_FILE", str(home / "credentials"))
-        env.setenv("AWS_EC2_METADATA_DISABLED", "true")
-        env.setenv("SAGEMAKER_SUPPRESS_V2_WARNING", "1")
-        env.delenv("AWS_PROFILE", raising=False)
-        with moto.mock_aws():
-            import boto3
-
-            boto3.client("s3", region_name=REGION).create_bucket(Bucket=BUCKET)
-            yield
-
-
-class Capture:
-    """The CreateTrainingJob parameters, as the SDK hands them to boto3."""
-
-    def __init__(self):
-        self.requests: list[dict] = []
-
-    def __call__(self, params, **kwargs):
-        self.requests.append(copy.deepcopy(params))
-
-
-def sagemaker_session(capture: Capture):
-    import boto3
-    import sagemaker
-
-    boto_session = boto3.Session(region_name=REGION)
-    boto_session.events.register("provide-client-params.sagemaker.CreateTrainingJob", capture)
-    return sagemaker.Session(boto_session=boto_session)
+    with mock_aws(tmp_path_factory.mktemp("aws-home")):
+        yield
 
 
 @pytest.fixture(scope="module")
 def user_code(tmp_path_factory) -> Path:
-    src = tmp_path_factory.mktemp("src")
-    (src / "train.py").write_text("import helpers\nprint('training')\n")
-    (src / "helpers.py").write_text("")
-    (src / "requirements.txt").write_text("sentencepiece\n")
-    return src
+    return write_user_code(tmp_path_factory.mktemp("src"))
 
 
 @pytest.fixture(scope="module")
 def submitted(aws, user_code):
     """One fit(wait=False) with spot, checkpoints, VPC, tags, retries and a channel."""
     capture = Capture()
-    est = Estimator(
-        "train.py",
-        str(user_code),
-        instance_type="ml.p4d.24xlarge",
-        instance_count=2,
-        distribution=DISTRIBUTION,
-        hyperparameters={"max_steps": 100, "lr": 3e-4, "run": "moto"},
-        environment={"SMDDP_AG_SORT_BUFFER_SIZE_BYTES": str(64 * 2**20), "MY_FLAG": "1"},
-        role=ROLE,
-        output_path=OUTPUT,
-        sagemaker_session=sagemaker_session(capture),
-        checkpoint_s3_uri=f"s3://{BUCKET}/checkpoints/gpt",
-        use_spot_instances=True,
-        max_wait=48 * 3600,
-        max_run=24 * 3600,
-        volume_size=100,
-        max_retry_attempts=2,
-        tags=[{"Key": "team", "Value": "nlp"}],
-        subnets=["subnet-0abc"],
-        security_group_ids=["sg-0abc"],
-    )
-    inputs = {"train": f"s3://{BUCKET}/data/train"}
-    est.fit(inputs, wait=False, job_name=JOB)
+    est = Estimator(**estimator_arguments(user_code, sagemaker_session(capture)))
+    est.fit(INPUTS, wait=False, job_name=JOB)
     assert len(capture.requests) == 1
-    return est, capture.requests[0], est.dry_run(inputs, job_name=JOB)
+    return est, capture.requests[0], est.dry_run(INPUTS, job_name=JOB)
 
 
 def test_the_request_sent_is_the_dry_run(submitted):
@@ -308,3 +266,55 @@ def test_missing_credentials_fail_before_any_upload(aws, user_code, monkeypatch)
     with pytest.raises(ConfigError, match="credentials: no AWS credentials found"):
         est.fit(job_name="no-credentials-1")
     assert _objects(BUCKET) == before
+
+
+# --------------------------------------------------------------------- the same job through the other SDK
+
+
+@pytest.fixture(scope="module")
+def other_sdk_job(tmp_path_factory) -> dict:
+    """The job of ``submitted``, run by ``sagemaker_sdk_job.py`` in the SDK 3 environment (its own moto)."""
+    if not SDK3_PYTHON.exists():
+        pytest.fail(f"{SDK3_PYTHON} is missing: run `bash scripts/bootstrap dev,sagemaker` (it makes the SDK 3 env)")
+    out = tmp_path_factory.mktemp("sdk3") / "job.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "SAGEMAKER_"))}
+    result = subprocess.run(
+        [str(SDK3_PYTHON), str(REPO_ROOT / "tests" / "integration" / "sagemaker_sdk_job.py"), str(out)],
+        cwd=REPO_ROOT,
+        env={**env, "PYTHONPATH": str(REPO_ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    return json.loads(out.read_text())
+
+
+@pytest.mark.timeout(240)  # the SDK 3 job runs in its own Python first (7 s of CPU here)
+def test_sdk3_sends_the_same_create_training_job_request_as_sdk2(submitted, other_sdk_job):
+    _, sent, dry_run = submitted
+    assert (installed_sdk().value, other_sdk_job["sdk"]) == ("SageMaker Python SDK 2", "SageMaker Python SDK 3")
+    theirs = other_sdk_job["sent"]
+    for field in sorted(set(sent) | set(theirs)):
+        assert theirs.get(field) == sent.get(field), field
+    assert other_sdk_job["dry_run"] == dry_run.create_training_job
+    assert other_sdk_job["image"] == dry_run.to_dict()["Image"]
+
+
+@pytest.mark.timeout(240)  # the SDK 3 job runs in its own Python first (7 s of CPU here)
+def test_sdk3_describes_logs_stops_and_attaches_the_job_as_sdk2_does(submitted, other_sdk_job):
+    est, _, _ = submitted
+    assert other_sdk_job["status"] == other_sdk_job["described"] == "Completed"
+    assert other_sdk_job["logs"] == LOG_LINES
+    assert other_sdk_job["model_data"] == est.model_data == f"{OUTPUT}/{JOB}/output/model.tar.gz"
+    again = Estimator.attach(JOB, sagemaker_session=est.job_spec().backend_options["sagemaker_session"])
+    assert other_sdk_job["attached"] == json.loads(json.dumps(attached_view(again)))
+
+
+@pytest.mark.timeout(240)  # the SDK 3 job runs in its own Python first (7 s of CPU here)
+def test_sdk3_resolves_the_default_bucket_as_sdk2_does(other_sdk_job):
+    request, bucket = other_sdk_job["default_bucket_request"], f"sagemaker-{REGION}-{ACCOUNT}"
+    assert request["OutputDataConfig"] == {"S3OutputPath": f"s3://{bucket}/"}
+    code = json.loads(request["HyperParameters"]["sagemaker_submit_directory"])
+    assert code == f"s3://{bucket}/default-bucket-1/source/sourcedir.tar.gz"
+    assert other_sdk_job["default_bucket_model_data"] == f"s3://{bucket}/default-bucket-1/output/model.tar.gz"

@@ -1,13 +1,16 @@
-"""The Estimator refuses, when it is built, a tensor-parallel job the runtime could not run."""
+"""The Estimator refuses, when it is built, a tensor-parallel job the runtime could not run (the bundled
+GPT that t cannot split), and warns about one whose shipped files mark no model (it may be marked elsewhere)."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import pytest
 
 import entrypoints
 from estimator import Estimator
+from estimator.tensor_parallel_check import TensorParallelWarning
 from smsdp.config import ConfigError
 
 T_FIELD = "smdistributed.modelparallel.parameters.tensor_parallel_degree"
@@ -39,12 +42,32 @@ def src(tmp_path: Path) -> Path:
     return source
 
 
-def test_a_script_that_marks_nothing_for_tensor_parallelism_is_refused(src, tmp_path):
-    with pytest.raises(ConfigError) as error:
-        Estimator("train.py", str(src), distribution=_distribution(2, 2), output_path=str(tmp_path / "out"))
-    message = str(error.value)
-    assert message.startswith(f"{T_FIELD}=2 needs a model with a tensor-parallel version")
+def test_a_script_that_marks_nothing_for_tensor_parallelism_is_accepted_with_a_warning(src, tmp_path):
+    # It was refused; the model may be marked where no search of the shipped files can see (issue 25).
+    with pytest.warns(TensorParallelWarning) as warned:
+        est = Estimator("train.py", str(src), distribution=_distribution(2, 2), output_path=str(tmp_path / "out"))
+    message = str(warned[0].message)
+    assert message.startswith(f"{T_FIELD}=2: no Python file shipped with train.py calls any of")
     assert "smp.model_creation(tensor_parallelism=True)" in message and "tensor_parallel_degree=1" in message
+    assert est.runtime_config.parameters.tensor_parallel_degree == 2
+
+
+def test_a_model_built_in_a_module_the_source_does_not_ship_is_accepted_with_a_warning(src, tmp_path):
+    """The model comes from a package requirements.txt installs in the container: nothing here marks it."""
+    (src / "train.py").write_text(
+        "import smsdp as smp\nfrom my_models import build\nmodel = smp.DistributedModel(build())\n"
+    )
+    (src / "requirements.txt").write_text("my-models @ https://example.com/my_models-1.0.tar.gz\n")
+    with pytest.warns(TensorParallelWarning, match="a module installed from requirements.txt"):
+        est = Estimator("train.py", str(src), distribution=_distribution(2, 2), output_path=str(tmp_path / "out"))
+    assert est.runtime_config.world_size == 4 and est.dry_run().job_name.startswith("train-")
+
+
+def test_smp_tensor_parallelism_context_counts_as_marking(src, tmp_path):
+    (src / "train.py").write_text("import smsdp as smp\nwith smp.tensor_parallelism():\n    pass\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Estimator("train.py", str(src), distribution=_distribution(2, 2), output_path=str(tmp_path / "out"))
 
 
 def test_a_helper_module_that_marks_the_model_is_enough(src, tmp_path):

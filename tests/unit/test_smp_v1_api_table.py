@@ -41,9 +41,8 @@ def call_refused(name: str) -> None:
 
 def test_the_table_lists_refused_names():
     names = [name for name, _ in refused_rows()]
-    assert {
+    assert {  # tensor_parallelism was refused until issue 25: it is supported now
         "partition",
-        "tensor_parallelism",
         "register_comm_hook",
         "optimizers.FusedLamb",
         "nn.DistributedTransformerLMHead",

@@ -13,16 +13,19 @@ import io
 import json
 import tarfile
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
 from estimator.backends.base import AttachedJob
 from estimator.backends.sagemaker.aws_session import split_s3_uri
+from estimator.backends.sagemaker.images import torch_of_image
 from estimator.backends.sagemaker.job import job_from_session
 from estimator.backends.sagemaker.source_bundle import ENTRY_SCRIPT, MANIFEST, REQUIREMENTS, read_manifest
 from estimator.backends.sagemaker.training_request import SUBMIT_DIRECTORY_HP
 from estimator.validation import problem
 from smsdp.config.instance_types import lookup
+from smsdp.config.torch_support import SUPPORTED_RANGE, is_supported
 from smsdp.util.metric_format import METRIC_DEFINITIONS
 
 
@@ -58,7 +61,6 @@ def estimator_kwargs(described: dict[str, Any], manifest: dict[str, Any], code_d
         "output_path": described["OutputDataConfig"]["S3OutputPath"],
         "role": described["RoleArn"],
         "max_run": described["StoppingCondition"]["MaxRuntimeInSeconds"],
-        "image_uri": algorithm["TrainingImage"],
         "volume_size": resources["VolumeSizeInGB"],
         "input_mode": algorithm["TrainingInputMode"],
         "smsdp_source": manifest["smsdp_source"],
@@ -79,7 +81,21 @@ def estimator_kwargs(described: dict[str, Any], manifest: dict[str, Any], code_d
         "allow_cpu_instances": True if not lookup(resources["InstanceType"]).has_gpus else None,
     }
     kwargs.update((name, value) for name, value in optional.items() if value is not None)
+    kwargs.update(_image(algorithm["TrainingImage"], described["TrainingJobName"]))
     return kwargs
+
+
+def _image(image_uri: str, job_name: str) -> dict[str, str]:
+    """The job's image, unless its torch is one smsdp no longer supports: then the default image."""
+    torch = torch_of_image(image_uri)
+    if torch is None or is_supported(torch):
+        return {"image_uri": image_uri}
+    warnings.warn(
+        f"job {job_name} ran on {image_uri} (torch {torch}); smsdp needs torch {SUPPORTED_RANGE}, so the "
+        "attached Estimator uses the default image (pass image_uri= to another Estimator to choose one)",
+        stacklevel=3,
+    )
+    return {}
 
 
 def _describe(job_name: str, sagemaker_session: Any) -> dict[str, Any]:

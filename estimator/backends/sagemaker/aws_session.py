@@ -1,18 +1,19 @@
 """Region, session, image and S3 locations of a SageMaker job.
 
-Reading local AWS configuration and the SDK's image table needs no network;
+Reading local AWS configuration and the image tables needs no network;
 the functions that do call AWS say so (``default_sagemaker_session`` only
 builds clients, it calls nothing).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
+from estimator.backends.sagemaker.images import IMAGES, ImageSource, table_image_uri
 from estimator.backends.sagemaker.options import RemoteOptions
-from estimator.backends.sagemaker.sdk import import_boto3, import_sdk_module
+from estimator.backends.sagemaker.sdk import import_boto3, new_session, sdk_training_image_uri
 from estimator.validation import problem
+from smsdp.config.instance_types import lookup
 
 SOURCE_ARCHIVE = "sourcedir.tar.gz"  # the SDK's name for the uploaded source dir
 
@@ -33,32 +34,32 @@ def resolve_region(sagemaker_session: Any = None) -> str:
 
 
 def default_sagemaker_session(region: str) -> Any:
-    """``sagemaker.Session`` on boto3's default credentials in ``region`` (builds clients, calls nothing)."""
-    sagemaker = import_sdk_module("sagemaker")
-    return sagemaker.Session(boto_session=import_boto3().Session(region_name=region))
+    """The installed SDK's session on boto3's default credentials in ``region`` (builds clients, calls nothing)."""
+    return new_session(import_boto3().Session(region_name=region))
 
 
-def resolve_image_uri(options: RemoteOptions, region: str, instance_type: str, distribution: Mapping) -> str:
-    """``image_uri``, or the PyTorch training image the SDK picks for the version (its own lookup table)."""
-    if options.image_uri:
-        return options.image_uri
-    image_uris = import_sdk_module("sagemaker.image_uris")
+def resolve_image(options: RemoteOptions, region: str, instance_type: str) -> dict[str, Any]:
+    """The job's image: ``image_uri``, smsdp's own table, else the installed SDK's (``images``).
+
+    Returns what the dry run records: ``{"uri", "from", "torch"}``.
+    """
+    choice = options.image
+    if choice.image_uri is not None:
+        return choice.describe(choice.image_uri, ImageSource.GIVEN)
+    uri = table_image_uri(choice, region, has_gpus=lookup(instance_type).has_gpus)
+    if uri is not None:
+        return choice.describe(uri, ImageSource.SMSDP)
     try:
-        return image_uris.get_training_image_uri(
-            region=region,
-            framework="pytorch",
-            framework_version=options.framework_version,
-            py_version=options.py_version,
-            distribution=dict(distribution),
-            instance_type=instance_type,
-        )
+        uri = sdk_training_image_uri(choice.framework_version or "", choice.py_version or "", region, instance_type)
     except ValueError as exc:
         raise problem(
             "framework_version",
-            f"has no SageMaker PyTorch training image with "
-            f"py_version={options.py_version!r} in {region}: {exc}; or pass image_uri=",
-            options.framework_version,
+            f"has no SageMaker PyTorch training image with py_version={choice.py_version!r} in {region} "
+            f"in smsdp's table ({', '.join(image.framework_version for image in IMAGES)}) or the "
+            f"installed SageMaker SDK's ({exc}); pass one of those versions, or image_uri=",
+            choice.framework_version,
         ) from None
+    return choice.describe(uri, ImageSource.SDK)
 
 
 def default_output_path(region: str) -> str:

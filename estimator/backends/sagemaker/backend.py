@@ -9,6 +9,7 @@ dir and create the job, and returns its handle at once.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from estimator.backends.base import AttachedJob, Backend
@@ -17,15 +18,16 @@ from estimator.backends.sagemaker.aws_session import (
     code_uri,
     default_output_path,
     default_sagemaker_session,
-    resolve_image_uri,
+    resolve_image,
     resolve_region,
 )
 from estimator.backends.sagemaker.environment import custom_mpi_options, job_environment
+from estimator.backends.sagemaker.images import choose_image
 from estimator.backends.sagemaker.job import SageMakerJob, job_from_session
 from estimator.backends.sagemaker.options import RemoteOptions
 from estimator.backends.sagemaker.preflight import check_before_upload, check_credentials
 from estimator.backends.sagemaker.request import SageMakerRequest
-from estimator.backends.sagemaker.sdk_estimator import submit
+from estimator.backends.sagemaker.sdk import submit_module
 from estimator.backends.sagemaker.source_bundle import ENTRY_SCRIPT, plan_bundle
 from estimator.backends.sagemaker.training_request import ResolvedJob, create_training_job_request
 from estimator.spec import JobSpec
@@ -35,6 +37,10 @@ from smsdp.config import ConfigError
 
 class SageMakerBackend(Backend[SageMakerRequest]):
     stop_on_interrupt = False  # Ctrl-C stops waiting; the job runs on in SageMaker, as with the SDK
+
+    def check_options(self, options: Mapping[str, Any]) -> None:
+        """An image (``framework_version`` or ``image_uri``) whose torch smsdp does not support."""
+        choose_image(options.get("image_uri"), options.get("framework_version"), options.get("py_version"))
 
     def dry_run(self, spec: JobSpec) -> SageMakerRequest:
         options = RemoteOptions.from_spec(spec)
@@ -47,9 +53,11 @@ class SageMakerBackend(Backend[SageMakerRequest]):
             "custom_mpi_options": custom_mpi_options(environment, _user_mpi_options(spec)),
         }
         output_path = spec.output_path or default_output_path(region)
+        image = resolve_image(options, region, spec.instance_type)
         resolved = ResolvedJob(
             region=region,
-            image_uri=resolve_image_uri(options, region, spec.instance_type, {"mpi": mpi}),
+            image_uri=image["uri"],
+            image=image,
             output_path=output_path,
             code_uri=code_uri(spec.job_name, output_path, options.code_location),
             entry_script=ENTRY_SCRIPT,
@@ -62,7 +70,7 @@ class SageMakerBackend(Backend[SageMakerRequest]):
     def launch(self, request: SageMakerRequest) -> SageMakerJob:
         session = request.options.sagemaker_session or default_sagemaker_session(request.region)
         check_before_upload(request, session)
-        submit(request, session)
+        submit_module().submit(request, session)
         return job_from_session(request.job_name, session)
 
     def attach(self, job_name: str, output_path: str | None = None, sagemaker_session: Any = None) -> AttachedJob:

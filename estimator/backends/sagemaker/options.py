@@ -18,15 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from estimator.backends.sagemaker.images import DEFAULT, DEFAULT_CHOICE, ImageChoice, choose_image
 from estimator.spec import S3_SCHEME, JobSpec
 from estimator.validation import collect, problem
 from smsdp.config import ConfigError, ConfigProblem
 from smsdp.config.instance_types import lookup
 
-#: The newest PyTorch training image the SageMaker SDK 2.257 knows. smsdp is
-#: tested on torch 2.11+; pass ``image_uri=`` for a newer container.
-DEFAULT_FRAMEWORK_VERSION = "2.8.0"
-DEFAULT_PY_VERSION = "py312"
 DEFAULT_VOLUME_SIZE_GB = 30  # SageMaker's default
 INPUT_MODES = ("File", "FastFile", "Pipe")
 SMSDP_SOURCES = ("bundle", "pip")
@@ -47,9 +44,7 @@ class RemoteOptions:
     """Everything a SageMaker job needs beyond the backend-neutral ``JobSpec``."""
 
     role: str
-    framework_version: str | None = DEFAULT_FRAMEWORK_VERSION
-    py_version: str | None = DEFAULT_PY_VERSION
-    image_uri: str | None = None
+    image: ImageChoice = DEFAULT_CHOICE
     volume_size: int = DEFAULT_VOLUME_SIZE_GB
     volume_kms_key: str | None = None
     output_kms_key: str | None = None
@@ -95,15 +90,12 @@ class RemoteOptions:
             "spec": lambda: _spec_problems(spec, bool(given.get("allow_cpu_instances", False))),
         }
         results = dict(zip(checks, collect(*checks.values())))
-        framework_version, py_version, image_uri = results["image"]
         subnets, security_group_ids = results["vpc"]
         use_spot, max_wait = results["spot"]
         source, requirement = results["smsdp_source"]
         return cls(
             role=results["role"],
-            framework_version=framework_version,
-            py_version=py_version,
-            image_uri=image_uri,
+            image=results["image"],
             volume_size=results["volume_size"],
             volume_kms_key=given.get("volume_kms_key"),
             output_kms_key=given.get("output_kms_key"),
@@ -141,28 +133,18 @@ def _role(role: Any) -> str:
     return role
 
 
-def _image(given: Mapping[str, Any]) -> tuple[str | None, str | None, str | None]:
-    """``image_uri``, or ``framework_version`` + ``py_version`` (defaults: the newest PyTorch DLC)."""
-    image_uri, version, py = given.get("image_uri"), given.get("framework_version"), given.get("py_version")
-    if image_uri is not None:
-        if not isinstance(image_uri, str) or not image_uri:
-            raise problem(
-                "image_uri",
-                "must be a container image URI such as '<account>.dkr.ecr.<region>.amazonaws.com/<repo>:<tag>'",
-                image_uri,
-            )
-        return version, py, image_uri
-    if (version is None) != (py is None):
-        missing = "py_version" if py is None else "framework_version"
-        example = "'py312'" if py is None else f"'{DEFAULT_FRAMEWORK_VERSION}'"
+def _image(given: Mapping[str, Any]) -> ImageChoice:
+    """``image_uri``, or ``framework_version`` + ``py_version`` (neither: the newest PyTorch image smsdp supports)."""
+    framework_version, py_version = given.get("framework_version"), given.get("py_version")
+    if given.get("image_uri") is None and (framework_version is None) != (py_version is None):
+        missing = "py_version" if py_version is None else "framework_version"
         raise problem(
             missing,
-            f"is missing: give framework_version and py_version together (e.g. {example}), "
+            "is missing: give framework_version and py_version together (e.g. "
+            f"framework_version='{DEFAULT.framework_version}', py_version='{DEFAULT.py_version}'), "
             "or neither for the default PyTorch image, or image_uri=",
         )
-    if version is None:
-        return DEFAULT_FRAMEWORK_VERSION, DEFAULT_PY_VERSION, None
-    return str(version), str(py), None
+    return choose_image(given.get("image_uri"), framework_version, py_version)
 
 
 def _positive_int(name: str, value: Any) -> int:

@@ -57,6 +57,7 @@ class SageMakerRequest:
         request = scrub.tree({**request, "Environment": redact_env(request["Environment"])})
         return {
             "CreateTrainingJob": request,
+            "Image": dict(self.resolved.image),
             "SourceDir": {"upload_to": self.resolved.code_uri, **self.bundle.summary()},
         }
 

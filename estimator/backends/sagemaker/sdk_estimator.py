@@ -1,9 +1,10 @@
 """Submit a request through the SageMaker Python SDK v2: ``sagemaker.pytorch.PyTorch(...).fit()``.
 
-The SDK uploads the source dir, resolves the image and the default bucket,
-and calls CreateTrainingJob. smsdp gives it an ``mpi`` distribution only:
-``smdistributed``/``mp_parameters`` would make the AWS training toolkit
-start its own model-parallel launcher instead of smsdp's.
+The SDK uploads the source dir, resolves the default bucket, and calls
+CreateTrainingJob. smsdp gives it the image it resolved (the SDK's own table
+ends at torch 2.8) and an ``mpi`` distribution only: ``smdistributed``/
+``mp_parameters`` would make the AWS training toolkit start its own
+model-parallel launcher instead of smsdp's. SDK 3 has no estimators: ``sdk_core``.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ def sdk_arguments(request: SageMakerRequest) -> dict[str, Any]:
     arguments: dict[str, Any] = {
         "entry_point": ENTRY_SCRIPT,
         "role": options.role,
+        "image_uri": request.resolved.image_uri,
         "instance_type": spec.instance_type,
         "instance_count": spec.runtime.instance_count,
         "distribution": {"mpi": dict(request.resolved.mpi)},
@@ -39,10 +41,6 @@ def sdk_arguments(request: SageMakerRequest) -> dict[str, Any]:
         "disable_profiler": True,
         "debugger_hook_config": False,
     }
-    if options.image_uri:
-        arguments["image_uri"] = options.image_uri
-    else:
-        arguments.update(framework_version=options.framework_version, py_version=options.py_version)
     optional = {
         "volume_kms_key": options.volume_kms_key,
         "output_kms_key": options.output_kms_key,

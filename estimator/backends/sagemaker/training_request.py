@@ -1,10 +1,12 @@
 """The CreateTrainingJob request the SageMaker SDK will send, built here without the SDK.
 
 Built field by field the way ``sagemaker.pytorch.PyTorch.fit()`` (SDK 2.257)
-builds it from the arguments ``sdk_estimator.sdk_arguments`` passes, so a dry
-run shows exactly what a launch sends; ``tests/integration/test_sagemaker_moto.py``
-captures the real request under moto and compares it with this one, key by
-key. Not shown: defaults the SDK would add from a ``sagemaker`` config.yaml.
+builds it from the arguments ``sdk_estimator.sdk_arguments`` passes; SDK 3
+sends this very request through sagemaker-core (``sdk_core``). So a dry run
+shows exactly what a launch sends; ``tests/integration/test_sagemaker_moto.py``
+captures the real request of both SDKs under moto and compares them with this
+one, key by key. Not shown: defaults the SDK would add from a ``sagemaker``
+config.yaml.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ class ResolvedJob:
 
     region: str
     image_uri: str
+    image: Mapping[str, Any]  # images.ImageChoice.describe(): where the image comes from, its torch
     output_path: str  # s3://...; the SDK's default bucket when the user gave none
     code_uri: str  # s3://.../<job>/source/sourcedir.tar.gz
     entry_script: str  # the generated entry point SageMaker runs
