@@ -142,7 +142,7 @@ def cprofile(precision: str, warmup: int, steps: int, timeout: float, out: Path)
 VARIANTS = {
     "smsdp": "smsdp as benchmarked (auto all-gather path, backward_passes_per_step=1)",
     "smsdp_agflat": "smsdp, all-gather as with ddp_dist_backend=gloo (the fallback path)",
-    "smsdp_latesync": "smsdp without backward_passes_per_step (replica sync in step())",
+    "smsdp_latesync": "smsdp without backward_passes_per_step (step end guessed from the step before)",
     "smsdp_thr0": "smsdp, persistence threshold 0 (everything sharded)",
     "smsdp_thr1000000": "smsdp, threshold 1e6 (SMP default: nothing of this GPT sharded)",
     "fsdp2": "FSDP2 HSDP",

@@ -24,6 +24,12 @@ all-reduce of every gradient per step; see ``ddp_bytes_per_step``).
 
 Re-entrant calls (a deprecated alias forwarding to its new name) are counted
 once, at the outermost call.
+
+On namespaced hosts (``bench/cluster.py``) the counter also models what each call puts
+on this rank's host link (``link_bytes``, keyed as ``bytes``), from gloo's algorithms
+(``link_send_bytes``; derived in docs/runtime.md, "Bytes on a host's link"): told which
+host each world rank is on (``set_hosts``), it adds what this rank sends to ranks of
+other hosts. The sum over a host's ranks is the formula for that host's link.
 """
 
 from __future__ import annotations
@@ -51,6 +57,8 @@ _WRAPPED = {
     "all_to_all_single": ("all_to_all", "input"),
 }
 _FACTOR = {"all_gather": 1, "reduce_scatter": 1, "all_reduce": 2, "broadcast": 1, "all_to_all": 1}
+# What gloo's ring actually sends, as a multiple of (n-1)/n of N: its reduce-scatter is an all-reduce.
+_GLOO_RING_FACTOR = {"all_gather": 1, "reduce_scatter": 2, "all_reduce": 2}
 
 
 class CommCounter:
@@ -60,17 +68,24 @@ class CommCounter:
         self.bytes: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)
         self._labels: dict[tuple[int, ...], str] = {}
+        self.link_bytes: dict[str, float] = defaultdict(float)
+        self._host_of: list[int] | None = None
         self._local = threading.local()
         self._installed = False
+
+    def set_hosts(self, host_of: list[int]) -> None:
+        """World rank -> host index: turns on the link model (``link_bytes``)."""
+        self._host_of = list(host_of)
 
     def name_group(self, ranks, label: str) -> None:
         """Report collectives over exactly these world ranks under ``label`` (else ``ranks0-1``)."""
         self._labels[tuple(sorted(ranks))] = label
 
-    def _label(self, group) -> tuple[str, int]:
-        ranks = tuple(sorted(dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)))
-        label = self._labels.get(ranks) or "ranks" + "-".join(map(str, ranks))
-        return label, len(ranks)
+    def _ranks(self, group) -> tuple[int, ...]:
+        return tuple(sorted(dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)))
+
+    def _label(self, ranks: tuple[int, ...]) -> str:
+        return self._labels.get(ranks) or "ranks" + "-".join(map(str, ranks))
 
     def install(self) -> None:
         if self._installed:
@@ -109,17 +124,44 @@ class CommCounter:
             nbytes = tensor.numel() * tensor.element_size()
         else:
             return
-        label, n = self._label(group)
-        key = f"{kind}.{label}"
+        ranks = self._ranks(group)
+        n = len(ranks)
+        key = f"{kind}.{self._label(ranks)}"
         self.bytes[key] += _FACTOR[kind] * (n - 1) * nbytes / n
         self.calls[key] += 1
+        if self._host_of is not None:
+            self.link_bytes[key] += link_send_bytes(kind, nbytes, ranks, dist.get_rank(), self._host_of)
 
     def snapshot(self) -> dict[str, float]:
         return dict(self.bytes)
 
+    def link_snapshot(self) -> dict[str, float]:
+        return dict(self.link_bytes)
+
 
 def diff(after: dict, before: dict) -> dict:
     return {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
+
+
+def link_send_bytes(kind: str, nbytes: float, ranks: tuple[int, ...], me: int, host_of: list[int]) -> float:
+    """Bytes rank ``me`` sends to ranks on other hosts in one gloo collective over ``ranks``.
+
+    gloo's algorithms (torch 2.13, CPU tensors): all-gather, all-reduce and reduce-scatter
+    (which ProcessGroupGloo runs as an all-reduce of the whole input, then keeps its slice)
+    are rings in group-rank order, each member sending only to its successor: all-gather
+    ``(n-1)/n`` of the output, all-reduce ``2(n-1)/n`` of the tensor. Only a member whose
+    successor is on another host puts them on its link. All-to-all sends block ``j`` of
+    the input straight to member ``j``: ``N/n`` per member on another host.
+    """
+    n = len(ranks)
+    if n == 1 or kind == "broadcast":  # broadcasts happen when models are built, outside the timed steps
+        return 0.0
+    i = ranks.index(me)
+    if kind == "all_to_all":
+        return sum(nbytes / n for r in ranks if host_of[r] != host_of[me])
+    if host_of[ranks[(i + 1) % n]] == host_of[me]:
+        return 0.0
+    return _GLOO_RING_FACTOR[kind] * (n - 1) * nbytes / n
 
 
 def ddp_bytes_per_step(n_grad_elements: int, grad_element_size: int, world: int) -> dict[str, float]:

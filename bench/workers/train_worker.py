@@ -150,8 +150,9 @@ class Smsdp(System):
       so it takes the fallback (the backend's own all-gather) instead of the SMDDP-style path;
     - ``thr<N>``: its DistributedModel is built while the runtime's config says
       ``sdp_param_persistence_threshold=N``;
-    - ``latesync``: ``backward_passes_per_step`` not declared, so the replica all-reduce
-      waits for ``step()`` instead of overlapping the step-ending backward;
+    - ``latesync``: ``backward_passes_per_step`` not declared: the runtime guesses the
+      step-ending backward from the step before (``smsdp.core.accumulation``), so only the first
+      step's replica all-reduce waits for ``step()`` (the name is older than the guess);
     - ``keep`` / ``rbf16`` / ``qwz`` / ``qgz``: built while the config says
       ``sdp_reshard_after_forward=False`` / ``sdp_reduce_dtype="bf16"`` /
       ``sdp_quantized_allgather`` / ``sdp_quantized_gradients`` (see ``CONFIG_VARIANTS``).

@@ -79,6 +79,11 @@ class Handle:
     def wait(self) -> None:
         raise NotImplementedError
 
+    def advance(self) -> None:
+        """Start whatever can start now without waiting for the end (a later stage); may block on
+        an earlier stage. Called at the same point of the program on every rank, so the stages it
+        starts are issued in the same order everywhere."""
+
     def is_completed(self) -> bool:
         raise NotImplementedError
 
@@ -198,12 +203,13 @@ def reduce_scatter_flat(
     stats: CommStats | None,
     op=dist.ReduceOp.SUM,
     async_op: bool = False,
+    label: str | None = None,
 ) -> Handle:
     """``output`` = this rank's 1/n slice of ``op`` over every rank's ``input``."""
     pg, n = pg_and_size(group)
     out, inp = _flat(output, "output"), _flat(input, "input")
     _check_scatter_sizes(inp, out, n, "reduce_scatter_flat")
-    _record(stats, CollectiveKind.REDUCE_SCATTER, inp, n)
+    _record(stats, CollectiveKind.REDUCE_SCATTER, inp, n, label)
     if n == 1:
         out.copy_(inp)  # every reduction of one value is that value
         return COMPLETED
@@ -301,10 +307,11 @@ def hierarchical_all_gather(
 def _relayout(out: torch.Tensor, staged: torch.Tensor, order: tuple[int, ...]) -> None:
     """``out`` block ``order[k]`` = ``staged`` block ``k`` (blocks of equal size)."""
     n = len(order)
-    index = _index_tensor(order, out.device)
+    index = index_tensor(order, out.device)
     out.view(n, -1).index_copy_(0, index, staged.view(n, -1))
 
 
 @lru_cache(maxsize=64)
-def _index_tensor(order: tuple[int, ...], device: torch.device) -> torch.Tensor:
+def index_tensor(order: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """``order`` as a long tensor on ``device``, made once per (order, device)."""
     return torch.tensor(order, dtype=torch.long, device=device)

@@ -107,6 +107,12 @@ class SMPParameters(ConfigModel):
     backward starts, and also frees the forward's last unit instead of keeping it for the backward."""
     sdp_hierarchical_allgather: StrictBool = True
     """All-gather across hosts first, then inside each host, when a shard group spans hosts."""
+    sdp_hierarchical_reduce_scatter: StrictBool = True
+    """smsdp's own: when a shard group spans hosts, reduce-scatter gradients inside each host first,
+    then across hosts among the ranks sharing a local position (an all-to-all: ``(H-1)/H`` of what
+    is left crosses each host's link instead of about twice the flat reduce-scatter's ``(d-1)/d``
+    on gloo). Same chunks as the flat reduce-scatter, summed in another order. No effect under
+    ``sdp_quantized_gradients``, or when the shard group lies inside one host."""
     sdp_reshard_after_forward: _BoolOrWhole = True
     """smsdp's own (FSDP2's ``reshard_after_forward``). True: free each unit's gathered parameters
     after its forward and gather again for its backward. False (ZeRO-2 style): keep every unit

@@ -316,6 +316,16 @@ class FlatParamGroup:
         """The gradient the replica (or data-parallel) all-reduce sums in place."""
         return self._grad_or_zeros()
 
+    def take_grad_for_sync(self) -> torch.Tensor:
+        """The gradient (zeros if none), taken out: a later accumulation starts a new one."""
+        grad = self._grad_or_zeros()
+        self.grad_acc = None
+        return grad
+
+    def restore_synced(self, summed: torch.Tensor) -> None:
+        """Put a synchronized gradient back (added to whatever accumulated since it was taken)."""
+        self.grad_acc = summed if self.grad_acc is None else self.grad_acc.add_(summed)
+
     def scale_grad_(self, factor: float | torch.Tensor) -> None:
         """Multiply the gradient in place (fp16 unscaling, clipping); nothing if there is none."""
         if self.grad_acc is not None:

@@ -28,9 +28,11 @@ backward: a hook on a unit's outputs fires when their gradient is ready, that
 step:     ``ShardedOptimizer.step`` all-reduces the accumulated shards
           across the replica group (once per optimizer step, never per
           micro-step: the 2-hop synchronization) and the replicated parameters'
-          gradients over the data-parallel group, coalesced into as few
-          all-reduces as ``sdp_reduce_bucket_size`` allows
-          (``smsdp.core.replicated_grad_sync``), then clips and steps the local shards.
+          gradients over the data-parallel group in ``sdp_reduce_bucket_size``
+          buckets (``smsdp.core.replicated_grad_sync``), then steps the local shards.
+          In the backward that ends the step (declared with ``backward_passes_per_step``,
+          or guessed: ``smsdp.core.accumulation``) these all-reduces start
+          unit by unit as the reduce-scatters come in, and step() waits for them.
 
 [Note: tensor parallelism inside the sharded step]
 With ``tensor_parallel_degree > 1`` the plain model (equal on every rank after
@@ -58,6 +60,7 @@ import torch
 from torch import nn
 
 from smsdp.comm import world
+from smsdp.core.accumulation import AccumulationBoundary
 from smsdp.core.activation_offload import job_offloader
 from smsdp.core.flat_param_group import FlatParamGroup
 from smsdp.core.held_bytes import compute_copy_bytes, model_state_bytes
@@ -134,6 +137,9 @@ class ShardedModel(nn.Module):
         self._units, self._tp_splits, self._state_dict_keys = wrapped.units, wrapped.tp_splits, wrapped.state_dict_keys
         self._root = self._units[-1]
         backward_order = [g for u in reversed(self._units[:-1]) for g in u.groups] + self._root.groups
+        # [Note: staged reduce-scatters] see _make_post_backward
+        self._staged_reduces = getattr(self._root.bound_comm().reduce_scatter, "copies_input", False)
+        self._previous_reduce: FlatParamGroup | None = None
         self._replicated_sync = ReplicatedGradSync(
             backward_order,
             rt.all_reduce_dp,
@@ -151,10 +157,9 @@ class ShardedModel(nn.Module):
         # [Note: early replica sync] With backward_passes_per_step declared, the backward
         # that ends the accumulation is known when it starts: each unit's replica all-reduce
         # is launched as soon as its reduce-scatter is done, overlapping the rest of that
-        # backward, and step() only waits. Undeclared, the sync happens in step().
-        self._backward_passes_per_step = backward_passes_per_step
+        # backward, and step() only waits. Undeclared, it is guessed (smsdp.core.accumulation).
+        self._accumulation = AccumulationBoundary(backward_passes_per_step)
         self._average_microbatches = average_grads_across_microbatches
-        self._backwards_since_step = 0  # position in the accumulation, for the boundary
         self._loss_scaler = None  # given by a ShardedOptimizer under fp16
         self._through_model = False  # inside backward(): [Note: fp16 needs model.backward]
         self._register_hooks()
@@ -314,6 +319,7 @@ class ShardedModel(nn.Module):
         self._replicated_sync.wait()
         for unit in self._units:
             unit.zero_grad()
+        self._accumulation.discard()
         if self._state is TrainingState.SYNCING:
             self._state = TrainingState.IDLE
 
@@ -394,14 +400,7 @@ class ShardedModel(nn.Module):
 
     def _begin_backward(self) -> None:
         self.check_loss_scale_applied()  # before anything changes: it may raise
-        bpps = self._backward_passes_per_step
-        if self._state is TrainingState.SYNCING:
-            raise RuntimeError(
-                f"backward_passes_per_step={bpps}: a backward ran after the {bpps}-th one without "
-                f"optimizer.step(); call step() every {bpps} backward passes, or leave "
-                "backward_passes_per_step unset to synchronize in step()"
-            )
-        boundary = bpps is not None and (self._backwards_since_step + 1) % bpps == 0
+        boundary = self._accumulation.begin(syncing=self._state is TrainingState.SYNCING)
         self._state = TrainingState.BOUNDARY_BACKWARD if boundary else TrainingState.BACKWARD
         if self._offloader is not None:
             self._offloader.begin_backward()
@@ -411,23 +410,30 @@ class ShardedModel(nn.Module):
         def post_backward(flat_param: torch.Tensor) -> None:
             # Earlier units' reduce-scatters have had a unit's backward to finish: collecting
             # them now keeps about one unit's fp32 gradient in flight, not the whole model's.
+            # A staged (hierarchical) one holds only its small inter-host part by then, so the
+            # previous unit's stays in flight too, and its inter-host stage is started now, while
+            # the one before it still keeps the link busy.
             sync = self._state is TrainingState.BOUNDARY_BACKWARD
+            keep = (group, self._previous_reduce) if self._staged_reduces else (group,)
             for other in self._units:
-                other.complete_reduces(keep=group, sync=sync)
+                other.advance_reduces()
+                other.complete_reduces(keep=keep, sync=sync)
             unit.post_backward(group)
+            self._previous_reduce = group
             if sync and not group.sharded:
                 self._replicated_sync.group_ready(group)
 
         return post_backward
 
     def _end_of_backward(self) -> None:
+        self._previous_reduce = None
         boundary = self._state is TrainingState.BOUNDARY_BACKWARD
         for unit in self._units:
             unit.finalize_backward(sync=boundary)
         if boundary:
             self._replicated_sync.start()
         self._state = TrainingState.SYNCING if boundary else TrainingState.IDLE
-        self._backwards_since_step += 1
+        self._accumulation.end()
 
     # ---- the step boundary (called by ShardedOptimizer) ------------------------------------
 
@@ -438,13 +444,14 @@ class ShardedModel(nn.Module):
     def synchronize_gradients(self) -> None:
         """Second hop: replica all-reduce of grad shards, dp all-reduce of replicated grads."""
         self.reshard_all()  # the step changes the masters: no gathered copy may outlive it
+        again = self._accumulation.mispredicted  # what came after a wrong guess goes now (smsdp.core.accumulation)
         for unit in self._units:
-            unit.start_sync()  # no-op for groups started during the boundary backward
-        self._replicated_sync.start()  # likewise
+            unit.start_sync(again)  # otherwise a no-op for groups started during the boundary backward
+        self._replicated_sync.start(again)  # likewise
         for unit in self._units:
             unit.wait_sync()
         self._replicated_sync.wait()
-        self._backwards_since_step = 0
+        self._accumulation.step()
         if self._state is TrainingState.SYNCING:
             self._state = TrainingState.IDLE
 

@@ -16,8 +16,10 @@ declared ``backward_passes_per_step``, each replicated group reports when its
 gradient is complete (``group_ready``), and the bucket goes when its last group
 does and every bucket before it has gone, overlapping the rest of that
 backward; what has not gone by the end of that backward (a group that took no
-gradient) goes then, in bucket order. Undeclared, every
-bucket goes in ``step()``. With the default ``sdp_reduce_bucket_size`` (5e8
+gradient) goes then, in bucket order. Undeclared, the step-ending backward is
+guessed from the steps seen (``smsdp.core.accumulation``) and the buckets go in it
+the same way; what a wrong guess left out goes in ``step()`` as a second
+all-reduce per bucket. With the default ``sdp_reduce_bucket_size`` (5e8
 elements) every replicated gradient of a model fits one bucket, which then goes
 when the root's (complete last) is.
 """
@@ -25,7 +27,7 @@ when the root's (complete last) is.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -39,8 +41,9 @@ AllReduce = Callable[[torch.Tensor, bool], Any]  # (tensor, async_op) -> handle
 class _Bucket:
     groups: list[FlatParamGroup]
     waiting: int = 0  # groups not yet reported complete in this backward
-    handle: Any = None  # the all-reduce in flight, None before it starts
-    flat: torch.Tensor | None = None
+    # The all-reduces of this step, in start order: (handle, flat). Two after a wrong guess of
+    # the step's end (smsdp.core.accumulation).
+    rounds: list[tuple[Any, torch.Tensor]] = field(default_factory=list)
 
 
 class ReplicatedGradSync:
@@ -64,39 +67,46 @@ class ReplicatedGradSync:
     def group_ready(self, group: FlatParamGroup) -> None:
         """``group``'s gradient is final for this step: start the buckets that are full, in order."""
         bucket = self._bucket_of.get(id(group))
-        if bucket is None or bucket.handle is not None:
+        if bucket is None or bucket.rounds:
             return
         bucket.waiting -= 1
         # In bucket order only, as DDP does: a rank where some group took no gradient (its bucket
         # never fills) must still issue the same all-reduces in the same order as the others.
         for bucket in self.buckets:
-            if bucket.handle is None:
+            if not bucket.rounds:
                 if bucket.waiting > 0:
                     return
                 self._start(bucket)
 
-    def start(self) -> None:
-        """Start every bucket not started yet (a second call before ``wait`` does nothing)."""
+    def start(self, again: bool = False) -> None:
+        """Start every bucket not started yet (a second call before ``wait`` does nothing).
+
+        ``again``: after a wrong guess of the step's end, buckets already started sum what their
+        groups took since, as a second all-reduce each, in bucket order."""
         for bucket in self.buckets:
-            if bucket.handle is None:
+            if not bucket.rounds or again:
                 self._start(bucket)
 
     def _start(self, bucket: _Bucket) -> None:
-        flat = torch.cat([g.grad_for_sync() for g in bucket.groups])
-        bucket.flat = flat if flat.dtype == self._reduce_dtype else flat.to(self._reduce_dtype)
-        bucket.handle = self._all_reduce(bucket.flat, True)
+        # Taken out of the groups: a later backward's gradients start anew there (see the Note).
+        flat = torch.cat([g.take_grad_for_sync() for g in bucket.groups])
+        flat = flat if flat.dtype == self._reduce_dtype else flat.to(self._reduce_dtype)
+        bucket.rounds.append((self._all_reduce(flat, True), flat))
 
     def wait(self) -> None:
         """Wait for the sums, put each group's part back into its fp32 gradient, and rearm."""
         for bucket in self.buckets:
-            if bucket.handle is not None and bucket.flat is not None:
-                bucket.handle.wait()
+            total = None
+            for handle, flat in bucket.rounds:
+                handle.wait()
+                total = flat if total is None else total.add_(flat)
+            if total is not None:
                 offset = 0
                 for group in bucket.groups:
-                    grad = group.grad_for_sync()
-                    grad.copy_(bucket.flat[offset : offset + grad.numel()])
-                    offset += grad.numel()
-            bucket.handle, bucket.flat, bucket.waiting = None, None, len(bucket.groups)
+                    numel = group.shard_numel
+                    group.restore_synced(total[offset : offset + numel].to(torch.float32).clone())
+                    offset += numel
+            bucket.rounds, bucket.waiting = [], len(bucket.groups)
 
 
 def _pack(groups: list[FlatParamGroup], bucket_numel: int) -> list[list[FlatParamGroup]]:

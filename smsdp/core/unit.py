@@ -46,7 +46,7 @@ class _PendingReduce:
     group: FlatParamGroup
     handle: Any
     shard: torch.Tensor
-    keepalive: torch.Tensor  # the reduce-scatter input must outlive the async collective
+    keepalive: torch.Tensor | None  # the reduce-scatter input must outlive the async collective (unless copied)
     start: int  # where ``shard`` lands in the group's gradient shard
 
 
@@ -155,22 +155,33 @@ class Unit:
             bucket = rows if (start, stop) == (0, shard_numel) else rows[:, start:stop].contiguous()
             out = torch.empty(stop - start, dtype=comm.reduce_dtype, device=grad.device)
             handle = comm.reduce_scatter(out, bucket.view(-1), True)
-            self._pending.append(_PendingReduce(group, handle, out, bucket, start))
+            keepalive = None if getattr(comm.reduce_scatter, "copies_input", False) else bucket
+            self._pending.append(_PendingReduce(group, handle, out, keepalive, start))
+
+    def advance_reduces(self) -> None:
+        """Start the later stages of the pending reduce-scatters (the inter-host one, when hierarchical).
+
+        Called at the same point of the program on every rank, so a later stage is issued in
+        the same order everywhere. Each waits for its earlier stage, which had a unit's backward
+        to finish inside the host.
+        """
+        for pending in self._pending:
+            pending.handle.advance()
 
     @property
     def has_pending_reduces(self) -> bool:
         return bool(self._pending)
 
-    def complete_reduces(self, keep: FlatParamGroup | None = None, sync: bool = False) -> None:
-        """Wait for the reduce-scatters of every group but ``keep`` and add them into the shards.
+    def complete_reduces(self, keep: tuple[FlatParamGroup | None, ...] = (), sync: bool = False) -> None:
+        """Wait for the reduce-scatters of every group but those in ``keep`` and add them into the shards.
 
         ``sync``: this backward ends the accumulation, so each completed group's second
         hop starts at once (see ``start_sync``).
         """
         if not self._pending:
             return
-        done = [p for p in self._pending if p.group is not keep]
-        self._pending = [p for p in self._pending if p.group is keep]
+        done = [p for p in self._pending if not any(p.group is k for k in keep)]
+        self._pending = [p for p in self._pending if any(p.group is k for k in keep)]
         for pending in done:
             pending.handle.wait()
             pending.group.accumulate_part(pending.shard, pending.start, self.bound_comm().mean_scale)
@@ -188,31 +199,42 @@ class Unit:
 
     # ---- the step boundary -----------------------------------------------------------------
 
-    def start_sync(self) -> None:
-        """Start the replica all-reduce of every sharded, trainable group not started yet (once per step)."""
-        for group in self.groups:
-            self._start_group_sync(group)
+    def start_sync(self, again: bool = False) -> None:
+        """Start the replica all-reduce of every sharded, trainable group not started yet (once per step).
 
-    def _start_group_sync(self, group: FlatParamGroup) -> None:
-        if not (group.trainable and group.sharded) or id(group) in self._sync:
+        ``again``: the step-ending backward was guessed wrong (``smsdp.core.accumulation``):
+        groups already started send what they took since, as a second all-reduce (zeros where
+        nothing came), in the same order on every rank.
+        """
+        for group in self.groups:
+            self._start_group_sync(group, again)
+
+    def _start_group_sync(self, group: FlatParamGroup, again: bool = False) -> None:
+        if not (group.trainable and group.sharded) or (id(group) in self._sync and not again):
             return
         comm = self.bound_comm()
         if comm.replica_degree == 1:
-            self._sync[id(group)] = None
+            self._sync[id(group)] = []
             return
-        grad = group.grad_for_sync()
+        # The gradient is taken out of the group: what a later backward adds (a wrong guess of
+        # the step's end) starts a new sum there and never lands in this one twice.
+        grad = group.take_grad_for_sync()
         # In a lower reduce dtype the sum travels as a cast copy and lands back in the fp32 shard.
         sent = grad if comm.reduce_dtype == grad.dtype else grad.to(comm.reduce_dtype)
-        self._sync[id(group)] = (comm.all_reduce_replicas(sent, True), sent, grad)
+        self._sync.setdefault(id(group), []).append((group, comm.all_reduce_replicas(sent, True), sent, grad))
 
     def wait_sync(self) -> None:
-        """Wait for the second hop (never free a buffer a collective still writes)."""
-        for pending in self._sync.values():
-            if pending is not None:
-                handle, sent, grad = pending
+        """Wait for the second hop (never free a buffer a collective still writes); the sums go back
+        into the groups' gradients, in the order they were started."""
+        for entries in self._sync.values():
+            total = None
+            for _, handle, sent, grad in entries:
                 handle.wait()
                 if sent is not grad:
                     grad.copy_(sent)
+                total = grad if total is None else total.add_(grad)
+            if total is not None:
+                entries[0][0].restore_synced(total)  # every entry is the same group's
         self._sync.clear()
 
     def zero_grad(self) -> None:

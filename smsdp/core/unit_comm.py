@@ -1,7 +1,8 @@
 """What a unit sends with: the collectives and constants of its micro-step, bound once.
 
 ``bind_unit_comm`` captures this rank's groups, the configured all-gather and
-reduce-scatter (exact or int8, ``smsdp.comm.quantized_collectives``), the reduce
+reduce-scatter (exact, hierarchical when the shard group spans hosts
+(``smsdp.comm.hierarchical_reduce``), or int8, ``smsdp.comm.quantized_collectives``), the reduce
 dtype and the reshard group when the model is built, so no hook of
 ``smsdp.core.unit`` looks anything up in a global.
 """
@@ -15,6 +16,7 @@ from typing import Any
 import torch
 
 from smsdp.comm.block_quantizer import BlockQuantizer
+from smsdp.comm.hierarchical_reduce import HierarchicalReduceScatter
 from smsdp.comm.quantized_collectives import QuantizedAllGather, QuantizedReduceScatter
 from smsdp.core.flat_param_group import GatherFn
 
@@ -48,6 +50,8 @@ def bind_unit_comm(rt) -> UnitComm:
         gather = QuantizedAllGather(rt.groups.shard_group, rt.stats, quantizer, exact=rt.all_gather)
     if rt.params.sdp_quantized_gradients:
         reduce_scatter = QuantizedReduceScatter(rt.groups.shard_group, rt.stats, quantizer)
+    elif rt.params.sdp_hierarchical_reduce_scatter and rt.groups.hierarchical is not None:
+        reduce_scatter = HierarchicalReduceScatter(rt.groups.hierarchical, rt.stats)
     reshard_group = rt.groups.reshard_group
     return UnitComm(
         gather=gather,

@@ -8,7 +8,9 @@ padded elements, ``m`` micro-steps), exactly what ``smp.comm_stats()`` counts:
   group of ``k`` ranks on one host instead: ``m (d-1)/d Psi c`` + ``m (k-1)/k (Psi - Psi_kept) c``
   (intra-host);
 - reduce-scatters ``m (d-1)/d Psi_t 4`` inside the sharding group (the runtime
-  reduces in fp32; ``Psi_t`` the trainable part);
+  reduces in fp32; ``Psi_t`` the trainable part); under ``sdp_hierarchical_reduce_scatter``
+  with the group spanning ``H`` hosts of ``L`` members, ``m (L-1)/L Psi_t 4`` inside the
+  hosts and ``m (H-1)/(H L) Psi_t 4`` across them (the same total);
 - ``2 (r-1)/r Psi_t/d 4`` across the replication group, once per step;
 - ``2 (n-1)/n Psi_p 4`` for replicated (persistent) trainable parameters over the
   ``n`` data-parallel ranks;
@@ -21,7 +23,8 @@ Which link carries them: a collective whose group lies inside one host runs on
 the intra-host links; one whose group spans hosts is a ring paced by its
 slowest hop, so all of its bytes move at the inter-host rate, except the
 hierarchical all-gather, whose stage 1 (``(H-1)/d Psi c`` per gather) alone
-crosses hosts and whose stage 2 (``(L-1) H/d Psi c``) stays inside them.
+crosses hosts and whose stage 2 (``(L-1) H/d Psi c``) stays inside them, and the
+hierarchical reduce-scatter, whose second stage alone crosses.
 """
 
 from __future__ import annotations
@@ -130,6 +133,7 @@ def comm_per_step(
     tp_bytes_per_micro_step: float = 0.0,
     reshard_degree: int | None = None,
     quantized: QuantizedBytes = QuantizedBytes(),
+    hierarchical_reduce_scatter: bool = False,
 ) -> CommBreakdown:
     """The per-step volumes of docs/runtime.md, split by link (see module docstring).
 
@@ -149,10 +153,7 @@ def comm_per_step(
     all_gather, regathers = _gathers(
         span, d, m, sharded_elems, kept_elems, compute_bytes, reshard_degree, hierarchical, quantized
     )
-    rs_bytes = m * (d - 1) / d * psi_t * reduce_bytes if d > 1 else 0.0
-    if quantized.reduce_scatter is not None:
-        rs_bytes = m * quantized.reduce_scatter
-    reduce_scatter = _on(span.shard_hosts, rs_bytes)
+    reduce_scatter = _reduce_scatter(span, d, m, psi_t, reduce_bytes, quantized, hierarchical_reduce_scatter)
     replica_bytes = 2 * (r - 1) / r * psi_t / d * reduce_bytes if r > 1 else 0.0
     replica = _on(span.replica_hosts, replica_bytes)
     n = dp
@@ -169,6 +170,22 @@ def comm_per_step(
         tensor_parallel,
         reshard_degree if regathers else None,
     )
+
+
+def _reduce_scatter(
+    span: GroupSpan, d: int, m: int, psi_t: int, reduce_bytes: int, quantized: QuantizedBytes, hierarchical: bool
+) -> LinkBytes:
+    """The gradient reduce-scatter's bytes per step: flat (a ring over the shard group), int8, or
+    hierarchical (inside the host first, then (H-1)/H of 1/L across hosts)."""
+    if quantized.reduce_scatter is not None:
+        return _on(span.shard_hosts, m * quantized.reduce_scatter)
+    if hierarchical and span.shard_hosts > 1 and span.hierarchical_ok:
+        h, per_host = span.shard_hosts, span.shard_per_host
+        return LinkBytes(
+            intra=m * (per_host - 1) / per_host * psi_t * reduce_bytes,
+            inter=m * (h - 1) / (h * per_host) * psi_t * reduce_bytes,
+        )
+    return _on(span.shard_hosts, m * (d - 1) / d * psi_t * reduce_bytes if d > 1 else 0.0)
 
 
 def _gathers(

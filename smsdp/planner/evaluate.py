@@ -100,6 +100,7 @@ def _comm(
         processes_per_host=runtime.processes_per_host,
         micro_steps=accum,
         hierarchical_allgather=p.sdp_hierarchical_allgather,
+        hierarchical_reduce_scatter=p.sdp_hierarchical_reduce_scatter,
         kept_elems=mem.kept_for_backward_elems(sizes, p),
         reduce_bytes=2 if p.sdp_reduce_dtype == "bf16" else 4,
         tp_degree=t,

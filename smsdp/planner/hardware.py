@@ -49,9 +49,11 @@ FP32_PEAK_FRACTION = 0.5
 class Assumptions:
     """What a plan assumes; every field has the default stated above and can be overridden.
 
-    ``early_replica_sync``: the training script passes ``backward_passes_per_step`` to
-    ``smp.DistributedModel`` (the bundled ``train_gpt.py`` does). Then, in the backward that
-    ends a step, the runtime frees each unit's reduce-scatter input as soon as the next unit
+    ``early_replica_sync``: the runtime knows which backward ends a step: the training script
+    passes ``backward_passes_per_step`` to ``smp.DistributedModel`` (the bundled ``train_gpt.py``
+    does), or runs as many backward passes in every step as in the one before (the runtime
+    then guesses it, ``smsdp.core.accumulation``; not in the first step). Then, in that
+    backward, the runtime frees each unit's reduce-scatter input as soon as the next unit
     reduces, and starts each unit's replica all-reduce right away, overlapping the rest of
     that backward. Otherwise (and in every earlier micro-step of an accumulation) it keeps
     every unit's reduce-scatter input until the end of backward, and the replica all-reduce

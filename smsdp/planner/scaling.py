@@ -70,7 +70,13 @@ def simulate(
     for system, degree, early in systems:
         for world in gpus:
             d = world if degree is None else min(degree, world)
-            params = {**PARAMETERS, "sharded_data_parallel_degree": d, "sdp_hierarchical_allgather": degree is not None}
+            hierarchical = degree is not None  # ZeRO-3 (DeepSpeed) gathers and reduces flat
+            params = {
+                **PARAMETERS,
+                "sharded_data_parallel_degree": d,
+                "sdp_hierarchical_allgather": hierarchical,
+                "sdp_hierarchical_reduce_scatter": hierarchical,
+            }
             p = plan(
                 model,
                 batch_size=batch,

@@ -58,6 +58,11 @@ class Case:
     record_depths: bool = False  # log the units gathered ahead at each gather (_record_depths)
     bucket: int = int(5e8)  # sdp_reduce_bucket_size
     record_bucket_starts: bool = False  # log which units had finished their backward at each start
+    hier_rs: bool = False  # sdp_hierarchical_reduce_scatter
+    schedule: tuple[int, ...] = ()  # backward passes of step i: schedule[i % len] (default: accum)
+
+    def accum_of(self, step: int) -> int:
+        return self.schedule[step % len(self.schedule)] if self.schedule else self.accum
 
 
 CASES = {
@@ -92,6 +97,13 @@ CASES = {
         sdp=4, accum=2, threshold=100, keep_gathered=False, steps=5, reshard_after_forward=2, reference=False
     ),
     "d4_accum2_short": Case(sdp=4, accum=2, threshold=100, keep_gathered=False, steps=5),
+    # the gradient reduce-scatter inside each host first, then across hosts (d=4 over the 2 hosts)
+    "d4_hier_rs": Case(sdp=4, hier_rs=True),
+    "d4_hier_rs_accum2": Case(sdp=4, accum=2, threshold=100, hier_rs=True),
+    "hpz_d4_hier_rs": Case(sdp=4, reshard_after_forward=2, hier_rs=True),
+    # no backward_passes_per_step, and the backward passes per step change: the step-ending
+    # backward is guessed from the last step's count, sometimes wrongly (smsdp.core.accumulation)
+    "speculative_sync": Case(sdp=2, threshold=100, schedule=(1, 1, 2, 2, 3, 1, 2), steps=14),
 }
 
 
@@ -109,6 +121,7 @@ def smp_parameters(case: Case) -> dict:
         "sdp_backward_prefetch": case.backward_prefetch,
         "sdp_max_live_parameters": case.max_live,
         "sdp_reduce_bucket_size": case.bucket,
+        "sdp_hierarchical_reduce_scatter": case.hier_rs,
     }
 
 
@@ -138,9 +151,10 @@ def train_reference(case: Case, n_ranks: int) -> dict:
     losses = []
     for step in range(case.steps):
         total = 0.0
-        for micro in range(case.accum):
+        accum = case.accum_of(step)
+        for micro in range(accum):
             x, y = global_batch(step, micro, n_ranks)
-            loss = model(x, y).loss / case.accum
+            loss = model(x, y).loss / accum
             loss.backward()
             total += loss.item()
         torch.nn.utils.clip_grad_norm_(model.parameters(), case.clip)
@@ -164,20 +178,29 @@ def train_sharded(case: Case) -> dict:
     depths = _record_depths(model) if case.record_depths else []
     finished, bucket_starts = _record_bucket_starts(model) if case.record_bucket_starts else ([], [])
     opt = smp.DistributedOptimizer(torch.optim.AdamW(param_groups(model.named_parameters()), lr=case.lr, eps=ADAM_EPS))
-    losses, norms, per_step_bytes, passes, dp_calls = [], [], [], [], []
+    losses, norms, per_step_bytes, passes, dp_calls, early_calls = [], [], [], [], [], []
     stats = runtime_state.get().stats
     for step in range(case.steps):
         before = smp.comm_stats()
         calls_before = stats.calls("all_reduce.dp")
+        replica_calls_before = stats.calls("all_reduce.replica")
         depths.clear()
         total = torch.zeros(())
         bucket_starts.clear()
-        for micro in range(case.accum):
+        accum = case.accum_of(step)
+        for micro in range(accum):
             finished.clear()
             x, y = global_batch(step, micro, n)
-            loss = model(x.chunk(n)[rank], y.chunk(n)[rank]).loss / case.accum
+            loss = model(x.chunk(n)[rank], y.chunk(n)[rank]).loss / accum
             model.backward(loss)
             total += loss.detach().float()
+        # all-reduces started before step(): in a backward (declared, or guessed to end the step)
+        early_calls.append(
+            {
+                "replica": stats.calls("all_reduce.replica") - replica_calls_before,
+                "dp": stats.calls("all_reduce.dp") - calls_before,
+            }
+        )
         opt.step()
         model_state = {**model.model_state_bytes(), "optimizer": opt.optimizer_state_bytes()}
         opt.zero_grad()
@@ -204,6 +227,8 @@ def train_sharded(case: Case) -> dict:
         "depths": passes if case.record_depths else None,
         "unit_numel": [u.unsharded_numel for u in model.units],  # the root last
         "dp_all_reduce_calls": dp_calls,  # per step
+        "calls_before_step": early_calls,  # per step
+        "sharded_groups": sum(1 for g in model.flat_groups() if g.sharded and g.trainable),
         "bucket_starts": list(bucket_starts),  # the last step's
         "replicated_per_unit": [sum(g.numel for g in u.groups if not g.sharded) for u in model.units],
     }

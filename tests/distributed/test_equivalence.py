@@ -33,6 +33,10 @@ EQUIVALENCE_CASES = [
     "no_reshard",
     "no_reshard_accum2",
     "d4_accum2_short",
+    "d4_hier_rs",
+    "d4_hier_rs_accum2",
+    "hpz_d4_hier_rs",
+    "speculative_sync",
 ]
 # sdp_reshard_after_forward=k: checked bit for bit against their k=True twins (which match one process)
 HPZ_CASES = {"hpz_d4": "d4_hierarchical", "hpz_d4_accum2": "d4_accum2_short"}
@@ -321,3 +325,49 @@ def test_prefetch_depth_bytes_per_step_match_the_formula(results, setting):
         assert kept_last == (PREFETCH_AHEAD[setting][1] != NONE_AHEAD), setting
         for step, step_bytes in enumerate(sharded["bytes"]):
             assert _by_kind(step_bytes) == _formula(sharded["layout"], 1, first_step=step == 0)
+
+
+# sdp_hierarchical_reduce_scatter, d=4 over 2 hosts of 2: micro-steps per optimizer step
+HIER_RS_CASES = {"d4_hier_rs": 1, "d4_hier_rs_accum2": 2, "hpz_d4_hier_rs": 1}
+
+
+@pytest.mark.parametrize("case, micro_steps", list(HIER_RS_CASES.items()))
+def test_hierarchical_reduce_scatter_sends_across_hosts_only_what_each_host_summed(results, case, micro_steps):
+    """Inside each host an all-to-all of the whole gradient ((L-1)/L of it), across hosts one of
+    the host's partial sums ((H-1)/H of a 1/L part): together the flat reduce-scatter's (d-1)/d."""
+    hosts = 2
+    for result in results[case]:
+        sharded = result["sharded"]
+        d, psi, b = sharded["layout"]["sdp"], sharded["layout"]["sharded_padded"], 4
+        per_host = d // hosts
+        for step_bytes in sharded["bytes"]:
+            assert step_bytes.get("reduce_scatter", 0) == 0, step_bytes
+            intra, inter = step_bytes["reduce_scatter.intra_host"], step_bytes["reduce_scatter.inter_host"]
+            assert intra == micro_steps * (per_host - 1) * psi * b // per_host
+            assert inter == micro_steps * (hosts - 1) * (psi // per_host) * b // hosts
+            assert intra + inter == micro_steps * (d - 1) * psi * b // d
+
+
+SPECULATIVE_SCHEDULE = (1, 1, 2, 2, 3, 1, 2)  # equivalence_worker's "speculative_sync"
+
+
+def test_an_undeclared_step_end_is_guessed_and_a_wrong_guess_costs_one_more_sum(results):
+    """No backward_passes_per_step: a backward with as many before it as the last step had is taken
+    to end the step, and its replica (and data-parallel) all-reduces start during it. When another
+    backward follows after all, step() sums what came since as a second all-reduce; when the step
+    ends sooner than guessed, nothing starts early. Losses and parameters match one process
+    (test_losses_and_parameters_match_single_process)."""
+    for result in results["speculative_sync"]:
+        sharded = result["sharded"]
+        layout = sharded["layout"]
+        d, r = layout["sdp"], layout["dp"] // layout["sdp"]
+        one_sum = 2 * (r - 1) * (layout["sharded_padded"] // d) * 4 // r
+        for step, step_bytes in enumerate(sharded["bytes"]):
+            count = SPECULATIVE_SCHEDULE[step % len(SPECULATIVE_SCHEDULE)]
+            last = SPECULATIVE_SCHEDULE[(step - 1) % len(SPECULATIVE_SCHEDULE)] if step else None
+            guessed = last is not None and last <= count
+            wrong = last is not None and last < count
+            early = sharded["calls_before_step"][step]
+            assert early == {"replica": sharded["sharded_groups"] if guessed else 0, "dp": int(guessed)}, step
+            assert step_bytes["all_reduce.replica"] == one_sum * (2 if wrong else 1), step
+            assert sharded["dp_all_reduce_calls"][step] == (2 if wrong else 1), step

@@ -43,7 +43,7 @@ def results(tmp_path_factory):
 def replicated(tmp_path_factory):
     return run_cases(
         "tests/distributed/tp_sharded_worker.py",
-        [*CASES, "gpt_hpz_d4"],
+        [*CASES, "gpt_hpz_d4", "gpt_hier_rs_d4"],
         nprocs=8,
         timeout=400,
         out_dir=tmp_path_factory.mktemp("tp_sharded_r2"),
@@ -108,6 +108,14 @@ def test_hpz_at_t2_matches_single_process(replicated):
     _assert_matches(replicated["gpt_hpz_d4"], "gpt at t=2 d=4 with sdp_reshard_after_forward=2")
     for result in replicated["gpt_hpz_d4"]:
         assert result["sharded"]["comm"]["all_gather.hpz"] > 0
+
+
+def test_hierarchical_reduce_scatter_at_t2_matches_single_process(replicated):
+    _assert_matches(replicated["gpt_hier_rs_d4"], "gpt at t=2, d=4 over 2 hosts, hierarchical reduce-scatter")
+    for result in replicated["gpt_hier_rs_d4"]:
+        comm = result["sharded"]["comm"]
+        assert comm["reduce_scatter.inter_host"] > 0 and comm["reduce_scatter.intra_host"] > 0, comm
+        assert comm.get("reduce_scatter", 0) == 0, comm
 
 
 def _assert_matches(per_rank: list, case: str) -> None:

@@ -135,6 +135,22 @@ def low_precision_against_t1(precision: str, steps: int = STEPS) -> dict:
     }
 
 
+def on_two_simulated_hosts(case):
+    """``case()`` with the job's ranks on 2 simulated hosts (read by smp.init), so that a shard
+    group spans them; the launch's own environment is put back afterwards."""
+    names = ("SMSDP_SIMULATED_HOSTS", "SM_HOSTS")
+    saved = {name: os.environ.get(name) for name in names}
+    os.environ.update({"SMSDP_SIMULATED_HOSTS": "1", "SM_HOSTS": '["algo-1", "algo-2"]'})
+    try:
+        return case()
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 if __name__ == "__main__":
     worker_main(
         {
@@ -148,6 +164,11 @@ if __name__ == "__main__":
             "gpt_tp_context": lambda: run("gpt", SHORT, marking="context"),
             # 8 ranks: t=2, d=4, each TP rank's backward regathering from 1/2 slices (hpZ)
             "gpt_hpz_d4": lambda: run("gpt", SHORT, sharded_data_parallel_degree=4, sdp_reshard_after_forward=2),
+            # 8 ranks on 2 simulated hosts: t=2, d=4, each TP rank's shard group 2 hosts x 2, its
+            # gradients reduce-scattered inside each host first, then across
+            "gpt_hier_rs_d4": lambda: on_two_simulated_hosts(
+                lambda: run("gpt", SHORT, sharded_data_parallel_degree=4, sdp_hierarchical_reduce_scatter=True)
+            ),
             "gpt_accum2": lambda: {
                 "sharded": sharded("gpt", accum=2, steps=SHORT),
                 "reference": reference("gpt", 2, SHORT),

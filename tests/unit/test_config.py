@@ -339,6 +339,13 @@ def test_bools_are_strict(key):
     assert f"{key}='yes' is invalid: input should be a valid boolean" in message
 
 
+def test_the_hierarchical_reduce_scatter_is_on_by_default_and_its_key_a_strict_bool():
+    assert SMPParameters().sdp_hierarchical_reduce_scatter is True
+    assert SMPParameters(sdp_hierarchical_reduce_scatter=False).sdp_hierarchical_reduce_scatter is False
+    message = error_of(SMPParameters.model_validate, {"sdp_hierarchical_reduce_scatter": "yes"})
+    assert "sdp_hierarchical_reduce_scatter='yes' is invalid: input should be a valid boolean" in message
+
+
 @pytest.mark.parametrize("backend", ["auto", "nccl", "gloo"])
 def test_ddp_dist_backend_values(backend):
     assert SMPParameters(ddp_dist_backend=backend).ddp_dist_backend == backend

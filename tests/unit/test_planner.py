@@ -272,6 +272,28 @@ def test_hierarchical_all_gather_splits_the_flat_volume():
     assert flat.all_gather.intra == 0 and hier.inter_host_bytes < flat.inter_host_bytes
 
 
+def test_hierarchical_reduce_scatter_sends_only_its_second_stage_across_hosts():
+    psi, d, m = 64_000, 32, 2  # 4 hosts x 8
+    kwargs = dict(
+        sharded_elems=psi,
+        sharded_trainable_elems=psi,
+        persistent_trainable_elems=0,
+        compute_bytes=2,
+        sdp_degree=d,
+        world=64,
+        processes_per_host=8,
+        micro_steps=m,
+        hierarchical_allgather=True,
+    )
+    hier = comm_model.comm_per_step(hierarchical_reduce_scatter=True, **kwargs)
+    flat = comm_model.comm_per_step(hierarchical_reduce_scatter=False, **kwargs)
+    assert hier.reduce_scatter.intra == pytest.approx(m * 7 / 8 * psi * 4)  # (L-1)/L inside each host
+    assert hier.reduce_scatter.inter == pytest.approx(m * 3 / (4 * 8) * psi * 4)  # (H-1)/(H L) across
+    assert hier.reduce_scatter.total == pytest.approx(flat.reduce_scatter.inter)  # the flat (d-1)/d, split
+    inside = comm_model.comm_per_step(hierarchical_reduce_scatter=True, **{**kwargs, "sdp_degree": 8})
+    assert inside.reduce_scatter.inter == 0  # a shard group inside one host has nothing to split
+
+
 def test_plan_comm_equals_what_the_runtime_counted_for_the_benchmark():
     # bench/compare.py, smsdp fp32 d=2 on 4 ranks: smp.comm_stats() per step
     p = plan(
