@@ -1,0 +1,60 @@
+"""``smsdp probe``'s job: measure this cluster and write the planner's calibration file.
+
+Run on every rank by any backend (``smsdp probe`` uses the Estimator's local backend; on
+Slurm or SageMaker it is this entry point), or directly under torchrun-style variables.
+Rank 0 writes ``--out`` (default ``$SM_MODEL_DIR/calibration.json``), which
+``smsdp plan --calibration FILE`` reads. What is measured: ``smsdp.comm.probe``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from smsdp.comm.probe import probe
+from smsdp.planner.calibration import Rates
+
+CPU_SHAPES = ((128, 256, 1024), (512, 512, 2048), (1024, 1024, 4096))
+GPU_SHAPES = ((2048, 4096, 16384), (8192, 8192, 8192), (16384, 12288, 49152))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default=str(Path(os.environ.get("SM_MODEL_DIR", ".")) / "calibration.json"))
+    p.add_argument("--mib", type=float, default=None, help="payload per collective (default 4 MiB CPU, 256 MiB GPU)")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None, help="matmul dtype")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    gpu = torch.cuda.is_available()
+    if not gpu:
+        torch.set_num_threads(1)  # one thread per rank, as the training ranks run
+    dtype = getattr(torch, args.dtype or ("bfloat16" if gpu else "float32"))
+    mib = args.mib or (256.0 if gpu else 4.0)
+    result = probe(
+        int(mib * 2**20),
+        repeats=args.repeats,
+        matmul_shapes=GPU_SHAPES if gpu else CPU_SHAPES,
+        dtype=dtype,
+        optimizer_elements=(1 << 26) if gpu else (1 << 20),
+    )
+    rates = Rates.from_dict(result, "probe")
+    if dist.get_rank() == 0:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        rates.save(args.out)
+        print(json.dumps({"calibration": str(args.out), **result["meta"]}), flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+    return result
+
+
+if __name__ == "__main__":
+    main()
