@@ -76,14 +76,15 @@ def bed_systems(hosts: int, per_host: int) -> dict[str, tuple[RuntimeConfig, Sys
     }
 
 
-def predictions(rates: Rates, args, hosts: int, per_host: int) -> dict[str, float]:
+def predictions(rates: Rates, args, hosts: int, per_host: int) -> dict[str, dict]:
+    """Per system key: the predicted step and phases (seconds)."""
     from smsdp.planner.hardware import Assumptions
 
     out = {}
     for key, (runtime, system, sync) in bed_systems(hosts, per_host).items():
         assumptions = Assumptions(early_replica_sync=sync != "late")
         speed = predict(bed_model(args), runtime, rates, batch=args.batch, assumptions=assumptions, system=system)
-        out[key] = speed.step_s
+        out[key] = {"step_s": speed.step_s, **speed.prediction.phases, "exposed_s": speed.exposed_comm_s}
     return out
 
 
@@ -96,7 +97,8 @@ def run_probe(bed, launcher, out: Path, args, log) -> Rates:
     try:
         for rank in range(world):
             env = launcher.rank_env(rank)
-            argv = [sys.executable, str(PROBE), "--out", str(out), "--mib", str(args.probe_mib), "--repeats", "5"]
+            mib = args.probe_mib or max(2.0, min(16.0, cluster._rate_bytes_per_s(bed.rate) * 0.4 / 2**20))
+            argv = [sys.executable, str(PROBE), "--out", str(out), "--mib", f"{mib:.2f}", "--repeats", "5"]
             with open(logs / f"rank{rank}.log", "w") as f:
                 procs.append(bed.spawn(rank // launcher.per_host, argv, env=env, stdout=f, stderr=subprocess.STDOUT))
         codes = cluster._wait_or_fail_fast(procs, args.timeout)
@@ -111,33 +113,44 @@ def run_probe(bed, launcher, out: Path, args, log) -> Rates:
     return Rates.load(out)
 
 
-def measured(runs: list[dict], specs: list[dict]) -> dict[str, list[float]]:
-    """Per system key: each launch's slowest-rank median step time."""
+def measured(runs: list[dict], specs: list[dict]) -> tuple[dict[str, list[float]], dict[str, dict]]:
+    """Per system key: each launch's slowest-rank median step time; and the phases of the median launch."""
     out: dict[str, list[float]] = {}
+    phases: dict[str, list[dict]] = {}
     for run in runs:
         if "error" in run:
             continue
         for spec in specs:
-            steps = [r["systems"][spec["label"]]["median_step_s"] for r in run["ranks"]]
-            out.setdefault(spec["key"], []).append(max(steps))
-    return out
+            ranks = [r["systems"][spec["label"]] for r in run["ranks"]]
+            slowest = max(ranks, key=lambda r: r["median_step_s"])
+            out.setdefault(spec["key"], []).append(slowest["median_step_s"])
+            phases.setdefault(spec["key"], []).append(slowest["median_phase_s"])
+    middle = {k: v[sorted(range(len(v)), key=lambda i: out[k][i])[len(v) // 2]] for k, v in phases.items()}
+    return out, middle
 
 
-def table(rate: str, pred: dict[str, float], meas: dict[str, list[float]], specs, loads) -> str:
+def _phases(p: dict) -> str:
+    return " / ".join(f"{p.get(k, 0.0) * 1e3:.0f}" for k in ("forward", "backward", "optimizer"))
+
+
+def table(rate: str, full: dict[str, dict], meas: dict[str, list[float]], phases: dict[str, dict], specs, loads) -> str:
+    pred = {k: v["step_s"] for k, v in full.items()}
     lines = [
         f"\n#### link {rate} (load at launches: {', '.join(f'{x:.1f}' for x in loads)})\n",
-        "| system | predicted ms | measured ms (median [min-max]) | predicted / measured |",
-        "|---|---|---|---|",
+        "| system | predicted ms | measured ms (median [min-max]) | predicted / measured "
+        "| predicted fwd / bwd / step() ms | measured fwd / bwd / step() ms | predicted exposed comm ms |",
+        "|---|---|---|---|---|---|---|",
     ]
     for spec in specs:
         m = meas.get(spec["key"])
         if not m:
-            lines.append(f"| {spec['label']} | {pred[spec['key']] * 1e3:.0f} | failed | - |")
+            lines.append(f"| {spec['label']} | {pred[spec['key']] * 1e3:.0f} | failed | - | | | |")
             continue
         med = statistics.median(m)
         lines.append(
             f"| {spec['label']} | {pred[spec['key']] * 1e3:.0f} | {med * 1e3:.0f} [{min(m) * 1e3:.0f}-{max(m) * 1e3:.0f}] "
-            f"| {pred[spec['key']] / med:.2f} |"
+            f"| {pred[spec['key']] / med:.2f} | {_phases(full[spec['key']])} | {_phases(phases[spec['key']])} "
+            f"| {full[spec['key']]['exposed_s'] * 1e3:.0f} |"
         )
     mine = [s["key"] for s in specs if s["key"] in SMSDP_KEYS and meas.get(s["key"])]
     if mine:
@@ -164,7 +177,9 @@ def main() -> None:
     p.add_argument("--seq", type=int, default=64)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--width", type=int, default=256)
-    p.add_argument("--probe-mib", type=float, default=2.0)
+    p.add_argument(
+        "--probe-mib", type=float, default=None, help="probe payload (default: 0.4 s of the link, 2-16 MiB)"
+    )
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--json", default=None, help="also write predictions, measurements and calibrations here")
     args = p.parse_args()
@@ -202,10 +217,10 @@ def main() -> None:
                     if "error" in run:
                         log(f"  FAILED: {run['error']}\n{run['logs']}")
                     runs.append(run)
-                pred, meas = predictions(rates, args, hosts, per_host), measured(runs, specs)
-                print(table(rate, pred, meas, specs, [r["load"] for r in runs]), flush=True)
+                pred, (meas, phases) = predictions(rates, args, hosts, per_host), measured(runs, specs)
+                print(table(rate, pred, meas, phases, specs, [r["load"] for r in runs]), flush=True)
                 report["settings"].append(
-                    {"rate": rate, "calibration": rates.to_dict(), "predicted_s": pred, "measured_s": meas}
+                    {"rate": rate, "calibration": rates.to_dict(), "predicted": pred, "measured_s": meas, "phases": phases}
                 )
     finally:
         if args.json:

@@ -21,6 +21,15 @@ from smsdp.planner.calibration import Rates
 
 CPU_SHAPES = ((128, 256, 1024), (512, 512, 2048), (1024, 1024, 4096))
 GPU_SHAPES = ((2048, 4096, 16384), (8192, 8192, 8192), (16384, 12288, 49152))
+CPU_BLOCKS = ((2, 64, 256), (4, 128, 512))  # (batch, seq, width)
+GPU_BLOCKS = ((4, 2048, 4096), (2, 2048, 8192))
+
+
+def make_block(width: int) -> torch.nn.Module:
+    """The bundled GPT's block (pre-LN, SDPA attention, 4h MLP) at ``width``, 64-wide heads."""
+    from entrypoints.gpt import Block, GPTConfig
+
+    return Block(GPTConfig(n_layer=1, d_model=width, n_head=max(1, width // 64), block_size=8192))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -45,6 +54,8 @@ def main(argv: list[str] | None = None) -> dict:
         matmul_shapes=GPU_SHAPES if gpu else CPU_SHAPES,
         dtype=dtype,
         optimizer_elements=(1 << 26) if gpu else (1 << 20),
+        block_shapes=GPU_BLOCKS if gpu else CPU_BLOCKS,
+        make_block=make_block,
     )
     rates = Rates.from_dict(result, "probe")
     if dist.get_rank() == 0:

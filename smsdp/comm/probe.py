@@ -11,7 +11,8 @@ timed call), so a shared link or a shared CPU is measured as training uses it:
   bandwidth: ``factor(n) x payload / (seconds - latency)``; the median of ``repeats`` calls.
   On one host the inter-host classes are copies of ``intra`` (``meta.inter_host_measured``
   says so);
-- matmuls of the given shapes in the compute dtype; AdamW over a flat tensor.
+- matmuls of the given shapes in the compute dtype; a transformer block's forward and backward
+  (the caller's block, e.g. the bundled GPT's) at given shapes; AdamW over a flat tensor.
 
 The calibration entry point (``entrypoints/probe.py``) writes the dict with
 ``smsdp.planner.calibration.Rates``; ``smsdp probe`` runs it as a job.
@@ -129,6 +130,43 @@ def measure_matmul(shapes: Sequence[tuple[int, int, int]], dtype: torch.dtype, d
     return out
 
 
+def measure_blocks(
+    shapes: Sequence[tuple[int, int, int]],
+    make_block: Callable[[int], torch.nn.Module],
+    dtype: torch.dtype,
+    device: torch.device,
+    repeats: int,
+) -> list[dict]:
+    """A transformer block's achieved rate at (batch, seq, width), forward and backward apart:
+    ``forward FLOPs = tokens x (24 h^2 + 4 s h)``, the backward twice that. What training runs
+    besides the matmuls (norms, activations, attention, the framework's own overhead per op)
+    is in these rates, which a bare matmul's leaves out."""
+    out = []
+    for batch, seq, width in shapes:
+        block = make_block(width).to(device=device, dtype=dtype)
+        x = torch.randn(batch, seq, width, device=device, dtype=dtype, requires_grad=True)
+        flops = batch * seq * (24.0 * width * width + 4.0 * seq * width)
+
+        def forward(block=block, x=x) -> None:
+            block(x)  # with autograd recording, as in training
+
+        def both(block=block, x=x) -> None:
+            block(x).float().sum().backward()
+
+        t_forward = _timed(forward, repeats, device)
+        t_both = _timed(both, repeats, device)
+        out.append(
+            {
+                "batch": batch,
+                "seq": seq,
+                "width": width,
+                "forward_flops_per_s": flops / t_forward,
+                "backward_flops_per_s": 2.0 * flops / max(t_both - t_forward, 1e-9),
+            }
+        )
+    return out
+
+
 def measure_optimizer(elements: int, device: torch.device, repeats: int) -> float:
     """AdamW elements per second (fp32 master, one flat tensor: what a rank's shard is)."""
     p = torch.nn.Parameter(torch.zeros(elements, device=device))
@@ -143,6 +181,8 @@ def probe(
     matmul_shapes: Sequence[tuple[int, int, int]] = ((128, 256, 1024), (512, 512, 2048), (1024, 1024, 4096)),
     dtype: torch.dtype = torch.float32,
     optimizer_elements: int = 1 << 20,
+    block_shapes: Sequence[tuple[int, int, int]] = (),
+    make_block: Callable[[int], torch.nn.Module] | None = None,
 ) -> dict:
     """Every measurement on every rank; the calibration dict (rank 0's view, the slowest of the ranks' rates)."""
     cluster = init_distributed()
@@ -150,10 +190,22 @@ def probe(
     began = time.time()
     links = measure_links(cluster, payload_bytes, repeats, device)
     matmul = measure_matmul(matmul_shapes, dtype, device, repeats)
+    _slowest_links(links, device)
+    blocks = measure_blocks(block_shapes, make_block, dtype, device, repeats) if make_block else []
     optimizer = measure_optimizer(optimizer_elements, device, repeats)
-    slowest = _slowest({"matmul": [r["flops_per_s"] for r in matmul], "optimizer": [optimizer]}, device)
+    slowest = _slowest(
+        {
+            "matmul": [r["flops_per_s"] for r in matmul],
+            "forward": [r["forward_flops_per_s"] for r in blocks] or [1.0],
+            "backward": [r["backward_flops_per_s"] for r in blocks] or [1.0],
+            "optimizer": [optimizer],
+        },
+        device,
+    )
     for row, rate in zip(matmul, slowest["matmul"]):
         row["flops_per_s"] = rate
+    for row, f, b in zip(blocks, slowest["forward"], slowest["backward"]):
+        row["forward_flops_per_s"], row["backward_flops_per_s"] = f, b
     for name in ("ring", "cross"):
         links.setdefault(name, links.get("intra", {}))
     if "intra" not in links:
@@ -162,6 +214,7 @@ def probe(
         "format": "smsdp-calibration/1",
         "source": f"smsdp probe, {cluster.num_hosts} host(s) x {cluster.processes_per_host}, {dist.get_backend()}",
         "matmul": matmul,
+        "blocks": blocks,
         "optimizer_elements_per_s": slowest["optimizer"][0],
         "links": links,
         "meta": {
@@ -177,6 +230,22 @@ def probe(
             "created": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         },
     }
+
+
+def _slowest_links(links: dict[str, dict[str, dict]], device: torch.device) -> None:
+    """Each call's time is the slowest rank's (the groups that share a link finish unevenly)."""
+    entries = [(name, kind) for name in sorted(links) for kind in KINDS]
+    times = torch.tensor(
+        [x for n, k in entries for x in (links[n][k]["latency_s"], links[n][k]["seconds"])],
+        dtype=torch.float64,
+        device=device,
+    )
+    dist.all_reduce(times, op=dist.ReduceOp.MAX)
+    for i, (name, kind) in enumerate(entries):
+        entry = links[name][kind]
+        latency, seconds = times[2 * i].item(), times[2 * i + 1].item()
+        moved = entry["bus_bytes_per_s"] * max(entry["seconds"] - entry["latency_s"], 1e-9)
+        entry.update(latency_s=latency, seconds=seconds, bus_bytes_per_s=moved / max(seconds - latency, 1e-9))
 
 
 def _slowest(rates: dict[str, list[float]], device: torch.device) -> dict[str, list[float]]:

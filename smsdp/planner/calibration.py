@@ -61,6 +61,17 @@ class MatmulRate:
 
 
 @dataclass(frozen=True)
+class BlockRate:
+    """A transformer block's achieved forward and backward FLOP/s at (batch, seq, width)."""
+
+    batch: int
+    seq: int
+    width: int
+    forward_flops_per_s: float
+    backward_flops_per_s: float
+
+
+@dataclass(frozen=True)
 class Rates:
     """Per-rank device rates and link costs (see module docstring)."""
 
@@ -69,6 +80,7 @@ class Rates:
     links: dict[str, dict[str, LinkCost]]
     source: str
     meta: dict[str, Any] = field(default_factory=dict)
+    blocks: tuple[BlockRate, ...] = ()
 
     def cost(self, link_class: str, kind: str) -> LinkCost:
         return self.links[link_class][kind]
@@ -79,6 +91,16 @@ class Rates:
             return 0.0
         cost = self.cost(link_class, kind)
         return cost.latency_s + bus_factor(kind, ranks) * payload_bytes / cost.bus_bytes_per_s
+
+    def block_rates(self, tokens: int, width: int) -> tuple[float, float]:
+        """(forward, backward) FLOP/s of a transformer block of ``width`` over ``tokens`` tokens: the
+        measured block nearest in ``tokens x width^2``; without one, the matmul rate for both."""
+        if not self.blocks:
+            rate = self.flops_per_s(tokens, width, 4 * width)
+            return rate, rate
+        target = math.log(max(1.0, tokens * width * width))
+        best = min(self.blocks, key=lambda b: abs(math.log(max(1.0, b.batch * b.seq * b.width**2)) - target))
+        return best.forward_flops_per_s, best.backward_flops_per_s
 
     def flops_per_s(self, m: int, k: int, n: int) -> float:
         """The measured rate at the shape nearest (in log of its FLOPs) to ``m x k @ k x n``."""
@@ -93,6 +115,7 @@ class Rates:
             "format": FORMAT,
             "source": self.source,
             "matmul": [asdict(r) for r in self.matmul],
+            "blocks": [asdict(b) for b in self.blocks],
             "optimizer_elements_per_s": self.optimizer_elements_per_s,
             "links": {c: {k: asdict(v) for k, v in kinds.items()} for c, kinds in self.links.items()},
             "meta": self.meta,
@@ -126,11 +149,24 @@ class Rates:
             }
             matmul = tuple(MatmulRate(int(r["m"]), int(r["k"]), int(r["n"]), float(r["flops_per_s"])) for r in data["matmul"])
             optimizer = float(data["optimizer_elements_per_s"])
+            blocks = tuple(
+                BlockRate(
+                    int(b["batch"]),
+                    int(b["seq"]),
+                    int(b["width"]),
+                    float(b["forward_flops_per_s"]),
+                    float(b["backward_flops_per_s"]),
+                )
+                for b in data.get("blocks", [])
+            )
+        except (TypeError, ValueError):
+            raise CalibrationError(f"{where}: matmul, blocks and optimizer_elements_per_s must hold numbers") from None
         except KeyError as exc:
             raise CalibrationError(f"{where}: field {exc.args[0]!r} is missing (rerun `smsdp probe`)") from None
-        if not matmul or any(r.flops_per_s <= 0 for r in matmul) or optimizer <= 0:
-            raise CalibrationError(f"{where}: matmul rates and optimizer_elements_per_s must be > 0")
-        return cls(matmul, optimizer, links, str(data.get("source", where)), dict(data.get("meta", {})))
+        rates = [r.flops_per_s for r in matmul] + [x for b in blocks for x in (b.forward_flops_per_s, b.backward_flops_per_s)]
+        if not matmul or any(r <= 0 for r in rates) or optimizer <= 0:
+            raise CalibrationError(f"{where}: matmul and block rates and optimizer_elements_per_s must be > 0")
+        return cls(matmul, optimizer, links, str(data.get("source", where)), dict(data.get("meta", {})), blocks)
 
     # ------------------------------------------------------------------ the hardware table
 

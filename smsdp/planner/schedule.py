@@ -1,9 +1,10 @@
 """The step's timeline, unit by unit, in the order the runtime issues and waits for its collectives.
 
-One rank is simulated with two clocks: the compute clock and the communication queue. The
-collectives of a rank run one at a time in the order they are issued (every rank issues them
-in one order; gloo and an NCCL stream run them in that order), each taking
-``Rates.collective_s`` per stage; compute waits where the runtime waits. What the runtime does
+One rank is simulated with a compute clock and two communication queues, one per link: inside
+the host, and the host's network. The collectives on one link run one at a time in the order
+they are issued (every rank issues them in one order), each stage taking ``Rates.collective_s``;
+a collective's stages run one after another (a hierarchical one's inter-host stage waits for
+its intra-host stage); compute waits where the runtime waits. What the runtime does
 (``smsdp.core.model``, ``unit``, ``prefetch``):
 
 - forward: the root is gathered and waited for; each unit's pre-forward waits for its gather
@@ -18,7 +19,8 @@ in one order; gloo and an NCCL stream run them in that order), each taking
   then issues its own;
 - in the backward that ends a step, each unit's replica all-reduce starts as soon as its
   reduce-scatter is waited for (``early``), or all of them start in ``step()`` (``late``);
-  ``step()`` waits for them, then runs the optimizer.
+  ``step()`` waits for them, all-reduces the gradients' global norm over the world (measured
+  every step, for clipping or for the record), then runs the optimizer.
 
 The same machinery runs the comparison systems of ``bench/cluster.py``: FSDP2 (on CPU its
 collectives block the caller: no overlap; HSDP all-reduces each unit's shard right after its
@@ -83,27 +85,36 @@ class System:
 
 @dataclass
 class Timeline:
-    """Compute clock, communication queue, and what each collective cost."""
+    """Compute clock, one queue per link (inside the host; the host's network), what each collective cost."""
 
     rates: Rates
     overlap: bool
     compute: float = 0.0
-    link: float = 0.0
+    queues: dict[str, float] = field(default_factory=lambda: {"intra": 0.0, "inter": 0.0})
     comm_busy: float = 0.0
     compute_busy: float = 0.0
     phases: dict[str, float] = field(default_factory=dict)
 
+    @property
+    def link(self) -> float:
+        """When the last queued collective ends."""
+        return max(self.queues.values())
+
     def issue(self, stages: list[Stage], at: float | None = None) -> float:
-        """Queue ``stages`` (run one after another) issued at ``at`` (default: now); when they end."""
-        seconds = sum(self.rates.collective_s(*s) for s in stages)
-        if seconds <= 0:
-            return self.compute if at is None else at
-        start = max(self.link, self.compute if at is None else at)
-        self.link = start + seconds
-        self.comm_busy += seconds
+        """Queue ``stages`` (each after the one before, each on its link's queue) issued at ``at``
+        (default: now); when the last ends."""
+        end = self.compute if at is None else at
+        for stage in stages:
+            seconds = self.rates.collective_s(*stage)
+            if seconds <= 0:
+                continue
+            queue = "intra" if stage[0] == "intra" else "inter"
+            end = max(end, self.queues[queue]) + seconds
+            self.queues[queue] = end
+            self.comm_busy += seconds
         if not self.overlap:
-            self.compute = self.link
-        return self.link
+            self.compute = max(self.compute, end)
+        return end
 
     def wait(self, until: float) -> None:
         self.compute = max(self.compute, until)
@@ -146,6 +157,8 @@ def simulate(system: System, units: list[UnitWork], root: UnitWork, optimizer_s:
         tl.phases["backward"] = tl.compute - start - tl.phases["forward"]
     before_step = tl.compute
     tl.wait(tl.link)  # step() waits for every collective still running (the replica all-reduces)
+    if system.kind != "ddp" and system.d > 1:  # the gradients' global norm: one all-reduce over the world
+        tl.wait(tl.issue([("intra" if system.world_hosts <= 1 else "ring", "all_reduce", system.world, 4.0)]))
     tl.run(optimizer_s)
     tl.phases["optimizer"] = tl.compute - before_step
     return StepPrediction(tl.compute, tl.compute_busy, tl.comm_busy, dict(tl.phases))

@@ -8,8 +8,9 @@ hardware table (``calibration.Rates.from_hardware``).
 
 Compute per unit and micro-step: ``2 x tokens x (the unit's matmul parameters)`` FLOPs forward
 (plus ``4 s h`` per token per block for attention, ``s`` the sequence, ``h`` the width),
-twice that backward, plus one more forward under activation checkpointing, at the measured
-matmul rate for the model's matmul shape (tokens x h x 4h). The optimizer: one rank's
+twice that backward, plus one more forward under activation checkpointing, at the rates
+``smsdp probe`` measured for a transformer block of the nearest size (forward and backward apart:
+they include what a block runs besides matmuls), or the matmul rate where none was measured. The optimizer: one rank's
 trainable elements at the measured AdamW rate.
 """
 
@@ -132,18 +133,19 @@ def unit_work(
     sizes = mem.unit_sizes(groups)
     shape = model.shape
     tokens = batch * (shape.seq_len if shape else 1)
-    rate = rates.flops_per_s(tokens, shape.d_model, 4 * shape.d_model) if shape else rates.flops_per_s(8192, 8192, 8192)
+    forward_rate, backward_rate = rates.block_rates(tokens, shape.d_model) if shape else rates.block_rates(tokens, 8192)
     attention = 4.0 * shape.seq_len * shape.d_model if shape else 0.0
     block_params = {u: sum(t.numel for t in model.tensors_of(u)) for u in sizes.order}
     root_params = max(0, model.flops_params - sum(block_params.values()))
 
     def work(unit: int, matmul_params: float, per_token_extra: float) -> UnitWork:
-        forward = (2.0 * matmul_params + per_token_extra) * tokens / rate
+        flops = (2.0 * matmul_params + per_token_extra) * tokens
+        forward = flops / forward_rate
         return UnitWork(
             gather_bytes=sizes.gathered.get(unit, 0) * compute_bytes,
             reduce_bytes=sizes.trainable_sharded.get(unit, 0) * reduce_bytes,
             forward_s=forward,
-            backward_s=(3.0 if checkpointing else 2.0) * forward,
+            backward_s=2.0 * flops / backward_rate + (forward if checkpointing else 0.0),
             grad_bytes=sizes.trainable_all.get(unit, 0) * 4,
         )
 
