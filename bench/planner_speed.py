@@ -177,9 +177,7 @@ def main() -> None:
     p.add_argument("--seq", type=int, default=64)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--width", type=int, default=256)
-    p.add_argument(
-        "--probe-mib", type=float, default=None, help="probe payload (default: 0.4 s of the link, 2-16 MiB)"
-    )
+    p.add_argument("--probe-mib", type=float, default=None, help="probe payload (default: 0.4 s of the link, 2-16 MiB)")
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--json", default=None, help="also write predictions, measurements and calibrations here")
     args = p.parse_args()
@@ -220,7 +218,13 @@ def main() -> None:
                 pred, (meas, phases) = predictions(rates, args, hosts, per_host), measured(runs, specs)
                 print(table(rate, pred, meas, phases, specs, [r["load"] for r in runs]), flush=True)
                 report["settings"].append(
-                    {"rate": rate, "calibration": rates.to_dict(), "predicted": pred, "measured_s": meas, "phases": phases}
+                    {
+                        "rate": rate,
+                        "calibration": rates.to_dict(),
+                        "predicted": pred,
+                        "measured_s": meas,
+                        "phases": phases,
+                    }
                 )
     finally:
         if args.json:

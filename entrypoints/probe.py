@@ -11,17 +11,23 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
+# Run straight from a source checkout (``python entrypoints/probe.py``): the repository root importable.
+_REPO_ROOT = Path(__file__).resolve().parent.parent
+if (_REPO_ROOT / "smsdp").is_dir() and str(_REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(_REPO_ROOT))
 
-from smsdp.comm.probe import probe
-from smsdp.planner.calibration import Rates
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 
-CPU_SHAPES = ((128, 256, 1024), (512, 512, 2048), (1024, 1024, 4096))
+from smsdp.comm.probe import probe  # noqa: E402
+from smsdp.planner.calibration import Rates  # noqa: E402
+
+CPU_SHAPES = ((128, 256, 1024), (256, 512, 2048))  # small: a probe on a shared CPU stays short
 GPU_SHAPES = ((2048, 4096, 16384), (8192, 8192, 8192), (16384, 12288, 49152))
-CPU_BLOCKS = ((2, 64, 256), (4, 128, 512))  # (batch, seq, width)
+CPU_BLOCKS = ((2, 64, 256), (2, 64, 512))  # (batch, seq, width)
 GPU_BLOCKS = ((4, 2048, 4096), (2, 2048, 8192))
 
 

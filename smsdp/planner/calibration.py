@@ -144,10 +144,10 @@ class Rates:
             got = data.get("format") if isinstance(data, dict) else type(data).__name__
             raise CalibrationError(f"{where}: format={got!r}; expected {FORMAT!r} (a file `smsdp probe` wrote)")
         try:
-            links = {
-                c: {k: _link_cost(data["links"][c][k], f"{where}: links.{c}.{k}") for k in KINDS} for c in CLASSES
-            }
-            matmul = tuple(MatmulRate(int(r["m"]), int(r["k"]), int(r["n"]), float(r["flops_per_s"])) for r in data["matmul"])
+            links = {c: {k: _link_cost(data["links"][c][k], f"{where}: links.{c}.{k}") for k in KINDS} for c in CLASSES}
+            matmul = tuple(
+                MatmulRate(int(r["m"]), int(r["k"]), int(r["n"]), float(r["flops_per_s"])) for r in data["matmul"]
+            )
             optimizer = float(data["optimizer_elements_per_s"])
             blocks = tuple(
                 BlockRate(
@@ -163,7 +163,9 @@ class Rates:
             raise CalibrationError(f"{where}: matmul, blocks and optimizer_elements_per_s must hold numbers") from None
         except KeyError as exc:
             raise CalibrationError(f"{where}: field {exc.args[0]!r} is missing (rerun `smsdp probe`)") from None
-        rates = [r.flops_per_s for r in matmul] + [x for b in blocks for x in (b.forward_flops_per_s, b.backward_flops_per_s)]
+        rates = [r.flops_per_s for r in matmul] + [
+            x for b in blocks for x in (b.forward_flops_per_s, b.backward_flops_per_s)
+        ]
         if not matmul or any(r <= 0 for r in rates) or optimizer <= 0:
             raise CalibrationError(f"{where}: matmul and block rates and optimizer_elements_per_s must be > 0")
         return cls(matmul, optimizer, links, str(data.get("source", where)), dict(data.get("meta", {})), blocks)
@@ -178,9 +180,7 @@ class Rates:
         fraction), ``intra_bps`` per-GPU one-way NVLink bandwidth and ``network_bps`` the whole host's
         network bandwidth, both after the link efficiency."""
         per_class = {"intra": intra_bps, "ring": network_bps, "cross": network_bps / max(1, processes_per_host)}
-        links = {
-            c: {k: LinkCost(GPU_CALL_LATENCY_S[c], bps) for k in KINDS} for c, bps in per_class.items()
-        }
+        links = {c: {k: LinkCost(GPU_CALL_LATENCY_S[c], bps) for k in KINDS} for c, bps in per_class.items()}
         return cls(
             (MatmulRate(8192, 8192, 8192, flops),),
             hbm_bps / GPU_OPTIMIZER_BYTES_PER_ELEMENT,

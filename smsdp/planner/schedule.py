@@ -139,7 +139,9 @@ class StepPrediction:
         return max(0.0, self.step_s - self.compute_s)
 
 
-def simulate(system: System, units: list[UnitWork], root: UnitWork, optimizer_s: float, rates: Rates, micro_steps: int = 1) -> StepPrediction:
+def simulate(
+    system: System, units: list[UnitWork], root: UnitWork, optimizer_s: float, rates: Rates, micro_steps: int = 1
+) -> StepPrediction:
     """``units`` in forward order; ``root`` holds the root unit (embedding, final norm, LM head)."""
     tl = Timeline(rates, system.overlap)
     for m in range(micro_steps):
@@ -267,7 +269,9 @@ def _sharded_backward(tl: Timeline, system: System, units: list[UnitWork], root:
             tl.issue(replica_stages(system, unit.reduce_bytes))
 
 
-def _post_backward(tl: Timeline, system: System, pending: list[_Reduce], unit: UnitWork, boundary: bool) -> list[_Reduce]:
+def _post_backward(
+    tl: Timeline, system: System, pending: list[_Reduce], unit: UnitWork, boundary: bool
+) -> list[_Reduce]:
     for p in pending:
         _advance(tl, p)
     keep = pending[-1:] if system.staged_reduce else []
