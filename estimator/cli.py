@@ -225,6 +225,10 @@ COMMANDS: list[Command] = [
         _add_plan_arguments,
         plan,
     ),
+]
+
+# The cluster's measurements for the planner: a job of their own (estimator.probe_cli).
+MEASURE_COMMANDS: list[Command] = [
     Command(
         "probe",
         "measure this cluster's collectives and device rates as a job; write the calibration "
@@ -238,7 +242,7 @@ COMMANDS: list[Command] = [
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="smsdp", description=__doc__.split("\n\n")[0])
     subcommands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for command in [*COMMANDS, *(Command(*job_command) for job_command in JOB_COMMANDS)]:
+    for command in [*COMMANDS, *MEASURE_COMMANDS, *(Command(*job_command) for job_command in JOB_COMMANDS)]:
         sub = subcommands.add_parser(command.name, help=command.help, description=command.help)
         command.add_arguments(sub)
         sub.set_defaults(handler=command.run)
