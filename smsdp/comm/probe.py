@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
+import warnings
 from collections.abc import Callable, Sequence
 
 import torch
@@ -187,6 +188,8 @@ def probe(
     make_block: Callable[[int], torch.nn.Module] | None = None,
 ) -> dict:
     """Every measurement on every rank; the calibration dict (rank 0's view, the slowest of the ranks' rates)."""
+    # all_gather_into_tensor / reduce_scatter_tensor: deprecated names in torch 2.13, the only ones in 2.11
+    warnings.filterwarnings("ignore", message=".*is deprecated.*", category=FutureWarning)
     cluster = init_distributed()
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     began = time.time()

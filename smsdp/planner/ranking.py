@@ -43,7 +43,7 @@ class Candidate:
 
 
 def rank(base: Plan, rates: Rates) -> tuple[Candidate, ...]:
-    """Every fitting candidate (see module docstring), fastest first."""
+    """Every fitting candidate (see module docstring), fastest first; of equally fast ones, the smaller peak."""
     out = []
     for degree in shard_degrees(base.runtime):
         try:
@@ -65,4 +65,4 @@ def rank(base: Plan, rates: Rates) -> tuple[Candidate, ...]:
                 system=system,
             )
             out.append(Candidate(degree, setting, plan.memory.peak, speed))
-    return tuple(sorted(out, key=lambda c: -c.speed.tokens_per_s))
+    return tuple(sorted(out, key=lambda c: (-c.speed.tokens_per_s, c.peak_bytes)))  # equal speed: less memory first

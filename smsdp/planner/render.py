@@ -292,8 +292,14 @@ def _speed_lines(plan: Plan) -> list[str]:
         ]  # fmt: skip
         header = ["#", "sharded degree", "reshard_after_forward", "tokens/s", "step", "exposed comm", "peak"]
         lines += [table(ranked, header), ""]
-        best = plan.ranking[0]
-        lines.append(f"use: {best.label} ({best.speed.tokens_per_s / s.tokens_per_s:.2f}x this configuration)")
+        best, p = plan.ranking[0], plan.runtime.parameters
+        if (best.sharded_degree, best.reshard_after_forward) == (
+            p.sharded_data_parallel_degree,
+            p.sdp_reshard_after_forward,
+        ):
+            lines.append("use: this configuration (the fastest that fits)")
+        else:
+            lines.append(f"use: {best.label} ({best.speed.tokens_per_s / s.tokens_per_s:.2f}x this configuration)")
         lines.append("")
     return lines
 

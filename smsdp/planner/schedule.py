@@ -45,6 +45,7 @@ class UnitWork:
     forward_s: float
     backward_s: float  # recomputation included
     grad_bytes: float = 0.0  # all of its trainable gradients in fp32 (DDP's buckets)
+    replicated_bytes: float = 0.0  # its replicated (persistent) trainable gradients, all-reduced over the world
 
 
 @dataclass(frozen=True)
@@ -188,9 +189,14 @@ def reduce_stages(system: System, nbytes: float) -> list[list[Stage]]:
     return [[(system.shard_class, "reduce_scatter", d, nbytes)]]
 
 
-def replica_stages(system: System, reduce_bytes: float) -> list[Stage]:
+def replica_stages(system: System, unit: UnitWork) -> list[Stage]:
+    """The step's second hop for one unit: its shard over the replicas, its replicated gradients over the world."""
     r = system.replicas
-    return [(system.replica_class, "all_reduce", r, reduce_bytes / system.d)] if r > 1 else []
+    stages: list[Stage] = [(system.replica_class, "all_reduce", r, unit.reduce_bytes / system.d)] if r > 1 else []
+    if unit.replicated_bytes and system.world > 1:
+        world_class = "intra" if system.world_hosts <= 1 else "ring"
+        stages.append((world_class, "all_reduce", system.world, unit.replicated_bytes))
+    return stages
 
 
 # ------------------------------------------------------------------------------- sharded systems
@@ -266,7 +272,7 @@ def _sharded_backward(tl: Timeline, system: System, units: list[UnitWork], root:
         _complete(tl, system, p, boundary)
     if boundary and system.sync == "late":
         for unit in (*units, root):
-            tl.issue(replica_stages(system, unit.reduce_bytes))
+            tl.issue(replica_stages(system, unit))
 
 
 def _post_backward(
@@ -281,7 +287,7 @@ def _post_backward(
     parts = reduce_stages(system, unit.reduce_bytes)
     reduce = _Reduce(unit, parts, [tl.issue(parts[0])])
     if system.sync == "per_unit":
-        tl.issue(replica_stages(system, unit.reduce_bytes))
+        tl.issue(replica_stages(system, unit))
     return [*keep, reduce]
 
 
@@ -295,7 +301,7 @@ def _complete(tl: Timeline, system: System, p: _Reduce, boundary: bool) -> None:
     _advance(tl, p)
     tl.wait(p.ends[-1])
     if boundary and system.sync == "early":
-        tl.issue(replica_stages(system, p.unit.reduce_bytes))
+        tl.issue(replica_stages(system, p.unit))
 
 
 # ------------------------------------------------------------------------------- DDP

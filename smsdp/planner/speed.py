@@ -147,6 +147,7 @@ def unit_work(
             forward_s=forward,
             backward_s=2.0 * flops / backward_rate + (forward if checkpointing else 0.0),
             grad_bytes=sizes.trainable_all.get(unit, 0) * 4,
+            replicated_bytes=(sizes.trainable_all.get(unit, 0) - sizes.trainable_sharded.get(unit, 0)) * reduce_bytes,
         )
 
     units = [work(u, block_params[u], attention) for u in sizes.order]
