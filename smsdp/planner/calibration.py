@@ -4,7 +4,9 @@
 rate (elements per second) and, per link class and collective kind, a per-call latency and
 a bus bandwidth (NCCL-tests' convention: ``bus bytes = factor(n) * payload``, the factor
 ``(n-1)/n`` for an all-gather (payload: its output) or reduce-scatter (payload: its input)
-and ``2 (n-1)/n`` for an all-reduce). A call then takes ``latency + factor(n) * payload / bus``.
+and ``2 (n-1)/n`` for an all-reduce). A call then takes ``steps(n) x alpha + factor(n) * payload / bus``: ``steps`` the ring's ``n - 1``
+(``2 (n - 1)`` for an all-reduce), ``alpha`` the latency measured at ``ranks`` divided by that
+many steps.
 
 Link classes:
 
@@ -32,9 +34,12 @@ FORMAT = "smsdp-calibration/1"
 KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
 CLASSES = ("intra", "ring", "cross")
 
-GPU_CALL_LATENCY_S = {"intra": 20e-6, "ring": 60e-6, "cross": 60e-6}
-"""Per-call latency of NCCL collectives: about 10-30 us inside an NVLink host and 40-100 us over
-EFA for small messages (nccl-tests on p4d, AWS's EFA/NCCL guides)."""
+GPU_STEP_LATENCY_S = {"intra": 5e-6, "ring": 20e-6, "cross": 20e-6}
+"""Latency of one ring step (an assumption, not a published figure): a few microseconds between
+GPUs over NVLink, about 20 us for a hop over EFA (its SRD transport's small-message latency is
+15-20 us). A ring over ``n`` ranks pays ``n - 1`` of them (``2 (n - 1)`` for an all-reduce): the
+alpha of the alpha-beta model, which is what makes a collective over every rank of a large
+cluster slow on small per-rank chunks."""
 
 GPU_OPTIMIZER_BYTES_PER_ELEMENT = 32
 """AdamW with fp32 master, gradient and two moments reads 16 bytes and writes 16 per element:
@@ -90,7 +95,13 @@ class Rates:
         if ranks <= 1 or payload_bytes <= 0:
             return 0.0
         cost = self.cost(link_class, kind)
-        return cost.latency_s + bus_factor(kind, ranks) * payload_bytes / cost.bus_bytes_per_s
+        # The latency was measured at cost.ranks; a ring pays it per step: n - 1 steps (2 (n - 1) for an all-reduce).
+        latency = (
+            cost.latency_s * ring_steps(kind, ranks) / ring_steps(kind, cost.ranks)
+            if cost.ranks > 1
+            else cost.latency_s
+        )
+        return latency + bus_factor(kind, ranks) * payload_bytes / cost.bus_bytes_per_s
 
     def block_rates(self, tokens: int, width: int) -> tuple[float, float]:
         """(forward, backward) FLOP/s of a transformer block of ``width`` over ``tokens`` tokens: the
@@ -180,13 +191,20 @@ class Rates:
         fraction), ``intra_bps`` per-GPU one-way NVLink bandwidth and ``network_bps`` the whole host's
         network bandwidth, both after the link efficiency."""
         per_class = {"intra": intra_bps, "ring": network_bps, "cross": network_bps / max(1, processes_per_host)}
-        links = {c: {k: LinkCost(GPU_CALL_LATENCY_S[c], bps) for k in KINDS} for c, bps in per_class.items()}
+        links = {
+            c: {k: LinkCost(GPU_STEP_LATENCY_S[c] * ring_steps(k, 2), bps, 2) for k in KINDS}
+            for c, bps in per_class.items()
+        }
         return cls(
             (MatmulRate(8192, 8192, 8192, flops),),
             hbm_bps / GPU_OPTIMIZER_BYTES_PER_ELEMENT,
             links,
             f"hardware table: {name}",
         )
+
+
+def ring_steps(kind: str, ranks: int) -> int:
+    return 2 * (ranks - 1) if kind == "all_reduce" else ranks - 1
 
 
 def bus_factor(kind: str, ranks: int) -> float:
