@@ -98,7 +98,16 @@ def run_probe(bed, launcher, out: Path, args, log) -> Rates:
         for rank in range(world):
             env = launcher.rank_env(rank)
             mib = args.probe_mib or max(2.0, min(16.0, cluster._rate_bytes_per_s(bed.rate) * 0.4 / 2**20))
-            argv = [sys.executable, str(PROBE), "--out", str(out), "--mib", f"{mib:.2f}", "--repeats", "5"]
+            argv = [
+                sys.executable,
+                str(PROBE),
+                "--out",
+                str(out),
+                "--mib",
+                f"{mib:.2f}",
+                "--repeats",
+                str(args.probe_repeats),
+            ]
             with open(logs / f"rank{rank}.log", "w") as f:
                 procs.append(bed.spawn(rank // launcher.per_host, argv, env=env, stdout=f, stderr=subprocess.STDOUT))
         codes = cluster._wait_or_fail_fast(procs, args.timeout)
@@ -178,6 +187,7 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--width", type=int, default=256)
     p.add_argument("--probe-mib", type=float, default=None, help="probe payload (default: 0.4 s of the link, 2-16 MiB)")
+    p.add_argument("--probe-repeats", type=int, default=5)
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--json", default=None, help="also write predictions, measurements and calibrations here")
     args = p.parse_args()

@@ -74,9 +74,10 @@ def _call(kind: str, group, n: int, payload_bytes: int, device: torch.device) ->
     return lambda: dist.all_to_all_single(out, x, group=group)
 
 
-def _timed(fn: Callable[[], object], repeats: int, device: torch.device) -> float:
+def _timed(fn: Callable[[], object], repeats: int, device: torch.device, warm: bool = True) -> float:
     """Median seconds of ``fn`` over ``repeats`` calls, every rank starting together."""
-    fn()  # connections made, buffers touched
+    if warm:
+        fn()  # connections made, buffers touched
     times = []
     for _ in range(repeats):
         dist.barrier()
@@ -94,6 +95,9 @@ def _sync(device: torch.device) -> None:
 
 
 def measure_links(cluster: ClusterInfo, payload_bytes: int, repeats: int, device: torch.device) -> dict:
+    """Per class and kind: a small call and a large one, back to back in every repeat (so both see
+    the same machine load); the latency is the small call's median, the bandwidth the median over
+    repeats of what the large call moved beyond its own repeat's small call."""
     groups = _groups(cluster)
     links: dict[str, dict[str, dict]] = {}
     for name in ("intra", "ring", "cross"):
@@ -103,12 +107,16 @@ def measure_links(cluster: ClusterInfo, payload_bytes: int, repeats: int, device
         n = dist.get_world_size(group)
         links[name] = {}
         for kind in KINDS:
-            latency = _timed(_call(kind, group, n, LATENCY_BYTES, device), repeats, device)
-            seconds = _timed(_call(kind, group, n, payload_bytes, device), repeats, device)
+            small = _call(kind, group, n, LATENCY_BYTES, device)
+            large = _call(kind, group, n, payload_bytes, device)
+            small(), large()  # connections made, buffers touched
+            pairs = [(_timed(small, 1, device, False), _timed(large, 1, device, False)) for _ in range(repeats)]
             moved = bus_factor(kind, n) * max(n, payload_bytes // 4 // n * n) * 4
+            latency = statistics.median(p[0] for p in pairs)
+            seconds = statistics.median(p[1] for p in pairs)
             links[name][kind] = {
                 "latency_s": latency,
-                "bus_bytes_per_s": moved / max(seconds - latency, 1e-9),
+                "bus_bytes_per_s": statistics.median(moved / max(b - a, 1e-9) for a, b in pairs),
                 "ranks": n,
                 "payload_bytes": payload_bytes,
                 "seconds": seconds,
