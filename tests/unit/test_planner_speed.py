@@ -121,3 +121,23 @@ def test_gpu_instance_uses_the_hardware_table():
     )
     assert p.speed is not None and p.speed.rates_source == "hardware table: ml.p4d.24xlarge"
     assert 50 < p.speed.model_tflops_per_gpu < 156  # at most the achieved fraction of the 312 TFLOP/s peak
+
+
+def test_estimator_plan_takes_the_calibration(tmp_path):
+    from estimator import Estimator
+    from estimator.example import EXAMPLE_ENTRY_POINT, example_source_dir
+
+    path = tmp_path / "calibration.json"
+    rates().save(path)
+    est = Estimator(
+        EXAMPLE_ENTRY_POINT,
+        example_source_dir(),
+        instance_count=2,
+        distribution={
+            "smdistributed": {"modelparallel": {"enabled": True, "parameters": {"sharded_data_parallel_degree": 4}}},
+            "mpi": {"enabled": True, "processes_per_host": 2},
+        },
+        output_path=str(tmp_path),
+    )
+    p = est.plan(MODEL, batch_size=2, calibration=path)
+    assert p.speed is not None and p.ranking and p.speed.rates_source == "test"
