@@ -25,6 +25,7 @@ import statistics
 import time
 import warnings
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -40,10 +41,10 @@ def bus_factor(kind: str, n: int) -> float:
     return 2.0 * (n - 1) / n if kind == "all_reduce" else (n - 1) / n
 
 
-def _groups(cluster: ClusterInfo) -> dict[str, object]:
+def _groups(cluster: ClusterInfo) -> dict[str, Any]:
     """This rank's intra / ring / cross groups (every rank creates every group, in one order)."""
     world, per_host, hosts = cluster.world_size, cluster.processes_per_host, cluster.num_hosts
-    groups: dict[str, object] = {}
+    groups: dict[str, Any] = {}
     for h in range(hosts):
         members = list(range(h * per_host, (h + 1) * per_host))
         g = dist.new_group(members) if per_host > 1 else None

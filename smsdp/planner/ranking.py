@@ -10,7 +10,7 @@ batch) stays as given. Candidates that do not fit the plan's memory budget are l
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from smsdp.config import ConfigError
 from smsdp.planner.calibration import Rates
@@ -33,7 +33,7 @@ class Candidate:
     def label(self) -> str:
         return f"sharded_data_parallel_degree={self.sharded_degree}, sdp_reshard_after_forward={self.reshard_after_forward}"
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "sharded_data_parallel_degree": self.sharded_degree,
             "sdp_reshard_after_forward": self.reshard_after_forward,

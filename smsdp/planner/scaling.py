@@ -206,8 +206,9 @@ def _tflops_8n(p: Plan) -> float:
 
 def _hardware_fraction(p: Plan) -> float:
     """Hardware FLOPs (recomputation included) per GPU over the dense bf16 peak."""
-    assert p.speed is not None
-    recompute = 2.0 * p.model.flops_params + 4.0 * p.model.shape.n_layer * p.model.shape.d_model * 2048
+    assert p.speed is not None and p.model.shape is not None
+    shape = p.model.shape
+    recompute = 2.0 * p.model.flops_params + 4.0 * shape.n_layer * shape.d_model * shape.seq_len
     flops = (p.speed.flops_per_token + recompute) * p.speed.tokens_per_s / p.world_size
     return flops / p.hardware.peak_flops["bfloat16"]
 

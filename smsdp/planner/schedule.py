@@ -224,7 +224,7 @@ def _sharded_forward(tl: Timeline, system: System, units: list[UnitWork], root: 
 
 def _backward_gathers(system: System, units: list[UnitWork]) -> list[list[Stage]]:
     """Per unit in backward order, what its backward gathers (nothing when kept)."""
-    out = []
+    out: list[list[Stage]] = []
     for j, unit in enumerate(reversed(units)):
         if system.reshard is False or (j == 0 and system.kind == "smsdp"):
             out.append([])  # kept gathered from the forward (smsdp keeps the forward's last unit)

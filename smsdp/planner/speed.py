@@ -17,6 +17,7 @@ trainable elements at the measured AdamW rate.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from smsdp.config import RuntimeConfig
 from smsdp.config.instance_types import LOCAL, lookup
@@ -60,7 +61,7 @@ class Speed:
     def model_tflops_per_gpu(self) -> float:
         return self.tokens_per_s * self.flops_per_token / self.world / 1e12
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "label": self.label,
             "step_s": self.step_s,
