@@ -174,6 +174,19 @@ def table(rate: str, full: dict[str, dict], meas: dict[str, list[float]], phases
     return "\n".join(lines)
 
 
+def reprint(args) -> None:
+    """The tables of a run saved with --json, predicted again from its calibration files."""
+    saved = json.loads(Path(args.from_json).read_text())
+    hosts, per_host = cluster.parse_layout(saved.get("layout", args.layout))
+    specs = cluster.system_specs(saved.get("systems", args.systems).split(","), hosts, per_host)
+    print(f"Saved run: `{' '.join(saved['argv'])}`; predictions from its calibrations with the current model.")
+    for setting in saved["settings"]:
+        rates = Rates.from_dict(setting["calibration"], f"{args.from_json}: {setting['rate']}")
+        pred = predictions(rates, args, hosts, per_host)
+        meas = dict(setting["measured_s"])
+        print(table(setting["rate"], pred, meas, setting["phases"], specs, setting.get("loads", [])), flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--layout", default="2x2")
@@ -190,8 +203,16 @@ def main() -> None:
     p.add_argument("--probe-repeats", type=int, default=5)
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--json", default=None, help="also write predictions, measurements and calibrations here")
+    p.add_argument(
+        "--from-json",
+        default=None,
+        help="print the tables of a saved run (its calibrations and measurements) with the current model; runs nothing",
+    )
     args = p.parse_args()
     args.accum, args.precision = 1, "fp32"
+    if args.from_json:
+        reprint(args)
+        return
     reason = netns_hosts.missing_reason()
     if reason:
         raise SystemExit(f"bench/planner_speed.py: {reason}")
@@ -209,7 +230,7 @@ def main() -> None:
         f"{args.steps} steps, {args.repeats} launch(es). Command: `{' '.join(sys.argv)}`",
         flush=True,
     )
-    report: dict = {"argv": sys.argv, "settings": []}
+    report: dict = {"argv": sys.argv, "layout": args.layout, "systems": args.systems, "settings": []}
     work = Path(tempfile.mkdtemp(prefix="smsdp-planner-speed-"))
     try:
         with netns_hosts.NamespacedHosts(hosts) as bed:

@@ -12,11 +12,16 @@ twice that backward, plus one more forward under activation checkpointing, at th
 ``smsdp probe`` measured for a transformer block of the nearest size (forward and backward apart:
 they include what a block runs besides matmuls), or the matmul rate where none was measured. The optimizer: one rank's
 trainable elements at the measured AdamW rate.
+
+On a CPU calibration (``meta.device == "cpu"``) collectives are run blocking: there the threads
+that move and sum their bytes take the same cores as compute, and on the namespaced test bed
+(4 ranks on 2 cores) the overlapped schedule predicted steps 10-31% short at 500 Mbit/s where the
+blocking one came within 17% at every link rate (docs/planner.md, "Step time on the test bed").
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from smsdp.config import RuntimeConfig
@@ -177,6 +182,10 @@ def predict(
     """The predicted step of ``model`` under ``runtime`` (or the comparison ``system``) at ``rates``."""
     p = runtime.parameters
     system = system or system_of(runtime, assumptions)
+    if rates.meta.get("device") == "cpu":
+        # On CPU ranks the collectives' threads share the cores with compute (the test bed: 4 ranks
+        # on 2 cores): measured there, a collective delays compute as if it blocked it.
+        system = replace(system, overlap=False)
     c = 2 if (p.bf16 or p.fp16) else 4
     units, root, optimizer_s = unit_work(
         model,
