@@ -141,3 +141,15 @@ def test_estimator_plan_takes_the_calibration(tmp_path):
     )
     p = est.plan(MODEL, batch_size=2, calibration=path)
     assert p.speed is not None and p.ranking and p.speed.rates_source == "test"
+
+
+def test_probe_is_a_job_of_the_bundled_probe_script(tmp_path):
+    from estimator.cli import build_parser
+    from estimator.probe_cli import estimator_for_probe
+
+    args = build_parser().parse_args(
+        ["probe", "--instance-count", "2", "--processes-per-host", "2", "--output-path", str(tmp_path), "--mib", "1"]
+    )
+    request = estimator_for_probe(args).dry_run()
+    argv = request.argv
+    assert "probe.py" in argv and argv[argv.index("probe.py") + 1 :][:4] == ("--repeats", "5", "--mib", "1.0")
