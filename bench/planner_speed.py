@@ -255,6 +255,7 @@ def main() -> None:
                         "predicted": pred,
                         "measured_s": meas,
                         "phases": phases,
+                        "loads": [r["load"] for r in runs],
                     }
                 )
     finally:
