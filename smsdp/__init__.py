@@ -23,7 +23,8 @@ _EXPORTS = {
     "StepOutput": "smsdp.smp.step",
     **dict.fromkeys(("save_checkpoint", "resume_from_checkpoint", "CheckpointError"), "smsdp.smp.checkpointing"),
     **dict.fromkeys(
-        ("load_pretrained", "save_pretrained", "TensorNames", "PretrainedError"), "smsdp.smp.checkpointing"
+        ("load_pretrained", "save_pretrained", "save_adapter", "TensorNames", "PretrainedError"),
+        "smsdp.smp.checkpointing",
     ),
 }
 _API = [

@@ -90,7 +90,11 @@ def hf_model_spec(module: Any, names: TensorNames, dtype: torch.dtype = torch.fl
     config["dtype"] = str(dtype).removeprefix("torch.")
     config.pop("torch_dtype", None)
     text = json.dumps(config, indent=2, sort_keys=True) + "\n"
-    return ExportSpec(names.file_name, {CONFIG_FILE: text.encode()}, names.is_transposed, dtype)
+
+    def tensor_name(name: str) -> str | None:  # a peft model's adapters are smp.save_adapter's
+        return None if names.keeps_initial(name) else names.file_name(name)
+
+    return ExportSpec(tensor_name, {CONFIG_FILE: text.encode()}, names.is_transposed, dtype)
 
 
 def save_pretrained(

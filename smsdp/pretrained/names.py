@@ -12,6 +12,12 @@ GPT-2's ``Conv1D`` stores ``[in, out]`` where ``nn.Linear`` has ``[out, in]``) a
 ``config`` (the ``config.json`` an export writes, so that ``from_pretrained``
 builds the matching Hugging Face class). The bundled GPT declares its own this
 way, as any user model would: GPT-2's names, four weights transposed.
+
+A model wrapped by peft (``get_peft_model``) is read from its base model's
+checkpoint: ``TensorNames.of`` drops peft's ``base_model.model.`` prefix and the
+``base_layer`` level its tuner layers add, and its adapter parameters are
+``initialized``: not looked for in the checkpoint, they keep the values peft gave
+them (``smsdp.pretrained.peft_names``).
 """
 
 from __future__ import annotations
@@ -33,10 +39,17 @@ class TensorNames:
     transposed: tuple[str, ...] = ()  # fnmatch patterns of model names
     base_model_prefix: str | None = None  # also look for a name without "<prefix>."
     config: Callable[[Any], dict] | None = None  # module -> config.json contents, for export
+    initialized: Callable[[str], bool] | None = None  # model names not read: they keep their initial values
 
     @classmethod
     def of(cls, module: Any) -> TensorNames:
-        """A Hugging Face ``PreTrainedModel``'s own names (and its config for export)."""
+        """A Hugging Face ``PreTrainedModel``'s own names (and its config for export); a peft model's base's."""
+        from smsdp.pretrained.peft_names import is_peft_model, peft_base_names
+
+        if is_peft_model(module):
+            base = cls.of(module.get_base_model())
+            rename, adapter = peft_base_names(module)
+            return cls(rename, base.transposed, base.base_model_prefix, base.config, adapter)
         prefix = getattr(module, "base_model_prefix", None) or None
         has_config = callable(getattr(getattr(module, "config", None), "to_json_string", None))
         return cls(base_model_prefix=prefix, config=hf_config_of if has_config else None)
@@ -53,6 +66,10 @@ class TensorNames:
     def file_name(self, name: str) -> str:
         """The name an export writes ``name`` under."""
         return self.rename(name) if self.rename else name
+
+    def keeps_initial(self, name: str) -> bool:
+        """Whether ``name`` is not read from the checkpoint (a peft adapter keeps peft's initial values)."""
+        return self.initialized is not None and self.initialized(name)
 
     def is_transposed(self, name: str) -> bool:
         return any(fnmatch.fnmatchcase(name, pattern) for pattern in self.transposed)
