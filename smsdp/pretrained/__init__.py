@@ -4,9 +4,10 @@
   slices of a ``save_pretrained`` directory's safetensors that its shards hold.
 - ``save_pretrained(model, path)`` (``smsdp.pretrained.export``): a directory that
   ``transformers.AutoModelForCausalLM.from_pretrained`` loads, written unit by unit.
-- ``save_adapter(model, path)`` (``smsdp.pretrained.adapter``): a peft model's adapter, as
-  ``peft.PeftModel.from_pretrained`` loads it; ``load_pretrained`` reads a peft model's base from
-  the base model's directory and leaves the adapters as peft initialized them.
+- ``save_adapter(model, path)`` (``smsdp.pretrained.adapter``, not imported here: it imports
+  peft): a peft model's adapter, as ``peft.PeftModel.from_pretrained`` loads it;
+  ``load_pretrained`` reads a peft model's base from the base model's directory and leaves the
+  adapters as peft initialized them.
 - ``TensorNames`` (``smsdp.pretrained.names``): how a model's names map to the
   checkpoint's (a Hugging Face model's own; the bundled GPT's GPT-2 names).
 
@@ -15,7 +16,6 @@ Beside the sharding core: it uses the model's public surface only (``units``,
 ``persistent_buffers()``, the tensor-parallel marks on the parameters).
 """
 
-from smsdp.pretrained.adapter import save_adapter
 from smsdp.pretrained.directory import HFDirectory, PretrainedError, read_config
 from smsdp.pretrained.export import ExportReport, ExportSpec, hf_model_spec, save_pretrained
 from smsdp.pretrained.load import LoadReport, load_pretrained
@@ -35,6 +35,5 @@ __all__ = [
     "load_pretrained",
     "read_config",
     "read_shard",
-    "save_adapter",
     "save_pretrained",
 ]

@@ -7,6 +7,10 @@ parameter names), so they follow peft's rules for each tuner (the adapter name
 dropped, biases and ``modules_to_save`` where the config asks for them). The
 writer is ``save_pretrained``'s (see [Note: adapters] in ``smsdp.pretrained.export``):
 only the groups that hold adapter parameters are gathered; the frozen base is not.
+
+peft is imported here, at the top, and only here: ``smsdp.pretrained`` does not import this
+module, ``smp.save_adapter`` does (``smsdp.smp.adapters``), so peft (and the transformers it
+loads) is loaded by the jobs that save an adapter only.
 """
 
 from __future__ import annotations
@@ -16,6 +20,11 @@ import os
 from typing import Any
 
 import torch
+
+try:
+    from peft import get_peft_model_state_dict
+except ImportError:  # no peft, no peft model to save: is_peft_model refuses the model first
+    get_peft_model_state_dict = None
 
 from smsdp.pretrained.directory import PretrainedError
 from smsdp.pretrained.export import ExportReport, ExportSpec, save_pretrained
@@ -34,8 +43,6 @@ def peft_adapter_spec(module: Any, adapter_name: str = "default", dtype: torch.d
         )
     if adapter_name not in module.peft_config:
         raise PretrainedError(f"adapter_name={adapter_name!r}: the model has {sorted(module.peft_config)}")
-    from peft import get_peft_model_state_dict  # deferred: peft is the finetune extra's
-
     # peft maps names, not values: one distinct marker per name, found again by identity.
     markers = {name: torch.empty(0) for name, _ in module.named_parameters(remove_duplicate=False)}
     kept = get_peft_model_state_dict(module, state_dict=markers, adapter_name=adapter_name)

@@ -119,7 +119,7 @@ def save_pretrained(
     module = getattr(model, "module", model)
     target = Path(path)
     if spec is None:
-        spec = hf_model_spec(module, names if names is not None else TensorNames.of(module), dtype)
+        spec = hf_model_spec(module, names.adapted_to(module) if names is not None else TensorNames.of(module), dtype)
     plans = _plan(model, spec)  # the same on every rank: nothing has been gathered yet
     what = f"save_pretrained({target})"
     occupied = rank() == 0 and target.exists() and not (overwrite or _is_empty_dir(target))

@@ -25,10 +25,11 @@ from __future__ import annotations
 import fnmatch
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from smsdp.pretrained.directory import PretrainedError
+from smsdp.pretrained.peft_names import base_name, is_peft_model, peft_adapter_names
 
 
 @dataclass(frozen=True)
@@ -39,24 +40,31 @@ class TensorNames:
     transposed: tuple[str, ...] = ()  # fnmatch patterns of model names
     base_model_prefix: str | None = None  # also look for a name without "<prefix>."
     config: Callable[[Any], dict] | None = None  # module -> config.json contents, for export
+    inner: Callable[[str], str] | None = None  # a wrapper's name -> the wrapped model's, before all of the above
     initialized: Callable[[str], bool] | None = None  # model names not read: they keep their initial values
 
     @classmethod
     def of(cls, module: Any) -> TensorNames:
         """A Hugging Face ``PreTrainedModel``'s own names (and its config for export); a peft model's base's."""
-        from smsdp.pretrained.peft_names import is_peft_model, peft_base_names
-
         if is_peft_model(module):
-            base = cls.of(module.get_base_model())
-            rename, adapter = peft_base_names(module)
-            return cls(rename, base.transposed, base.base_model_prefix, base.config, adapter)
+            return cls.of(module.get_base_model()).adapted_to(module)
         prefix = getattr(module, "base_model_prefix", None) or None
         has_config = callable(getattr(getattr(module, "config", None), "to_json_string", None))
         return cls(base_model_prefix=prefix, config=hf_config_of if has_config else None)
 
+    def adapted_to(self, module: Any) -> TensorNames:
+        """These names, for ``module``: when it is a peft model wrapping the model they describe, its
+        base parameters under their base names and its adapters not read (unchanged otherwise)."""
+        if self.inner is not None or not is_peft_model(module):
+            return self
+        return replace(self, inner=base_name, initialized=peft_adapter_names(module))
+
+    def _inner(self, name: str) -> str:
+        return self.inner(name) if self.inner else name
+
     def candidates(self, name: str) -> list[str]:
         """The checkpoint names to look ``name`` up by, in order."""
-        first = self.rename(name) if self.rename else name
+        first = self.file_name(name)
         out = [first]
         prefix = f"{self.base_model_prefix}." if self.base_model_prefix else None
         if prefix and first.startswith(prefix):
@@ -65,6 +73,7 @@ class TensorNames:
 
     def file_name(self, name: str) -> str:
         """The name an export writes ``name`` under."""
+        name = self._inner(name)
         return self.rename(name) if self.rename else name
 
     def keeps_initial(self, name: str) -> bool:
@@ -72,6 +81,7 @@ class TensorNames:
         return self.initialized is not None and self.initialized(name)
 
     def is_transposed(self, name: str) -> bool:
+        name = self._inner(name)
         return any(fnmatch.fnmatchcase(name, pattern) for pattern in self.transposed)
 
     def config_for(self, module: Any) -> dict:

@@ -37,7 +37,7 @@ def base_name(name: str) -> str:
     return name.replace(".base_layer.", ".")
 
 
-def peft_base_names(module: Any) -> tuple[Callable[[str], str], Callable[[str], bool]]:
-    """(model name -> base checkpoint name, is this name an adapter's) for a peft model."""
+def peft_adapter_names(module: Any) -> Callable[[str], bool]:
+    """Whether a name of ``module`` (a peft model) is one of its adapters' parameters."""
     prefixes = adapter_prefixes(module)
-    return base_name, lambda name: name.startswith(prefixes)
+    return lambda name: name.startswith(prefixes)
