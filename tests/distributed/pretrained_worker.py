@@ -265,9 +265,9 @@ def _export_errors(dm) -> dict:
     except smp.PretrainedError as exc:
         result["occupied"] = str(exc)
     result["occupied_after"] = sorted(p.name for p in occupied.iterdir())
-    import safetensors.torch
+    import smsdp.pretrained.export as export_module
 
-    real, calls = safetensors.torch.save_file, []
+    real, calls = export_module.save_file, []
 
     def failing(*args, **kwargs):  # the second file fails, as a full disk would
         calls.append(1)
@@ -275,13 +275,13 @@ def _export_errors(dm) -> dict:
             raise OSError(28, "No space left on device")
         return real(*args, **kwargs)
 
-    safetensors.torch.save_file = failing
+    export_module.save_file = failing
     try:
         smp.save_pretrained(dm, root / "failed")
     except smp.PretrainedError as exc:
         result["failed"] = str(exc)
     finally:
-        safetensors.torch.save_file = real
+        export_module.save_file = real
     dist.barrier()
     result["leftovers"] = sorted(p.name for p in root.iterdir() if "failed" in p.name)
     report = smp.save_pretrained(dm, occupied, overwrite=True)
