@@ -20,6 +20,7 @@ _EXPORTS = {
     **dict.fromkeys(_TENSOR_PARALLEL, "smsdp.smp.tensor_parallel_api"),
     "DistributedOptimizer": "smsdp.smp.distributed_optimizer",
     "save_adapter": "smsdp.smp.adapters",
+    "KahanAdamW": "smsdp.smp.kahan",
     "step": "smsdp.smp.step",
     "StepOutput": "smsdp.smp.step",
     **dict.fromkeys(("save_checkpoint", "resume_from_checkpoint", "CheckpointError"), "smsdp.smp.checkpointing"),

@@ -34,6 +34,7 @@ SEQ = 16
 # trainable and frozen groups of both kinds.
 PERSISTENCE_THRESHOLD = 100
 LOGITS_SEED = 77
+BF16_LR = 3e-3
 
 
 def _path() -> str:
@@ -157,5 +158,83 @@ def lora_case() -> dict:
     return out
 
 
+def _bf16_reference(path: str, vocab: int) -> dict:
+    """One process: the Llama in bf16 (no fp32 anywhere but KahanAdamW's temporaries), the whole batch."""
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(1)
+    model = AutoModelForCausalLM.from_pretrained(path).to(torch.bfloat16)
+    initial = {k: v.detach().float() for k, v in model.state_dict().items()}
+    opt = smp.KahanAdamW(model.parameters(), lr=BF16_LR, weight_decay=0.1)
+    losses = []
+    for step in range(STEPS):
+        x = _batch(step, vocab)
+        loss = model(input_ids=x, labels=x).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return {
+        "initial": initial,
+        "final": {k: v.detach().float() for k, v in model.state_dict().items()},
+        "losses": losses,
+    }
+
+
+def pure_bf16_case() -> dict:
+    """The tiny Llama under sdp_pure_bf16 at d=4 with smp.KahanAdamW, against one bf16 process."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from smsdp.core.spec_from_module import spec_from_module
+    from smsdp.planner import memory
+    from smsdp.pretrained import read_config
+
+    runtime_state.reset_for_tests()
+    config = {
+        "ddp": True,
+        "bf16": True,
+        "sdp_pure_bf16": True,
+        "sharded_data_parallel_degree": 4,
+        "sdp_gradient_clipping": 0,
+    }
+    smp.init(
+        {**config, "sdp_param_persistence_threshold": PERSISTENCE_THRESHOLD, "delayed_parameter_initialization": True}
+    )
+    path = _path()
+    vocab = read_config(path)["vocab_size"]
+    with smp.model_creation():
+        module = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
+    dm = smp.DistributedModel(module)
+    smp.load_pretrained(dm, path)  # the fp32 file rounds into the bf16 masters
+    initial = dm.state_dict()
+    reference = computed_once(("bf16", path), lambda: _bf16_reference(path, vocab))
+    opt = smp.DistributedOptimizer(smp.KahanAdamW(dm.parameters(), lr=BF16_LR, weight_decay=0.1))
+    losses = []
+    for step in range(STEPS):
+        x = _batch(step, vocab).chunk(smp.rdp_size())[smp.rdp_rank()]
+        loss = dm(input_ids=x, labels=x).loss
+        dm.backward(loss)
+        opt.step()
+        held = {**dm.model_state_bytes(), "optimizer": opt.optimizer_state_bytes()}
+        opt.zero_grad()
+        total = loss.detach().float()
+        dist.all_reduce(total)
+        losses.append(total.item() / smp.rdp_size())
+    with torch.device("meta"):
+        spec = spec_from_module(AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path)))
+    groups = memory.layout(spec, smp.sdp_size(), PERSISTENCE_THRESHOLD)
+    planned = memory.model_state(groups, 2, memory.OPTIMIZER_BYTES_PER_ELEMENT["kahan_adamw_bf16"], smp.sdp_rank(), 2)
+    out = {
+        "held": held,
+        "planned": {"params": planned.params, "grads": planned.grads, "optimizer": planned.optimizer},
+        "dtypes": sorted({str(g.master.dtype) for g in dm.flat_groups()}),
+        "losses": losses,
+    }
+    final = dm.state_dict()
+    if smp.rank() == 0:
+        out.update(initial=initial, final=final, reference=reference)
+    return out
+
+
 if __name__ == "__main__":
-    worker_main({"lora": lora_case}, setup=init_gloo_from_env)
+    worker_main({"lora": lora_case, "pure_bf16": pure_bf16_case}, setup=init_gloo_from_env)
