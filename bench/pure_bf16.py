@@ -42,7 +42,9 @@ def main() -> None:
     fp32_val = ranks["fp32"][0]["val_loss"]
     steps = len(ranks["fp32"][0]["losses"])
     print(f"Pure bf16, bundled GPT, 2 ranks (d=2), {steps} steps, {started}, load average {load:.1f}\n")
-    print("| precision | final train loss (last 20) | val loss | val - fp32 val | model state / rank (B) | = planner | ms/step |")
+    print(
+        "| precision | final train loss (last 20) | val loss | val - fp32 val | model state / rank (B) | = planner | ms/step |"
+    )
     print("|---|---|---|---|---|---|---|")
     for variant, label in VARIANTS.items():
         r = ranks[variant][0]

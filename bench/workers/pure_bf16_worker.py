@@ -20,13 +20,13 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import smsdp as smp  # noqa: E402
-from entrypoints.data import TokenDataset  # noqa: E402
-from entrypoints.gpt import GPT, GPTConfig  # noqa: E402
-from smsdp.comm import world as runtime_state  # noqa: E402
-from smsdp.core.spec_from_module import spec_from_module  # noqa: E402
-from smsdp.planner import memory  # noqa: E402
-from tests.mpi_harness import init_gloo_from_env, worker_main  # noqa: E402
+import smsdp as smp
+from entrypoints.data import TokenDataset
+from entrypoints.gpt import GPT, GPTConfig
+from smsdp.comm import world as runtime_state
+from smsdp.core.spec_from_module import spec_from_module
+from smsdp.planner import memory
+from tests.mpi_harness import init_gloo_from_env, worker_main
 
 STEPS = int(os.environ.get("PURE_BF16_STEPS", "200"))
 LR = float(os.environ.get("PURE_BF16_LR", "6e-4"))
