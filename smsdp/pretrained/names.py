@@ -26,6 +26,7 @@ import fnmatch
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 from smsdp.pretrained.directory import PretrainedError
@@ -57,7 +58,10 @@ class TensorNames:
         base parameters under their base names and its adapters not read (unchanged otherwise)."""
         if self.inner is not None or not is_peft_model(module):
             return self
-        return replace(self, inner=base_name, initialized=peft_adapter_names(module))
+        config = self.config
+        if config is not None:  # the base model's config.json (its class as the architecture), not peft's
+            config = partial(_config_of_base, config)
+        return replace(self, inner=base_name, initialized=peft_adapter_names(module), config=config)
 
     def _inner(self, name: str) -> str:
         return self.inner(name) if self.inner else name
@@ -91,6 +95,10 @@ class TensorNames:
                 "names=smp.TensorNames(config=...) with a function that returns its config.json contents"
             )
         return self.config(module)
+
+
+def _config_of_base(config: Callable[[Any], dict], module: Any) -> dict:
+    return config(module.get_base_model() if is_peft_model(module) else module)
 
 
 def hf_config_of(module: Any) -> dict:

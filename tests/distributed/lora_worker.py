@@ -137,6 +137,7 @@ def lora_case() -> dict:
         logits = dm(input_ids=x).logits
     adapter_dir = Path(os.environ[OUT_ENV]) / "adapter"
     report = smp.save_adapter(dm, adapter_dir)
+    base_report = smp.save_pretrained(dm, Path(os.environ[OUT_ENV]) / "base")  # the frozen base, its own names
     final = dm.state_dict()
     out = {
         "held": held,
@@ -154,6 +155,7 @@ def lora_case() -> dict:
             input=x,
             adapter_dir=str(adapter_dir),
             adapter_files=report.files,
+            base_dir=str(base_report.path),
         )
     return out
 

@@ -90,6 +90,22 @@ def test_the_frozen_base_is_bit_identical_after_training(results):
         assert torch.equal(ours["final"][name], ours["reference"]["final"][name]), name
 
 
+def test_save_pretrained_of_the_peft_model_writes_its_base_as_loaded(results, base_dir):
+    from safetensors.torch import load_file
+
+    exported = Path(results["lora"][0]["base_dir"])
+    config = json.loads((exported / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"]
+    index = json.loads((exported / "model.safetensors.index.json").read_text())
+    written = {}
+    for file in sorted(set(index["weight_map"].values())):
+        written.update(load_file(exported / file))
+    original = load_file(base_dir / "model.safetensors")
+    assert sorted(written) == sorted(original)
+    for name, value in original.items():
+        assert torch.equal(written[name], value), name
+
+
 def test_frozen_groups_take_no_gradient_traffic_and_no_optimizer_state(results):
     ranks = results["lora"]
     kinds = {(sharded, trainable) for sharded, trainable, _, _ in ranks[0]["groups"]}
