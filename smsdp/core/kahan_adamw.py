@@ -50,7 +50,7 @@ class KahanAdamW(torch.optim.Optimizer):
         super().__init__(params, defaults)
 
     @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -72,6 +72,7 @@ class KahanAdamW(torch.optim.Optimizer):
         return state
 
     def _step_param(self, param: torch.Tensor, group: dict) -> None:
+        assert param.grad is not None  # step() passes only parameters with a gradient
         state = self._state_of(param, group["compensation"])
         state["step"] += 1
         step = int(state["step"].item())
