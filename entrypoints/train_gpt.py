@@ -43,6 +43,9 @@ from its config, the model is built on the meta device and each rank reads
 its shards' slices of the weights (``smp.load_pretrained``). ``--export_hf
 true`` also writes ``$SM_MODEL_DIR/hf/``, a directory that
 ``transformers.AutoModelForCausalLM.from_pretrained`` loads (``smp.save_pretrained``).
+``--lora_rank r`` (with ``--lora_alpha``, ``--lora_dropout``, ``--lora_targets``) freezes
+the base and trains peft's LoRA adapters instead; ``--export_adapter true`` writes
+``$SM_MODEL_DIR/adapter/``, which ``peft.PeftModel.from_pretrained`` loads onto the base.
 
 SIGTERM (``job.stop()``, ``max_run``, a spot interruption) does not kill the
 run mid-step: every rank finishes the current step, they agree to stop, save a
@@ -124,9 +127,20 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="Hugging Face GPT-2 directory to start from (its config sets the architecture)",
     )
     p.add_argument("--export_hf", type=_flag, default=False, help="also write model_dir/hf/ for from_pretrained")
+    p.add_argument("--lora_rank", type=int, default=0, help="LoRA adapters of this rank (peft); 0: train every weight")
+    p.add_argument("--lora_alpha", type=float, default=16.0, help="LoRA scaling numerator (scale = alpha / rank)")
+    p.add_argument("--lora_dropout", type=float, default=0.0)
+    p.add_argument("--lora_targets", default="c_attn,c_proj,c_fc", help="comma-separated module names to adapt")
+    p.add_argument("--export_adapter", type=_flag, default=False, help="write model_dir/adapter/ for peft")
     args = p.parse_args(argv)
     if args.vocab_size < 256:
         p.error(f"--vocab_size {args.vocab_size} is below the 256 byte tokens; use 256 or more")
+    if args.lora_rank < 0:
+        p.error(f"--lora_rank {args.lora_rank} is negative; use 0 (no LoRA) or the adapters' rank")
+    if args.export_adapter and not args.lora_rank:
+        p.error("--export_adapter true needs --lora_rank > 0 (there is no adapter to export)")
+    if args.export_hf and args.lora_rank:
+        p.error("--export_hf true with --lora_rank: the base is frozen and unchanged; export the adapter instead")
     return args
 
 
@@ -176,6 +190,21 @@ def param_groups(model, weight_decay: float) -> list:
         {"params": decay, "weight_decay": weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
+
+
+def with_lora(gpt, args: argparse.Namespace):
+    """``gpt`` with peft's LoRA adapters on ``--lora_targets`` (the base frozen), or as it is."""
+    if not args.lora_rank:
+        return gpt
+    if smp.tp_size() > 1:
+        raise ValueError("--lora_rank with tensor_parallel_degree > 1 is not supported; use sharded data parallelism")
+    from peft import LoraConfig, get_peft_model
+
+    targets = [t.strip() for t in args.lora_targets.split(",") if t.strip()]
+    config = LoraConfig(
+        r=args.lora_rank, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout, target_modules=targets
+    )
+    return get_peft_model(gpt, config)
 
 
 def mean_over_data_parallel(value: torch.Tensor) -> torch.Tensor:
@@ -245,8 +274,8 @@ def build(args: argparse.Namespace) -> Run:
     # A pretrained model is built on the meta device: no rank ever holds it whole. Otherwise the
     # build is eager, whatever the job's delayed_parameter_initialization (smp.plan says so).
     on_meta = smp.delay_param_initialization if args.pretrained_dir else contextlib.nullcontext
-    with on_meta():
-        gpt = GPT(config)
+    with on_meta():  # peft's adapters too: the replay gives them the values an eager build would
+        gpt = with_lora(GPT(config), args)
     if smp.tp_size() > 1:  # blocks, embedding and head split over tp_group (Megatron layout)
         register_tensor_parallel()
         smp.set_tensor_parallelism(gpt, True)
@@ -359,6 +388,8 @@ def save_artifacts(run: Run, log: ProgressLogger, t_start: float) -> dict:
     (and ``hf/``, for ``from_pretrained``, with ``--export_hf``)."""
     if run.args.export_hf:  # unit by unit, written by rank 0: every rank calls it
         smp.save_pretrained(run.model, Path(run.args.model_dir) / "hf", names=hf_gpt2_names(), overwrite=True)
+    if run.args.export_adapter:  # what peft.PeftModel.from_pretrained loads onto the pretrained GPT
+        smp.save_adapter(run.model, Path(run.args.model_dir) / "adapter", overwrite=True)
     state = run.model.state_dict()  # full, unsharded: a collective, so every rank calls it
     summary = log.summary(
         model_params=run.n_params,

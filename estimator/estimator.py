@@ -55,7 +55,7 @@ class Estimator:
 
     ``instance_type="slurm"`` submits the job to Slurm (``sbatch``), ``instance_count``
     nodes x ``processes_per_host`` ranks; ``slurm_options`` are its sbatch options
-    (``{"partition": "gpu", "time": "2:00:00", "gres": "gpu:8"}``; README, "Slurm").
+    (``{"partition": "gpu", "time": "2:00:00", "gres": "gpu:8"}``; docs/backends.md, "Slurm").
     """
 
     def __init__(

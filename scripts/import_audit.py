@@ -35,6 +35,7 @@ HEAVY = (
     "torch",
     "numpy",
     "transformers",
+    "peft",
     "mpi4py",
     "matplotlib",
     "tensorboard",

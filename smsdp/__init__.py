@@ -19,11 +19,14 @@ _EXPORTS = {
     **dict.fromkeys(_MODEL, "smsdp.smp.distributed_model"),
     **dict.fromkeys(_TENSOR_PARALLEL, "smsdp.smp.tensor_parallel_api"),
     "DistributedOptimizer": "smsdp.smp.distributed_optimizer",
+    "save_adapter": "smsdp.smp.adapters",
+    "KahanAdamW": "smsdp.smp.kahan",
     "step": "smsdp.smp.step",
     "StepOutput": "smsdp.smp.step",
     **dict.fromkeys(("save_checkpoint", "resume_from_checkpoint", "CheckpointError"), "smsdp.smp.checkpointing"),
     **dict.fromkeys(
-        ("load_pretrained", "save_pretrained", "TensorNames", "PretrainedError"), "smsdp.smp.checkpointing"
+        ("load_pretrained", "save_pretrained", "TensorNames", "PretrainedError"),
+        "smsdp.smp.checkpointing",
     ),
 }
 _API = [

@@ -69,6 +69,11 @@ class World:
         return torch.float32
 
     @property
+    def master_dtype(self) -> torch.dtype:
+        """What parameter shards and their gradients are kept in: fp32, or bf16 under ``sdp_pure_bf16``."""
+        return torch.bfloat16 if self.params.sdp_pure_bf16 else torch.float32
+
+    @property
     def dp_size(self) -> int:
         """Ranks a gradient is averaged over: every rank holding a data-parallel replica."""
         return self.topology.dp_size

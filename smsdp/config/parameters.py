@@ -122,6 +122,10 @@ class SMPParameters(ConfigModel):
     sdp_reduce_dtype: Literal["fp32", "bf16"] = "fp32"
     """smsdp's own (FSDP2's ``reduce_dtype``): dtype of the gradient reduce-scatter and the
     replica/data-parallel all-reduces; shards accumulate in fp32."""
+    sdp_pure_bf16: StrictBool = False
+    """smsdp's own (the FSDP tuning guide's pure bf16): with ``bf16``, keep the parameter shards,
+    their gradients and (with a bf16-aware optimizer such as ``smp.KahanAdamW``) the optimizer state
+    in bf16, with no fp32 master copy: half the model state's bytes. Off: fp32 masters."""
     sdp_quantized_allgather: StrictBool = False
     """smsdp's own (DeepSpeed ZeRO++'s qwZ): parameter shards cross the wire as int8 blocks with one
     fp32 scale per ``sdp_quantization_block`` elements (about 1/4 of fp32's bytes); each element of
@@ -296,6 +300,9 @@ def _precision_problems(p: SMPParameters) -> list[ConfigProblem]:
         source = "fp16=True" if not p.fp16_params else "fp16=True (fp16_params=True turns it on)"
         rule = f"cannot be combined with {source}; set one of bf16 and fp16 to False"
         return [ConfigProblem(("bf16",), rule, True)]
+    if p.sdp_pure_bf16 and not p.bf16:
+        rule = "keeps parameters in bf16, so it needs bf16=True; set bf16 to True or sdp_pure_bf16 to False"
+        return [ConfigProblem(("sdp_pure_bf16",), rule, True)]
     return []
 
 

@@ -58,6 +58,7 @@ class GroupPolicy:
     shard_rank: int
     compute_dtype: torch.dtype
     device: torch.device
+    master_dtype: torch.dtype = torch.float32  # bf16 under sdp_pure_bf16
 
 
 def build_units(root: nn.Module, unit_modules: list[tuple[str, nn.Module]], policy: GroupPolicy) -> list[Unit]:
@@ -126,6 +127,7 @@ def make_groups(unit_name: str, infos: list[ParamInfo], policy: GroupPolicy) -> 
                 shard_rank=policy.shard_rank if sharded else 0,
                 compute_dtype=policy.compute_dtype,
                 device=policy.device,
+                master_dtype=policy.master_dtype,
             )
         )
     return groups

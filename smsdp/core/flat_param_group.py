@@ -94,11 +94,12 @@ class FlatParamGroup:
     layout: ShardLayout  # this rank's range of the flat buffer; degree 1 when replicated
     compute_dtype: torch.dtype
     device: torch.device
+    master_dtype: torch.dtype = torch.float32  # bf16 under sdp_pure_bf16: no fp32 copy at all
     # Made by ``build``:
-    master: torch.Tensor = field(init=False)  # fp32: the local shard, or the whole buffer when replicated
+    master: torch.Tensor = field(init=False)  # the local shard, or the whole buffer when replicated
     unsharded: torch.Tensor = field(init=False)  # all-gather output; storage freed when resharded
     flat_param: nn.Parameter = field(init=False)  # the autograd leaf the views are split from
-    grad_acc: torch.Tensor | None = None  # fp32 gradient of ``master``; owned here (see the gradients section)
+    grad_acc: torch.Tensor | None = None  # gradient of ``master``, in its dtype; owned here (see the gradients section)
     optim_params: list[tuple[str, nn.Parameter]] = field(default_factory=list)
     state: ParamState = ParamState.SHARDED
     _gather_handle: Any = None
@@ -135,6 +136,7 @@ class FlatParamGroup:
         shard_rank: int,
         compute_dtype: torch.dtype,
         device: torch.device,
+        master_dtype: torch.dtype = torch.float32,
     ) -> FlatParamGroup:
         """``shard_degree`` 1 makes a replicated group (every rank keeps the whole buffer)."""
         offset = 0
@@ -142,7 +144,7 @@ class FlatParamGroup:
             info.offset = offset
             offset += info.numel
         layout = ShardLayout.of(offset, shard_degree, shard_rank)
-        group = cls(unit_name, infos, trainable, layout, compute_dtype, device)
+        group = cls(unit_name, infos, trainable, layout, compute_dtype, device, master_dtype)
         group._split_sizes = [info.numel for info in infos] + ([layout.padding] if layout.padding else [])
         group._take_master_from_originals()
         group._make_optim_params()
@@ -151,8 +153,8 @@ class FlatParamGroup:
         return group
 
     def _take_master_from_originals(self) -> None:
-        """Copy this rank's slice of the (already identical on every rank) parameters into fp32."""
-        self.master = torch.zeros(self.layout.shard_numel, dtype=torch.float32, device=self.device)
+        """Copy this rank's slice of the (already identical on every rank) parameters into the master."""
+        self.master = torch.zeros(self.layout.shard_numel, dtype=self.master_dtype, device=self.device)
         for info in self.infos:
             part = self.layout.part(info.offset, info.numel)
             if part.numel:
@@ -176,7 +178,7 @@ class FlatParamGroup:
             self.optim_params.append((info.names[0], nn.Parameter(self.master[part.local : part.local + part.numel])))
 
     def _make_buffers(self) -> None:
-        needs_cast = self.compute_dtype != torch.float32
+        needs_cast = self.compute_dtype != self.master_dtype
         if not self.sharded and not needs_cast:
             self.unsharded = self.master  # replicated fp32: compute straight from the master
         else:
@@ -292,11 +294,13 @@ class FlatParamGroup:
         return grad
 
     def accumulate(self, grad_shard: torch.Tensor, scale: float = 1.0) -> None:
-        """Add ``scale * grad_shard`` (fp32) into the gradient; the first one is taken over in place."""
+        """Add ``scale * grad_shard`` into the gradient (the master's dtype); the first one is taken over in place."""
         if self.grad_acc is None:
-            self.grad_acc = grad_shard if grad_shard.dtype == torch.float32 else grad_shard.float()
+            grad = grad_shard if grad_shard.dtype == torch.float32 else grad_shard.float()
             if scale != 1.0:
-                self.grad_acc.mul_(scale)
+                grad.mul_(scale)
+            # Scaled in fp32 first: a bf16 master's gradient is rounded once.
+            self.grad_acc = grad if self.master_dtype == torch.float32 else grad.to(self.master_dtype)
         else:
             self.grad_acc.add_(grad_shard, alpha=scale)
 
@@ -324,6 +328,7 @@ class FlatParamGroup:
 
     def restore_synced(self, summed: torch.Tensor) -> None:
         """Put a synchronized gradient back (added to whatever accumulated since it was taken)."""
+        summed = summed if summed.dtype == self.master_dtype else summed.to(self.master_dtype)
         self.grad_acc = summed if self.grad_acc is None else self.grad_acc.add_(summed)
 
     def scale_grad_(self, factor: float | torch.Tensor) -> None:
@@ -333,7 +338,7 @@ class FlatParamGroup:
 
     def grad_square_sum(self) -> torch.Tensor | None:
         """Sum of squares of this rank's gradient (``torch.sum``'s cascade summation), or None."""
-        return None if self.grad_acc is None else self.grad_acc.pow(2).sum()
+        return None if self.grad_acc is None else self.grad_acc.float().pow(2).sum()
 
     def attach_grads(self) -> None:
         """Point each optimizer parameter's ``.grad`` at its slice of the accumulated gradient."""
@@ -354,9 +359,9 @@ class FlatParamGroup:
     def full_master(self, gather_fp32: Callable[[torch.Tensor, torch.Tensor], None]) -> torch.Tensor:
         """The unpadded fp32 flat buffer on every rank (all ranks of the shard group must call)."""
         if not self.sharded:
-            return self.master[: self.numel]
+            return self.master[: self.numel].float()
         out = torch.empty(self.padded_numel, dtype=torch.float32, device=self.device)
-        gather_fp32(out, self.master)
+        gather_fp32(out, self.master.float())  # exact: a bf16 master widens without rounding
         return out[: self.numel]
 
     def load_full(self, flat: torch.Tensor) -> None:

@@ -64,6 +64,7 @@ def wrap_module(
         shard_rank=rt.coords.shard_rank,
         compute_dtype=rt.compute_dtype,
         device=rt.device,
+        master_dtype=rt.master_dtype,
     )
     if delayed:
         units = materialize_units(module, unit_modules, policy)

@@ -122,7 +122,11 @@ def _memory(
     act_detail: mem.Activations | None,
 ) -> mem.MemoryBreakdown:
     c = compute_bytes(p)
-    state = mem.model_state(groups, c, mem.OPTIMIZER_BYTES_PER_ELEMENT[optimizer])
+    master = 2 if p.sdp_pure_bf16 else 4
+    per_element = mem.OPTIMIZER_BYTES_PER_ELEMENT[optimizer]
+    if p.sdp_pure_bf16 and not optimizer.endswith("_bf16"):
+        per_element //= 2  # torch.optim keeps its state in the parameters' dtype: bf16 here
+    state = mem.model_state(groups, c, per_element, master_bytes=master)
     # The runtime collects earlier units' reduce-scatters at each unit's post-backward.
     pending = assumptions.pending_reduce_units or 2
     in_flight = mem.unsharded_in_flight_bytes(

@@ -11,12 +11,14 @@ into flat groups by (sharded?, trainable?). A parameter with fewer than
 is replicated. A sharded group of ``n`` elements is padded to
 ``p = ceil(n/d)*d`` and each rank keeps ``s = p/d``:
 
-- parameters: fp32 master ``4s``, plus a compute-dtype copy ``c*s`` when
-  ``c != 4`` (replicated groups: ``4n (+ c*n)``);
-- gradients: an fp32 accumulator ``4s`` per trainable group;
+- parameters: the master ``m*s``, ``m`` = 4 (fp32) or 2 under ``sdp_pure_bf16``
+  (bf16 and fp16 gathers cast the fp32 master on the fly: no second copy);
+  frozen groups too;
+- gradients: an accumulator ``m*s`` per trainable group (none for frozen ones);
 - optimizer state: AdamW's ``exp_avg`` and ``exp_avg_sq`` in fp32 over this
   rank's unpadded slice, ``8 * min(s, max(0, n - r*s))`` on shard rank ``r``
-  (rank 0 holds the most).
+  (rank 0 holds the most); in bf16 4, and 6 with ``KahanAdamW``'s compensation
+  buffer (``OPTIMIZER_BYTES_PER_ELEMENT``). Frozen groups have none.
 
 Everything else is reported separately (see :class:`MemoryBreakdown`).
 """
@@ -30,8 +32,17 @@ from smsdp.config.parameters import SMPParameters, reshard_degree
 from smsdp.config.shard_layout import ShardLayout, is_sharded
 from smsdp.planner.model_spec import ROOT, ModelSpec, TransformerShape
 
-OPTIMIZER_BYTES_PER_ELEMENT = {"adamw": 8, "adam": 8, "sgd_momentum": 4, "sgd": 0}
-"""fp32 state per trainable element: Adam(W) keeps two moments; SGD with momentum one; plain SGD none."""
+OPTIMIZER_BYTES_PER_ELEMENT = {
+    "adamw": 8,
+    "adam": 8,
+    "sgd_momentum": 4,
+    "sgd": 0,
+    "adamw_bf16": 4,
+    "kahan_adamw_bf16": 6,
+}
+"""State per trainable element: Adam(W) keeps two fp32 moments; SGD with momentum one; plain SGD none.
+Under ``sdp_pure_bf16`` the state takes the parameters' dtype: two bf16 moments, and ``smp.KahanAdamW``
+a bf16 compensation buffer besides."""
 
 
 # ----------------------------------------------------------------------------- layout
@@ -98,8 +109,16 @@ class ModelState:
         return self.params + self.grads + self.optimizer
 
 
-def model_state(groups: list[GroupLayout], compute_bytes: int, optimizer_bytes: float, sdp_rank: int = 0) -> ModelState:
+def model_state(
+    groups: list[GroupLayout],
+    compute_bytes: int,
+    optimizer_bytes: float,
+    sdp_rank: int = 0,
+    master_bytes: int = 4,
+) -> ModelState:
     """Bytes of parameters, gradients and optimizer state on shard rank ``sdp_rank``.
+
+    ``master_bytes``: 4 (fp32 masters), 2 under ``sdp_pure_bf16``.
 
     These are what ``DistributedModel.model_state_bytes()`` (params, grads) and
     ``DistributedOptimizer.optimizer_state_bytes()`` report after ``step()``.
@@ -107,9 +126,9 @@ def model_state(groups: list[GroupLayout], compute_bytes: int, optimizer_bytes: 
     params = grads = 0
     opt = 0.0
     for g in groups:
-        params += 4 * g.shard  # fp32 master only: bf16/fp16 gathers cast it on the fly
+        params += master_bytes * g.shard  # the master only: bf16/fp16 gathers cast it on the fly
         if g.trainable:
-            grads += 4 * g.shard
+            grads += master_bytes * g.shard
             opt += optimizer_bytes * g.local_unpadded(sdp_rank)
     return ModelState(params, grads, int(opt))
 

@@ -4,6 +4,10 @@
   slices of a ``save_pretrained`` directory's safetensors that its shards hold.
 - ``save_pretrained(model, path)`` (``smsdp.pretrained.export``): a directory that
   ``transformers.AutoModelForCausalLM.from_pretrained`` loads, written unit by unit.
+- ``save_adapter(model, path)`` (``smsdp.pretrained.adapter``, not imported here: it imports
+  peft): a peft model's adapter, as ``peft.PeftModel.from_pretrained`` loads it;
+  ``load_pretrained`` reads a peft model's base from the base model's directory and leaves the
+  adapters as peft initialized them.
 - ``TensorNames`` (``smsdp.pretrained.names``): how a model's names map to the
   checkpoint's (a Hugging Face model's own; the bundled GPT's GPT-2 names).
 

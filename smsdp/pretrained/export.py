@@ -90,7 +90,11 @@ def hf_model_spec(module: Any, names: TensorNames, dtype: torch.dtype = torch.fl
     config["dtype"] = str(dtype).removeprefix("torch.")
     config.pop("torch_dtype", None)
     text = json.dumps(config, indent=2, sort_keys=True) + "\n"
-    return ExportSpec(names.file_name, {CONFIG_FILE: text.encode()}, names.is_transposed, dtype)
+
+    def tensor_name(name: str) -> str | None:  # a peft model's adapters are smp.save_adapter's
+        return None if names.keeps_initial(name) else names.file_name(name)
+
+    return ExportSpec(tensor_name, {CONFIG_FILE: text.encode()}, names.is_transposed, dtype)
 
 
 def save_pretrained(
@@ -115,7 +119,7 @@ def save_pretrained(
     module = getattr(model, "module", model)
     target = Path(path)
     if spec is None:
-        spec = hf_model_spec(module, names if names is not None else TensorNames.of(module), dtype)
+        spec = hf_model_spec(module, names.adapted_to(module) if names is not None else TensorNames.of(module), dtype)
     plans = _plan(model, spec)  # the same on every rank: nothing has been gathered yet
     what = f"save_pretrained({target})"
     occupied = rank() == 0 and target.exists() and not (overwrite or _is_empty_dir(target))

@@ -55,7 +55,8 @@ def load_pretrained(model: Any, path: str | os.PathLike, *, names: TensorNames |
     """Fill ``model`` (an ``smp.DistributedModel``) with the weights of the Hugging Face directory ``path``.
 
     Every rank must call it. ``names`` maps the model's names to the checkpoint's;
-    the default is the wrapped module's own (a Hugging Face model's state-dict names).
+    the default is the wrapped module's own (a Hugging Face model's state-dict names). A model wrapped by
+    peft reads its base from the base model's directory; its adapters keep their initial values.
     Raises ``PretrainedError`` naming the tensor and the file, before reading any
     value, when a parameter has no tensor, another shape, or a dtype it cannot take.
     """
@@ -63,7 +64,7 @@ def load_pretrained(model: Any, path: str | os.PathLike, *, names: TensorNames |
     if not hasattr(model, "flat_groups"):
         raise TypeError(f"load_pretrained takes an smp.DistributedModel, got {type(model).__name__}")
     module = getattr(model, "module", model)
-    names = names if names is not None else TensorNames.of(module)
+    names = names.adapted_to(module) if names is not None else TensorNames.of(module)
     what = f"load_pretrained({os.fspath(path)})"
     directory, sources, buffers = _run_agreed(what, _plan, model, module, path, names)
     read = _run_agreed(what, _read_all, model, sources, buffers)

@@ -102,11 +102,14 @@ def find_sources(
     Problems name the tensor and the file: a parameter with no tensor under any of its
     names (tied ones have several), a shape that differs from the plain parameter's, a
     dtype that cannot fill ``target`` (exactly, unless ``rounding``: a bf16 storage may
-    take an fp32 checkpoint). Only headers are read.
+    take an fp32 checkpoint). Only headers are read. Parameters ``names`` keeps at their
+    initial values (peft adapters) get no source.
     """
     sources: dict[int, ParamSource] = {}
     problems: list[str] = []
     for info in infos:
+        if all(names.keeps_initial(n) for n in info.names):
+            continue
         found = _lookup(directory, names, info.names)
         if found is None:
             tried = sorted({c for n in info.names for c in names.candidates(n)})

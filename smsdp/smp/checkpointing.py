@@ -2,7 +2,8 @@
 
 ``smp.save_checkpoint`` / ``smp.resume_from_checkpoint`` are ``smsdp.checkpoint``'s;
 ``smp.load_pretrained`` / ``smp.save_pretrained`` (a sharded load of a Hugging Face
-safetensors directory, and the export of one) are ``smsdp.pretrained``'s. ``smp.save`` /
+safetensors directory, and the export of one) are ``smsdp.pretrained``'s; ``smp.save_adapter`` is
+``smsdp.smp.adapters``'s (apart, as it imports peft). ``smp.save`` /
 ``smp.load`` (``torch.save`` with SMP's per-rank file names) are ``smsdp.smp.partial_io``.
 """
 

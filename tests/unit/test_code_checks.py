@@ -70,5 +70,5 @@ def test_no_circle_private_import_or_dodging_import():
 
 
 def test_no_long_function_or_file():
-    """No function over 60 lines and no file over 500 lines in smsdp/ and entrypoints/."""
-    assert_passes(run(sys.executable, "scripts/size_check.py", "smsdp", "entrypoints"))
+    """No function over 60 lines and no file over 500 lines in smsdp/, estimator/ and entrypoints/."""
+    assert_passes(run(sys.executable, "scripts/size_check.py", "smsdp", "estimator", "entrypoints"))

@@ -4,6 +4,7 @@ use instead; the SMP loss scalers, the no-effect keywords, the smp.nn names and 
 
 from __future__ import annotations
 
+import importlib
 import logging
 import re
 from pathlib import Path
@@ -114,3 +115,18 @@ def test_step_splits_nested_inputs_along_the_named_axis():
     assert _split(torch.arange(8).view(2, 4), 1, 2, 1, "x").tolist() == [[2, 3], [6, 7]]
     with pytest.raises(ValueError, match="non_split_inputs"):
         _split(torch.arange(3), 0, 2, 0, "odd")
+
+
+@pytest.mark.parametrize("name", ["amp", "nn", "optimizers", "state"])
+def test_submodules_import_by_their_smp_v1_names(name):
+    """``from smdistributed.modelparallel.torch.nn import X`` becomes ``from smsdp.nn import X``."""
+    module = importlib.import_module(f"smsdp.{name}")
+    assert module is importlib.import_module(f"smsdp.smp.{name}")
+    assert getattr(smp, name) is module
+
+
+def test_from_smsdp_nn_import_a_layer():
+    from smsdp.nn import DistributedTransformerLMHead, FusedLayerNorm
+
+    assert DistributedTransformerLMHead is smp.nn.DistributedTransformerLMHead
+    assert issubclass(FusedLayerNorm, torch.nn.LayerNorm)

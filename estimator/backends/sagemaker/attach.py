@@ -9,8 +9,10 @@ directory, which becomes the attached Estimator's ``source_dir``.
 
 from __future__ import annotations
 
+import atexit
 import io
 import json
+import shutil
 import tarfile
 import tempfile
 import warnings
@@ -125,6 +127,9 @@ def _extract_user_files(tar: tarfile.TarFile, manifest: dict[str, Any], job_name
     ours = {ENTRY_SCRIPT, MANIFEST, REQUIREMENTS, *manifest.get("added_packages", [])}
     members = [m for m in tar.getmembers() if m.name.split("/")[0] not in ours and m.isreg()]
     code_dir = Path(tempfile.mkdtemp(prefix=f"smsdp-attach-{job_name}-"))
+    # The attached Estimator may fit() again from these files for the rest of the session: they
+    # go when the interpreter does, not before.
+    atexit.register(shutil.rmtree, code_dir, ignore_errors=True)
     tar.extractall(code_dir, members=members, filter="data")  # "data": no absolute paths, no escapes
     if manifest.get("user_requirements") is not None:
         (code_dir / REQUIREMENTS).write_text(manifest["user_requirements"])
