@@ -35,8 +35,8 @@ TOLERANCE = 0.20
 
 def test_predicted_step_of_smsdp_spanning_hosts_is_within_20_percent(tmp_path):
     args = argparse.Namespace(
-        warmup=1, steps=2, batch=2, seq=64, layers=4, width=256, accum=1, precision="fp32",
-        probe_mib=2.0, probe_repeats=3, timeout=240.0,
+        warmup=1, steps=3, batch=2, seq=64, layers=4, width=256, accum=1, precision="fp32",
+        probe_mib=2.0, probe_repeats=5, timeout=240.0,
     )  # fmt: skip
     specs = cluster.system_specs(["span"], 2, 2)
     with netns_hosts.NamespacedHosts(2) as bed:
