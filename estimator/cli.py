@@ -3,6 +3,7 @@
     smsdp run-example            train the bundled GPT as a local job (4 ranks, 2 simulated hosts)
     smsdp dry-run                print the mpirun command and environment such a job would use
     smsdp plan                   will a configuration fit? memory, communication, step time
+    smsdp probe                  measure this cluster for the plan's step time (a calibration file)
     smsdp jobs | logs | describe | plot     jobs already started (estimator.job_commands)
 
 ``run-example`` and ``dry-run`` take the same job options (``--help``); ``plan``
@@ -191,6 +192,18 @@ def plan(args: argparse.Namespace) -> int:
     return run_plan(args)
 
 
+def probe(args: argparse.Namespace) -> int:
+    from estimator.probe_cli import run_probe
+
+    return run_probe(args)
+
+
+def _add_probe_arguments(parser: argparse.ArgumentParser) -> None:
+    from estimator.probe_cli import add_probe_arguments
+
+    add_probe_arguments(parser)
+
+
 def _add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     from estimator.plan_cli import add_plan_arguments
 
@@ -214,11 +227,22 @@ COMMANDS: list[Command] = [
     ),
 ]
 
+# The cluster's measurements for the planner: a job of their own (estimator.probe_cli).
+MEASURE_COMMANDS: list[Command] = [
+    Command(
+        "probe",
+        "measure this cluster's collectives and device rates as a job; write the calibration "
+        "`smsdp plan --calibration` reads",
+        _add_probe_arguments,
+        probe,
+    ),
+]
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="smsdp", description=__doc__.split("\n\n")[0])
     subcommands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for command in [*COMMANDS, *(Command(*job_command) for job_command in JOB_COMMANDS)]:
+    for command in [*COMMANDS, *MEASURE_COMMANDS, *(Command(*job_command) for job_command in JOB_COMMANDS)]:
         sub = subcommands.add_parser(command.name, help=command.help, description=command.help)
         command.add_arguments(sub)
         sub.set_defaults(handler=command.run)

@@ -220,18 +220,22 @@ class Estimator:
         grad_accum: int | None = None,
         optimizer: str = "adamw",
         assumptions: Any = None,
+        calibration: Any = None,
     ):
-        """Will this job fit? The planner's answer (``smsdp.planner.Plan``; ``print()`` it for the table).
+        """Will this job fit, and how fast? The planner's answer (``smsdp.planner.Plan``; ``print()`` it for the table).
 
         ``model``: a ``smsdp.planner.ModelSpec``, or an ``nn.Module`` (built on the meta
         device is enough), or None for the bundled ``train_gpt.py``, whose GPT, batch and
         accumulation come from this estimator's hyperparameters. ``batch_size``: sequences
-        per GPU per micro-step. ``fit()`` checks what was asked here last (docs/planner.md).
+        per GPU per micro-step. ``calibration``: the file ``smsdp probe`` wrote on this cluster, for
+        the predicted step and the ranking of every configuration that fits (``Plan.speed``,
+        ``Plan.ranking``; GPU instance types fall back to the hardware table). ``fit()`` checks
+        what was asked here last (docs/planner.md).
         """
         from estimator.planning import PlanRequest, plan_for_job
         from smsdp.planner.hardware import Assumptions
 
-        request = PlanRequest(model, batch_size, grad_accum, optimizer, assumptions or Assumptions())
+        request = PlanRequest(model, batch_size, grad_accum, optimizer, assumptions or Assumptions(), calibration)
         result = plan_for_job(self._args.runtime, self._args.code.script_path, self._args.hyperparameters, request)
         if result is None:
             raise ValueError(

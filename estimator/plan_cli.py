@@ -140,6 +140,13 @@ def _assumption_arguments(parser: argparse.ArgumentParser) -> None:
         help="model a runtime keeping every reduce-scatter input to the end of backward",
     )
     assume.add_argument(
+        "--calibration",
+        metavar="FILE",
+        default=None,
+        help="rates `smsdp probe` measured on this cluster, for the step-time model "
+        "(default: the instance type's hardware-table figures; none for local)",
+    )
+    assume.add_argument(
         "--late-replica-sync",
         action="store_true",
         help="the script does not pass backward_passes_per_step to smp.DistributedModel: "
@@ -217,6 +224,7 @@ def _run_plan(args: argparse.Namespace) -> int:
         instance_type=args.instance_type,
         instance_count=args.instance_count,
         assumptions=assumptions_from_args(args),
+        calibration=args.calibration,
         **kwargs,
     )
     print(json.dumps(result.to_dict(), indent=2) if args.json else result)

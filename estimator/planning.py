@@ -66,6 +66,7 @@ class PlanRequest:
     grad_accum: int | None = None
     optimizer: str = "adamw"
     assumptions: Assumptions = field(default_factory=Assumptions)
+    calibration: Any = None  # a file `smsdp probe` wrote, or smsdp.planner.calibration.Rates
 
 
 def is_bundled_script(script: Path | None) -> bool:
@@ -121,6 +122,7 @@ def plan_for_job(
         optimizer=request.optimizer,
         assumptions=request.assumptions,
         recommend=recommend,
+        calibration=request.calibration,
     )
     return replace(result, warnings=result.warnings + (note,)) if note else result
 

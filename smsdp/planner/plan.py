@@ -17,16 +17,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from smsdp.config import RuntimeConfig, SMPParameters, resolve_job_config
 from smsdp.config.instance_types import LOCAL, lookup
 from smsdp.planner import memory as mem
+from smsdp.planner.calibration import Rates
 from smsdp.planner.evaluate import evaluate
 from smsdp.planner.hardware import Assumptions
 from smsdp.planner.model_spec import ModelSpec
+from smsdp.planner.ranking import rank
 from smsdp.planner.recommend import recommend as recommend_for
 from smsdp.planner.result import DoesNotFitError, Plan, PlanError, Recommendation
+from smsdp.planner.speed import predict, rates_for
 from smsdp.planner.strategies import strategy_fits
 
 __all__ = ["DoesNotFitError", "Plan", "PlanError", "Recommendation", "plan", "plan_runtime"]
@@ -46,11 +50,14 @@ def plan(
     optimizer: str = "adamw",
     assumptions: Assumptions | None = None,
     recommend: bool = True,
+    calibration: Rates | str | Path | None = None,
 ) -> Plan:
     """Plan one configuration. The cluster and SMP parameters come from ``runtime`` (what an
     Estimator holds), or a SageMaker ``distribution`` dict, or ``parameters`` (the SMP
     parameters dict) with ``processes_per_host`` (default: one per GPU). Invalid
-    combinations raise the same ``ConfigError`` the Estimator would."""
+    combinations raise the same ``ConfigError`` the Estimator would. ``calibration``: the rates
+    ``smsdp probe`` measured (a file or ``Rates``) for the step-time model; without one, a GPU
+    instance type's hardware-table figures."""
     runtime = _runtime(runtime, distribution, parameters, instance_type, instance_count, processes_per_host)
     return plan_runtime(
         model,
@@ -60,6 +67,7 @@ def plan(
         optimizer=optimizer,
         assumptions=assumptions or Assumptions(),
         recommend=recommend,
+        calibration=calibration,
     )
 
 
@@ -72,14 +80,37 @@ def plan_runtime(
     optimizer: str = "adamw",
     assumptions: Assumptions = Assumptions(),
     recommend: bool = True,
+    calibration: Rates | str | Path | None = None,
 ) -> Plan:
     """Plan ``model`` on the cluster and SMP parameters of ``runtime`` (what ``plan()`` does after
     resolving them); ``recommend=False`` skips the searches (the recommendation and the strategies)."""
     _check_inputs(runtime, batch_size, grad_accum, optimizer)
     base = evaluate(model, runtime, batch_size, grad_accum, optimizer, assumptions)
+    base = _with_speed(base, calibration, recommend)
     if not recommend:
         return base
     return replace(base, recommendation=recommend_for(base), strategies=strategy_fits(base))
+
+
+def _with_speed(base: Plan, calibration: Rates | str | Path | None, ranked: bool) -> Plan:
+    """The step-time model's prediction (and, when ``ranked``, every fitting candidate's), or a note why not."""
+    p = base.runtime.parameters
+    rates = Rates.load(calibration) if isinstance(calibration, (str, Path)) else calibration
+    rates = rates or rates_for(base.runtime, base.assumptions, p.compute_dtype_name)
+    if rates is None:
+        if base.runtime.instance_type == LOCAL:
+            note = "no step time for instance_type='local' without a calibration: run `smsdp probe`, then pass it"
+            return replace(base, warnings=(*base.warnings, note))
+        return base
+    if p.tensor_parallel_degree > 1 or p.sdp_quantized_allgather or p.sdp_quantized_gradients:
+        note = (
+            "the step-time timeline does not model tensor parallelism or int8 collectives yet: see the step time above"
+        )
+        return replace(base, warnings=(*base.warnings, note))
+    speed = predict(
+        base.model, base.runtime, rates, batch=base.batch_size, accum=base.grad_accum, assumptions=base.assumptions
+    )
+    return replace(base, speed=speed, ranking=rank(base, rates) if ranked else ())
 
 
 def _runtime(

@@ -267,8 +267,46 @@ def _time_lines(plan: Plan) -> list[str]:
     return lines
 
 
+def _speed_lines(plan: Plan) -> list[str]:
+    """The step-time model's prediction, and every fitting candidate ranked (``smsdp.planner.speed``)."""
+    s = plan.speed
+    if s is None:
+        return []
+    ph = s.prediction.phases
+    lines = [f"predicted step, by the runtime's schedule (rates: {s.rates_source})"]
+    rows = [
+        ["step", human_seconds(s.step_s), f"forward {human_seconds(ph.get('forward', 0.0))}, backward "
+         f"{human_seconds(ph.get('backward', 0.0))}, step() {human_seconds(ph.get('optimizer', 0.0))}"],
+        ["compute", human_seconds(s.prediction.compute_s), ""],
+        ["exposed communication", human_seconds(s.exposed_comm_s), f"of {human_seconds(s.prediction.comm_s)} in all"],
+        ["tokens/s (job)", f"{s.tokens_per_s:,.0f}", ""],
+        ["model TFLOP/s per rank", f"{s.model_tflops_per_gpu:.2f}", "6N + attention"],
+    ]  # fmt: skip
+    lines += [table(rows), ""]
+    if plan.ranking:
+        lines.append("fastest configurations that fit (predicted)")
+        ranked = [
+            [str(i + 1), str(c.sharded_degree), str(c.reshard_after_forward), f"{c.speed.tokens_per_s:,.0f}",
+             human_seconds(c.speed.step_s), human_seconds(c.speed.exposed_comm_s), f"{c.peak_bytes / GiB:.2f} GiB"]
+            for i, c in enumerate(plan.ranking[:10])
+        ]  # fmt: skip
+        header = ["#", "sharded degree", "reshard_after_forward", "tokens/s", "step", "exposed comm", "peak"]
+        lines += [table(ranked, header), ""]
+        best, p = plan.ranking[0], plan.runtime.parameters
+        if (best.sharded_degree, best.reshard_after_forward) == (
+            p.sharded_data_parallel_degree,
+            p.sdp_reshard_after_forward,
+        ):
+            lines.append("use: this configuration (the fastest that fits)")
+        else:
+            lines.append(f"use: {best.label} ({best.speed.tokens_per_s / s.tokens_per_s:.2f}x this configuration)")
+        lines.append("")
+    return lines
+
+
 def render_plan(plan: Plan) -> str:
     lines = _header_lines(plan) + _memory_lines(plan) + _strategy_lines(plan) + _comm_lines(plan) + _time_lines(plan)
+    lines += _speed_lines(plan)
     lines.append("recommendation")
     lines.append("  " + plan.recommendation.summary())
     if plan.warnings:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from smsdp.config import ConfigError, ConfigProblem, RuntimeConfig
 from smsdp.planner import comm_model
@@ -17,6 +17,10 @@ from smsdp.planner import memory as mem
 from smsdp.planner.hardware import Assumptions, GiB, Hardware
 from smsdp.planner.model_spec import ModelSpec
 from smsdp.planner.render import precision_name, render_plan
+from smsdp.planner.speed import Speed
+
+if TYPE_CHECKING:  # pragma: no cover
+    from smsdp.planner.ranking import Candidate
 
 
 class PlanError(ValueError):
@@ -127,6 +131,8 @@ class Plan:
     activation_detail: mem.Activations | None = None
     prefetches_next_unit: bool = True
     strategies: tuple[StrategyFit, ...] = ()  # each sdp_reshard_after_forward; empty when recommend=False
+    speed: Speed | None = None  # the step-time model (smsdp.planner.speed); None without rates
+    ranking: tuple[Candidate, ...] = ()  # every fitting degree x strategy, fastest first (recommend=True)
 
     @property
     def fits(self) -> bool:
@@ -183,6 +189,10 @@ class Plan:
         }
         if self.time is not None:
             out["step_time"] = _time_dict(self.time)
+        if self.speed is not None:
+            out["speed"] = self.speed.to_dict()
+        if self.ranking:
+            out["ranking"] = [c.to_dict() for c in self.ranking]
         return out
 
     def __str__(self) -> str:

@@ -127,6 +127,8 @@ def _rule(command: str) -> str | None:
         return "as written"
     if re.match(r"(\.venv/bin/)?(smsdp (logs|describe|plot)|tensorboard)\b", command):
         return "help"  # they name a job (or serve until stopped)
+    if re.match(r"(\.venv/bin/)?smsdp probe\b", command):
+        return "help"  # a job of a minute
     return None
 
 

@@ -1,0 +1,268 @@
+"""The planner's step-time model against the namespaced test bed: predicted vs measured step time.
+
+Per link setting, on hosts made of network namespaces (``tests/netns_hosts.py``, as
+``bench/cluster.py``): shape the links, run ``entrypoints/probe.py`` (what ``smsdp probe``
+runs) on every rank to write a calibration file, launch ``bench/workers/cluster_worker.py``'s
+interleaved training of each system (``--repeats`` launches), then predict each system's step
+from that calibration alone (``smsdp.planner.speed``) and print predicted, measured (median of
+the launches' slowest-rank medians, [min-max]) and their ratio, and whether the planner's pick
+among the smsdp configurations is the measured fastest. Needs root. Everything made is removed
+at the end (also on failure or Ctrl-C)::
+
+    .venv/bin/python bench/planner_speed.py --links 500mbit,200mbit,100mbit --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT))
+sys.path.insert(0, str(REPO_ROOT / "bench"))
+
+import cluster  # noqa: E402
+
+from smsdp.config import RuntimeConfig, SMPParameters  # noqa: E402
+from smsdp.planner import ModelSpec  # noqa: E402
+from smsdp.planner.calibration import Rates  # noqa: E402
+from smsdp.planner.schedule import System  # noqa: E402
+from smsdp.planner.speed import predict  # noqa: E402
+from tests import netns_hosts  # noqa: E402
+
+PROBE = REPO_ROOT / "entrypoints" / "probe.py"
+SYSTEMS = "span,span_flat_rs,host,host_late,hpz,fsdp2_1d,fsdp2_hsdp,ddp"
+SMSDP_KEYS = ("span", "span_flat_rs", "host", "host_late", "hpz")
+
+
+def bed_model(args) -> ModelSpec:
+    """The GPT ``cluster_worker.py`` trains (vocab 1024, 4 heads, tied embeddings, biases)."""
+    return ModelSpec.gpt(args.layers, args.width, 4, 1024, args.seq, name=f"bench GPT {args.layers}x{args.width}")
+
+
+def bed_runtime(hosts: int, per_host: int, d: int, **params) -> RuntimeConfig:
+    base = {"ddp": True, "sharded_data_parallel_degree": d, "sdp_param_persistence_threshold": 0, **params}
+    return RuntimeConfig(
+        parameters=SMPParameters.model_validate(base),
+        instance_type="local",
+        instance_count=hosts,
+        processes_per_host=per_host,
+    )
+
+
+def bed_systems(hosts: int, per_host: int) -> dict[str, tuple[RuntimeConfig, System | None, str]]:
+    """Per system key of bench/cluster.py: the runtime and (for FSDP2 / DDP) the schedule to predict.
+    On CPU, FSDP2's collectives block the caller (no streams): no overlap."""
+    world = hosts * per_host
+    span, host = bed_runtime(hosts, per_host, world), bed_runtime(hosts, per_host, per_host)
+    fsdp = {"kind": "fsdp2", "world": world, "world_hosts": hosts, "overlap": False}
+    return {
+        "span": (span, None, "early"),
+        "span_flat_rs": (bed_runtime(hosts, per_host, world, sdp_hierarchical_reduce_scatter=False), None, "early"),
+        "host": (host, None, "early"),
+        "host_late": (host, None, "late"),
+        "hpz": (bed_runtime(hosts, per_host, world, sdp_reshard_after_forward=per_host), None, "early"),
+        "fsdp2_1d": (span, System("FSDP2 1-D", d=world, shard_hosts=hosts, per_host=per_host, **fsdp), ""),
+        "fsdp2_hsdp": (host, System("FSDP2 HSDP", d=per_host, per_host=per_host, sync="per_unit", **fsdp), ""),
+        "ddp": (span, System("DDP", kind="ddp", world=world, world_hosts=hosts), ""),
+    }
+
+
+def predictions(rates: Rates, args, hosts: int, per_host: int) -> dict[str, dict]:
+    """Per system key: the predicted step and phases (seconds)."""
+    from smsdp.planner.hardware import Assumptions
+
+    out = {}
+    for key, (runtime, system, sync) in bed_systems(hosts, per_host).items():
+        assumptions = Assumptions(early_replica_sync=sync != "late")
+        speed = predict(bed_model(args), runtime, rates, batch=args.batch, assumptions=assumptions, system=system)
+        out[key] = {"step_s": speed.step_s, **speed.prediction.phases, "exposed_s": speed.exposed_comm_s}
+    return out
+
+
+def run_probe(bed, launcher, out: Path, args, log) -> Rates:
+    """``entrypoints/probe.py`` on every rank of the bed; the calibration rank 0 wrote."""
+    launcher.port += 1
+    world = bed.count * launcher.per_host
+    procs = []
+    logs = Path(tempfile.mkdtemp(prefix="smsdp-probe-"))
+    try:
+        for rank in range(world):
+            env = launcher.rank_env(rank)
+            mib = args.probe_mib or max(2.0, min(16.0, cluster._rate_bytes_per_s(bed.rate) * 0.4 / 2**20))
+            argv = [
+                sys.executable,
+                str(PROBE),
+                "--out",
+                str(out),
+                "--mib",
+                f"{mib:.2f}",
+                "--repeats",
+                str(args.probe_repeats),
+            ]
+            with open(logs / f"rank{rank}.log", "w") as f:
+                procs.append(bed.spawn(rank // launcher.per_host, argv, env=env, stdout=f, stderr=subprocess.STDOUT))
+        codes = cluster._wait_or_fail_fast(procs, args.timeout)
+        if any(c != 0 for c in codes):
+            tails = "\n".join(p.read_text()[-1500:] for p in sorted(logs.iterdir()))
+            raise SystemExit(f"probe failed: exit codes {codes}\n{tails}")
+    finally:
+        for p in procs:
+            netns_hosts.kill_group(p)
+        bed.processes = [p for p in bed.processes if p not in procs]
+        shutil.rmtree(logs, ignore_errors=True)
+    return Rates.load(out)
+
+
+def measured(runs: list[dict], specs: list[dict]) -> tuple[dict[str, list[float]], dict[str, dict]]:
+    """Per system key: each launch's slowest-rank median step time; and the phases of the median launch."""
+    out: dict[str, list[float]] = {}
+    phases: dict[str, list[dict]] = {}
+    for run in runs:
+        if "error" in run:
+            continue
+        for spec in specs:
+            ranks = [r["systems"][spec["label"]] for r in run["ranks"]]
+            slowest = max(ranks, key=lambda r: r["median_step_s"])
+            out.setdefault(spec["key"], []).append(slowest["median_step_s"])
+            phases.setdefault(spec["key"], []).append(slowest["median_phase_s"])
+    middle = {k: v[sorted(range(len(v)), key=lambda i: out[k][i])[len(v) // 2]] for k, v in phases.items()}
+    return out, middle
+
+
+def _phases(p: dict) -> str:
+    return " / ".join(f"{p.get(k, 0.0) * 1e3:.0f}" for k in ("forward", "backward", "optimizer"))
+
+
+def table(rate: str, full: dict[str, dict], meas: dict[str, list[float]], phases: dict[str, dict], specs, loads) -> str:
+    pred = {k: v["step_s"] for k, v in full.items()}
+    lines = [
+        f"\n#### link {rate} (load at launches: {', '.join(f'{x:.1f}' for x in loads)})\n",
+        "| system | predicted ms | measured ms (median [min-max]) | predicted / measured "
+        "| predicted fwd / bwd / step() ms | measured fwd / bwd / step() ms | predicted exposed comm ms |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for spec in specs:
+        m = meas.get(spec["key"])
+        if not m:
+            lines.append(f"| {spec['label']} | {pred[spec['key']] * 1e3:.0f} | failed | - | | | |")
+            continue
+        med = statistics.median(m)
+        lines.append(
+            f"| {spec['label']} | {pred[spec['key']] * 1e3:.0f} | {med * 1e3:.0f} [{min(m) * 1e3:.0f}-{max(m) * 1e3:.0f}] "
+            f"| {pred[spec['key']] / med:.2f} | {_phases(full[spec['key']])} | {_phases(phases[spec['key']])} "
+            f"| {full[spec['key']]['exposed_s'] * 1e3:.0f} |"
+        )
+    mine = [s["key"] for s in specs if s["key"] in SMSDP_KEYS and meas.get(s["key"])]
+    if mine:
+        pick = min(mine, key=lambda k: pred[k])
+        best = min(mine, key=lambda k: statistics.median(meas[k]))
+        gap = statistics.median(meas[pick]) / statistics.median(meas[best]) - 1
+        label = {s["key"]: s["label"] for s in specs}
+        lines.append(
+            f"\nPlanner's pick among the smsdp configurations: {label[pick]}; measured fastest: {label[best]} "
+            f"(the pick is {gap:.1%} slower than the fastest)."
+        )
+    return "\n".join(lines)
+
+
+def reprint(args) -> None:
+    """The tables of a run saved with --json, predicted again from its calibration files."""
+    saved = json.loads(Path(args.from_json).read_text())
+    hosts, per_host = cluster.parse_layout(saved.get("layout", args.layout))
+    specs = cluster.system_specs(saved.get("systems", args.systems).split(","), hosts, per_host)
+    print(f"Saved run: `{' '.join(saved['argv'])}`; predictions from its calibrations with the current model.")
+    for setting in saved["settings"]:
+        rates = Rates.from_dict(setting["calibration"], f"{args.from_json}: {setting['rate']}")
+        pred = predictions(rates, args, hosts, per_host)
+        meas = dict(setting["measured_s"])
+        print(table(setting["rate"], pred, meas, setting["phases"], specs, setting.get("loads", [])), flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--layout", default="2x2")
+    p.add_argument("--links", default="500mbit,200mbit,100mbit")
+    p.add_argument("--systems", default=SYSTEMS)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--seq", type=int, default=64)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--width", type=int, default=256)
+    p.add_argument("--probe-mib", type=float, default=None, help="probe payload (default: 0.4 s of the link, 2-16 MiB)")
+    p.add_argument("--probe-repeats", type=int, default=5)
+    p.add_argument("--timeout", type=float, default=900)
+    p.add_argument("--json", default=None, help="also write predictions, measurements and calibrations here")
+    p.add_argument(
+        "--from-json",
+        default=None,
+        help="print the tables of a saved run (its calibrations and measurements) with the current model; runs nothing",
+    )
+    args = p.parse_args()
+    args.accum, args.precision = 1, "fp32"
+    if args.from_json:
+        reprint(args)
+        return
+    reason = netns_hosts.missing_reason()
+    if reason:
+        raise SystemExit(f"bench/planner_speed.py: {reason}")
+    netns_hosts.install_signal_handlers()
+    netns_hosts.remove_stale()
+
+    def log(msg: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')} load {os.getloadavg()[0]:.1f}] {msg}", file=sys.stderr, flush=True)
+
+    hosts, per_host = cluster.parse_layout(args.layout)
+    specs = cluster.system_specs(args.systems.split(","), hosts, per_host)
+    print(
+        f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {cluster.machine_line()}. Layout {args.layout}, "
+        f"GPT {args.layers} x {args.width}, seq {args.seq}, batch {args.batch} per rank, fp32, warm-up {args.warmup} + "
+        f"{args.steps} steps, {args.repeats} launch(es). Command: `{' '.join(sys.argv)}`",
+        flush=True,
+    )
+    report: dict = {"argv": sys.argv, "layout": args.layout, "systems": args.systems, "settings": []}
+    work = Path(tempfile.mkdtemp(prefix="smsdp-planner-speed-"))
+    try:
+        with netns_hosts.NamespacedHosts(hosts) as bed:
+            launcher = cluster.Launcher(bed, per_host, log)
+            for rate in args.links.split(","):
+                bed.shape(rate)
+                log(f"link {rate}: smsdp probe")
+                rates = run_probe(bed, launcher, work / f"calibration-{rate}.json", args, log)
+                runs = []
+                for i in range(args.repeats):
+                    log(f"link {rate}: launch {i + 1} of {args.repeats}")
+                    run = launcher.launch(cluster.worker_args(args, specs, "fp32"), timeout=args.timeout)
+                    if "error" in run:
+                        log(f"  FAILED: {run['error']}\n{run['logs']}")
+                    runs.append(run)
+                pred, (meas, phases) = predictions(rates, args, hosts, per_host), measured(runs, specs)
+                print(table(rate, pred, meas, phases, specs, [r["load"] for r in runs]), flush=True)
+                report["settings"].append(
+                    {
+                        "rate": rate,
+                        "calibration": rates.to_dict(),
+                        "predicted": pred,
+                        "measured_s": meas,
+                        "phases": phases,
+                        "loads": [r["load"] for r in runs],
+                    }
+                )
+    finally:
+        if args.json:
+            Path(args.json).write_text(json.dumps(report, indent=1))
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,223 @@
+"""What the step-time model needs to know of a machine: device rates and link costs.
+
+:class:`Rates` holds, per rank: the matmul rate (FLOP/s) at a few shapes, the optimizer's
+rate (elements per second) and, per link class and collective kind, a per-call latency and
+a bus bandwidth (NCCL-tests' convention: ``bus bytes = factor(n) * payload``, the factor
+``(n-1)/n`` for an all-gather (payload: its output) or reduce-scatter (payload: its input)
+and ``2 (n-1)/n`` for an all-reduce). A call then takes ``steps(n) x alpha + factor(n) * payload / bus``: ``steps`` the ring's ``n - 1``
+(``2 (n - 1)`` for an all-reduce), ``alpha`` the latency measured at ``ranks`` divided by that
+many steps.
+
+Link classes:
+
+- ``intra``: a group inside one host (NVLink; loopback on the test bed);
+- ``ring``: one group over every rank of the hosts it spans, in rank order (a ring crosses
+  each host boundary once: the host's network carries one rank's bytes);
+- ``cross``: one rank per host, with one such group per local rank running at once (the
+  hierarchical inter-host stage, the replica all-reduce of MiCS): the host's network
+  carries every local rank's bytes, each group gets ``1/L`` of it.
+
+The figures come from the hardware table (``Rates.from_hardware``: published peaks and
+bandwidths times stated efficiencies) or from a calibration file that ``smsdp probe``
+wrote on the cluster itself (``Rates.load``). Pure Python: no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+FORMAT = "smsdp-calibration/1"
+KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
+CLASSES = ("intra", "ring", "cross")
+
+GPU_STEP_LATENCY_S = {"intra": 5e-6, "ring": 20e-6, "cross": 20e-6}
+"""Latency of one ring step (an assumption, not a published figure): a few microseconds between
+GPUs over NVLink, about 20 us for a hop over EFA (its SRD transport's small-message latency is
+15-20 us). A ring over ``n`` ranks pays ``n - 1`` of them (``2 (n - 1)`` for an all-reduce): the
+alpha of the alpha-beta model, which is what makes a collective over every rank of a large
+cluster slow on small per-rank chunks."""
+
+GPU_OPTIMIZER_BYTES_PER_ELEMENT = 32
+"""AdamW with fp32 master, gradient and two moments reads 16 bytes and writes 16 per element:
+a memory-bound kernel at the GPU's HBM bandwidth."""
+
+
+class CalibrationError(ValueError):
+    """A calibration file that cannot be read: which file, which field, why."""
+
+
+@dataclass(frozen=True)
+class LinkCost:
+    latency_s: float
+    bus_bytes_per_s: float
+    ranks: int = 0  # the group size it was measured at (0: from the hardware table)
+
+
+@dataclass(frozen=True)
+class MatmulRate:
+    m: int
+    k: int
+    n: int
+    flops_per_s: float
+
+
+@dataclass(frozen=True)
+class BlockRate:
+    """A transformer block's achieved forward and backward FLOP/s at (batch, seq, width)."""
+
+    batch: int
+    seq: int
+    width: int
+    forward_flops_per_s: float
+    backward_flops_per_s: float
+
+
+@dataclass(frozen=True)
+class Rates:
+    """Per-rank device rates and link costs (see module docstring)."""
+
+    matmul: tuple[MatmulRate, ...]
+    optimizer_elements_per_s: float
+    links: dict[str, dict[str, LinkCost]]
+    source: str
+    meta: dict[str, Any] = field(default_factory=dict)
+    blocks: tuple[BlockRate, ...] = ()
+
+    def cost(self, link_class: str, kind: str) -> LinkCost:
+        return self.links[link_class][kind]
+
+    def collective_s(self, link_class: str, kind: str, ranks: int, payload_bytes: float) -> float:
+        """One call of ``kind`` over ``ranks`` ranks of class ``link_class`` moving ``payload_bytes``."""
+        if ranks <= 1 or payload_bytes <= 0:
+            return 0.0
+        cost = self.cost(link_class, kind)
+        # The latency was measured at cost.ranks; a ring pays it per step: n - 1 steps (2 (n - 1) for an all-reduce).
+        latency = (
+            cost.latency_s * ring_steps(kind, ranks) / ring_steps(kind, cost.ranks)
+            if cost.ranks > 1
+            else cost.latency_s
+        )
+        return latency + bus_factor(kind, ranks) * payload_bytes / cost.bus_bytes_per_s
+
+    def block_rates(self, tokens: int, width: int) -> tuple[float, float]:
+        """(forward, backward) FLOP/s of a transformer block of ``width`` over ``tokens`` tokens: the
+        measured block nearest in ``tokens x width^2``; without one, the matmul rate for both."""
+        if not self.blocks:
+            rate = self.flops_per_s(tokens, width, 4 * width)
+            return rate, rate
+        target = math.log(max(1.0, tokens * width * width))
+        best = min(self.blocks, key=lambda b: abs(math.log(max(1.0, b.batch * b.seq * b.width**2)) - target))
+        return best.forward_flops_per_s, best.backward_flops_per_s
+
+    def flops_per_s(self, m: int, k: int, n: int) -> float:
+        """The measured rate at the shape nearest (in log of its FLOPs) to ``m x k @ k x n``."""
+        target = math.log(max(1.0, 2.0 * m * k * n))
+        best = min(self.matmul, key=lambda r: abs(math.log(max(1.0, 2.0 * r.m * r.k * r.n)) - target))
+        return best.flops_per_s
+
+    # ------------------------------------------------------------------ files
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "source": self.source,
+            "matmul": [asdict(r) for r in self.matmul],
+            "blocks": [asdict(b) for b in self.blocks],
+            "optimizer_elements_per_s": self.optimizer_elements_per_s,
+            "links": {c: {k: asdict(v) for k, v in kinds.items()} for c, kinds in self.links.items()},
+            "meta": self.meta,
+        }
+
+    def save(self, path: str | Path) -> None:
+        """Written whole to a temporary name and renamed: never a half-written file."""
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Rates:
+        try:
+            data = json.loads(Path(path).read_text())
+        except OSError as exc:
+            raise CalibrationError(f"calibration file {path}: cannot read it ({exc.strerror})") from None
+        except ValueError as exc:
+            raise CalibrationError(f"calibration file {path}: not JSON ({exc})") from None
+        return cls.from_dict(data, str(path))
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "calibration") -> Rates:
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            got = data.get("format") if isinstance(data, dict) else type(data).__name__
+            raise CalibrationError(f"{where}: format={got!r}; expected {FORMAT!r} (a file `smsdp probe` wrote)")
+        try:
+            links = {c: {k: _link_cost(data["links"][c][k], f"{where}: links.{c}.{k}") for k in KINDS} for c in CLASSES}
+            matmul = tuple(
+                MatmulRate(int(r["m"]), int(r["k"]), int(r["n"]), float(r["flops_per_s"])) for r in data["matmul"]
+            )
+            optimizer = float(data["optimizer_elements_per_s"])
+            blocks = tuple(
+                BlockRate(
+                    int(b["batch"]),
+                    int(b["seq"]),
+                    int(b["width"]),
+                    float(b["forward_flops_per_s"]),
+                    float(b["backward_flops_per_s"]),
+                )
+                for b in data.get("blocks", [])
+            )
+        except (TypeError, ValueError):
+            raise CalibrationError(f"{where}: matmul, blocks and optimizer_elements_per_s must hold numbers") from None
+        except KeyError as exc:
+            raise CalibrationError(f"{where}: field {exc.args[0]!r} is missing (rerun `smsdp probe`)") from None
+        rates = [r.flops_per_s for r in matmul] + [
+            x for b in blocks for x in (b.forward_flops_per_s, b.backward_flops_per_s)
+        ]
+        if not matmul or any(r <= 0 for r in rates) or optimizer <= 0:
+            raise CalibrationError(f"{where}: matmul and block rates and optimizer_elements_per_s must be > 0")
+        return cls(matmul, optimizer, links, str(data.get("source", where)), dict(data.get("meta", {})), blocks)
+
+    # ------------------------------------------------------------------ the hardware table
+
+    @classmethod
+    def from_hardware(
+        cls, name: str, flops: float, intra_bps: float, network_bps: float, processes_per_host: int, hbm_bps: float
+    ) -> Rates:
+        """Rates of a GPU instance from its table entry: ``flops`` the achieved rate (peak x achieved
+        fraction), ``intra_bps`` per-GPU one-way NVLink bandwidth and ``network_bps`` the whole host's
+        network bandwidth, both after the link efficiency."""
+        per_class = {"intra": intra_bps, "ring": network_bps, "cross": network_bps / max(1, processes_per_host)}
+        links = {
+            c: {k: LinkCost(GPU_STEP_LATENCY_S[c] * ring_steps(k, 2), bps, 2) for k in KINDS}
+            for c, bps in per_class.items()
+        }
+        return cls(
+            (MatmulRate(8192, 8192, 8192, flops),),
+            hbm_bps / GPU_OPTIMIZER_BYTES_PER_ELEMENT,
+            links,
+            f"hardware table: {name}",
+        )
+
+
+def ring_steps(kind: str, ranks: int) -> int:
+    return 2 * (ranks - 1) if kind == "all_reduce" else ranks - 1
+
+
+def bus_factor(kind: str, ranks: int) -> float:
+    if kind == "all_reduce":
+        return 2.0 * (ranks - 1) / ranks
+    return (ranks - 1) / ranks
+
+
+def _link_cost(entry: Any, where: str) -> LinkCost:
+    try:
+        cost = LinkCost(float(entry["latency_s"]), float(entry["bus_bytes_per_s"]), int(entry.get("ranks", 0)))
+    except (KeyError, TypeError, ValueError):
+        raise CalibrationError(f"{where}: needs latency_s and bus_bytes_per_s (numbers)") from None
+    if cost.bus_bytes_per_s <= 0 or cost.latency_s < 0:
+        raise CalibrationError(f"{where}: bus_bytes_per_s must be > 0 and latency_s >= 0, got {entry}")
+    return cost

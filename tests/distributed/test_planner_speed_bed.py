@@ -1,0 +1,51 @@
+"""The planner's predicted step time against a measured one, on namespaced hosts (one setting).
+
+Two hosts of two ranks (network namespaces, links shaped to 200 Mbit/s with ``tc tbf``,
+``tests/netns_hosts.py``): the probe ``smsdp probe`` runs (``entrypoints/probe.py``) writes a
+calibration on this bed, smsdp with its shard group spanning both hosts trains a few steps
+(``bench/workers/cluster_worker.py``), and the step time the planner predicts from that
+calibration alone (``smsdp.planner.speed``) is within 20% of the measured one. The whole table
+(every system, three link rates, repeated launches) is ``bench/planner_speed.py``'s, in
+docs/planner.md. Skips where namespaces cannot be made (not root, no iproute2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+
+import pytest
+
+from tests import netns_hosts
+from tests.conftest import REPO_ROOT
+
+pytestmark = [
+    pytest.mark.distributed,
+    pytest.mark.skipif(netns_hosts.missing_reason() is not None, reason=str(netns_hosts.missing_reason())),
+]
+
+sys.path.insert(0, str(REPO_ROOT / "bench"))
+import cluster  # noqa: E402
+import planner_speed  # noqa: E402
+
+RATE = "200mbit"
+TOLERANCE = 0.20
+
+
+def test_predicted_step_of_smsdp_spanning_hosts_is_within_20_percent(tmp_path):
+    args = argparse.Namespace(
+        warmup=1, steps=3, batch=2, seq=64, layers=4, width=256, accum=1, precision="fp32",
+        probe_mib=2.0, probe_repeats=5, timeout=240.0,
+    )  # fmt: skip
+    specs = cluster.system_specs(["span"], 2, 2)
+    with netns_hosts.NamespacedHosts(2) as bed:
+        bed.shape(RATE)
+        launcher = cluster.Launcher(bed, 2, print)
+        rates = planner_speed.run_probe(bed, launcher, tmp_path / "calibration.json", args, print)
+        run = launcher.launch(cluster.worker_args(args, specs, "fp32"), timeout=args.timeout)
+    assert "error" not in run, run.get("logs")
+    measured, _ = planner_speed.measured([run], specs)
+    predicted = planner_speed.predictions(rates, args, 2, 2)["span"]["step_s"]
+    step = statistics.median(measured["span"])
+    assert abs(predicted / step - 1) <= TOLERANCE, f"predicted {predicted:.3f} s, measured {step:.3f} s"

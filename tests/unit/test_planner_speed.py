@@ -1,0 +1,155 @@
+"""The step-time model: calibration files, the schedule's timeline, plan() and `smsdp plan --calibration`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from estimator.cli import main as cli_main
+from smsdp.planner import ModelSpec, plan
+from smsdp.planner.calibration import CLASSES, KINDS, BlockRate, CalibrationError, LinkCost, MatmulRate, Rates
+from smsdp.planner.schedule import System, UnitWork, simulate
+
+MiB = 2**20
+
+
+def rates(bus: float = 20 * MiB, latency: float = 1e-3, flops: float = 1e10) -> Rates:
+    links = {c: {k: LinkCost(latency, bus * (10 if c == "intra" else 1)) for k in KINDS} for c in CLASSES}
+    return Rates(
+        (MatmulRate(128, 256, 1024, flops),),
+        1e8,
+        links,
+        "test",
+        blocks=(BlockRate(2, 64, 256, flops, flops / 2),),
+    )
+
+
+def test_calibration_round_trip_and_errors(tmp_path):
+    path = tmp_path / "calibration.json"
+    rates().save(path)
+    loaded = Rates.load(path)
+    assert loaded.links == rates().links and loaded.blocks == rates().blocks
+    data = json.loads(path.read_text())
+    del data["links"]["cross"]
+    path.write_text(json.dumps(data))
+    with pytest.raises(CalibrationError, match="'cross' is missing"):
+        Rates.load(path)
+    path.write_text(json.dumps({"format": "other"}))
+    with pytest.raises(CalibrationError, match="format='other'"):
+        Rates.load(path)
+
+
+def test_collective_time_is_latency_plus_bus_bytes():
+    r = rates(bus=10 * MiB, latency=2e-3)
+    # a ring all-reduce of 8 MiB over 4 ranks moves 2 * 3/4 * 8 MiB
+    assert r.collective_s("ring", "all_reduce", 4, 8 * MiB) == pytest.approx(2e-3 + 1.2)
+    assert r.collective_s("ring", "all_gather", 1, 8 * MiB) == 0.0
+
+
+UNITS = [UnitWork(gather_bytes=4 * MiB, reduce_bytes=4 * MiB, forward_s=0.01, backward_s=0.02) for _ in range(4)]
+ROOT = UnitWork(gather_bytes=1 * MiB, reduce_bytes=1 * MiB, forward_s=0.005, backward_s=0.01)
+
+
+def test_no_communication_is_compute_plus_optimizer():
+    one = System("one rank", world=1, d=1)
+    p = simulate(one, UNITS, ROOT, 0.003, rates())
+    assert p.step_s == pytest.approx(4 * 0.03 + 0.015 + 0.003)
+    assert p.exposed_comm_s == pytest.approx(0.0)
+
+
+def test_overlap_hides_what_blocking_collectives_expose():
+    spanning = {"world": 4, "d": 4, "shard_hosts": 2, "per_host": 2, "world_hosts": 2}
+    fast = simulate(System("fast link", **spanning), UNITS, ROOT, 0.0, rates(bus=1e12, latency=0.0))
+    blocking = simulate(System("blocking", overlap=False, **spanning), UNITS, ROOT, 0.0, rates())
+    overlapped = simulate(System("overlapped", **spanning), UNITS, ROOT, 0.0, rates())
+    assert fast.exposed_comm_s < 1e-3
+    # Blocking: every collective adds to the step; overlapped: strictly less is exposed.
+    assert blocking.step_s == pytest.approx(blocking.compute_s + blocking.comm_s)
+    assert overlapped.exposed_comm_s < blocking.exposed_comm_s
+    assert overlapped.step_s >= max(overlapped.compute_s, 0.0)
+
+
+def test_replica_sync_in_backward_beats_sync_in_step():
+    inside = {"world": 4, "d": 2, "shard_hosts": 1, "per_host": 2, "world_hosts": 2}
+    slow_backward = [UnitWork(4 * MiB, 4 * MiB, 0.05, 0.2) for _ in range(4)]
+    early = simulate(System("early", sync="early", **inside), slow_backward, ROOT, 0.0, rates())
+    late = simulate(System("late", sync="late", **inside), slow_backward, ROOT, 0.0, rates())
+    assert early.step_s < late.step_s
+
+
+MODEL = ModelSpec.gpt(4, 256, 4, 1024, 64)
+PARAMS = {"ddp": True, "sharded_data_parallel_degree": 4, "sdp_param_persistence_threshold": 0}
+
+
+def test_plan_with_a_calibration_predicts_and_ranks(tmp_path):
+    path = tmp_path / "calibration.json"
+    rates().save(path)
+    p = plan(MODEL, batch_size=2, instance_count=2, processes_per_host=2, parameters=PARAMS, calibration=path)
+    assert p.speed is not None and p.speed.tokens_per_s > 0
+    assert p.ranking and [c.speed.tokens_per_s for c in p.ranking] == sorted(
+        (c.speed.tokens_per_s for c in p.ranking), reverse=True
+    )
+    assert {c.sharded_degree for c in p.ranking} <= {1, 2, 4}
+    assert "fastest configurations that fit" in str(p) and "use: " in str(p)
+    without = plan(MODEL, batch_size=2, instance_count=2, processes_per_host=2, parameters=PARAMS)
+    assert without.speed is None and any("smsdp probe" in w for w in without.warnings)
+
+
+def test_plan_cli_calibration_json(tmp_path, capsys):
+    path = tmp_path / "calibration.json"
+    rates().save(path)
+    argv = ["plan", "--layers", "4", "--hidden", "256", "--heads", "4", "--vocab", "1024", "--seq-len", "64"]
+    argv += ["--instance-type", "local", "--instance-count", "2", "--processes-per-host", "2", "--precision", "fp32"]
+    assert cli_main([*argv, "--batch-size", "2", "--calibration", str(path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["speed"]["tokens_per_s"] > 0 and out["ranking"][0]["tokens_per_s"] >= out["speed"]["tokens_per_s"]
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    assert cli_main([*argv, "--calibration", str(bad)]) == 2
+    assert "not JSON" in capsys.readouterr().err
+
+
+def test_gpu_instance_uses_the_hardware_table():
+    p = plan(
+        ModelSpec.gpt(40, 5120, 40, 50257, 2048),
+        batch_size=2,
+        instance_type="ml.p4d.24xlarge",
+        instance_count=4,
+        parameters={"sharded_data_parallel_degree": 8, "bf16": True, "activation_checkpointing": True},
+        recommend=False,
+    )
+    assert p.speed is not None and p.speed.rates_source == "hardware table: ml.p4d.24xlarge"
+    assert 50 < p.speed.model_tflops_per_gpu < 156  # at most the achieved fraction of the 312 TFLOP/s peak
+
+
+def test_estimator_plan_takes_the_calibration(tmp_path):
+    from estimator import Estimator
+    from estimator.example import EXAMPLE_ENTRY_POINT, example_source_dir
+
+    path = tmp_path / "calibration.json"
+    rates().save(path)
+    est = Estimator(
+        EXAMPLE_ENTRY_POINT,
+        example_source_dir(),
+        instance_count=2,
+        distribution={
+            "smdistributed": {"modelparallel": {"enabled": True, "parameters": {"sharded_data_parallel_degree": 4}}},
+            "mpi": {"enabled": True, "processes_per_host": 2},
+        },
+        output_path=str(tmp_path),
+    )
+    p = est.plan(MODEL, batch_size=2, calibration=path)
+    assert p.speed is not None and p.ranking and p.speed.rates_source == "test"
+
+
+def test_probe_is_a_job_of_the_bundled_probe_script(tmp_path):
+    from estimator.cli import build_parser
+    from estimator.probe_cli import estimator_for_probe
+
+    args = build_parser().parse_args(
+        ["probe", "--instance-count", "2", "--processes-per-host", "2", "--output-path", str(tmp_path), "--mib", "1"]
+    )
+    request = estimator_for_probe(args).dry_run()
+    argv = request.argv
+    assert "probe.py" in argv and argv[argv.index("probe.py") + 1 :][:4] == ("--repeats", "5", "--mib", "1.0")
