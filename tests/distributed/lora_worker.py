@@ -62,12 +62,9 @@ def _batch(step: int, vocab: int) -> torch.Tensor:
     return lm_batch(BATCH, seq_len=SEQ, vocab_size=vocab, seed=600 + step % 2)[0]  # two batches: the loss falls
 
 
-def _reference(path: str, vocab: int) -> dict:
-    """One process, plain peft: the same base, adapters and batches, the whole batch per step."""
-    torch.set_num_threads(1)
-    model = _peft_model(path, on_meta=False)
-    initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2, weight_decay=0.1)
+def _train_one_process(model, opt, vocab: int, snapshot) -> dict:
+    """``STEPS`` steps on the whole batch; the state before and after, each tensor through ``snapshot``."""
+    initial = {k: snapshot(v) for k, v in model.state_dict().items()}
     losses = []
     for step in range(STEPS):
         x = _batch(step, vocab)
@@ -76,11 +73,15 @@ def _reference(path: str, vocab: int) -> dict:
         opt.step()
         opt.zero_grad()
         losses.append(loss.item())
-    return {
-        "initial": initial,
-        "final": {k: v.detach().clone() for k, v in model.state_dict().items()},
-        "losses": losses,
-    }
+    return {"initial": initial, "final": {k: snapshot(v) for k, v in model.state_dict().items()}, "losses": losses}
+
+
+def _reference(path: str, vocab: int) -> dict:
+    """One process, plain peft: the same base, adapters and batches, the whole batch per step."""
+    torch.set_num_threads(1)
+    model = _peft_model(path, on_meta=False)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2, weight_decay=0.1)
+    return _train_one_process(model, opt, vocab, lambda v: v.detach().clone())
 
 
 def _planner_state(path: str, sdp_rank: int) -> dict:
@@ -166,21 +167,8 @@ def _bf16_reference(path: str, vocab: int) -> dict:
 
     torch.set_num_threads(1)
     model = AutoModelForCausalLM.from_pretrained(path).to(torch.bfloat16)
-    initial = {k: v.detach().float() for k, v in model.state_dict().items()}
     opt = smp.KahanAdamW(model.parameters(), lr=BF16_LR, weight_decay=0.1)
-    losses = []
-    for step in range(STEPS):
-        x = _batch(step, vocab)
-        loss = model(input_ids=x, labels=x).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
-    return {
-        "initial": initial,
-        "final": {k: v.detach().float() for k, v in model.state_dict().items()},
-        "losses": losses,
-    }
+    return _train_one_process(model, opt, vocab, lambda v: v.detach().float())
 
 
 def pure_bf16_case() -> dict:
