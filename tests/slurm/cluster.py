@@ -231,8 +231,30 @@ class SlurmTestCluster:
                 start_new_session=True,
             )
 
-    def _wait_idle(self, wanted: tuple[str, ...] = ("idle",)) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
+    def queue(self) -> str:
+        """``squeue``'s view of every job this cluster knows (id, state, nodes, reason), for messages."""
+        result = subprocess.run(
+            ["squeue", "-h", "-o", "%i %j %T %N %r"],
+            capture_output=True,
+            text=True,
+            env={**os.environ, **self.env},
+            timeout=30,
+        )
+        return (result.stdout + result.stderr).strip()
+
+    def wait_free(self, timeout: float = 180.0) -> None:
+        """Until no job holds a node: a job Slurm still counts as running or completing after a test
+        (a controller restarted while its steps ended retries their completion for minutes) would
+        keep the next test's job queued."""
+        deadline = time.monotonic() + timeout
+        while self.queue() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        if self.queue():
+            raise AssertionError(f"the Slurm test cluster is still busy after {timeout:.0f} s:\n{self.queue()}")
+        self._wait_idle(timeout=max(10.0, deadline - time.monotonic()))
+
+    def _wait_idle(self, wanted: tuple[str, ...] = ("idle",), timeout: float = START_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout
         states = ""
         while time.monotonic() < deadline:
             for daemon in [*self.daemons, *(node.process for node in self.nodes)]:
@@ -250,7 +272,7 @@ class SlurmTestCluster:
                 return
             time.sleep(0.3)
         raise RuntimeError(
-            f"the Slurm nodes did not come up idle in {START_TIMEOUT_S} s: {states!r}; \n{self._logs_tail()}"
+            f"the Slurm nodes did not come up idle in {timeout:.0f} s: {states!r}; \n{self._logs_tail()}"
         )
 
     def _logs_tail(self, lines: int = 15) -> str:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -11,8 +13,8 @@ import pytest
 from tests.slurm.cluster import NamespacesUnavailable, SlurmTestCluster, missing_reason
 
 
-@pytest.fixture(scope="session")
-def slurm_cluster():
+@contextlib.contextmanager
+def _running_cluster() -> Iterator[SlurmTestCluster]:
     reason = missing_reason()
     if reason:
         pytest.skip(reason)
@@ -32,6 +34,20 @@ def slurm_cluster():
             else:
                 os.environ[name] = value
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    with _running_cluster() as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def own_slurm_cluster():
+    """A cluster for one test that leaves Slurm's state behind it (a restarted controller still
+    finishing a job's steps for minutes), so that the session's cluster stays free."""
+    with _running_cluster() as cluster:
+        yield cluster
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,9 @@ On the real two-node test cluster (``conftest.slurm_cluster``), with a small scr
 - a rank's lines stay whole (200 per rank, 2 ranks: 400 whole lines), and processes a
   rank leaves behind (``sleep``, ``setsid sleep``) end with the job, promptly;
 - ``stop()`` with the Slurm controller down stops the ranks, and reports Stopped only once
-  they are gone; nothing of the job runs on when the controller is back;
+  they are gone; nothing of the job runs on when the controller is back (on a cluster of
+  its own: the restarted controller holds the nodes until the steps' completion retries
+  reach it, a minute or more, which would keep the next test's job queued);
 - a job over its Slurm time limit ends Stopped/MaxRuntimeExceeded, saying so.
 
 The time-limited job starts first and runs while the others do (Slurm's shortest limit is
@@ -183,7 +185,8 @@ def test_lines_stay_whole_and_what_a_rank_leaves_behind_ends_with_it(time_limite
 # ---------------------------------------------------------------- 5: stop with the controller down
 
 
-def test_stop_with_the_controller_down_stops_the_ranks(time_limited, slurm_cluster, shared_dir):
+def test_stop_with_the_controller_down_stops_the_ranks(time_limited, own_slurm_cluster, shared_dir):
+    slurm_cluster = own_slurm_cluster  # the restarted controller finishes the job's steps minutes later
     est = _probe(shared_dir, "wait", count=2)
     est.fit(job_name="ctl-down", wait=False)
     job = est.latest_job

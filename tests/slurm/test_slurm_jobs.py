@@ -29,6 +29,7 @@ from estimator.metrics import rows_from_table
 from smsdp.config import ConfigError
 from smsdp.util.metrics_table import METRICS_FILENAME
 from tests.mpi_harness import requires_mpi
+from tests.slurm.cluster import SlurmTestCluster
 from tests.slurm.conftest import no_job_processes_left, rank_pid
 
 pytestmark = [pytest.mark.integration, pytest.mark.slurm, requires_mpi, pytest.mark.timeout(300)]
@@ -91,16 +92,19 @@ def _summary(job_dir: Path) -> dict:
     return json.loads((job_dir / "output" / "data" / "summary.json").read_text())
 
 
-def _wait_for_step(job_dir: Path, step: int = 1, timeout: float = 120.0) -> None:
+def _wait_for_step(job_dir: Path, cluster: SlurmTestCluster, step: int = 1, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
+    log = job_dir / "logs" / "job.log"
     while time.monotonic() < deadline:
-        if (job_dir / "logs" / "job.log").is_file() and any(n >= step for n, _ in _losses(job_dir)):
+        if log.is_file() and any(n >= step for n, _ in _losses(job_dir)):
             return
         time.sleep(0.2)
-    raise AssertionError(f"no training step logged in {job_dir}/logs/job.log")
+    tail = "\n".join(log.read_text(errors="replace").splitlines()[-20:]) if log.is_file() else "(no job.log)"
+    raise AssertionError(f"no step {step} logged in {log} in {timeout:.0f} s; squeue:\n{cluster.queue()}\n{tail}")
 
 
 def test_two_node_gpt_matches_the_local_job(slurm_cluster, shared_dir, tmp_path):
+    slurm_cluster.wait_free()  # the job takes every CPU of both nodes
     shown, slurm_s = _fit(_gpt("slurm", shared_dir, max_steps=4), "gpt-2x2")
     _, local_s = _fit(_gpt("local", tmp_path, max_steps=4), "gpt-2x2-local")
     print(f"\n[slurm] 2x2 GPT job {slurm_s:.1f} s end to end (local 2 simulated hosts: {local_s:.1f} s)")
@@ -142,11 +146,12 @@ def test_two_node_gpt_matches_the_local_job(slurm_cluster, shared_dir, tmp_path)
         torch.testing.assert_close(tensor, local_model[name], rtol=1e-6, atol=1e-7, msg=name)
 
 
-def _start_long_job(shared_dir: Path, name: str) -> tuple[Estimator, Path]:
+def _start_long_job(cluster: SlurmTestCluster, shared_dir: Path, name: str) -> tuple[Estimator, Path]:
+    cluster.wait_free()
     est = _gpt("slurm", shared_dir, max_steps=5000, checkpoint_interval=0)
     est.fit(job_name=name, wait=False, check_memory=False)
     job_dir = shared_dir / name
-    _wait_for_step(job_dir)
+    _wait_for_step(job_dir, cluster)
     return est, job_dir
 
 
@@ -159,7 +164,7 @@ def _end_within(est: Estimator, began: float, what: str) -> float:
 
 
 def test_stop_checkpoints_then_stopped(slurm_cluster, shared_dir):
-    est, job_dir = _start_long_job(shared_dir, "gpt-stop")
+    est, job_dir = _start_long_job(slurm_cluster, shared_dir, "gpt-stop")
     began = time.monotonic()
     est.latest_job.stop()
     _end_within(est, began, "stop() (scancel)")
@@ -171,7 +176,7 @@ def test_stop_checkpoints_then_stopped(slurm_cluster, shared_dir):
 
 
 def test_rank_killed_on_one_node_fails_with_that_rank(slurm_cluster, shared_dir):
-    est, _job_dir = _start_long_job(shared_dir, "gpt-kill")
+    est, _job_dir = _start_long_job(slurm_cluster, shared_dir, "gpt-kill")
     victim = rank_pid("gpt-kill", 3)
     began = time.monotonic()
     os.kill(victim, signal.SIGKILL)
@@ -183,10 +188,11 @@ def test_rank_killed_on_one_node_fails_with_that_rank(slurm_cluster, shared_dir)
 
 
 def test_a_retry_restarts_the_ranks_from_the_newest_checkpoint(slurm_cluster, shared_dir):
+    slurm_cluster.wait_free()
     est = _gpt("slurm", shared_dir, retries=1, max_steps=24, checkpoint_interval=4)
     est.fit(job_name="gpt-retry", wait=False, check_memory=False)
     job_dir = shared_dir / "gpt-retry"
-    _wait_for_step(job_dir, step=6)
+    _wait_for_step(job_dir, slurm_cluster, step=6)
     began = time.monotonic()
     os.kill(rank_pid("gpt-retry", 1), signal.SIGKILL)
     assert _end_within(est, began, "rank 1 SIGKILLed, max_retry_attempts=1") > 0
@@ -207,7 +213,7 @@ def test_a_retry_restarts_the_ranks_from_the_newest_checkpoint(slurm_cluster, sh
 
 
 def test_slurmd_stopped_fails_the_job_with_the_node(slurm_cluster, shared_dir):
-    est, _job_dir = _start_long_job(shared_dir, "gpt-node")
+    est, _job_dir = _start_long_job(slurm_cluster, shared_dir, "gpt-node")
     began = time.monotonic()
     slurm_cluster.stop_slurmd("node2")
     try:
