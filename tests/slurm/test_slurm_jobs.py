@@ -103,8 +103,11 @@ def _wait_for_step(job_dir: Path, cluster: SlurmTestCluster, step: int = 1, time
     raise AssertionError(f"no step {step} logged in {log} in {timeout:.0f} s; squeue:\n{cluster.queue()}\n{tail}")
 
 
-def test_two_node_gpt_matches_the_local_job(slurm_cluster, shared_dir, tmp_path):
+def test_two_node_gpt_matches_the_local_job(slurm_cluster, shared_dir, tmp_path, monkeypatch):
     slurm_cluster.wait_free()  # the job takes every CPU of both nodes
+    # Submitted from a process that is itself rank 0 of a torchrun world: its rendezvous is not the job's.
+    for name, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "RANK": "0", "WORLD_SIZE": "1"}.items():
+        monkeypatch.setenv(name, value)
     shown, slurm_s = _fit(_gpt("slurm", shared_dir, max_steps=4), "gpt-2x2")
     _, local_s = _fit(_gpt("local", tmp_path, max_steps=4), "gpt-2x2-local")
     print(f"\n[slurm] 2x2 GPT job {slurm_s:.1f} s end to end (local 2 simulated hosts: {local_s:.1f} s)")

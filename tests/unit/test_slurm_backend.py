@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from estimator import Estimator
+from estimator.backends.slurm.backend import submission_environment
 from estimator.backends.slurm.failure import slurm_failure_reason
 from estimator.backends.slurm.options import check_slurm_options
 from estimator.backends.slurm.srun import SrunTagger, ranks_that_died
@@ -137,6 +138,28 @@ def test_container_variables_are_the_local_jobs(tmp_path):
     assert slurm["SMSDP_CONFIG"] == local["SMSDP_CONFIG"]
     assert "SMSDP_SIMULATED_HOSTS" in local and "SMSDP_SIMULATED_HOSTS" not in slurm
     assert json.loads(slurm["SM_HOSTS"]) == ["algo-1", "algo-2"]
+
+
+def test_the_submitters_own_rank_variables_stay_out_of_the_job(tmp_path, monkeypatch):
+    """A notebook started under torchrun or mpirun (or a shell with MASTER_ADDR exported): sbatch
+    exports its environment, and those variables would name the wrong rendezvous inside the job."""
+    submitter = {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29500",
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_RANK": "0",
+        "TORCHELASTIC_RUN_ID": "x",
+        "OMPI_COMM_WORLD_RANK": "0",
+        "PMI_RANK": "0",
+    }
+    kept = {"OMPI_MCA_btl_tcp_if_include": "eth0", "NCCL_SOCKET_IFNAME": "eth0", "SLURM_CONF": "/etc/slurm/x.conf"}
+    for name, value in {**submitter, **kept}.items():
+        monkeypatch.setenv(name, value)
+    request = _estimator(tmp_path, environment={"USER_SETTING": "1"}).dry_run(job_name="env")
+    sent = submission_environment(request)
+    assert not set(submitter) & set(sent)
+    assert {name: sent[name] for name in kept} == kept and sent["USER_SETTING"] == "1"
 
 
 def test_mpirun_options_are_refused_for_slurm(tmp_path):

@@ -14,7 +14,12 @@ from estimator.backends.local.job import LocalJob
 from estimator.backends.local.mpirun import mpirun_argv, require_mpirun
 from estimator.backends.local.request import LocalRequest
 from estimator.backends.supervised.attach import estimator_kwargs, find_job_dir
-from estimator.backends.supervised.container_env import container_env, hyperparameter_args, process_env
+from estimator.backends.supervised.container_env import (
+    container_env,
+    hyperparameter_args,
+    process_env,
+    submitter_environment,
+)
 from estimator.backends.supervised.job_dir import JobDir, write_text_atomically
 from estimator.backends.supervised.launch import create_job_dir
 from estimator.backends.supervised.layout import describe_spec, job_root, plan_job_dir, source_root
@@ -103,7 +108,7 @@ def _start_supervisor(job: JobDir, env: Mapping[str, str], argv: Sequence[str]) 
     with open(log_fd, "ab") as supervisor_log:
         supervisor = subprocess.Popen(
             [sys.executable, "-m", SUPERVISOR_MODULE, str(job.root)],
-            env={**os.environ, **env},
+            env={**submitter_environment(), **env},  # not this process's own rank variables
             cwd=job.root,
             stdin=subprocess.PIPE,
             stdout=supervisor_log,

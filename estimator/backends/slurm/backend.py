@@ -10,7 +10,6 @@ supervisor on the job's first node, which starts the ranks with ``srun``.
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import shutil
 import sys
@@ -24,7 +23,12 @@ from estimator.backends.slurm.options import OWNED_SBATCH_VARIABLES, SLURM, gpus
 from estimator.backends.slurm.request import SlurmRequest
 from estimator.backends.slurm.srun import srun_argv
 from estimator.backends.supervised.attach import estimator_kwargs, find_job_dir
-from estimator.backends.supervised.container_env import container_env, hyperparameter_args, process_env
+from estimator.backends.supervised.container_env import (
+    container_env,
+    hyperparameter_args,
+    process_env,
+    submitter_environment,
+)
 from estimator.backends.supervised.job_dir import JobDir, read_json, write_text_atomically
 from estimator.backends.supervised.launch import create_job_dir
 from estimator.backends.supervised.layout import OWN_SECTION, describe_spec, job_root, plan_job_dir, source_root
@@ -105,8 +109,9 @@ class SlurmBackend(Backend[SlurmRequest]):
 def submission_environment(request: SlurmRequest) -> dict[str, str]:
     """sbatch's environment, which it exports to the job: this process's, the job's, and the real srun argv
     (secret values in it: the supervisor runs it; job.json has it scrubbed). Without the ``SBATCH_*``
-    variables that would override what smsdp sets (sbatch reads them as options, over the script's lines)."""
-    env = {**os.environ, **request.env, LAUNCH_ARGV_VARIABLE: json.dumps(list(request.srun_argv))}
+    variables that would override what smsdp sets (sbatch reads them as options, over the script's lines),
+    nor this process's own rank variables (``container_env.RANK_VARIABLES``)."""
+    env = {**submitter_environment(), **request.env, LAUNCH_ARGV_VARIABLE: json.dumps(list(request.srun_argv))}
     return {name: value for name, value in env.items() if name not in OWNED_SBATCH_VARIABLES}
 
 

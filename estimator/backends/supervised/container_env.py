@@ -89,6 +89,42 @@ def process_env(spec: JobSpec, source_root: str | None) -> dict[str, str]:
     return env
 
 
+#: Who a process is in a world that already exists: torchrun's and the MPI launchers' rank variables.
+#: Inherited from the process that submits a job (a notebook started under torchrun or mpirun, a shell
+#: that exported MASTER_ADDR), they would name the wrong rendezvous or rank inside the job: a Slurm
+#: rank on another node dialing a MASTER_ADDR of 127.0.0.1 waits out the collective timeout.
+RANK_VARIABLES = frozenset(
+    {
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_RANK",
+        "GROUP_WORLD_SIZE",
+        "ROLE_RANK",
+        "ROLE_WORLD_SIZE",
+        "ROLE_NAME",
+        "NODE_RANK",
+        "PMI_RANK",
+        "PMI_SIZE",
+        "PMIX_RANK",
+    }
+)
+RANK_VARIABLE_PREFIXES = ("TORCHELASTIC_", "OMPI_COMM_WORLD_")
+
+
+def submitter_environment() -> dict[str, str]:
+    """This process's environment as a job inherits it: everything but the rank variables of a world
+    this process itself may be part of (the job's launcher sets its own)."""
+    return {
+        name: value
+        for name, value in os.environ.items()
+        if name not in RANK_VARIABLES and not name.startswith(RANK_VARIABLE_PREFIXES)
+    }
+
+
 def _env_suffix(name: str) -> str:
     return name.upper().replace("-", "_").replace(".", "_")
 
