@@ -81,6 +81,48 @@ def sagemaker_session(capture: Capture) -> Any:
     return new_session(boto_session)
 
 
+DEFAULT_PREFIX = "team-a/runs"
+
+
+def prefixed_default_job(user_code: Path, job_name: str) -> dict[str, Any]:
+    """A job with no output_path on a session whose ``default_bucket_prefix`` is set: where its output
+    and code go, and whether the code's upload asserted who owns the default bucket."""
+    import boto3
+
+    from estimator import Estimator
+    from estimator.backends.sagemaker.sdk import Sdk, import_sdk_module, installed_sdk
+
+    capture, uploads = Capture(), []
+    boto_session = boto3.Session(region_name=REGION)
+    # A user whose default bucket exists (SDK 2 with a prefix cannot create it on moto: its
+    # permission check lists the missing bucket under the prefix first).
+    with contextlib.suppress(boto_session.client("s3").exceptions.BucketAlreadyOwnedByYou):
+        boto_session.client("s3").create_bucket(Bucket=f"sagemaker-{REGION}-{ACCOUNT}")
+    boto_session.events.register("provide-client-params.sagemaker.CreateTrainingJob", capture)
+    boto_session.events.register(
+        "provide-client-params.s3.PutObject",  # not Body: a file
+        lambda params, **_: uploads.append((params["Bucket"], params["Key"], params.get("ExpectedBucketOwner"))),
+    )
+    module = "sagemaker.core.helper.session_helper" if installed_sdk() is Sdk.V3 else "sagemaker"
+    session = import_sdk_module(module).Session(boto_session=boto_session, default_bucket_prefix=DEFAULT_PREFIX)
+    est = Estimator(
+        "train.py",
+        str(user_code),
+        instance_type="ml.g5.12xlarge",
+        role=ROLE,
+        distribution={"mpi": {"enabled": True, "processes_per_host": 4}},
+        sagemaker_session=session,
+    )
+    est.fit(job_name=job_name, wait=False)
+    (request,) = capture.requests
+    return {
+        "output": request["OutputDataConfig"]["S3OutputPath"],
+        "code": json.loads(request["HyperParameters"]["sagemaker_submit_directory"]),
+        "uploads": uploads,
+        "model_data": est.model_data,
+    }
+
+
 def write_user_code(src: Path) -> Path:
     (src / "train.py").write_text("import helpers\nprint('training')\n")
     (src / "helpers.py").write_text("")
@@ -178,6 +220,7 @@ def run_job(work: Path) -> dict[str, Any]:
             "attached": attached_view(again),
             "default_bucket_request": capture.requests[1],
             "default_bucket_model_data": default.model_data,
+            "prefixed_default": prefixed_default_job(user_code, "prefixed-1"),
         }
 
 

@@ -36,6 +36,7 @@ from tests.conftest import REPO_ROOT  # noqa: E402
 from tests.integration.sagemaker_sdk_job import (  # noqa: E402
     ACCOUNT,
     BUCKET,
+    DEFAULT_PREFIX,
     INPUTS,
     JOB,
     LOG_LINES,
@@ -46,6 +47,7 @@ from tests.integration.sagemaker_sdk_job import (  # noqa: E402
     attached_view,
     estimator_arguments,
     mock_aws,
+    prefixed_default_job,
     sagemaker_session,
     write_user_code,
 )
@@ -367,3 +369,21 @@ def test_sdk3_resolves_the_default_bucket_as_sdk2_does(other_sdk_job):
     code = json.loads(request["HyperParameters"]["sagemaker_submit_directory"])
     assert code == f"s3://{bucket}/default-bucket-1/source/sourcedir.tar.gz"
     assert other_sdk_job["default_bucket_model_data"] == f"s3://{bucket}/default-bucket-1/output/model.tar.gz"
+
+
+@pytest.mark.timeout(240)  # the SDK 3 job runs in its own Python first (7 s of CPU here)
+def test_a_default_bucket_prefix_and_the_owner_check_are_sdk2s_in_both_sdks(aws, user_code, other_sdk_job):
+    """No output_path, a session with ``default_bucket_prefix``: output and code under the prefix, and the
+    code uploaded with ``ExpectedBucketOwner`` (the default bucket's name is predictable), by either SDK."""
+    bucket = f"sagemaker-{REGION}-{ACCOUNT}"
+    expected = {
+        "output": f"s3://{bucket}/{DEFAULT_PREFIX}/",
+        "code": f"s3://{bucket}/{DEFAULT_PREFIX}/prefixed-1/source/sourcedir.tar.gz",
+        "uploads": [(bucket, f"{DEFAULT_PREFIX}/prefixed-1/source/sourcedir.tar.gz", ACCOUNT)],
+        "model_data": f"s3://{bucket}/{DEFAULT_PREFIX}/prefixed-1/output/model.tar.gz",
+    }
+    assert prefixed_default_job(user_code, "prefixed-1") == expected  # SDK 2, this Python
+    assert {
+        key: value if key != "uploads" else [tuple(u) for u in value]
+        for key, value in other_sdk_job["prefixed_default"].items()
+    } == expected  # SDK 3

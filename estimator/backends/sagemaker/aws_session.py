@@ -67,14 +67,15 @@ def default_output_path(region: str) -> str:
     return f"s3://sagemaker-{region}-<account-id>/"
 
 
-def code_uri(job_name: str, output_path: str, code_location: str | None) -> str:
-    """Where the SDK uploads ``sourcedir.tar.gz``: ``code_location``, else the output bucket's root."""
+def code_uri(job_name: str, output_path: str, code_location: str | None, default_prefix: str = "") -> str:
+    """Where the SDK uploads ``sourcedir.tar.gz``: ``code_location``, else the output bucket's root, under
+    the session's ``default_bucket_prefix`` when the output path is the session's default (SDK 2's rule)."""
     if code_location:
         bucket, prefix = split_s3_uri(code_location)
         parts = [prefix.strip("/"), job_name, "source", SOURCE_ARCHIVE]
     else:
         bucket, _ = split_s3_uri(output_path)
-        parts = [job_name, "source", SOURCE_ARCHIVE]
+        parts = [default_prefix.strip("/"), job_name, "source", SOURCE_ARCHIVE]
     return f"s3://{bucket}/" + "/".join(part for part in parts if part)
 
 

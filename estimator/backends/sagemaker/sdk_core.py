@@ -5,8 +5,9 @@ launch command, while sagemaker-core takes every field of CreateTrainingJob as
 typed shapes. So the request is the one ``training_request`` builds (the one SDK 2
 sends, field for field: ``tests/integration/test_sagemaker_moto.py`` compares them),
 the source dir is packed and uploaded by sagemaker-core's own ``tar_and_upload_dir``
-(the function SDK 2's estimators use), and only what a dry run cannot know is filled
-in here: the default bucket, when no ``output_path`` was given.
+(the function SDK 2's estimators use, with the same ``ExpectedBucketOwner`` check on the
+session's default bucket), and only what a dry run cannot know is filled in here: the
+default bucket and the session's ``default_bucket_prefix``, when no ``output_path`` was given.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ def submit(request: SageMakerRequest, sagemaker_session: Any) -> None:
             kms_key=_code_kms_key(request),
             s3_resource=getattr(sagemaker_session, "s3_resource", None),
             settings=getattr(sagemaker_session, "settings", None),
+            expected_bucket_owner=_expected_owner(sagemaker_session, code_bucket),
         )
     resources = import_sdk_module("sagemaker.core.resources")
     resources.TrainingJob.create(
@@ -73,14 +75,22 @@ def _at_launch(request: SageMakerRequest, sagemaker_session: Any) -> SageMakerRe
     """The request with the default bucket resolved (created if missing), as SDK 2 does at ``fit()``."""
     if not request.output_path_is_default:
         return request
-    output_path = f"s3://{sagemaker_session.default_bucket()}/"
+    prefix = (getattr(sagemaker_session, "default_bucket_prefix", None) or "").strip("/")
+    output_path = "s3://" + "/".join(part for part in (sagemaker_session.default_bucket(), prefix) if part) + "/"
     resolved = dataclasses.replace(
         request.resolved,
         output_path=output_path,
-        code_uri=code_uri(request.job_name, output_path, request.options.code_location),
+        code_uri=code_uri(request.job_name, output_path, request.options.code_location, default_prefix=prefix),
     )
     job = create_training_job_request(request.spec, request.options, resolved)
     return dataclasses.replace(request, resolved=resolved, create_training_job=job)
+
+
+def _expected_owner(sagemaker_session: Any, bucket: str) -> str | None:
+    """The account, when ``bucket`` is the session's own default bucket: the upload then asserts who owns
+    it (``ExpectedBucketOwner``), as SDK 2's estimators do, against a squatted bucket of the predictable name."""
+    check = getattr(sagemaker_session, "_get_account_id_if_default_bucket", None)
+    return check(bucket) if check is not None else None
 
 
 def _code_kms_key(request: SageMakerRequest) -> str | None:
