@@ -4,11 +4,12 @@ Two launches share ``$SMSDP_CKPT_ROOT``:
 
 * the SAVE launch trains the reference run (10 steps, no checkpoint), a run that
   stops after 5 steps and saves partial + full checkpoints, a run that saves
-  several checkpoints with pruning, and last a run whose rank 1 SIGKILLs itself
+  several checkpoints with pruning, the same two runs in pure bf16 with
+  smp.KahanAdamW, and last a run whose rank 1 SIGKILLs itself
   while its second checkpoint is being written (which ends the launch);
 * the RESUME launch is a new job (new process group, model and optimizer) that
   resumes those checkpoints at d=2 r=2, d=4 r=1 and d=1 r=4, after the kill,
-  from a corrupted newest checkpoint, and into the wrong model;
+  from a corrupted newest checkpoint, and into the wrong model, and the pure-bf16 one;
 * a 2-rank launch resumes the 4-rank checkpoint (another world size).
 
 Data depends only on the step index and every rank has its own RNG stream
@@ -42,7 +43,8 @@ def root() -> Path:
     return Path(os.environ["SMSDP_CKPT_ROOT"])
 
 
-def build(sdp: int, cfg: GPTConfig = MODEL):
+def build(sdp: int, cfg: GPTConfig = MODEL, pure_bf16: bool = False):
+    """``pure_bf16``: bf16 masters and smp.KahanAdamW, whose compensation buffers a resume must bring back."""
     runtime_state.reset_for_tests()
     smp.init(
         {
@@ -50,17 +52,16 @@ def build(sdp: int, cfg: GPTConfig = MODEL):
             "sharded_data_parallel_degree": sdp,
             "sdp_gradient_clipping": 1.0,
             "sdp_param_persistence_threshold": PERSISTENCE,
+            **({"bf16": True, "sdp_pure_bf16": True} if pure_bf16 else {}),
         }
     )
     torch.manual_seed(1234)
     model = smp.DistributedModel(GPT(cfg))
     decay = [p for n, p in model.named_parameters() if not (n.endswith("bias") or ".ln" in n or "ln_f" in n)]
     no_decay = [p for n, p in model.named_parameters() if n.endswith("bias") or ".ln" in n or "ln_f" in n]
-    opt = smp.DistributedOptimizer(
-        torch.optim.AdamW(
-            [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}], lr=3e-3, eps=1e-6
-        )
-    )
+    groups = [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
+    inner = smp.KahanAdamW(groups, lr=3e-3, eps=1e-6) if pure_bf16 else torch.optim.AdamW(groups, lr=3e-3, eps=1e-6)
+    opt = smp.DistributedOptimizer(inner)
     torch.manual_seed(100 + smp.rank())  # every rank its own dropout stream
     return model, opt
 
@@ -101,6 +102,30 @@ def first_half() -> dict:
     smp.save_checkpoint(
         root() / "main", tag=f"step{HALF}", partial=False, model=model, user_content={"step": HALF, "full": True}
     )
+    return {"losses": losses, "params": model.state_dict()}
+
+
+def bf16_straight() -> dict:
+    model, opt = build(sdp=2, pure_bf16=True)
+    losses = train(model, opt, range(STEPS))
+    return {
+        "losses": losses,
+        "params": model.state_dict(),
+        "dtypes": sorted({str(g.master.dtype) for g in model.flat_groups()}),
+    }
+
+
+def bf16_first_half() -> dict:
+    model, opt = build(sdp=2, pure_bf16=True)
+    losses = train(model, opt, range(HALF))
+    smp.save_checkpoint(root() / "bf16", tag=f"step{HALF}", model=model, optimizer=opt, user_content={"step": HALF})
+    return {"losses": losses}
+
+
+def bf16_resume() -> dict:
+    model, opt = build(sdp=2, pure_bf16=True)
+    first = smp.resume_from_checkpoint(root() / "bf16")["step"]
+    losses = train(model, opt, range(first, STEPS))
     return {"losses": losses, "params": model.state_dict()}
 
 
@@ -229,6 +254,9 @@ CASES = {
     "straight": straight,
     "first_half": first_half,
     "prune": prune,
+    "bf16_straight": bf16_straight,
+    "bf16_first_half": bf16_first_half,
+    "bf16_resume": bf16_resume,
     "crash": crash,
     "resume_d2": lambda: resume(sdp=2),
     "resume_d4": lambda: resume(sdp=4),

@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.distributed, requires_mpi]
 WORKER = "tests/distributed/checkpoint_worker.py"
 NPROCS = 4
 HOSTS = {"SMSDP_SIMULATED_HOSTS": "1", "SM_HOSTS": '["algo-1", "algo-2"]'}
-SAVE_CASES = ["straight", "first_half", "prune", "crash"]  # "crash" ends the launch: keep it last
+SAVE_CASES = ["straight", "first_half", "prune", "bf16_straight", "bf16_first_half", "crash"]  # "crash" ends it
 RESUME_CASES = [
     "resume_d2",
     "resume_d4",
@@ -36,6 +36,7 @@ RESUME_CASES = [
     "full_resume",
     "other_world",
     "optimizer_switches",
+    "bf16_resume",
 ]
 HALF = 5
 RESHARD_RTOL = 1e-6
@@ -210,3 +211,14 @@ def test_optimizer_switches(saved, resumed):
         assert result["kept"] == {1.0} and result["hyper_only"] == {1.0} and result["loaded"] == {5.0}
         for name, value in expected.items():
             assert torch.equal(result["params"][name], value), name
+
+
+def test_a_pure_bf16_kahan_resume_is_bit_identical(saved, resumed):
+    """bf16 masters and KahanAdamW's moments and compensation buffers come back exactly: without the
+    compensation buffers (or with them rounded through another dtype) the second half drifts."""
+    straight, first, again = saved["bf16_straight"], saved["bf16_first_half"], resumed["bf16_resume"]
+    for rank in range(NPROCS):
+        assert straight[rank]["dtypes"] == ["torch.bfloat16"]
+        assert first[rank]["losses"] + again[rank]["losses"] == straight[rank]["losses"]
+        for name, tensor in straight[rank]["params"].items():
+            assert torch.equal(again[rank]["params"][name], tensor), name
