@@ -1,0 +1,97 @@
+"""LoRA fine-tuning: smsdp against FSDP2 + peft on the same frozen pretrained base, in one launch.
+
+A Llama (8 blocks, hidden 384, vocab 1024: about 12M parameters) is made here and saved with
+``save_pretrained``; one ``mpirun -np 4`` launch of ``bench/workers/lora_bench_worker.py`` builds
+
+- smsdp: the model on the meta device under ``smp.model_creation()``, peft's adapters on
+  ``q_proj``/``v_proj`` (r 8, alpha 16), ``smp.DistributedModel`` at d=4 with persistence
+  threshold 0 (every tensor sharded, as FSDP2 shards them), the base read sharded by
+  ``smp.load_pretrained``; the frozen base takes no gradients nor optimizer state;
+- FSDP2 + peft: ``from_pretrained``, the same adapters (same seed), ``fully_shard`` per
+  decoder layer and on the root, on a 1-D mesh of 4;
+
+and interleaves their steps (AdamW on the adapters, batch 2 x 64 tokens per rank), so both
+see the same machine. Prints a Markdown table: tokens/s (median step of the slowest rank),
+the ratio to FSDP2, and the model state one rank holds after ``optimizer.step()``. Run it with
+nothing else on the machine; check the load it prints. About 1 to 2 minutes::
+
+    .venv/bin/python bench/lora_compare.py        # LORA_BENCH_STEPS / LORA_BENCH_WARMUP to change them
+
+QLoRA rows (a 4-bit frozen base) are not here: see docs/pretrained.md.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT))
+
+from tests.mpi_harness import run_cases  # noqa: E402
+
+NPROCS = 4
+LLAMA = dict(
+    vocab_size=1024,
+    hidden_size=384,
+    intermediate_size=1024,
+    num_hidden_layers=8,
+    num_attention_heads=6,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+)
+LABELS = {"smsdp": "smsdp LoRA (d=4)", "fsdp2": "FSDP2 + peft LoRA (1-D mesh of 4)"}
+
+
+def _save_base(directory: Path) -> None:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(**LLAMA)).save_pretrained(directory)
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.2f}"
+
+
+def main() -> None:
+    from bench.workers.lora_bench_worker import BATCH, DIR_ENV, SEQ
+
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    load = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        _save_base(Path(tmp) / "llama")
+        results = run_cases(
+            "bench/workers/lora_bench_worker.py",
+            ["lora"],
+            NPROCS,
+            env={DIR_ENV: str(Path(tmp) / "llama")},
+            timeout=1200,
+            out_dir=Path(tmp) / "out",
+        )
+        ranks = results["lora"]
+    tokens = NPROCS * BATCH * SEQ
+    speed = {name: tokens / statistics.median(ranks[0]["times"][name]) for name in LABELS}
+    print(f"LoRA fine-tuning, {NPROCS} ranks, {started}, load average at launch {load:.1f}\n")
+    print(
+        "| system | tokens/s | × FSDP2 | step s (median [min-max]) | params / grads / optimizer MiB per rank | loss first → last |"
+    )
+    print("|---|---|---|---|---|---|")
+    for name, label in LABELS.items():
+        times = ranks[0]["times"][name]
+        held = {key: max(r["state"][name][key] for r in ranks) for key in ("params", "grads", "optimizer")}
+        first, last = ranks[0]["losses"][name][0], ranks[0]["losses"][name][-1]
+        print(
+            f"| {label} | {speed[name]:,.0f} | {speed[name] / speed['fsdp2']:.2f} | "
+            f"{statistics.median(times):.3f} [{min(times):.3f}-{max(times):.3f}] | "
+            f"{_mib(held['params'])} / {_mib(held['grads'])} / {_mib(held['optimizer'])} | {first:.4f} → {last:.4f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""Worker of ``bench/lora_compare.py``: LoRA on smsdp and on FSDP2 + peft, same base, same launch.
+
+One case, ``lora``: both systems are built from the Llama directory ``$SMSDP_LORA_BENCH_DIR``
+(saved by ``save_pretrained``) with the same peft adapters (same seed), sharded over all ranks
+(smsdp ``sharded_data_parallel_degree`` = world, FSDP2 ``fully_shard`` per decoder layer and the
+root on a 1-D mesh). Their steps are interleaved (order alternating, a barrier before each), so
+both see the same machine state. Each rank reports, per system: the step times (the slowest
+rank's, per step), the first and last losses, and the model state it holds after
+``optimizer.step()`` (parameters, gradients, optimizer state; bytes).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import smsdp as smp
+from smsdp.comm import world as runtime_state
+from tests.models import lm_batch
+from tests.mpi_harness import init_gloo_from_env, worker_main
+
+DIR_ENV = "SMSDP_LORA_BENCH_DIR"
+LORA = dict(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=["q_proj", "v_proj"])
+SEED = 5
+BATCH, SEQ = 2, 64  # per rank
+WARMUP = int(os.environ.get("LORA_BENCH_WARMUP", "2"))
+STEPS = int(os.environ.get("LORA_BENCH_STEPS", "8"))
+
+
+def _peft(path: str, on_meta: bool):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(SEED)
+    if on_meta:
+        with smp.model_creation():
+            return get_peft_model(
+                AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path)), LoraConfig(**LORA)
+            )
+    return get_peft_model(AutoModelForCausalLM.from_pretrained(path), LoraConfig(**LORA))
+
+
+def _smsdp(path: str):
+    dm = smp.DistributedModel(_peft(path, on_meta=True))
+    smp.load_pretrained(dm, path)
+    opt = smp.DistributedOptimizer(torch.optim.AdamW(list(dm.parameters()), lr=1e-3))
+
+    def step(x: torch.Tensor) -> float:
+        loss = dm(input_ids=x, labels=x).loss
+        dm.backward(loss)
+        opt.step()
+        state = {**dm.model_state_bytes(), "optimizer": opt.optimizer_state_bytes()}
+        opt.zero_grad()
+        return loss.item(), state
+
+    return step
+
+
+def _local_bytes(tensor) -> int:
+    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    return local.numel() * local.element_size()
+
+
+def _fsdp2(path: str):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    model = _peft(path, on_meta=False)
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    for layer in model.base_model.model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+
+    def step(x: torch.Tensor) -> float:
+        loss = model(input_ids=x, labels=x).loss
+        loss.backward()
+        opt.step()
+        params = list(model.parameters())
+        state = {
+            "params": sum(_local_bytes(p) for p in params),
+            "grads": sum(_local_bytes(p.grad) for p in params if p.grad is not None),
+            "optimizer": sum(
+                _local_bytes(v) for s in opt.state.values() for k, v in s.items() if k != "step" and v.dim() > 0
+            ),
+        }
+        opt.zero_grad()
+        return loss.item(), state
+
+    return step
+
+
+def lora_case() -> dict:
+    runtime_state.reset_for_tests()
+    world = dist.get_world_size()
+    smp.init(
+        {
+            "ddp": True,
+            "sharded_data_parallel_degree": world,
+            "delayed_parameter_initialization": True,
+            # Every tensor sharded, as FSDP2 shards every tensor (SMP's default threshold, 1e6 elements,
+            # exceeds every tensor of this model and would replicate them all).
+            "sdp_param_persistence_threshold": 0,
+        }
+    )
+    torch.set_num_threads(1)
+    path = os.environ[DIR_ENV]
+    from smsdp.pretrained import read_config
+
+    vocab = read_config(path)["vocab_size"]
+    systems = {"smsdp": _smsdp(path), "fsdp2": _fsdp2(path)}
+    times: dict[str, list[float]] = {name: [] for name in systems}
+    losses: dict[str, list[float]] = {name: [] for name in systems}
+    state: dict[str, dict] = {}
+    for step in range(WARMUP + STEPS):
+        x = lm_batch(BATCH * world, seq_len=SEQ, vocab_size=vocab, seed=900 + step)[0].chunk(world)[dist.get_rank()]
+        order = list(systems) if step % 2 == 0 else list(reversed(systems))
+        for name in order:
+            dist.barrier()
+            began = time.perf_counter()
+            loss, state[name] = systems[name](x)
+            took = torch.tensor(time.perf_counter() - began)
+            dist.all_reduce(took, op=dist.ReduceOp.MAX)
+            losses[name].append(loss)
+            if step >= WARMUP:
+                times[name].append(took.item())
+    return {"times": times, "losses": losses, "state": state}
+
+
+if __name__ == "__main__":
+    worker_main({"lora": lora_case}, setup=init_gloo_from_env)
