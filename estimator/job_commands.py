@@ -1,6 +1,6 @@
 """The ``smsdp`` subcommands that look at jobs already started: jobs, logs, describe, plot.
 
-    smsdp jobs [--output-path DIR] [--json]      every job under the output path, oldest first
+    smsdp jobs [--output-path DIR|s3://...] [--json]  every job under the output path, oldest first
     smsdp logs JOB [--follow]                    the job's log; --follow: until the job ends
     smsdp describe JOB                           DescribeTrainingJob's shape, as JSON
     smsdp plot JOB [JOB...] -o PATH              loss and tokens/s against step, a PNG
@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from estimator.backends import BackendUnavailable
 from estimator.job import Job, JobStatus
 from estimator.jobs_listing import find_job, format_listing, list_jobs
 
@@ -56,14 +57,11 @@ def add_jobs_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def jobs(args: argparse.Namespace) -> int:
-    if (args.output_path or "").startswith("s3://"):
-        print(
-            "smsdp: jobs lists job directories (local and Slurm jobs); SageMaker lists its own "
-            "(aws sagemaker list-training-jobs), and smsdp logs/describe/plot take their names",
-            file=sys.stderr,
-        )
+    try:
+        listings = list_jobs(args.output_path)
+    except (ValueError, BackendUnavailable) as exc:  # no AWS credentials or region, no sagemaker extra
+        print(f"smsdp: cannot list the jobs under {args.output_path}: {exc}", file=sys.stderr)
         return EXIT_NOT_FOUND
-    listings = list_jobs(args.output_path)
     if args.json:
         print(json.dumps([entry.to_json() for entry in listings], indent=2))
     elif not listings:

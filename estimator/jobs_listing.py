@@ -2,7 +2,8 @@
 
 Local and Slurm jobs are directories under their output path (``job.json``
 says which backend ran each); a name that is no directory there is looked up
-on SageMaker, as ``Estimator.attach`` does.
+on SageMaker, as ``Estimator.attach`` does. An ``s3://`` output path lists the
+SageMaker training jobs whose output is there (``backends.sagemaker.listing``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from estimator.backends import attach, backend_named
+from estimator.backends.sagemaker.listing import final_loss as sagemaker_final_loss
+from estimator.backends.sagemaker.listing import training_jobs_under
 from estimator.backends.supervised.attach import recorded_backend
 from estimator.backends.supervised.job_dir import JobDir
 from estimator.backends.supervised.known_paths import check_local_output_path
@@ -52,8 +55,12 @@ def job_directories(output_path: str | None = None) -> list[Path]:
 
 
 def list_jobs(output_path: str | None = None) -> list[JobListing]:
-    """What ``smsdp jobs`` shows for every job under ``output_path``, oldest first."""
-    listings = [listing(directory) for directory in job_directories(output_path)]
+    """What ``smsdp jobs`` shows for every job under ``output_path``, oldest first (an ``s3://`` path:
+    the SageMaker training jobs whose output is there, among the region's newest)."""
+    if (output_path or "").startswith("s3://"):
+        listings = [sagemaker_listing(described) for described in training_jobs_under(str(output_path))]
+    else:
+        listings = [listing(directory) for directory in job_directories(output_path)]
     oldest = datetime.datetime.min.replace(tzinfo=datetime.timezone.utc)
     return sorted(listings, key=lambda entry: (entry.start or oldest, entry.name))
 
@@ -64,6 +71,20 @@ def listing(root: Path) -> JobListing:
         return _listing(root)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         return JobListing(root.name, "?", f"unreadable: {type(exc).__name__}: {exc}", None, None, None)
+
+
+def sagemaker_listing(described: dict) -> JobListing:
+    start, end = described.get("TrainingStartTime"), described.get("TrainingEndTime")
+    if start is not None and end is None:
+        end = datetime.datetime.now(start.tzinfo)
+    return JobListing(
+        name=described["TrainingJobName"],
+        backend="sagemaker",
+        status=described["TrainingJobStatus"],
+        start=start,
+        duration_s=(end - start).total_seconds() if start is not None and end is not None else None,
+        final_loss=sagemaker_final_loss(described),
+    )
 
 
 def _listing(root: Path) -> JobListing:

@@ -319,6 +319,31 @@ def test_tensorboard_output_config_is_sent_and_the_job_is_seen_by_name(aws, user
     assert capsys.readouterr().out.splitlines() == lines
 
 
+def test_smsdp_jobs_lists_the_sagemaker_jobs_under_an_s3_output_path(submitted, user_code, capsys):
+    """The jobs whose output is under the URI, not the others of the region."""
+    from estimator.cli import main
+
+    other = Estimator(
+        "train.py",
+        str(user_code),
+        instance_type="ml.g5.12xlarge",
+        role=ROLE,
+        distribution={"mpi": {"enabled": True, "processes_per_host": 4}},
+        output_path=f"s3://{BUCKET}/elsewhere",
+    )
+    other.fit(job_name="listed-elsewhere", wait=False)
+    capsys.readouterr()
+    assert main(["jobs", "--output-path", OUTPUT, "--json"]) == 0
+    listed = {entry["name"]: entry for entry in json.loads(capsys.readouterr().out)}
+    assert JOB in listed and "listed-elsewhere" not in listed
+    assert (listed[JOB]["backend"], listed[JOB]["status"]) == ("sagemaker", "Completed")
+    assert main(["jobs", "--output-path", f"s3://{BUCKET}/elsewhere"]) == 0
+    table = capsys.readouterr().out
+    assert "listed-elsewhere" in table and JOB not in table
+    assert main(["jobs", "--output-path", f"s3://{BUCKET}/jobs-none", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == []
+
+
 # --------------------------------------------------------------------- the same job through the other SDK
 
 

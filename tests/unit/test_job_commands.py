@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import json
+import os
+
+import pytest
 
 from estimator.cli import COMMANDS, build_parser, main
 from estimator.jobs_listing import list_jobs
@@ -31,9 +34,17 @@ def test_a_job_directory_that_cannot_be_read_is_listed_as_such(tmp_path):
     assert listed.name == "broken" and listed.status.startswith("unreadable: JSONDecodeError")
 
 
-def test_sagemaker_jobs_are_not_listed_but_found_by_name(capsys):
+def test_listing_sagemaker_jobs_without_a_region_says_what_to_set(tmp_path, monkeypatch, capsys):
+    """An s3:// output path lists SageMaker's jobs (tests/integration/test_sagemaker_moto.py); with no
+    AWS region configured it says so, naming what to set, and asks nothing of AWS."""
+    pytest.importorskip("boto3")
+    for name in [name for name in os.environ if name.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
     assert main(["jobs", "--output-path", "s3://bucket/jobs"]) == 2
-    assert "aws sagemaker list-training-jobs" in capsys.readouterr().err
+    said = capsys.readouterr().err
+    assert "cannot list the jobs under s3://bucket/jobs" in said and "AWS_DEFAULT_REGION" in said, said
 
 
 def test_an_unknown_job_exits_2_naming_where_it_looked(tmp_path, capsys):
