@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import sys
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from tests.conftest import REPO_ROOT
 from tests.mpi_harness import requires_mpi
 
-pytestmark = [pytest.mark.integration, requires_mpi, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.integration, requires_mpi, pytest.mark.timeout(480)]  # two jobs on 2 loaded cores
 
 NOTEBOOK = REPO_ROOT / "notebooks" / "quickstart.ipynb"
 KERNEL = "smsdp-test-python"
@@ -80,3 +81,9 @@ def test_quickstart_notebook_runs(this_interpreter_kernel, tmp_path):
     images = [output["data"]["image/png"] for output in fit_cell.outputs if "image/png" in output.get("data", {})]
     assert len(images) == 1 and base64.b64decode(images[0]).startswith(b"\x89PNG\r\n\x1a\n")
     assert "all_gather_bytes" in everything and "grad_norm" in everything  # the metrics() table
+
+    # The LoRA section: a job from a saved GPT-2, its adapter loaded onto from_pretrained's GPT-2
+    (lora_job,) = list((run_dir / "lora-jobs").iterdir())
+    assert (lora_job / "output" / "model.tar.gz").is_file() and (run_dir / "lora-model" / "adapter").is_dir()
+    moved = re.search(r"adapter loaded onto from_pretrained's GPT-2: the logits moved by up to ([0-9.]+)", everything)
+    assert moved and float(moved[1]) > 0, everything[-2000:]

@@ -3,8 +3,9 @@
 One local job (1 host, 2 ranks, sharded degree 2) of the bundled script: a GPT-2 saved with
 ``save_pretrained`` in the ``model`` channel, ``lora_rank=4``: the base is read sharded and frozen,
 peft's adapters train for 3 steps, ``export_adapter=true`` writes ``model/adapter/``. Here, without
-smsdp: the adapter loaded by ``peft.PeftModel.from_pretrained`` onto the GPT gives the same logits
-as the whole trained model of ``model.pt``, and the base in ``model.pt`` is the GPT-2's, bit for bit.
+smsdp: the adapter loaded by ``peft.PeftModel.from_pretrained`` onto the GPT, and onto the GPT-2
+loaded by ``AutoModelForCausalLM.from_pretrained``, gives the same logits as the whole trained model of
+``model.pt``, and the base in ``model.pt`` is the GPT-2's, bit for bit.
 """
 
 from __future__ import annotations
@@ -80,3 +81,12 @@ def test_lora_fine_tuning_through_fit_exports_an_adapter_that_peft_loads(tmp_pat
     with torch.no_grad():
         torch.testing.assert_close(loaded(x).logits, whole.eval()(x).logits, rtol=0, atol=1e-6)
     assert any(not torch.equal(trained[k], torch.zeros_like(trained[k])) for k in adapters if "lora_B" in k)
+
+    # The same adapter onto the GPT-2 itself, loaded by transformers' from_pretrained: the module names are
+    # GPT-2's, and peft applies A and B to Conv1D modules as to Linear ones (it says it sets fan_in_fan_out).
+    from transformers import AutoModelForCausalLM
+
+    with pytest.warns(UserWarning, match="fan_in_fan_out"):
+        on_gpt2 = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(pretrained), model_dir / "adapter")
+    with torch.no_grad():
+        torch.testing.assert_close(on_gpt2.eval()(input_ids=x).logits, whole(x).logits, rtol=0, atol=1e-6)
