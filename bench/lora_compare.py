@@ -15,13 +15,14 @@ see the same machine. Prints a Markdown table: tokens/s (median step of the slow
 the ratio to FSDP2, and the model state one rank holds after ``optimizer.step()``. Run it with
 nothing else on the machine; check the load it prints. About 1 to 2 minutes::
 
-    .venv/bin/python bench/lora_compare.py        # LORA_BENCH_STEPS / LORA_BENCH_WARMUP to change them
+    .venv/bin/python bench/lora_compare.py [--steps 8] [--warmup 2]
 
 QLoRA rows (a 4-bit frozen base) are not here: see docs/pretrained.md.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import sys
@@ -60,7 +61,11 @@ def _mib(n: int) -> str:
 
 
 def main() -> None:
-    from bench.workers.lora_bench_worker import BATCH, DIR_ENV, SEQ
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=8, help="timed steps per system")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps per system first")
+    args = parser.parse_args()
+    from bench.workers.lora_bench_worker import BATCH, DIR_ENV, SEQ, STEPS_ENV, WARMUP_ENV
 
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     load = os.getloadavg()[0]
@@ -70,7 +75,7 @@ def main() -> None:
             "bench/workers/lora_bench_worker.py",
             ["lora"],
             NPROCS,
-            env={DIR_ENV: str(Path(tmp) / "llama")},
+            env={DIR_ENV: str(Path(tmp) / "llama"), STEPS_ENV: str(args.steps), WARMUP_ENV: str(args.warmup)},
             timeout=1200,
             out_dir=Path(tmp) / "out",
         )

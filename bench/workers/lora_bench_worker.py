@@ -30,8 +30,9 @@ DIR_ENV = "SMSDP_LORA_BENCH_DIR"
 LORA = dict(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=["q_proj", "v_proj"])
 SEED = 5
 BATCH, SEQ = 2, 64  # per rank
-WARMUP = int(os.environ.get("LORA_BENCH_WARMUP", "2"))
-STEPS = int(os.environ.get("LORA_BENCH_STEPS", "8"))
+STEPS_ENV, WARMUP_ENV = "LORA_BENCH_STEPS", "LORA_BENCH_WARMUP"
+WARMUP = int(os.environ.get(WARMUP_ENV, "2"))
+STEPS = int(os.environ.get(STEPS_ENV, "8"))
 
 
 def _peft(path: str, on_meta: bool):
