@@ -36,24 +36,13 @@ sys.path.insert(0, str(REPO_ROOT))
 from tests.mpi_harness import run_cases  # noqa: E402
 
 NPROCS = 4
-LLAMA = dict(
-    vocab_size=1024,
-    hidden_size=384,
-    intermediate_size=1024,
-    num_hidden_layers=8,
-    num_attention_heads=6,
-    num_key_value_heads=2,
-    max_position_embeddings=128,
-)
 LABELS = {"smsdp": "smsdp LoRA (d=4)", "fsdp2": "FSDP2 + peft LoRA (1-D mesh of 4)"}
 
 
 def _save_base(directory: Path) -> None:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from tests.pretrained_models import LOAD_SIZES, hf_model
 
-    torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(**LLAMA)).save_pretrained(directory)
+    hf_model("llama", LOAD_SIZES["llama"], seed=0).save_pretrained(directory)
 
 
 def _mib(n: int) -> str:

@@ -84,12 +84,25 @@ def sagemaker_session(capture: Capture) -> Any:
 DEFAULT_PREFIX = "team-a/runs"
 
 
+def small_job(user_code: Path, **kwargs: Any) -> Any:
+    """A one-instance job with nothing but a role: output path and session default unless given."""
+    from estimator import Estimator
+
+    return Estimator(
+        "train.py",
+        str(user_code),
+        instance_type="ml.g5.12xlarge",
+        role=ROLE,
+        distribution={"mpi": {"enabled": True, "processes_per_host": 4}},
+        **kwargs,
+    )
+
+
 def prefixed_default_job(user_code: Path, job_name: str) -> dict[str, Any]:
     """A job with no output_path on a session whose ``default_bucket_prefix`` is set: where its output
     and code go, and whether the code's upload asserted who owns the default bucket."""
     import boto3
 
-    from estimator import Estimator
     from estimator.backends.sagemaker.sdk import Sdk, import_sdk_module, installed_sdk
 
     capture, uploads = Capture(), []
@@ -105,14 +118,7 @@ def prefixed_default_job(user_code: Path, job_name: str) -> dict[str, Any]:
     )
     module = "sagemaker.core.helper.session_helper" if installed_sdk() is Sdk.V3 else "sagemaker"
     session = import_sdk_module(module).Session(boto_session=boto_session, default_bucket_prefix=DEFAULT_PREFIX)
-    est = Estimator(
-        "train.py",
-        str(user_code),
-        instance_type="ml.g5.12xlarge",
-        role=ROLE,
-        distribution={"mpi": {"enabled": True, "processes_per_host": 4}},
-        sagemaker_session=session,
-    )
+    est = small_job(user_code, sagemaker_session=session)
     est.fit(job_name=job_name, wait=False)
     (request,) = capture.requests
     return {
@@ -199,14 +205,7 @@ def run_job(work: Path) -> dict[str, Any]:
         status = job.wait(logs=False).value
         job.stop()
         again = Estimator.attach(JOB, sagemaker_session=est.job_spec().backend_options["sagemaker_session"])
-        default = Estimator(
-            "train.py",
-            str(user_code),
-            instance_type="ml.g5.12xlarge",
-            role=ROLE,
-            distribution={"mpi": {"enabled": True, "processes_per_host": 4}},
-            sagemaker_session=sagemaker_session(capture),
-        )
+        default = small_job(user_code, sagemaker_session=sagemaker_session(capture))
         default.fit(job_name="default-bucket-1", wait=False)
         return {
             "sdk": installed_sdk().value,

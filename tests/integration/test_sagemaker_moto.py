@@ -49,6 +49,7 @@ from tests.integration.sagemaker_sdk_job import (  # noqa: E402
     mock_aws,
     prefixed_default_job,
     sagemaker_session,
+    small_job,
     write_user_code,
 )
 
@@ -213,13 +214,7 @@ def test_attach_to_an_unknown_name_says_so(submitted):
 
 
 def test_default_session_and_bucket_and_fit_waits(aws, user_code, capsys):
-    est = Estimator(
-        "train.py",
-        str(user_code),
-        instance_type="ml.g5.12xlarge",
-        role=ROLE,
-        distribution={"mpi": {"enabled": True, "processes_per_host": 4}},
-    )
+    est = small_job(user_code)
     est.fit(job_name="default-bucket-1")  # waits, streams (no) logs, prints the summary
     assert est.latest_job.status() is JobStatus.COMPLETED
     assert est.model_data == f"s3://sagemaker-{REGION}-{ACCOUNT}/default-bucket-1/output/model.tar.gz"
@@ -323,14 +318,7 @@ def test_smsdp_jobs_lists_the_sagemaker_jobs_under_an_s3_output_path(submitted, 
     """The jobs whose output is under the URI, not the others of the region."""
     from estimator.cli import main
 
-    other = Estimator(
-        "train.py",
-        str(user_code),
-        instance_type="ml.g5.12xlarge",
-        role=ROLE,
-        distribution={"mpi": {"enabled": True, "processes_per_host": 4}},
-        output_path=f"s3://{BUCKET}/elsewhere",
-    )
+    other = small_job(user_code, output_path=f"s3://{BUCKET}/elsewhere")
     other.fit(job_name="listed-elsewhere", wait=False)
     capsys.readouterr()
     assert main(["jobs", "--output-path", OUTPUT, "--json"]) == 0
