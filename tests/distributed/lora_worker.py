@@ -89,8 +89,8 @@ def _reference(path: str, vocab: int) -> dict:
     return _train_one_process(model, opt, vocab, lambda v: v.detach().clone())
 
 
-def _planner_state(path: str, sdp_rank: int) -> dict:
-    """The planner's model state for this rank, from the model's shape alone (built on the meta device)."""
+def _planner_groups(path: str, nf4: bool = False) -> list:
+    """The planner's flat groups, from the model's shape alone (built on the meta device)."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -99,7 +99,14 @@ def _planner_state(path: str, sdp_rank: int) -> dict:
 
     with torch.device("meta"):
         model = get_peft_model(AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path)), LoraConfig(**LORA))
-    groups = memory.layout(spec_from_module(model), smp.sdp_size(), PERSISTENCE_THRESHOLD)
+    return memory.layout(spec_from_module(model), smp.sdp_size(), PERSISTENCE_THRESHOLD, nf4)
+
+
+def _planner_state(path: str, sdp_rank: int, nf4: bool = False) -> dict:
+    """The planner's model state for this rank."""
+    from smsdp.planner import memory
+
+    groups = _planner_groups(path, nf4)
     state = memory.model_state(groups, compute_bytes=4, optimizer_bytes=8, sdp_rank=sdp_rank)
     return {"params": state.params, "grads": state.grads, "optimizer": state.optimizer}
 
@@ -284,9 +291,15 @@ def qlora_case() -> dict:
         total = loss.detach().clone()
         dist.all_reduce(total)
         losses.append(total.item() / smp.rdp_size())
+    from smsdp.planner import memory
+    from smsdp.planner.qlora import nf4_all_gather_bytes
+
     stats = world().stats
+    groups = _planner_groups(path, nf4=True)
     out = {
         "held": held,
+        "planned": _planner_state(path, smp.sdp_rank(), nf4=True),
+        "planned_nf4_per_step": nf4_all_gather_bytes(groups, memory.unit_sizes(groups), world().params),
         "comm": smp.comm_stats(),
         "nf4_calls": stats.calls("all_gather.nf4"),
         "nf4_groups": [(g.shard_numel, g.master.numel(), g.padded_numel, g.numel) for g in dm.flat_groups() if g.nf4],

@@ -253,7 +253,19 @@ def test_qlora_gathers_the_nf4_bytes_by_the_formula(results):
     for r in ranks:
         assert r["nf4_calls"] == gathers
         assert r["comm"]["all_gather.nf4"] == gathers * (d - 1) * shard_bytes, r["comm"]
+    # The planner's steady state (4 gathers a step), plus the first step's gather of the last layer.
+    planned = ranks[0]["planned_nf4_per_step"]
+    assert planned == 4 * (d - 1) * shard_bytes
+    assert ranks[0]["comm"]["all_gather.nf4"] == STEPS * planned + (d - 1) * shard_bytes
     print(
         f"\n[qlora] all_gather.nf4 {ranks[0]['comm']['all_gather.nf4']} bytes in {STEPS} steps; "
         f"{shard_bytes / (2 * 16384):.4f} of bf16's bytes per gathered element"
     )
+
+
+def test_qlora_model_state_per_rank_equals_the_planners_formula_byte_for_byte(results):
+    ranks = _qlora(results)
+    for rank, r in enumerate(ranks):
+        assert r["held"] == r["planned"], f"rank {rank}: held {r['held']}, planned {r['planned']}"
+    lora = results["lora"][0]["held"]
+    print(f"\n[qlora] params per rank: {ranks[0]['held']['params']} bytes (NF4 base), LoRA's fp32: {lora['params']}")

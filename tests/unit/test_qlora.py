@@ -73,3 +73,33 @@ def test_an_all_zero_shard_stays_zero():
     out = torch.ones(NF4_ALIGN)
     nf4_shard.dequantize_into(out, nf4_shard.quantize(torch.zeros(NF4_ALIGN)), torch.float32)
     assert torch.equal(out, torch.zeros(NF4_ALIGN))
+
+
+def test_the_planners_nf4_model_state_by_hand():
+    from smsdp.planner import memory
+    from smsdp.planner.model_spec import ModelSpec, ParamTensor
+
+    spec = ModelSpec(
+        "toy",
+        (
+            ParamTensor("w", 100_000, 0, trainable=False),
+            ParamTensor("lora_a", 4_000, 0),
+            ParamTensor("norm", 10, 0, trainable=False),
+        ),
+    )
+    groups = memory.layout(spec, 4, 100, nf4=True)
+    nf4 = [g for g in groups if g.nf4]
+    assert len(nf4) == 1 and nf4[0].shard == 2 * NF4_ALIGN  # 100000 elements over 4 whole-block shards
+    state = memory.model_state(groups, 2, 8, sdp_rank=0)
+    assert state.params == nf4_shard_bytes(2 * NF4_ALIGN, 4) + 4 * 1_000 + 4 * 10
+    assert state.grads == 4 * 1_000 and state.optimizer == 8 * 1_000
+    assert memory.model_state(memory.layout(spec, 4, 100), 2, 8).params == 4 * (25_000 + 1_000 + 10)
+
+
+def test_the_qlora_seed_plan_says_whether_llama2_70b_fits_on_24_gb_ranks(capsys):
+    from smsdp.planner import qlora_seed
+
+    assert qlora_seed.main(["--ranks", "2"]) == 1  # 17.35 GiB of NF4 base and adapters alone per rank
+    assert "d=2: does not fit" in capsys.readouterr().out
+    assert qlora_seed.main(["--ranks", "4"]) == 0
+    assert "d=4: fits" in capsys.readouterr().out
