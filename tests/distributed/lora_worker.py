@@ -307,9 +307,10 @@ def qlora_case() -> dict:
         "bytes_unchanged": all(torch.equal(a, b) for a, b in zip(bytes_before, _nf4_bytes(dm))),
         "losses": losses,
     }
+    exported = smp.save_pretrained(dm, Path(os.environ[OUT_ENV]) / "qlora_base")  # the dequantized base
     final = dm.state_dict()
     if smp.rank() == 0:
-        out.update(initial=initial, final=final, reference=reference)
+        out.update(initial=initial, final=final, reference=reference, base_dir=str(exported.path))
     return out
 
 

@@ -234,6 +234,13 @@ def test_qlora_base_is_the_nf4_of_the_file_and_its_bytes_are_unchanged_by_traini
             # NF4's 16 levels over each block's absmax: about 10% of the weights' norm (measured 0.09 to 0.10)
             assert (value - source).norm() < 0.15 * source.norm(), name
     assert quantized >= 2 * 7  # every projection and MLP weight of both layers
+    written = {}
+    for file in Path(ours["base_dir"]).glob("*.safetensors"):
+        written.update(load_file(file))
+    assert sorted(written) == sorted(original)
+    for name, value in ours["initial"].items():  # save_pretrained writes the dequantized values
+        if not _adapter(name):
+            assert torch.equal(written[name.replace("base_model.model.", "").replace(".base_layer", "")], value), name
 
 
 def test_qlora_gathers_the_nf4_bytes_by_the_formula(results):
