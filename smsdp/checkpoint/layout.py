@@ -122,7 +122,6 @@ def refuse_nf4(model: Any, what: str) -> None:
 
 def save_chunks(model: Any, optimizer: Any, rt: Any) -> tuple[Chunks, dict]:
     """This rank's chunks for DCP, and its per-parameter optimizer facts for rank 0."""
-    refuse_nf4(model, "smp.save_checkpoint")
     chunks: Chunks = {}
     for group in model.flat_groups():
         for info in group.infos:

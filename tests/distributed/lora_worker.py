@@ -308,6 +308,12 @@ def qlora_case() -> dict:
         "losses": losses,
     }
     exported = smp.save_pretrained(dm, Path(os.environ[OUT_ENV]) / "qlora_base")  # the dequantized base
+    try:
+        smp.save_checkpoint(str(Path(os.environ[OUT_ENV]) / "qlora_ckpt"), "t", partial=True, model=dm, optimizer=opt)
+        out["checkpoint_error"] = None
+    except Exception as e:  # refused on every rank, before anything is written
+        out["checkpoint_error"] = f"{type(e).__name__}: {e}"
+    out["checkpoint_dir_made"] = (Path(os.environ[OUT_ENV]) / "qlora_ckpt").exists()
     final = dm.state_dict()
     if smp.rank() == 0:
         out.update(initial=initial, final=final, reference=reference, base_dir=str(exported.path))

@@ -276,3 +276,10 @@ def test_qlora_model_state_per_rank_equals_the_planners_formula_byte_for_byte(re
         assert r["held"] == r["planned"], f"rank {rank}: held {r['held']}, planned {r['planned']}"
     lora = results["lora"][0]["held"]
     print(f"\n[qlora] params per rank: {ranks[0]['held']['params']} bytes (NF4 base), LoRA's fp32: {lora['params']}")
+
+
+def test_qlora_partial_checkpoints_are_refused_on_every_rank_saying_what_to_do_instead(results):
+    for r in _qlora(results):
+        assert "smp.save_checkpoint of a model under sdp_qlora is not built" in r["checkpoint_error"]
+        assert "smp.save_adapter" in r["checkpoint_error"]
+        assert r["checkpoint_dir_made"] is False
