@@ -40,6 +40,9 @@ HEAVY = (
     "matplotlib",
     "tensorboard",
 )  # what an in-function import may defer (heavy or optional)
+OPTIONAL = ("torchao",)
+"""Optional packages slow to import (torchao: seconds, and log lines): an in-function import of one is
+allowed in any module, so that only the jobs that use it load it."""
 
 
 def module_name(path: Path) -> str:
@@ -194,6 +197,8 @@ _HEAVY_CACHE: dict[str, bool] = {}
 
 def _defers(mod: str, target: str, dest: str | None, known: dict[str, Path]) -> bool:
     """An in-function import is there to defer torch: a heavy target, from a module that is light without it."""
+    if target.startswith(OPTIONAL):
+        return True
     heavy_target = target.startswith(HEAVY) or _defers_heavy(dest, known)
     return heavy_target and not _defers_heavy(mod, known)
 

@@ -110,6 +110,16 @@ def is_chunked_state(value: Any, param: torch.Tensor) -> bool:
     return isinstance(value, torch.Tensor) and value.dim() == 1 and value.numel() == param.numel()
 
 
+def refuse_nf4(model: Any, what: str) -> None:
+    """Checkpoints chunk values; an NF4 group (``sdp_qlora``) holds bytes, which no chunk describes."""
+    if any(getattr(group, "nf4", False) for group in model.flat_groups()):
+        raise CheckpointError(
+            f"{what} of a model under sdp_qlora is not built: its frozen base is kept as NF4 bytes; "
+            "save the trained adapters with smp.save_adapter (the base stays the pretrained files), "
+            "or set sdp_qlora to False"
+        )
+
+
 def save_chunks(model: Any, optimizer: Any, rt: Any) -> tuple[Chunks, dict]:
     """This rank's chunks for DCP, and its per-parameter optimizer facts for rank 0."""
     chunks: Chunks = {}
@@ -228,6 +238,7 @@ def check_fit(saved: dict, model: Any, optimizer: Any, saved_optim: dict | None,
 
 
 def load_chunks(model: Any, optimizer: Any, saved: dict, load_state: bool) -> tuple[Chunks, dict]:
+    refuse_nf4(model, "smp.resume_from_checkpoint")
     """CPU buffers for everything this rank needs (every replica reads its own chunks)."""
     flat = saved.get("format_version", FLAT_FORMAT_VERSION) <= FLAT_FORMAT_VERSION
     chunks: Chunks = {}

@@ -160,6 +160,7 @@ def _find_optimizer(model: Any) -> Any:
 # Saving
 # =========================================================================== #
 def _save_partial(root: Path, tag: str, model: Any, optimizer: Any, user_content: Any, keep: int | None) -> None:
+    layout.refuse_nf4(model, "smp.save_checkpoint")  # the same on every rank, before any directory is made
     rt = comm_world.get()
     rank, world = agree.rank(), agree.world()
     token = agree.job_token()

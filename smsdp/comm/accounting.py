@@ -3,7 +3,8 @@
 Keys are ``"<kind>"`` or ``"<kind>.<label>"``: the label tells apart the
 hierarchical stages (``all_gather.inter_host``, ``all_gather.intra_host``),
 the backward's all-gather inside a reshard group (``all_gather.hpz``, under
-``sdp_reshard_after_forward=k``) and the two all-reduces of a MiCS step (``all_reduce.replica`` across the
+``sdp_reshard_after_forward=k``), the NF4 bytes of a frozen base (``all_gather.nf4``,
+under ``sdp_qlora``) and the two all-reduces of a MiCS step (``all_reduce.replica`` across the
 replication group, ``all_reduce.dp`` for persistent parameters). Totals by
 kind sum all labels of a kind.
 
@@ -55,6 +56,7 @@ class CollectiveKind(enum.Enum):
 INTER_HOST = "inter_host"
 INTRA_HOST = "intra_host"
 HPZ = "hpz"
+NF4 = "nf4"  # sdp_qlora: the frozen base's packed 4-bit bytes
 REPLICA = "replica"
 DP = "dp"
 

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from smsdp.comm.accounting import HPZ, CommStats
+from smsdp.comm.accounting import HPZ, NF4, CommStats
 from smsdp.comm.all_gather import AllGatherStrategy
 from smsdp.comm.collectives import Handle, all_gather_flat, all_reduce, reduce_scatter_flat
 from smsdp.comm.process_groups import ProcessGroups, build_process_groups
@@ -87,6 +87,10 @@ class World:
     def all_gather_reshard_group(self, output: torch.Tensor, kept: torch.Tensor, async_op: bool) -> Handle:
         """The backward's gather from the 1/k slices kept in this rank's reshard group (one host)."""
         return all_gather_flat(output, kept, self.groups.reshard_group, self.stats, async_op, label=HPZ)
+
+    def all_gather_nf4(self, output: torch.Tensor, packed: torch.Tensor, async_op: bool) -> Handle:
+        """An NF4 group's packed bytes (``sdp_qlora``), flat in the shard group, counted as ``all_gather.nf4``."""
+        return all_gather_flat(output, packed, self.groups.shard_group, self.stats, async_op, label=NF4)
 
     def reduce_scatter_shards(self, output: torch.Tensor, full: torch.Tensor, async_op: bool) -> Handle:
         return reduce_scatter_flat(output, full, self.groups.shard_group, self.stats, async_op=async_op)

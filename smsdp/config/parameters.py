@@ -126,6 +126,11 @@ class SMPParameters(ConfigModel):
     """smsdp's own (the FSDP tuning guide's pure bf16): with ``bf16``, keep the parameter shards,
     their gradients and (with a bf16-aware optimizer such as ``smp.KahanAdamW``) the optimizer state
     in bf16, with no fp32 master copy: half the model state's bytes. Off: fp32 masters."""
+    sdp_qlora: StrictBool = False
+    """smsdp's own (QLoRA's frozen 4-bit base): every sharded frozen parameter group (the base of a
+    peft LoRA model) is kept per rank as NF4 (torchao's 4-bit NormalFloat: blocks of 64 with
+    double-quantized scales), all-gathered as those bytes (about 0.26 of bf16's) and dequantized
+    into the compute dtype after the gather. Needs torchao. Off: frozen groups as the others."""
     sdp_quantized_allgather: StrictBool = False
     """smsdp's own (DeepSpeed ZeRO++'s qwZ): parameter shards cross the wire as int8 blocks with one
     fp32 scale per ``sdp_quantization_block`` elements (about 1/4 of fp32's bytes); each element of
@@ -255,7 +260,25 @@ def _parameter_problems(p: SMPParameters) -> list[ConfigProblem]:
         *_prefetch_problems(p),
         *_tensor_parallel_problems(p),
         *_partition_problems(p),
+        *_qlora_problems(p),
     ]
+
+
+def _qlora_problems(p: SMPParameters) -> list[ConfigProblem]:
+    """NF4 applies to sharded frozen groups (gathered as their bytes, whatever sdp_quantized_allgather says),
+    without tensor parallelism."""
+    if not p.sdp_qlora:
+        return []
+    if p.sharded_data_parallel_degree == 1:
+        rule = (
+            "quantizes the sharded frozen parameters, and with sharded_data_parallel_degree=1 none are "
+            "sharded; set sharded_data_parallel_degree > 1 or sdp_qlora to False"
+        )
+        return [ConfigProblem(("sdp_qlora",), rule, True)]
+    if p.tensor_parallel_degree > 1:
+        rule = "is not built with tensor parallelism; set tensor_parallel_degree to 1 or sdp_qlora to False"
+        return [ConfigProblem(("sdp_qlora",), rule, True)]
+    return []
 
 
 def _sharding_exclusions(p: SMPParameters) -> list[ConfigProblem]:

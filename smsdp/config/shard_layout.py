@@ -17,6 +17,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+NF4_BLOCK = 64
+"""Elements per NF4 absmax block (``sdp_qlora``; torchao's ``to_nf4`` default, QLoRA's)."""
+NF4_SCALER_BLOCK = 256
+"""NF4 blocks per block of the double-quantized (int8) block scales."""
+NF4_ALIGN = NF4_BLOCK * NF4_SCALER_BLOCK
+"""An NF4 shard is a whole number of scale blocks: no block straddles two ranks."""
+
+
+def nf4_shard_bytes(shard_numel: int, scale_bytes: int) -> int:
+    """Bytes of one rank's NF4 shard of ``shard_numel`` elements (a multiple of ``NF4_ALIGN``).
+
+    Two 4-bit codes per byte, one int8 scale per ``NF4_BLOCK`` elements, one factor of
+    ``scale_bytes`` (the quantized values' dtype) per ``NF4_SCALER_BLOCK`` scales, and the
+    shard's mean scale (one value of ``scale_bytes``).
+    """
+    return shard_numel // 2 + shard_numel // NF4_BLOCK + (shard_numel // NF4_ALIGN + 1) * scale_bytes
+
 
 def is_sharded(numel: int, shard_degree: int, persistence_threshold: int) -> bool:
     """SMP's persistence rule: a parameter of fewer than ``sdp_param_persistence_threshold``
@@ -56,10 +73,12 @@ class ShardLayout:
     stop: int
 
     @classmethod
-    def of(cls, numel: int, shard_degree: int, shard_rank: int) -> ShardLayout:
+    def of(cls, numel: int, shard_degree: int, shard_rank: int, align: int = 1) -> ShardLayout:
+        """``align``: each shard a multiple of it (``NF4_ALIGN`` for an NF4 group), padding the buffer further."""
         if shard_degree < 1 or not 0 <= shard_rank < shard_degree:
             raise ValueError(f"shard_rank {shard_rank} outside shard_degree {shard_degree}")
-        padded = -(-numel // shard_degree) * shard_degree if numel else 0
+        unit = shard_degree * align
+        padded = -(-numel // unit) * unit if numel else 0
         shard = padded // shard_degree
         start = shard_rank * shard
         return cls(numel, shard_degree, shard_rank, padded, shard, start, start + shard)

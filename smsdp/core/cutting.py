@@ -59,6 +59,7 @@ class GroupPolicy:
     compute_dtype: torch.dtype
     device: torch.device
     master_dtype: torch.dtype = torch.float32  # bf16 under sdp_pure_bf16
+    nf4: bool = False  # sdp_qlora: sharded frozen groups keep NF4 bytes
 
 
 def build_units(root: nn.Module, unit_modules: list[tuple[str, nn.Module]], policy: GroupPolicy) -> list[Unit]:
@@ -128,6 +129,7 @@ def make_groups(unit_name: str, infos: list[ParamInfo], policy: GroupPolicy) -> 
                 compute_dtype=policy.compute_dtype,
                 device=policy.device,
                 master_dtype=policy.master_dtype,
+                nf4=policy.nf4,
             )
         )
     return groups

@@ -42,6 +42,16 @@ and gets back exactly the values the forward computed with, whatever path the
 forward's gather took (hierarchical, quantized): the same bits as gathering in
 the whole shard group again. A copy rather than a view, because the gathered
 buffer's storage is what is freed.
+
+[Note: NF4 groups (sdp_qlora)]
+A sharded frozen group under ``sdp_qlora`` keeps as ``master`` the packed NF4 bytes of
+its shard (``smsdp.core.nf4_shard``; shards are whole scale blocks, ``NF4_ALIGN``). The
+unshard all-gathers those bytes (``gather_bytes``, counted as ``all_gather.nf4``) and
+dequantizes every rank's part into ``unsharded`` (the compute dtype) before any view is
+exposed; the dequantized values are the parameters (state dicts, exports). Values written
+into such a group (``set_shard_values``: construction, ``load_full``, a pretrained load)
+are quantized as they come. No kept slices: the backward gathers the 4-bit bytes again,
+less than a kept 1/k slice of the dequantized buffer would hold.
 """
 
 from __future__ import annotations
@@ -55,7 +65,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from smsdp.config.shard_layout import ShardLayout
+from smsdp.config.shard_layout import NF4_ALIGN, ShardLayout
+from smsdp.core import nf4_shard
 
 
 class ParamState(enum.Enum):
@@ -95,6 +106,7 @@ class FlatParamGroup:
     compute_dtype: torch.dtype
     device: torch.device
     master_dtype: torch.dtype = torch.float32  # bf16 under sdp_pure_bf16: no fp32 copy at all
+    nf4: bool = False  # master holds NF4 bytes (see [Note: NF4 groups (sdp_qlora)])
     # Made by ``build``:
     master: torch.Tensor = field(init=False)  # the local shard, or the whole buffer when replicated
     unsharded: torch.Tensor = field(init=False)  # all-gather output; storage freed when resharded
@@ -104,6 +116,7 @@ class FlatParamGroup:
     state: ParamState = ParamState.SHARDED
     _gather_handle: Any = None
     kept: torch.Tensor | None = None  # this rank's 1/k of the gathered buffer, in state KEPT_SLICE
+    _received: torch.Tensor | None = None  # an NF4 group's gathered bytes, until dequantized
     _split_sizes: list[int] = field(default_factory=list)
     _optim_slices: list[tuple[int, int]] = field(default_factory=list)  # (offset in master, length)
 
@@ -137,14 +150,17 @@ class FlatParamGroup:
         compute_dtype: torch.dtype,
         device: torch.device,
         master_dtype: torch.dtype = torch.float32,
+        nf4: bool = False,
     ) -> FlatParamGroup:
-        """``shard_degree`` 1 makes a replicated group (every rank keeps the whole buffer)."""
+        """``shard_degree`` 1 makes a replicated group (every rank keeps the whole buffer); ``nf4`` applies
+        to sharded frozen groups only."""
         offset = 0
         for info in infos:
             info.offset = offset
             offset += info.numel
-        layout = ShardLayout.of(offset, shard_degree, shard_rank)
-        group = cls(unit_name, infos, trainable, layout, compute_dtype, device, master_dtype)
+        nf4 = nf4 and shard_degree > 1 and not trainable
+        layout = ShardLayout.of(offset, shard_degree, shard_rank, NF4_ALIGN if nf4 else 1)
+        group = cls(unit_name, infos, trainable, layout, compute_dtype, device, master_dtype, nf4)
         group._split_sizes = [info.numel for info in infos] + ([layout.padding] if layout.padding else [])
         group._take_master_from_originals()
         group._make_optim_params()
@@ -161,6 +177,15 @@ class FlatParamGroup:
                 source = info.initial if info.initial is not None else info.original
                 flat = source.detach().reshape(-1)
                 self.master[part.local : part.local + part.numel].copy_(flat[part.start : part.stop])
+        if self.nf4:
+            self.set_shard_values(self.master)
+
+    def set_shard_values(self, values: torch.Tensor) -> None:
+        """Make ``values`` (this rank's shard, ``shard_numel`` elements) the shard: as NF4 bytes in an NF4 group."""
+        if self.nf4:
+            self.master = nf4_shard.quantize(values.to(self.master_dtype))
+        else:
+            self.master.copy_(values)
 
     def _make_optim_params(self) -> None:
         """One optimizer-facing parameter per original: a view of this rank's part of ``master``.
@@ -210,7 +235,9 @@ class FlatParamGroup:
             return self.kept.numel()
         return self.gathered_numel
 
-    def unshard(self, gather: GatherFn, async_op: bool, regather: GatherFn | None = None) -> None:
+    def unshard(
+        self, gather: GatherFn, async_op: bool, regather: GatherFn | None = None, gather_bytes: GatherFn | None = None
+    ) -> None:
         """Gather in the shard group, or from the kept slices with ``regather`` (see [Note: kept slices (hpZ)])."""
         if self.state is ParamState.KEPT_SLICE:
             if regather is None or self.kept is None:
@@ -225,7 +252,11 @@ class FlatParamGroup:
             self.state = ParamState.UNSHARDED
             return
         self.unsharded.untyped_storage().resize_(self.padded_numel * self.unsharded.element_size())
-        if self.sharded:
+        if self.nf4:
+            self._received = self._bytes_buffer()
+            self._gather_handle = (gather_bytes or gather)(self._received, self.master, async_op)
+            self.state = ParamState.GATHERING
+        elif self.sharded:
             # Under bf16/fp16 the gather casts the shard each time (as FSDP2 does) rather than
             # keeping a second copy: 2 bytes per sharded parameter less, one small cast more.
             self._gather_handle = gather(self.unsharded, self.master, async_op)
@@ -240,7 +271,22 @@ class FlatParamGroup:
                 self._gather_handle.wait()
             self._gather_handle = None
             self.kept = None  # the regather that read it is done
+            if self._received is not None:
+                self._dequantize_received(self.unsharded)
             self.state = ParamState.UNSHARDED
+
+    def _bytes_buffer(self) -> torch.Tensor:
+        return torch.empty(self.layout.shard_degree * self.master.numel(), dtype=torch.uint8, device=self.device)
+
+    def _dequantize_received(self, out: torch.Tensor) -> None:
+        """Every rank's NF4 bytes, gathered into ``_received``, dequantized into ``out`` in rank order."""
+        received, self._received = self._received, None
+        assert received is not None
+        d, nbytes, s = self.layout.shard_degree, self.master.numel(), self.shard_numel
+        with torch.no_grad():
+            for k in range(d):
+                shard_bytes = received[k * nbytes : (k + 1) * nbytes]
+                nf4_shard.dequantize_into(out[k * s : (k + 1) * s], shard_bytes, self.master_dtype)
 
     def expose_views(self) -> None:
         """Shadow each parameter name with a view into the gathered buffer (see the module note)."""
@@ -258,7 +304,7 @@ class FlatParamGroup:
 
     def keep_slice(self, degree: int, position: int) -> None:
         """Keep this rank's ``1/degree`` of the gathered buffer for the backward, free the rest."""
-        if not self.sharded or self.state in (ParamState.SHARDED, ParamState.KEPT_SLICE):
+        if self.nf4 or not self.sharded or self.state in (ParamState.SHARDED, ParamState.KEPT_SLICE):
             self.reshard()  # replicated: nothing was gathered, a cast copy is remade from the master
             return
         self.wait_unshard()
@@ -361,12 +407,23 @@ class FlatParamGroup:
         if not self.sharded:
             return self.master[: self.numel].float()
         out = torch.empty(self.padded_numel, dtype=torch.float32, device=self.device)
+        if self.nf4:
+            self._received = self._bytes_buffer()
+            gather_fp32(self._received, self.master)  # any dtype: the bytes
+            self._dequantize_received(out)
+            return out[: self.numel]
         gather_fp32(out, self.master.float())  # exact: a bf16 master widens without rounding
         return out[: self.numel]
 
     def load_full(self, flat: torch.Tensor) -> None:
         """Take this rank's shard out of an unpadded fp32 flat buffer."""
         start, stop = self.layout.start, self.layout.real_stop
-        self.master.zero_()
+        if not self.nf4:
+            self.master.zero_()
+            if stop > start:
+                self.master[: stop - start].copy_(flat[start:stop])
+            return
+        values = torch.zeros(self.shard_numel, dtype=self.master_dtype, device=self.device)
         if stop > start:
-            self.master[: stop - start].copy_(flat[start:stop])
+            values[: stop - start].copy_(flat[start:stop])
+        self.set_shard_values(values)

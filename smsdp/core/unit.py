@@ -88,7 +88,7 @@ class Unit:
     def unshard(self, async_op: bool) -> None:
         comm = self.bound_comm()
         for group in self.groups:
-            group.unshard(comm.gather, async_op, comm.regather)
+            group.unshard(comm.gather, async_op, comm.regather, comm.gather_bytes)
         if not async_op:
             self.wait_unshard()
 

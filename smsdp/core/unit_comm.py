@@ -40,6 +40,8 @@ class UnitComm:
     regather: GatherFn | None = None
     slice_degree: int = 1
     slice_position: int = 0
+    # sdp_qlora: the NF4 groups' all-gather of their packed bytes, exact whatever ``gather`` is.
+    gather_bytes: GatherFn | None = None
 
 
 def bind_unit_comm(rt) -> UnitComm:
@@ -64,4 +66,5 @@ def bind_unit_comm(rt) -> UnitComm:
         regather=rt.all_gather_reshard_group if reshard_group is not None else None,
         slice_degree=reshard_group.size if reshard_group is not None else 1,
         slice_position=reshard_group.rank_of(rt.coords.rank) if reshard_group is not None else 0,
+        gather_bytes=rt.all_gather_nf4,
     )

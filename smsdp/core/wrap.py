@@ -25,6 +25,7 @@ from smsdp.config.shard_layout import is_sharded
 from smsdp.core.activation_checkpointing import set_activation_checkpointing
 from smsdp.core.cutting import GroupPolicy, build_units, find_unit_modules
 from smsdp.core.delayed_materialize import materialize_units
+from smsdp.core.nf4_shard import require_torchao
 from smsdp.core.unit import Unit
 from smsdp.core.unit_comm import bind_unit_comm
 from smsdp.tensor_parallel.pieces import convert_for_job, split_names
@@ -65,7 +66,10 @@ def wrap_module(
         compute_dtype=rt.compute_dtype,
         device=rt.device,
         master_dtype=rt.master_dtype,
+        nf4=rt.params.sdp_qlora,
     )
+    if policy.nf4:
+        require_torchao()  # before any group is built: the error names pip install torchao
     if delayed:
         units = materialize_units(module, unit_modules, policy)
         module.to(rt.device)  # buffers

@@ -134,6 +134,7 @@ def comm_per_step(
     reshard_degree: int | None = None,
     quantized: QuantizedBytes = QuantizedBytes(),
     hierarchical_reduce_scatter: bool = False,
+    nf4_bytes: int = 0,
 ) -> CommBreakdown:
     """The per-step volumes of docs/runtime.md, split by link (see module docstring).
 
@@ -141,6 +142,8 @@ def comm_per_step(
     (the root and the forward's last unit stay gathered into the backward).
     ``reshard_degree``: ``k`` of ``sdp_reshard_after_forward=k`` (None: no reshard groups).
     ``quantized``: per micro-step bytes of the int8 collectives, replacing the exact ones.
+    ``nf4_bytes``: per micro-step bytes of the NF4 groups' all-gathers (``sdp_qlora``; flat in the
+    shard group), beside ``sharded_elems``, which then counts the other groups only.
     """
     d, m = sdp_degree, micro_steps
     dp = world // tp_degree
@@ -153,6 +156,9 @@ def comm_per_step(
     all_gather, regathers = _gathers(
         span, d, m, sharded_elems, kept_elems, compute_bytes, reshard_degree, hierarchical, quantized
     )
+    if nf4_bytes:
+        nf4 = _on(span.shard_hosts, m * nf4_bytes)
+        all_gather = LinkBytes(intra=all_gather.intra + nf4.intra, inter=all_gather.inter + nf4.inter)
     reduce_scatter = _reduce_scatter(span, d, m, psi_t, reduce_bytes, quantized, hierarchical_reduce_scatter)
     replica_bytes = 2 * (r - 1) / r * psi_t / d * reduce_bytes if r > 1 else 0.0
     replica = _on(span.replica_hosts, replica_bytes)

@@ -15,6 +15,7 @@ from smsdp.planner import comm_model
 from smsdp.planner import memory as mem
 from smsdp.planner.hardware import Assumptions, Hardware
 from smsdp.planner.model_spec import ModelSpec
+from smsdp.planner.qlora import exact_elems, nf4_all_gather_bytes, nf4_receive_bytes
 from smsdp.planner.quantized import quantized_bytes
 from smsdp.planner.result import NO_RECOMMENDATION, Plan
 from smsdp.planner.tensor_parallel import tp_bytes_per_micro_step, tp_piece
@@ -51,7 +52,7 @@ def evaluate(
     c = compute_bytes(p)
     hardware = Hardware.for_instance(runtime.instance_type, runtime.processes_per_host, runtime.world_size, assumptions)
     piece = tp_piece(model, p.tensor_parallel_degree)  # what TP rank 0, the largest, holds: the model when t = 1
-    groups = mem.layout(piece, p.sharded_data_parallel_degree, p.sdp_param_persistence_threshold)
+    groups = mem.layout(piece, p.sharded_data_parallel_degree, p.sdp_param_persistence_threshold, p.sdp_qlora)
     sizes = mem.unit_sizes(groups)
     warnings: list[str] = list(piece.notes)
     act_detail = _activations(model, p, batch, c, warnings)
@@ -90,8 +91,9 @@ def _comm(
     if t > 1 and model.shape is not None:
         s = model.shape
         tp_bytes = tp_bytes_per_micro_step(batch * s.seq_len, s.d_model, s.n_layer, t, bytes_per_element=c)
+    sharded, kept = exact_elems(groups, sizes, p)  # NF4 groups (sdp_qlora) are counted as their bytes
     return comm_model.comm_per_step(
-        sharded_elems=sum(g.padded for g in groups if g.sharded),
+        sharded_elems=sharded,
         sharded_trainable_elems=sum(g.padded for g in groups if g.sharded and g.trainable),
         persistent_trainable_elems=sum(g.numel for g in groups if not g.sharded and g.trainable),
         compute_bytes=c,
@@ -101,7 +103,8 @@ def _comm(
         micro_steps=accum,
         hierarchical_allgather=p.sdp_hierarchical_allgather,
         hierarchical_reduce_scatter=p.sdp_hierarchical_reduce_scatter,
-        kept_elems=mem.kept_for_backward_elems(sizes, p),
+        kept_elems=kept,
+        nf4_bytes=nf4_all_gather_bytes(groups, sizes, p),
         reduce_bytes=2 if p.sdp_reduce_dtype == "bf16" else 4,
         tp_degree=t,
         reshard_degree=mem.reshard_degree(p),
@@ -146,8 +149,12 @@ def _memory(
         unsharded_grads=mem.gradient_buffer_bytes(sizes, c, pending),
         activations=None if act_detail is None else act_detail.total,
         communication_buffers=mem.comm_buffer_bytes(
-            sizes, c, p.sharded_data_parallel_degree, hierarchical_hosts=hierarchical_hosts
-        ),
+            mem.unit_sizes([g for g in groups if not g.nf4]),  # NF4 groups gather flat, no staging
+            c,
+            p.sharded_data_parallel_degree,
+            hierarchical_hosts=hierarchical_hosts,
+        )
+        + nf4_receive_bytes(groups, p),
         framework_overhead=hardware.overhead_bytes(assumptions),
         optimizer_step_temp=mem.optimizer_step_temp_bytes(groups, foreach=hardware.is_gpu),
         construction=mem.construction_bytes(

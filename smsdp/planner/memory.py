@@ -13,7 +13,8 @@ is replicated. A sharded group of ``n`` elements is padded to
 
 - parameters: the master ``m*s``, ``m`` = 4 (fp32) or 2 under ``sdp_pure_bf16``
   (bf16 and fp16 gathers cast the fp32 master on the fly: no second copy);
-  frozen groups too;
+  frozen groups too, except under ``sdp_qlora``: a sharded frozen group, its shards
+  whole NF4 scale blocks, keeps ``nf4_shard_bytes(s, m)`` (about ``0.52 s``);
 - gradients: an accumulator ``m*s`` per trainable group (none for frozen ones);
 - optimizer state: AdamW's ``exp_avg`` and ``exp_avg_sq`` in fp32 over this
   rank's unpadded slice, ``8 * min(s, max(0, n - r*s))`` on shard rank ``r``
@@ -29,7 +30,7 @@ import math
 from dataclasses import dataclass
 
 from smsdp.config.parameters import SMPParameters, reshard_degree
-from smsdp.config.shard_layout import ShardLayout, is_sharded
+from smsdp.config.shard_layout import NF4_ALIGN, ShardLayout, is_sharded, nf4_shard_bytes
 from smsdp.planner.model_spec import ROOT, ModelSpec, TransformerShape
 
 OPTIMIZER_BYTES_PER_ELEMENT = {
@@ -55,6 +56,7 @@ class GroupLayout:
     unit: int
     trainable: bool
     shards: ShardLayout  # of shard rank 0; a replicated group is one shard
+    nf4: bool = False  # sdp_qlora: a sharded frozen group kept as NF4 bytes
 
     @property
     def sharded(self) -> bool:
@@ -81,9 +83,10 @@ class GroupLayout:
         return theirs.real_stop - theirs.start
 
 
-def layout(spec: ModelSpec, sdp_degree: int, persistence_threshold: int) -> list[GroupLayout]:
+def layout(spec: ModelSpec, sdp_degree: int, persistence_threshold: int, nf4: bool = False) -> list[GroupLayout]:
     """The flat groups the runtime builds, unit by unit (``smsdp.core.cutting.make_groups``): one per
-    (sharded, trainable), sharded by the persistence rule (``smsdp.config.shard_layout.is_sharded``)."""
+    (sharded, trainable), sharded by the persistence rule (``smsdp.config.shard_layout.is_sharded``);
+    under ``nf4`` (``sdp_qlora``) the sharded frozen ones in NF4, aligned as the runtime aligns them."""
     groups: list[GroupLayout] = []
     for unit in spec.unit_ids():
         buckets: dict[tuple[bool, bool], int] = {}
@@ -91,7 +94,9 @@ def layout(spec: ModelSpec, sdp_degree: int, persistence_threshold: int) -> list
             key = (is_sharded(t.numel, sdp_degree, persistence_threshold), t.trainable)
             buckets[key] = buckets.get(key, 0) + t.numel
         for (sharded, trainable), n in sorted(buckets.items(), reverse=True):
-            groups.append(GroupLayout(unit, trainable, ShardLayout.of(n, sdp_degree if sharded else 1, 0)))
+            quantized = nf4 and sharded and not trainable
+            shards = ShardLayout.of(n, sdp_degree if sharded else 1, 0, NF4_ALIGN if quantized else 1)
+            groups.append(GroupLayout(unit, trainable, shards, quantized))
     return groups
 
 
@@ -126,7 +131,8 @@ def model_state(
     params = grads = 0
     opt = 0.0
     for g in groups:
-        params += master_bytes * g.shard  # the master only: bf16/fp16 gathers cast it on the fly
+        # the master only: bf16/fp16 gathers cast it on the fly; NF4 codes and scales in the masters' dtype
+        params += nf4_shard_bytes(g.shard, master_bytes) if g.nf4 else master_bytes * g.shard
         if g.trainable:
             grads += master_bytes * g.shard
             opt += optimizer_bytes * g.local_unpadded(sdp_rank)

@@ -46,7 +46,7 @@ def quantized_bytes(groups: list[GroupLayout], sizes: UnitSizes, p: SMPParameter
     d, block = sdp_degree, p.sdp_quantization_block
     if d <= 1:
         return QuantizedBytes()
-    sharded = [g for g in groups if g.sharded]
+    sharded = [g for g in groups if g.sharded and not g.nf4]  # NF4 groups (sdp_qlora) send their own bytes
     gather = None
     if p.sdp_quantized_allgather:
         kept = _units_kept_for_backward(sizes, p)

@@ -108,6 +108,8 @@ def _memory_lines(plan: Plan) -> list[str]:
     p, m, hw = plan.runtime.parameters, plan.memory, plan.hardware
     precision = precision_name(p)
     master = "fp32 master" + (f", cast to {precision} per gather" if precision != "fp32" else "")
+    if p.sdp_qlora:
+        master = f"sharded frozen groups in NF4, gathered as bytes; the rest: {master}"
     in_flight_note = _in_flight_note(plan)
     small = m.peak < 4 * GiB
     unit_name, scale = ("MiB", 2**20) if small else ("GiB", GiB)

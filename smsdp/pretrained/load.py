@@ -134,6 +134,16 @@ def _buffer_sources(directory: HFDirectory, names: TensorNames, buffers: dict[st
     return found, problems
 
 
+def _read_group(group: Any, sources: dict[int, ParamSource], files: OpenFiles) -> int:
+    """Read one group's shard; an NF4 group (``sdp_qlora``) reads values and quantizes them as it takes them."""
+    if not group.nf4:
+        return read_shard(group.infos, group.layout, sources, group.master, files)
+    values = torch.zeros(group.shard_numel, dtype=group.master_dtype, device=group.device)
+    read = read_shard(group.infos, group.layout, sources, values, files)
+    group.set_shard_values(values)
+    return read
+
+
 def _read_all(model: Any, sources: dict[int, ParamSource], buffers: dict) -> int:
     model.reshard_all()  # no gathered copy of the old values may serve a forward
     read = 0
@@ -141,7 +151,7 @@ def _read_all(model: Any, sources: dict[int, ParamSource], buffers: dict) -> int
         for unit in model.units:
             with OpenFiles() as files:  # closed per unit: see [Note: the memory of a pretrained load]
                 for group in unit.groups:
-                    read += read_shard(group.infos, group.layout, sources, group.master, files)
+                    read += _read_group(group, sources, files)
         with OpenFiles() as files:
             for buffer, header in buffers.values():
                 buffer.copy_(files(header.file).get_tensor(header.name))

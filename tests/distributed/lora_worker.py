@@ -9,6 +9,11 @@
   models' initial and final states, the losses, each rank's model state bytes
   next to the planner's, the gradient bytes the steps reduce-scattered, the logits
   of a fixed batch, and the directory ``smp.save_adapter`` wrote.
+- ``qlora``: the same under ``sdp_qlora`` (the frozen sharded groups kept as NF4 bytes);
+  rank 0 trains the same adapters with plain peft on the sharded model's dequantized
+  base. Reports the losses and states, each NF4 group's bytes before and after
+  training, the NF4 all-gather bytes and calls, and the held bytes next to the planner's.
+  Without torchao it reports why it did not run.
 """
 
 from __future__ import annotations
@@ -84,8 +89,8 @@ def _reference(path: str, vocab: int) -> dict:
     return _train_one_process(model, opt, vocab, lambda v: v.detach().clone())
 
 
-def _planner_state(path: str, sdp_rank: int) -> dict:
-    """The planner's model state for this rank, from the model's shape alone (built on the meta device)."""
+def _planner_groups(path: str, nf4: bool = False) -> list:
+    """The planner's flat groups, from the model's shape alone (built on the meta device)."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -94,7 +99,14 @@ def _planner_state(path: str, sdp_rank: int) -> dict:
 
     with torch.device("meta"):
         model = get_peft_model(AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path)), LoraConfig(**LORA))
-    groups = memory.layout(spec_from_module(model), smp.sdp_size(), PERSISTENCE_THRESHOLD)
+    return memory.layout(spec_from_module(model), smp.sdp_size(), PERSISTENCE_THRESHOLD, nf4)
+
+
+def _planner_state(path: str, sdp_rank: int, nf4: bool = False) -> dict:
+    """The planner's model state for this rank."""
+    from smsdp.planner import memory
+
+    groups = _planner_groups(path, nf4)
     state = memory.model_state(groups, compute_bytes=4, optimizer_bytes=8, sdp_rank=sdp_rank)
     return {"params": state.params, "grads": state.grads, "optimizer": state.optimizer}
 
@@ -226,5 +238,87 @@ def pure_bf16_case() -> dict:
     return out
 
 
+def _qlora_reference(path: str, vocab: int, base: dict) -> dict:
+    """One process, plain peft: the adapters as peft draws them, the base replaced by the dequantized one."""
+    torch.set_num_threads(1)
+    model = _peft_model(path, on_meta=False)
+    model.load_state_dict(base)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2, weight_decay=0.1)
+    return _train_one_process(model, opt, vocab, lambda v: v.detach().clone())
+
+
+def _nf4_bytes(dm) -> list[torch.Tensor]:
+    return [g.master.clone() for g in dm.flat_groups() if g.nf4]
+
+
+def qlora_case() -> dict:
+    """LoRA at d=4 under sdp_qlora against one peft process on the dequantized base."""
+    import importlib.util
+
+    if importlib.util.find_spec("torchao") is None:
+        return {"skipped": "torchao is not installed (pip install torchao)"}
+    from smsdp.comm.world import get as world
+
+    runtime_state.reset_for_tests()
+    smp.init(
+        {
+            "ddp": True,
+            "sharded_data_parallel_degree": 4,
+            "sdp_param_persistence_threshold": PERSISTENCE_THRESHOLD,
+            "delayed_parameter_initialization": True,
+            "sdp_qlora": True,
+        }
+    )
+    path = _path()
+    from smsdp.pretrained import read_config
+
+    vocab = read_config(path)["vocab_size"]
+    dm = smp.DistributedModel(_peft_model(path, on_meta=True))
+    smp.load_pretrained(dm, path)
+    initial = dm.state_dict()
+    bytes_before = _nf4_bytes(dm)
+    reference = computed_once(("qlora", path), lambda: _qlora_reference(path, vocab, initial))
+    opt = smp.DistributedOptimizer(torch.optim.AdamW(list(dm.parameters()), lr=1e-2, weight_decay=0.1))
+    smp.reset_comm_stats()
+    losses = []
+    for step in range(STEPS):
+        x = _batch(step, vocab).chunk(smp.rdp_size())[smp.rdp_rank()]
+        loss = dm(input_ids=x, labels=x).loss
+        dm.backward(loss)
+        opt.step()
+        held = {**dm.model_state_bytes(), "optimizer": opt.optimizer_state_bytes()}
+        opt.zero_grad()
+        total = loss.detach().clone()
+        dist.all_reduce(total)
+        losses.append(total.item() / smp.rdp_size())
+    from smsdp.planner import memory
+    from smsdp.planner.qlora import nf4_all_gather_bytes
+
+    stats = world().stats
+    groups = _planner_groups(path, nf4=True)
+    out = {
+        "held": held,
+        "planned": _planner_state(path, smp.sdp_rank(), nf4=True),
+        "planned_nf4_per_step": nf4_all_gather_bytes(groups, memory.unit_sizes(groups), world().params),
+        "comm": smp.comm_stats(),
+        "nf4_calls": stats.calls("all_gather.nf4"),
+        "nf4_groups": [(g.shard_numel, g.master.numel(), g.padded_numel, g.numel) for g in dm.flat_groups() if g.nf4],
+        "groups": [(g.sharded, g.trainable, g.nf4, g.padded_numel) for g in dm.flat_groups()],
+        "bytes_unchanged": all(torch.equal(a, b) for a, b in zip(bytes_before, _nf4_bytes(dm))),
+        "losses": losses,
+    }
+    exported = smp.save_pretrained(dm, Path(os.environ[OUT_ENV]) / "qlora_base")  # the dequantized base
+    try:
+        smp.save_checkpoint(str(Path(os.environ[OUT_ENV]) / "qlora_ckpt"), "t", partial=True, model=dm, optimizer=opt)
+        out["checkpoint_error"] = None
+    except Exception as e:  # refused on every rank, before anything is written
+        out["checkpoint_error"] = f"{type(e).__name__}: {e}"
+    out["checkpoint_dir_made"] = (Path(os.environ[OUT_ENV]) / "qlora_ckpt").exists()
+    final = dm.state_dict()
+    if smp.rank() == 0:
+        out.update(initial=initial, final=final, reference=reference, base_dir=str(exported.path))
+    return out
+
+
 if __name__ == "__main__":
-    worker_main({"lora": lora_case, "pure_bf16": pure_bf16_case}, setup=init_gloo_from_env)
+    worker_main({"lora": lora_case, "pure_bf16": pure_bf16_case, "qlora": qlora_case}, setup=init_gloo_from_env)

@@ -5,7 +5,8 @@ The sharded run is compared with one process training the same adapters with pla
 peft on the same base: losses and final adapters within 1e-5 relative, the frozen
 base bit for bit, the model state per rank byte for byte against the planner,
 and the adapter export loaded by ``peft.PeftModel.from_pretrained`` in a fresh
-process that cannot import smsdp.
+process that cannot import smsdp. The same launch runs QLoRA (``sdp_qlora``: the
+frozen base as torchao's NF4) against plain peft on the sharded model's dequantized base.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def base_dir(tmp_path_factory):
 def results(base_dir, tmp_path_factory):
     return run_cases(
         "tests/distributed/lora_worker.py",
-        ["lora", "pure_bf16"],
+        ["lora", "pure_bf16", "qlora"],
         nprocs=4,
         env={DIR_ENV: str(base_dir)},
         timeout=300,
@@ -191,3 +192,94 @@ def test_pure_bf16_with_kahan_at_d4_follows_one_bf16_process(results):
         f"[pure bf16] parameters: the two runs {apart:.3e} apart after moving {moved:.3e} (ratio {apart / moved:.3f})"
     )
     assert apart < BF16_PARAM_SHARE * moved
+
+
+# ---- QLoRA (sdp_qlora) -------------------------------------------------------------------------------------
+
+
+def _qlora(results) -> list[dict]:
+    ranks = results["qlora"]
+    if "skipped" in ranks[0]:
+        pytest.skip(ranks[0]["skipped"])
+    return ranks
+
+
+def test_qlora_at_d4_matches_one_peft_process_on_the_dequantized_base(results):
+    ours = _qlora(results)[0]
+    reference = ours["reference"]
+    for name, value in reference["initial"].items():
+        assert torch.equal(ours["initial"][name], value), name
+    assert ours["losses"][-1] < ours["losses"][0]
+    torch.testing.assert_close(torch.tensor(ours["losses"]), torch.tensor(reference["losses"]), rtol=1e-5, atol=0)
+    for name in (k for k in reference["final"] if _adapter(k)):
+        ours_value, theirs = ours["final"][name], reference["final"][name]
+        assert (ours_value - theirs).norm() <= 1e-5 * theirs.norm(), name  # as the LoRA test above
+        assert not torch.equal(ours_value, ours["initial"][name]), f"{name} did not train"
+
+
+def test_qlora_base_is_the_nf4_of_the_file_and_its_bytes_are_unchanged_by_training(results, base_dir):
+    from safetensors.torch import load_file
+
+    ranks = _qlora(results)
+    assert all(r["bytes_unchanged"] for r in ranks)
+    ours, original = ranks[0], load_file(base_dir / "model.safetensors")
+    quantized = 0
+    for name, value in ours["initial"].items():
+        if _adapter(name):
+            continue
+        assert torch.equal(ours["final"][name], value), name
+        source = original[name.replace("base_model.model.", "").replace(".base_layer", "")]
+        if value.dim() == 2 and value.shape[0] > 1 and not torch.equal(value, source):
+            quantized += 1
+            # NF4's 16 levels over each block's absmax: about 10% of the weights' norm (measured 0.09 to 0.10)
+            assert (value - source).norm() < 0.15 * source.norm(), name
+    assert quantized >= 2 * 7  # every projection and MLP weight of both layers
+    written = {}
+    for file in Path(ours["base_dir"]).glob("*.safetensors"):
+        written.update(load_file(file))
+    assert sorted(written) == sorted(original)
+    for name, value in ours["initial"].items():  # save_pretrained writes the dequantized values
+        if not _adapter(name):
+            assert torch.equal(written[name.replace("base_model.model.", "").replace(".base_layer", "")], value), name
+
+
+def test_qlora_gathers_the_nf4_bytes_by_the_formula(results):
+    from smsdp.config.shard_layout import nf4_shard_bytes
+
+    ranks = _qlora(results)
+    d = 4
+    nf4 = [(sharded and not trainable) for sharded, trainable, _, _ in ranks[0]["groups"]]
+    assert nf4 == [is_nf4 for _, _, is_nf4, _ in ranks[0]["groups"]]  # exactly the sharded frozen groups
+    # Three NF4 groups (two layers, the root) of one scale block-aligned shard each (16384 elements), fp32 scales.
+    assert [(s, b) for s, b, _, _ in ranks[0]["nf4_groups"]] == [(16384, nf4_shard_bytes(16384, 4))] * 3
+    shard_bytes = nf4_shard_bytes(16384, 4)
+    assert shard_bytes == 16384 // 2 + 16384 // 64 + 2 * 4
+    # Gathers: the first step all three groups, the layers twice; later the root and the last layer stay
+    # gathered from the forward into the backward (docs/runtime.md): 5, then 4 per step.
+    gathers = 5 + 4 * (STEPS - 1)
+    for r in ranks:
+        assert r["nf4_calls"] == gathers
+        assert r["comm"]["all_gather.nf4"] == gathers * (d - 1) * shard_bytes, r["comm"]
+    # The planner's steady state (4 gathers a step), plus the first step's gather of the last layer.
+    planned = ranks[0]["planned_nf4_per_step"]
+    assert planned == 4 * (d - 1) * shard_bytes
+    assert ranks[0]["comm"]["all_gather.nf4"] == STEPS * planned + (d - 1) * shard_bytes
+    print(
+        f"\n[qlora] all_gather.nf4 {ranks[0]['comm']['all_gather.nf4']} bytes in {STEPS} steps; "
+        f"{shard_bytes / (2 * 16384):.4f} of bf16's bytes per gathered element"
+    )
+
+
+def test_qlora_model_state_per_rank_equals_the_planners_formula_byte_for_byte(results):
+    ranks = _qlora(results)
+    for rank, r in enumerate(ranks):
+        assert r["held"] == r["planned"], f"rank {rank}: held {r['held']}, planned {r['planned']}"
+    lora = results["lora"][0]["held"]
+    print(f"\n[qlora] params per rank: {ranks[0]['held']['params']} bytes (NF4 base), LoRA's fp32: {lora['params']}")
+
+
+def test_qlora_partial_checkpoints_are_refused_on_every_rank_saying_what_to_do_instead(results):
+    for r in _qlora(results):
+        assert "smp.save_checkpoint of a model under sdp_qlora is not built" in r["checkpoint_error"]
+        assert "smp.save_adapter" in r["checkpoint_error"]
+        assert r["checkpoint_dir_made"] is False
