@@ -40,7 +40,9 @@ def test_nf4_shards_are_whole_scale_blocks():
 
 def test_torchao_missing_is_named_with_its_install_command(monkeypatch):
     nf4_shard._nf4.cache_clear()
-    monkeypatch.setitem(sys.modules, "torchao", None)
+    # None for torchao and every module of it already imported (a loaded submodule is found by its own name)
+    for name in ["torchao", *(name for name in sys.modules if name.startswith("torchao."))]:
+        monkeypatch.setitem(sys.modules, name, None)
     try:
         with pytest.raises(ImportError, match=r"sdp_qlora=True .*torchao is not installed: pip install torchao"):
             nf4_shard.require_torchao()
