@@ -17,7 +17,9 @@ nothing else on the machine; check the load it prints. About 1 to 2 minutes::
 
     .venv/bin/python bench/lora_compare.py [--steps 8] [--warmup 2]
 
-QLoRA rows (a 4-bit frozen base) are not here: see docs/pretrained.md.
+A second launch-case does the same with smsdp's ``sdp_qlora`` (the frozen shards kept and
+all-gathered as torchao NF4 bytes) next to its own FSDP2 + peft run (FSDP2 with torchao's NF4
+weights is not set up here: that row is missing).
 """
 
 from __future__ import annotations
@@ -36,7 +38,10 @@ sys.path.insert(0, str(REPO_ROOT))
 from tests.mpi_harness import run_cases  # noqa: E402
 
 NPROCS = 4
-LABELS = {"smsdp": "smsdp LoRA (d=4)", "fsdp2": "FSDP2 + peft LoRA (1-D mesh of 4)"}
+CASES = {
+    "lora": {"smsdp": "smsdp LoRA (d=4)", "fsdp2": "FSDP2 + peft LoRA (1-D mesh of 4)"},
+    "qlora": {"smsdp": "smsdp QLoRA (d=4, sdp_qlora: NF4 frozen shards)", "fsdp2": "FSDP2 + peft LoRA (1-D mesh of 4)"},
+}
 
 
 def _save_base(directory: Path) -> None:
@@ -62,28 +67,38 @@ def main() -> None:
         _save_base(Path(tmp) / "llama")
         results = run_cases(
             "bench/workers/lora_bench_worker.py",
-            ["lora"],
+            list(CASES),
             NPROCS,
             env={DIR_ENV: str(Path(tmp) / "llama"), STEPS_ENV: str(args.steps), WARMUP_ENV: str(args.warmup)},
             timeout=1200,
             out_dir=Path(tmp) / "out",
         )
-        ranks = results["lora"]
-    tokens = NPROCS * BATCH * SEQ
-    speed = {name: tokens / statistics.median(ranks[0]["times"][name]) for name in LABELS}
+        ranks = {case: results[case] for case in CASES}
     print(f"LoRA fine-tuning, {NPROCS} ranks, {started}, load average at launch {load:.1f}\n")
     print(
-        "| system | tokens/s | × FSDP2 | step s (median [min-max]) | params / grads / optimizer MiB per rank | loss first → last |"
+        "| case | system | tokens/s | × FSDP2 | step s (median [min-max]) | params / grads / optimizer MiB per rank "
+        "| all-gather MiB per step | loss first → last |"
     )
-    print("|---|---|---|---|---|---|")
-    for name, label in LABELS.items():
+    print("|---|---|---|---|---|---|---|---|")
+    for case, labels in CASES.items():
+        _rows(case, labels, ranks[case], NPROCS * BATCH * SEQ, args.steps + args.warmup)
+
+
+def _rows(case: str, labels: dict[str, str], ranks: list, tokens: int, steps: int) -> None:
+    speed = {name: tokens / statistics.median(ranks[0]["times"][name]) for name in labels}
+    for name, label in labels.items():
         times = ranks[0]["times"][name]
         held = {key: max(r["state"][name][key] for r in ranks) for key in ("params", "grads", "optimizer")}
         first, last = ranks[0]["losses"][name][0], ranks[0]["losses"][name][-1]
+        gathered = "-"
+        if name == "smsdp":  # smsdp's own count (smp.comm_stats), both all-gather kinds, rank 0
+            sent = sum(v for k, v in ranks[0]["comm"].items() if k.startswith("all_gather"))
+            gathered = f"{sent / steps / 2**20:.2f}"
         print(
-            f"| {label} | {speed[name]:,.0f} | {speed[name] / speed['fsdp2']:.2f} | "
+            f"| {case} | {label} | {speed[name]:,.0f} | {speed[name] / speed['fsdp2']:.2f} | "
             f"{statistics.median(times):.3f} [{min(times):.3f}-{max(times):.3f}] | "
-            f"{_mib(held['params'])} / {_mib(held['grads'])} / {_mib(held['optimizer'])} | {first:.4f} → {last:.4f} |"
+            f"{_mib(held['params'])} / {_mib(held['grads'])} / {_mib(held['optimizer'])} | {gathered} | "
+            f"{first:.4f} → {last:.4f} |"
         )
 
 

@@ -1,9 +1,11 @@
 """Worker of ``bench/lora_compare.py``: LoRA on smsdp and on FSDP2 + peft, same base, same launch.
 
-One case, ``lora``: both systems are built from the Llama directory ``$SMSDP_LORA_BENCH_DIR``
+Two cases, ``lora`` and ``qlora`` (smsdp with ``sdp_qlora``: its frozen shards in NF4; smsdp has
+one configuration per process, so each case is smsdp next to its own FSDP2 + peft run): both
+systems are built from the Llama directory ``$SMSDP_LORA_BENCH_DIR``
 (saved by ``save_pretrained``) with the same peft adapters (same seed), sharded over all ranks
 (smsdp ``sharded_data_parallel_degree`` = world, FSDP2 ``fully_shard`` per decoder layer and the
-root on a 1-D mesh). Their steps are interleaved (order alternating, a barrier before each), so
+root on a 1-D mesh). Within a case, their steps are interleaved (order alternating, a barrier before each), so
 both see the same machine state. Each rank reports, per system: the step times (the slowest
 rank's, per step), the first and last losses, and the model state it holds after
 ``optimizer.step()`` (parameters, gradients, optimizer state; bytes).
@@ -98,7 +100,7 @@ def _fsdp2(path: str):
     return step
 
 
-def lora_case() -> dict:
+def _case(qlora: bool) -> dict:
     runtime_state.reset_for_tests()
     world = dist.get_world_size()
     smp.init(
@@ -109,6 +111,7 @@ def lora_case() -> dict:
             # Every tensor sharded, as FSDP2 shards every tensor (SMP's default threshold, 1e6 elements,
             # exceeds every tensor of this model and would replicate them all).
             "sdp_param_persistence_threshold": 0,
+            "sdp_qlora": qlora,
         }
     )
     torch.set_num_threads(1)
@@ -120,6 +123,7 @@ def lora_case() -> dict:
     times: dict[str, list[float]] = {name: [] for name in systems}
     losses: dict[str, list[float]] = {name: [] for name in systems}
     state: dict[str, dict] = {}
+    smp.reset_comm_stats()  # the steps' bytes, not the load's
     for step in range(WARMUP + STEPS):
         x = lm_batch(BATCH * world, seq_len=SEQ, vocab_size=vocab, seed=900 + step)[0].chunk(world)[dist.get_rank()]
         order = list(systems) if step % 2 == 0 else list(reversed(systems))
@@ -132,8 +136,8 @@ def lora_case() -> dict:
             losses[name].append(loss)
             if step >= WARMUP:
                 times[name].append(took.item())
-    return {"times": times, "losses": losses, "state": state}
+    return {"times": times, "losses": losses, "state": state, "comm": smp.comm_stats()}
 
 
 if __name__ == "__main__":
-    worker_main({"lora": lora_case}, setup=init_gloo_from_env)
+    worker_main({"lora": lambda: _case(qlora=False), "qlora": lambda: _case(qlora=True)}, setup=init_gloo_from_env)
