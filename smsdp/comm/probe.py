@@ -165,15 +165,19 @@ def measure_blocks(
         def both(block=block, x=x) -> None:
             block(x).float().sum().backward()
 
-        t_forward = _timed(forward, repeats, device)
-        t_both = _timed(both, repeats, device)
+        # Forward and forward+backward back to back in every repeat, the backward their difference
+        # within the repeat: the difference of two separate medians swung by 2x with the load.
+        both(), forward()  # warm
+        pairs = [(_timed(forward, 1, device, False), _timed(both, 1, device, False)) for _ in range(repeats)]
+        t_forward = statistics.median(f for f, _ in pairs)
+        t_backward = statistics.median(b - f for f, b in pairs)
         out.append(
             {
                 "batch": batch,
                 "seq": seq,
                 "width": width,
                 "forward_flops_per_s": flops / t_forward,
-                "backward_flops_per_s": 2.0 * flops / max(t_both - t_forward, 1e-9),
+                "backward_flops_per_s": 2.0 * flops / max(t_backward, 1e-9),
             }
         )
     return out
