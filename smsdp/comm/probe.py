@@ -167,7 +167,8 @@ def measure_blocks(
 
         # Forward and forward+backward back to back in every repeat, the backward their difference
         # within the repeat: the difference of two separate medians swung by 2x with the load.
-        both(), forward()  # warm
+        both()  # warm
+        forward()
         pairs = [(_timed(forward, 1, device, False), _timed(both, 1, device, False)) for _ in range(repeats)]
         t_forward = statistics.median(f for f, _ in pairs)
         t_backward = statistics.median(b - f for f, b in pairs)
