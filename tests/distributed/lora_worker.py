@@ -111,7 +111,11 @@ def _planner_state(path: str, sdp_rank: int, nf4: bool = False) -> dict:
     return {"params": state.params, "grads": state.grads, "optimizer": state.optimizer}
 
 
-def lora_case() -> dict:
+def _sharded_peft_model(qlora: bool):
+    """The tiny Llama with peft's adapters at d=4, built on the meta device, its base read by
+    ``smp.load_pretrained`` (NF4 frozen shards under ``sdp_qlora``); the path and vocabulary too."""
+    from smsdp.pretrained import read_config
+
     runtime_state.reset_for_tests()
     smp.init(
         {
@@ -119,16 +123,18 @@ def lora_case() -> dict:
             "sharded_data_parallel_degree": 4,
             "sdp_param_persistence_threshold": PERSISTENCE_THRESHOLD,
             "delayed_parameter_initialization": True,
+            **({"sdp_qlora": True} if qlora else {}),
         }
     )
     path = _path()
-    from smsdp.pretrained import read_config
-
-    vocab = read_config(path)["vocab_size"]
     dm = smp.DistributedModel(_peft_model(path, on_meta=True))
     smp.load_pretrained(dm, path)
-    initial = dm.state_dict()
-    reference = computed_once(("lora", path), lambda: _reference(path, vocab))
+    return path, read_config(path)["vocab_size"], dm
+
+
+def _train_sharded(dm, vocab: int) -> tuple[list[float], dict, object]:
+    """``STEPS`` AdamW steps, each rank its share of the batch; the global losses, and the model state
+    held after the last ``step()`` (before ``zero_grad``: as the planner counts, gradients held); the optimizer."""
     opt = smp.DistributedOptimizer(torch.optim.AdamW(list(dm.parameters()), lr=1e-2, weight_decay=0.1))
     smp.reset_comm_stats()
     losses = []
@@ -137,11 +143,19 @@ def lora_case() -> dict:
         loss = dm(input_ids=x, labels=x).loss
         dm.backward(loss)
         opt.step()
-        held = {**dm.model_state_bytes(), "optimizer": opt.optimizer_state_bytes()}  # as the planner counts: grads held
+        held = {**dm.model_state_bytes(), "optimizer": opt.optimizer_state_bytes()}
         opt.zero_grad()
         total = loss.detach().clone()
         dist.all_reduce(total)
         losses.append(total.item() / smp.rdp_size())
+    return losses, held, opt
+
+
+def lora_case() -> dict:
+    path, vocab, dm = _sharded_peft_model(qlora=False)
+    initial = dm.state_dict()
+    reference = computed_once(("lora", path), lambda: _reference(path, vocab))
+    losses, held, _ = _train_sharded(dm, vocab)
     comm = smp.comm_stats()
     groups = [(g.sharded, g.trainable, g.padded_numel, g.flat_param.requires_grad) for g in dm.flat_groups()]
     dm.eval()
@@ -259,38 +273,11 @@ def qlora_case() -> dict:
         return {"skipped": "torchao is not installed (pip install torchao)"}
     from smsdp.comm.world import get as world
 
-    runtime_state.reset_for_tests()
-    smp.init(
-        {
-            "ddp": True,
-            "sharded_data_parallel_degree": 4,
-            "sdp_param_persistence_threshold": PERSISTENCE_THRESHOLD,
-            "delayed_parameter_initialization": True,
-            "sdp_qlora": True,
-        }
-    )
-    path = _path()
-    from smsdp.pretrained import read_config
-
-    vocab = read_config(path)["vocab_size"]
-    dm = smp.DistributedModel(_peft_model(path, on_meta=True))
-    smp.load_pretrained(dm, path)
+    path, vocab, dm = _sharded_peft_model(qlora=True)
     initial = dm.state_dict()
     bytes_before = _nf4_bytes(dm)
     reference = computed_once(("qlora", path), lambda: _qlora_reference(path, vocab, initial))
-    opt = smp.DistributedOptimizer(torch.optim.AdamW(list(dm.parameters()), lr=1e-2, weight_decay=0.1))
-    smp.reset_comm_stats()
-    losses = []
-    for step in range(STEPS):
-        x = _batch(step, vocab).chunk(smp.rdp_size())[smp.rdp_rank()]
-        loss = dm(input_ids=x, labels=x).loss
-        dm.backward(loss)
-        opt.step()
-        held = {**dm.model_state_bytes(), "optimizer": opt.optimizer_state_bytes()}
-        opt.zero_grad()
-        total = loss.detach().clone()
-        dist.all_reduce(total)
-        losses.append(total.item() / smp.rdp_size())
+    losses, held, opt = _train_sharded(dm, vocab)
     from smsdp.planner import memory
     from smsdp.planner.qlora import nf4_all_gather_bytes
 
