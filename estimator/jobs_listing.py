@@ -74,33 +74,27 @@ def listing(root: Path) -> JobListing:
 
 
 def sagemaker_listing(described: dict) -> JobListing:
-    start, end = described.get("TrainingStartTime"), described.get("TrainingEndTime")
-    if start is not None and end is None:
-        end = datetime.datetime.now(start.tzinfo)
-    return JobListing(
-        name=described["TrainingJobName"],
-        backend="sagemaker",
-        status=described["TrainingJobStatus"],
-        start=start,
-        duration_s=(end - start).total_seconds() if start is not None and end is not None else None,
-        final_loss=sagemaker_final_loss(described),
-    )
+    return _from_description(described["TrainingJobName"], described, "sagemaker", sagemaker_final_loss(described))
 
 
 def _listing(root: Path) -> JobListing:
     backend = recorded_backend(root)
     job = backend_named(backend).attach(root.name, str(root.parent)).job
-    described = job.describe()
+    return _from_description(root.name, job.describe(), backend, final_loss(job.metric_rows()))
+
+
+def _from_description(name: str, described: dict, backend: str, loss: float | None) -> JobListing:
+    """A line from a DescribeTrainingJob-shaped description (every backend's ``describe()``)."""
     start, end = described.get("TrainingStartTime"), described.get("TrainingEndTime")
     if start is not None and end is None:
         end = datetime.datetime.now(start.tzinfo)
     return JobListing(
-        name=root.name,
+        name=name,
         backend=backend,
         status=described["TrainingJobStatus"],
         start=start,
         duration_s=(end - start).total_seconds() if start is not None and end is not None else None,
-        final_loss=final_loss(job.metric_rows()),
+        final_loss=loss,
     )
 
 
