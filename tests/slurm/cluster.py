@@ -71,6 +71,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _unused_net() -> int:
+    """A third octet for ``SUBNET`` that no address in this network namespace uses yet.
+
+    The controller's address sits on a bridge in this (the root) namespace: a second cluster
+    on the same /24 (a test's own cluster beside the session's) would add a second route to
+    it, and the replies to its nodes would leave by the first cluster's bridge, so its
+    slurmd could never register."""
+    shown = _run("ip", "-4", "-o", "addr", "show", check=False).stdout
+    prefix = SUBNET.format(net="")
+    used = {int(word[len(prefix) :].split(".")[0]) for word in shown.split() if word.startswith(prefix)}
+    free = [net for net in range(100, 200) if net not in used]
+    if not free:
+        raise NamespacesUnavailable(f"every {SUBNET.format(net='N')}.0/24 for N in 100..199 is in use")
+    return secrets.choice(free)
+
+
 @dataclass
 class Node:
     name: str
@@ -91,7 +107,7 @@ class SlurmTestCluster:
     started_s: float | None = None
 
     def __post_init__(self) -> None:
-        net = SUBNET.format(net=100 + int(self.tag, 16) % 100)
+        net = SUBNET.format(net=_unused_net())
         self.bridge = f"smsdpb{self.tag}"
         self.controller_address = f"{net}.1"
         self.nodes = [

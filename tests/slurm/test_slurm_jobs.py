@@ -284,3 +284,12 @@ def test_stop_of_a_pending_job_cancels_it(slurm_cluster, shared_dir):
     assert job.wait(logs=False, timeout=30) is JobStatus.STOPPED
     assert job.slurm_state(fresh=True).state == "CANCELLED"
     assert not (shared_dir / "held" / "logs" / "job.log").exists()  # no rank ever ran
+
+
+def test_a_second_cluster_never_takes_the_running_clusters_subnet(slurm_cluster, tmp_path):
+    """A test's own cluster beside the session's on the same /24 could never register its nodes
+    (the replies to them leave by the first bridge): each cluster picks a subnet nothing uses."""
+    taken = slurm_cluster.controller_address.rsplit(".", 1)[0]
+    drawn = {SlurmTestCluster(root=tmp_path).controller_address.rsplit(".", 1)[0] for _ in range(200)}
+    assert taken not in drawn
+    assert len(drawn) > 50  # still drawn at random, so that a stale bridge is not hit every time
