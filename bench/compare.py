@@ -28,7 +28,10 @@ gloo, one thread per rank, ``OMP_NUM_THREADS=1``):
    which is plain True. So ``k2`` is its own interleaved launch at d=4 on 2 simulated hosts
    of 2 ranks (``SMSDP_SIMULATED_HOSTS``): smsdp ``sdp_reshard_after_forward=2`` (the backward
    gathers inside a host) vs FSDP2 ``fully_shard(reshard_after_forward=2)`` on a 1-D mesh of 4,
-   with DDP in the same launch for the × DDP ratio.
+   with DDP in the same launch for the × DDP ratio;
+5. fine-tuning (``--finetune``, on unless ``--no-finetune``): ``bench/lora_compare.py``'s table,
+   LoRA and QLoRA of a pretrained Llama on smsdp next to FSDP2 + peft on the same frozen base
+   (and FSDP2 + peft over torchao NF4 weights for QLoRA), one interleaved launch per case.
 
 Same GPT (4 layers, d_model 256, 4 heads, vocab 1024, seq 128), batch 4
 sequences per rank, AdamW (lr 1e-3), global-norm clipping 1.0, the same
@@ -679,6 +682,13 @@ def main() -> None:
         default=600,
         help="seconds per mpirun launch (the main launch interleaves up to 12 systems)",
     )
+    p.add_argument(
+        "--finetune",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also LoRA and QLoRA of a pretrained Llama next to FSDP2 + peft (bench/lora_compare.py)",
+    )
+    p.add_argument("--finetune-steps", type=int, default=8)
     p.add_argument("--out", default=str(RESULTS))
     args = p.parse_args()
 
@@ -846,6 +856,13 @@ def main() -> None:
                     log(f"  {row['tokens_per_s']:,.0f} tokens/s, step {row['step_s'] * 1e3:.0f} ms")
                 scaling_rows.append(row)
 
+    finetune_md = ""
+    if args.finetune:
+        from bench.lora_compare import finetune_section
+
+        log(f"[bench] fine-tuning: LoRA and QLoRA next to FSDP2 + peft (timed {args.finetune_steps}) ...")
+        finetune_md = finetune_section(args.finetune_steps, warmup=2)
+
     elapsed = time.perf_counter() - t_start
     loads = [r["load_before"] for r in rows + extra_rows + scaling_rows if "load_before" in r]
     pairs = strategy_pairs(rows + extra_rows, strategies)
@@ -917,6 +934,8 @@ def main() -> None:
             "",
             scaling_table(scaling_rows),
         ]
+    if finetune_md:
+        md += ["", finetune_md]
     text = "\n".join(md)
     print(text)
 
@@ -935,6 +954,7 @@ def main() -> None:
         "strategy_rows": extra_rows,
         "strategies": [{k: v for k, v in pair.items() if k not in ("smsdp", "fsdp2", "ddp")} for pair in pairs],
         "loss_agreement": agreement,
+        "finetune_markdown": finetune_md,
         "markdown": text,
     }
     (out / f"compare-{stamp}.json").write_text(json.dumps(payload, indent=1, default=str))

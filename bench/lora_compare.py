@@ -18,8 +18,14 @@ nothing else on the machine; check the load it prints. About 1 to 2 minutes::
     .venv/bin/python bench/lora_compare.py [--steps 8] [--warmup 2]
 
 A second launch-case does the same with smsdp's ``sdp_qlora`` (the frozen shards kept and
-all-gathered as torchao NF4 bytes) next to its own FSDP2 + peft run (FSDP2 with torchao's NF4
-weights is not set up here: that row is missing).
+all-gathered as torchao NF4 bytes) next to its own FSDP2 + peft run and FSDP2 + peft over
+torchao NF4 weights (torchtune's QLoRA recipe: the decoder layers' frozen Linear weights as
+``NF4Tensor``, which ``fully_shard`` shards and all-gathers as packed bytes; embeddings, norms
+and the LM head stay fp32, where smsdp's ``sdp_qlora`` keeps every sharded frozen tensor in NF4).
+
+``bench/compare.py`` prints the same table (``finetune_section``) after its own, unless given
+``--no-finetune``. All-gather bytes are counted for every system by ``bench/workers/comm_counter.py``
+(ring accounting, what one rank sends per step).
 """
 
 from __future__ import annotations
@@ -40,7 +46,11 @@ from tests.mpi_harness import run_cases  # noqa: E402
 NPROCS = 4
 CASES = {
     "lora": {"smsdp": "smsdp LoRA (d=4)", "fsdp2": "FSDP2 + peft LoRA (1-D mesh of 4)"},
-    "qlora": {"smsdp": "smsdp QLoRA (d=4, sdp_qlora: NF4 frozen shards)", "fsdp2": "FSDP2 + peft LoRA (1-D mesh of 4)"},
+    "qlora": {
+        "smsdp": "smsdp QLoRA (d=4, sdp_qlora: NF4 frozen shards)",
+        "fsdp2": "FSDP2 + peft LoRA (1-D mesh of 4)",
+        "fsdp2_nf4": "FSDP2 + peft QLoRA (torchao NF4 decoder Linear weights)",
+    },
 }
 
 
@@ -54,11 +64,8 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:.2f}"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=8, help="timed steps per system")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed steps per system first")
-    args = parser.parse_args()
+def finetune_section(steps: int, warmup: int) -> str:
+    """The LoRA/QLoRA table as Markdown: one ``mpirun -np 4`` launch per case, both cases."""
     from bench.workers.lora_bench_worker import BATCH, DIR_ENV, SEQ, STEPS_ENV, WARMUP_ENV
 
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
@@ -69,37 +76,55 @@ def main() -> None:
             "bench/workers/lora_bench_worker.py",
             list(CASES),
             NPROCS,
-            env={DIR_ENV: str(Path(tmp) / "llama"), STEPS_ENV: str(args.steps), WARMUP_ENV: str(args.warmup)},
+            env={DIR_ENV: str(Path(tmp) / "llama"), STEPS_ENV: str(steps), WARMUP_ENV: str(warmup)},
             timeout=1200,
             out_dir=Path(tmp) / "out",
         )
-        ranks = {case: results[case] for case in CASES}
-    print(f"LoRA fine-tuning, {NPROCS} ranks, {started}, load average at launch {load:.1f}\n")
-    print(
+        ranks = {case: results[case] for case in CASES}  # read before the directory goes
+    lines = [
+        f"LoRA fine-tuning of a pretrained Llama (8 blocks, hidden 384, vocab 1024), {NPROCS} ranks, "
+        f"{started}, load average at launch {load:.1f}; warm-up {warmup} + {steps} timed steps, "
+        f"batch {BATCH} x {SEQ} tokens per rank:",
+        "",
         "| case | system | tokens/s | × FSDP2 | step s (median [min-max]) | params / grads / optimizer MiB per rank "
-        "| all-gather MiB per step | loss first → last |"
-    )
-    print("|---|---|---|---|---|---|---|---|")
+        "| all-gather MiB per step | loss first → last |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for case, labels in CASES.items():
-        _rows(case, labels, ranks[case], NPROCS * BATCH * SEQ, args.steps + args.warmup)
+        lines += _rows(case, labels, ranks[case], NPROCS * BATCH * SEQ, steps + warmup)
+    # smsdp's own count of its all-gathers (both kinds, fp32 and NF4) against the wrapper's
+    agree = all(
+        abs(sum(v for k, v in r["comm"].items() if k.startswith("all_gather")) - r["all_gather"]["smsdp"]) < 1
+        for case in CASES
+        for r in ranks[case]
+    )
+    lines += ["", f"smsdp's all-gather bytes as counted {'equal' if agree else 'DO NOT equal'} its smp.comm_stats()."]
+    return "\n".join(lines)
 
 
-def _rows(case: str, labels: dict[str, str], ranks: list, tokens: int, steps: int) -> None:
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=8, help="timed steps per system")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps per system first")
+    args = parser.parse_args()
+    print(finetune_section(args.steps, args.warmup))
+
+
+def _rows(case: str, labels: dict[str, str], ranks: list, tokens: int, steps: int) -> list[str]:
     speed = {name: tokens / statistics.median(ranks[0]["times"][name]) for name in labels}
+    rows = []
     for name, label in labels.items():
         times = ranks[0]["times"][name]
         held = {key: max(r["state"][name][key] for r in ranks) for key in ("params", "grads", "optimizer")}
         first, last = ranks[0]["losses"][name][0], ranks[0]["losses"][name][-1]
-        gathered = "-"
-        if name == "smsdp":  # smsdp's own count (smp.comm_stats), both all-gather kinds, rank 0
-            sent = sum(v for k, v in ranks[0]["comm"].items() if k.startswith("all_gather"))
-            gathered = f"{sent / steps / 2**20:.2f}"
-        print(
+        gathered = max(r["all_gather"][name] for r in ranks) / steps
+        rows.append(
             f"| {case} | {label} | {speed[name]:,.0f} | {speed[name] / speed['fsdp2']:.2f} | "
             f"{statistics.median(times):.3f} [{min(times):.3f}-{max(times):.3f}] | "
-            f"{_mib(held['params'])} / {_mib(held['grads'])} / {_mib(held['optimizer'])} | {gathered} | "
+            f"{_mib(held['params'])} / {_mib(held['grads'])} / {_mib(held['optimizer'])} | {_mib(gathered)} | "
             f"{first:.4f} → {last:.4f} |"
         )
+    return rows
 
 
 if __name__ == "__main__":

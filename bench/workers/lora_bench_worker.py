@@ -1,7 +1,8 @@
 """Worker of ``bench/lora_compare.py``: LoRA on smsdp and on FSDP2 + peft, same base, same launch.
 
 Two cases, ``lora`` and ``qlora`` (smsdp with ``sdp_qlora``: its frozen shards in NF4; smsdp has
-one configuration per process, so each case is smsdp next to its own FSDP2 + peft run): both
+one configuration per process, so each case is smsdp next to its own FSDP2 + peft run, and the
+``qlora`` case also FSDP2 + peft with the decoder layers' frozen Linear weights as torchao NF4): all
 systems are built from the Llama directory ``$SMSDP_LORA_BENCH_DIR``
 (saved by ``save_pretrained``) with the same peft adapters (same seed), sharded over all ranks
 (smsdp ``sharded_data_parallel_degree`` = world, FSDP2 ``fully_shard`` per decoder layer and the
@@ -23,10 +24,16 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import smsdp as smp
-from smsdp.comm import world as runtime_state
-from tests.models import lm_batch
-from tests.mpi_harness import init_gloo_from_env, worker_main
+from bench.workers.comm_counter import CommCounter, diff
+
+COUNTER = CommCounter()
+if __name__ == "__main__":  # a rank: wrap torch.distributed before smsdp.comm.collectives binds its functions
+    COUNTER.install()
+
+import smsdp as smp  # noqa: E402
+from smsdp.comm import world as runtime_state  # noqa: E402
+from tests.models import lm_batch  # noqa: E402
+from tests.mpi_harness import init_gloo_from_env, worker_main  # noqa: E402
 
 DIR_ENV = "SMSDP_LORA_BENCH_DIR"
 LORA = dict(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=["q_proj", "v_proj"])
@@ -68,14 +75,39 @@ def _smsdp(path: str):
 
 def _local_bytes(tensor) -> int:
     local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    if hasattr(local, "__tensor_flatten__"):  # an NF4Tensor: its dtype is the one it dequantizes to
+        names, _ = local.__tensor_flatten__()
+        return sum(_local_bytes(getattr(local, name)) for name in names)
     return local.numel() * local.element_size()
 
 
-def _fsdp2(path: str):
+def _nf4_base(model) -> None:
+    """The frozen Linear weights of every decoder layer as torchao NF4 (torchtune's QLoRA recipe
+    for FSDP2: torchao's ``NF4Tensor`` shards and all-gathers its packed bytes under ``fully_shard``);
+    embeddings, norms and the LM head stay in their dtype.
+
+    ``fully_shard`` splits an ``NF4Tensor``'s scale blocks evenly over the ranks, so a weight takes
+    QLoRA's 256 blocks per scale block only where their count splits ``world`` ways, else the largest
+    of 128 and 64 that does (this Llama's 384 x 384 projections have 9 scale blocks of 256)."""
+    from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import to_nf4
+
+    world = dist.get_world_size()
+    for layer in model.base_model.model.model.layers:
+        for module in layer.modules():
+            if isinstance(module, torch.nn.Linear) and not module.weight.requires_grad:
+                blocks = module.weight.numel() // 64
+                scaler = next(n for n in (256, 128, 64, 32) if blocks % (n * world) == 0)
+                weight = to_nf4(module.weight.detach(), block_size=64, scaler_block_size=scaler)
+                module.weight = torch.nn.Parameter(weight, requires_grad=False)
+
+
+def _fsdp2(path: str, nf4: bool = False):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     model = _peft(path, on_meta=False)
+    if nf4:
+        _nf4_base(model)
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     for layer in model.base_model.model.model.layers:
         fully_shard(layer, mesh=mesh)
@@ -101,6 +133,7 @@ def _fsdp2(path: str):
 
 
 def _case(qlora: bool) -> dict:
+    counter = COUNTER
     runtime_state.reset_for_tests()
     world = dist.get_world_size()
     smp.init(
@@ -120,23 +153,29 @@ def _case(qlora: bool) -> dict:
 
     vocab = read_config(path)["vocab_size"]
     systems = {"smsdp": _smsdp(path), "fsdp2": _fsdp2(path)}
+    if qlora:
+        systems["fsdp2_nf4"] = _fsdp2(path, nf4=True)
     times: dict[str, list[float]] = {name: [] for name in systems}
     losses: dict[str, list[float]] = {name: [] for name in systems}
     state: dict[str, dict] = {}
+    gathered: dict[str, float] = dict.fromkeys(systems, 0.0)
     smp.reset_comm_stats()  # the steps' bytes, not the load's
     for step in range(WARMUP + STEPS):
         x = lm_batch(BATCH * world, seq_len=SEQ, vocab_size=vocab, seed=900 + step)[0].chunk(world)[dist.get_rank()]
         order = list(systems) if step % 2 == 0 else list(reversed(systems))
         for name in order:
             dist.barrier()
+            before = counter.snapshot()
             began = time.perf_counter()
             loss, state[name] = systems[name](x)
             took = torch.tensor(time.perf_counter() - began)
+            sent = diff(counter.snapshot(), before)
+            gathered[name] += sum(v for k, v in sent.items() if k.startswith("all_gather"))
             dist.all_reduce(took, op=dist.ReduceOp.MAX)
             losses[name].append(loss)
             if step >= WARMUP:
                 times[name].append(took.item())
-    return {"times": times, "losses": losses, "state": state, "comm": smp.comm_stats()}
+    return {"times": times, "losses": losses, "state": state, "comm": smp.comm_stats(), "all_gather": gathered}
 
 
 if __name__ == "__main__":
