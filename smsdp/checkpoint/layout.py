@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from smsdp.checkpoint import frozen_base
 from smsdp.checkpoint.agree import rank, short, world
 from smsdp.checkpoint.dcp import Chunk, Chunks
 from smsdp.checkpoint.files import CheckpointError
@@ -110,20 +111,12 @@ def is_chunked_state(value: Any, param: torch.Tensor) -> bool:
     return isinstance(value, torch.Tensor) and value.dim() == 1 and value.numel() == param.numel()
 
 
-def refuse_nf4(model: Any, what: str) -> None:
-    """Checkpoints chunk values; an NF4 group (``sdp_qlora``) holds bytes, which no chunk describes."""
-    if any(getattr(group, "nf4", False) for group in model.flat_groups()):
-        raise CheckpointError(
-            f"{what} of a model under sdp_qlora is not built: its frozen base is kept as NF4 bytes; "
-            "save the trained adapters with smp.save_adapter (the base stays the pretrained files), "
-            "or set sdp_qlora to False"
-        )
-
-
 def save_chunks(model: Any, optimizer: Any, rt: Any) -> tuple[Chunks, dict]:
     """This rank's chunks for DCP, and its per-parameter optimizer facts for rank 0."""
     chunks: Chunks = {}
     for group in model.flat_groups():
+        if group.nf4:  # left out: see smsdp.checkpoint.frozen_base
+            continue
         for info in group.infos:
             lo, hi, m = local_range(group, info)
             if hi > lo and writes(model, group, info, rt):
@@ -150,7 +143,9 @@ def save_chunks(model: Any, optimizer: Any, rt: Any) -> tuple[Chunks, dict]:
     return chunks, optim_info
 
 
-def small_state(model: Any, optimizer: Any, per_rank_optim: list[dict] | None, rt: Any) -> dict:
+def small_state(
+    model: Any, optimizer: Any, per_rank_optim: list[dict] | None, rt: Any, left_out: dict | None = None
+) -> dict:
     state = {
         "format_version": STATE_FORMAT_VERSION,
         "world_size": world(),
@@ -161,6 +156,7 @@ def small_state(model: Any, optimizer: Any, per_rank_optim: list[dict] | None, r
         "buffers": {n: {"shape": list(b.shape), "dtype": b.dtype} for n, b in model.persistent_buffers().items()},
         "optimizer": None,
         "loss_scaler": None,
+        "frozen_base": left_out,  # the NF4 base, left out (smsdp.checkpoint.frozen_base)
     }
     if optimizer is None:
         return state
@@ -195,6 +191,7 @@ def check_fit(saved: dict, model: Any, optimizer: Any, saved_optim: dict | None,
     """A checkpoint of a different model is an error naming the differences; nothing is loaded."""
     if saved.get("format_version", 0) > STATE_FORMAT_VERSION:
         raise CheckpointError(f"checkpoint state format {saved.get('format_version')} is newer than this smsdp")
+    frozen_base.check_resumable(saved, model)
     ours = param_layout(model)
     theirs = saved["params"]
     shapes = [
@@ -238,15 +235,15 @@ def check_fit(saved: dict, model: Any, optimizer: Any, saved_optim: dict | None,
 
 
 def load_chunks(model: Any, optimizer: Any, saved: dict, load_state: bool) -> tuple[Chunks, dict]:
-    refuse_nf4(model, "smp.resume_from_checkpoint")
     """CPU buffers for everything this rank needs (every replica reads its own chunks)."""
     flat = saved.get("format_version", FLAT_FORMAT_VERSION) <= FLAT_FORMAT_VERSION
+    left_out = set((saved.get("frozen_base") or {}).get("params", ()))
     chunks: Chunks = {}
     pending: dict[str, Any] = {"model": [], "buffers": [], "optim": {}}
     for group in model.flat_groups():
         for info in group.infos:
             name = info.names[0]
-            if name not in saved["params"]:
+            if name not in saved["params"] or name in left_out:
                 continue
             lo, hi, m = local_range(group, info)
             buf = torch.empty(hi - lo, dtype=torch.float32)
@@ -274,8 +271,15 @@ def load_chunks(model: Any, optimizer: Any, saved: dict, load_state: bool) -> tu
 def apply_model(model: Any, pending: dict) -> None:
     model.reshard_all()  # no gathered copy of the old values may serve a forward
     with torch.no_grad():
+        nf4_values: dict[int, tuple[Any, torch.Tensor]] = {}
         for group, m, buf in pending["model"]:
-            group.master[m : m + buf.numel()].copy_(buf)
+            if group.nf4:  # values saved without sdp_qlora: quantized as this group takes them
+                _, values = nf4_values.setdefault(id(group), (group, group.shard_values()))
+                values[m : m + buf.numel()].copy_(buf)
+            else:
+                group.master[m : m + buf.numel()].copy_(buf)
+        for group, values in nf4_values.values():
+            group.set_shard_values(values)
         for target, buf in pending["buffers"]:
             target.copy_(buf.view(target.shape))
 

@@ -46,6 +46,7 @@ from torch.distributed.checkpoint.api import CheckpointException as DCPException
 
 from smsdp.checkpoint import agree as agree
 from smsdp.checkpoint import files as files
+from smsdp.checkpoint import frozen_base
 from smsdp.checkpoint import layout as layout
 from smsdp.checkpoint.dcp import ChunkLoadPlanner, ChunkSavePlanner
 from smsdp.checkpoint.files import FULL, PARTIAL, CheckpointError
@@ -160,7 +161,8 @@ def _find_optimizer(model: Any) -> Any:
 # Saving
 # =========================================================================== #
 def _save_partial(root: Path, tag: str, model: Any, optimizer: Any, user_content: Any, keep: int | None) -> None:
-    layout.refuse_nf4(model, "smp.save_checkpoint")  # the same on every rank, before any directory is made
+    # An NF4 base is left out, named by its pretrained files: the same on every rank, before any directory is made
+    left_out = frozen_base.saved_record(model)
     rt = comm_world.get()
     rank, world = agree.rank(), agree.world()
     token = agree.job_token()
@@ -195,7 +197,7 @@ def _save_partial(root: Path, tag: str, model: Any, optimizer: Any, user_content
     def write_small_files() -> None:
         _torch_save_durable(_rng_state(), staging / RNG_FILE.format(rank=rank))
         if rank == 0:
-            state = layout.small_state(model, optimizer, per_rank_optim, rt)
+            state = layout.small_state(model, optimizer, per_rank_optim, rt, left_out)
             _torch_save_durable(state, staging / STATE_FILE)
             if user_content is not None:
                 _torch_save_durable(user_content, staging / USER_CONTENT_FILE)

@@ -180,6 +180,14 @@ class FlatParamGroup:
         if self.nf4:
             self.set_shard_values(self.master)
 
+    def shard_values(self) -> torch.Tensor:
+        """This rank's shard as values (``shard_numel`` elements, a copy): an NF4 group dequantizes its bytes."""
+        if not self.nf4:
+            return self.master.clone()
+        values = torch.empty(self.shard_numel, dtype=self.master_dtype, device=self.device)
+        nf4_shard.dequantize_into(values, self.master, self.master_dtype)
+        return values
+
     def set_shard_values(self, values: torch.Tensor) -> None:
         """Make ``values`` (this rank's shard, ``shard_numel`` elements) the shard: as NF4 bytes in an NF4 group."""
         if self.nf4:

@@ -28,10 +28,11 @@ from typing import Any
 
 import torch
 
+from smsdp.checkpoint import frozen_base
 from smsdp.checkpoint.agree import agree as agree_on
 from smsdp.checkpoint.agree import short
 from smsdp.checkpoint.files import CheckpointError
-from smsdp.pretrained.directory import HFDirectory, PretrainedError
+from smsdp.pretrained.directory import CONFIG_FILE, HFDirectory, PretrainedError
 from smsdp.pretrained.names import TensorNames
 from smsdp.pretrained.reading import OpenFiles, ParamSource, dtype_problem, find_sources, read_shard
 
@@ -68,6 +69,9 @@ def load_pretrained(model: Any, path: str | os.PathLike, *, names: TensorNames |
     what = f"load_pretrained({os.fspath(path)})"
     directory, sources, buffers = _run_agreed(what, _plan, model, module, path, names)
     read = _run_agreed(what, _read_all, model, sources, buffers)
+    filled = frozenset(info.names[0] for group in model.flat_groups() for info in group.infos if id(info) in sources)
+    base = _run_agreed(what, _frozen_base, directory, filled)
+    frozen_base.remember(model, base)
     used = {s.header.name for s in sources.values()} | {header.name for _, header in buffers.values()}
     report = LoadReport(
         directory.path,
@@ -101,6 +105,12 @@ def _run_agreed(what: str, fn, *args: Any) -> Any:
     except CheckpointError as exc:
         raise PretrainedError(str(exc)) from None
     return result
+
+
+def _frozen_base(directory: HFDirectory, filled: frozenset[str]) -> frozen_base.FrozenBase:
+    """What a partial checkpoint of an ``sdp_qlora`` model records of its base (``smsdp.checkpoint.frozen_base``)."""
+    fingerprint = frozen_base.fingerprint(directory.path / CONFIG_FILE, directory.files)
+    return frozen_base.FrozenBase(str(directory.path.resolve()), fingerprint, filled)
 
 
 def _plan(model: Any, module: Any, path: str | os.PathLike, names: TensorNames):

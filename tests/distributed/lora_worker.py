@@ -12,7 +12,9 @@
 - ``qlora``: the same under ``sdp_qlora`` (the frozen sharded groups kept as NF4 bytes);
   rank 0 trains the same adapters with plain peft on the sharded model's dequantized
   base. Reports the losses and states, each NF4 group's bytes before and after
-  training, the NF4 all-gather bytes and calls, and the held bytes next to the planner's.
+  training, the NF4 all-gather bytes and calls, and the held bytes next to the planner's;
+  then a partial checkpoint (the NF4 base left out, named by its files), resumed into
+  a model built and loaded again, against the same steps straight on, and what is refused.
   Without torchao it reports why it did not run.
 """
 
@@ -111,9 +113,10 @@ def _planner_state(path: str, sdp_rank: int, nf4: bool = False) -> dict:
     return {"params": state.params, "grads": state.grads, "optimizer": state.optimizer}
 
 
-def _sharded_peft_model(qlora: bool):
+def _sharded_peft_model(qlora: bool, base: str | None = None):
     """The tiny Llama with peft's adapters at d=4, built on the meta device, its base read by
-    ``smp.load_pretrained`` (NF4 frozen shards under ``sdp_qlora``); the path and vocabulary too."""
+    ``smp.load_pretrained`` from ``base`` (the test's directory by default; ``""``: not read) (NF4
+    frozen shards under ``sdp_qlora``); the path and vocabulary too."""
     from smsdp.pretrained import read_config
 
     runtime_state.reset_for_tests()
@@ -128,17 +131,23 @@ def _sharded_peft_model(qlora: bool):
     )
     path = _path()
     dm = smp.DistributedModel(_peft_model(path, on_meta=True))
-    smp.load_pretrained(dm, path)
+    base = path if base is None else base
+    if base:
+        smp.load_pretrained(dm, base)
     return path, read_config(path)["vocab_size"], dm
 
 
-def _train_sharded(dm, vocab: int) -> tuple[list[float], dict, object]:
-    """``STEPS`` AdamW steps, each rank its share of the batch; the global losses, and the model state
+def _optimizer(dm):
+    return smp.DistributedOptimizer(torch.optim.AdamW(list(dm.parameters()), lr=1e-2, weight_decay=0.1))
+
+
+def _train_sharded(dm, vocab: int, steps: range = range(STEPS), opt=None) -> tuple[list[float], dict, object]:
+    """AdamW ``steps``, each rank its share of the batch; the global losses, and the model state
     held after the last ``step()`` (before ``zero_grad``: as the planner counts, gradients held); the optimizer."""
-    opt = smp.DistributedOptimizer(torch.optim.AdamW(list(dm.parameters()), lr=1e-2, weight_decay=0.1))
+    opt = opt if opt is not None else _optimizer(dm)
     smp.reset_comm_stats()
     losses = []
-    for step in range(STEPS):
+    for step in steps:
         x = _batch(step, vocab).chunk(smp.rdp_size())[smp.rdp_rank()]
         loss = dm(input_ids=x, labels=x).loss
         dm.backward(loss)
@@ -295,16 +304,64 @@ def qlora_case() -> dict:
         "losses": losses,
     }
     exported = smp.save_pretrained(dm, Path(os.environ[OUT_ENV]) / "qlora_base")  # the dequantized base
-    try:
-        smp.save_checkpoint(str(Path(os.environ[OUT_ENV]) / "qlora_ckpt"), "t", partial=True, model=dm, optimizer=opt)
-        out["checkpoint_error"] = None
-    except Exception as e:  # refused on every rank, before anything is written
-        out["checkpoint_error"] = f"{type(e).__name__}: {e}"
-    out["checkpoint_dir_made"] = (Path(os.environ[OUT_ENV]) / "qlora_ckpt").exists()
     final = dm.state_dict()
+    out.update(_qlora_checkpoint(dm, opt, vocab, Path(os.environ[OUT_ENV]), exported.path))
     if smp.rank() == 0:
         out.update(initial=initial, final=final, reference=reference, base_dir=str(exported.path))
     return out
+
+
+RESUMED_STEPS = 3
+
+
+def _checkpoint_error(action) -> str | None:
+    try:
+        action()
+    except Exception as e:  # raised on every rank alike
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def _qlora_checkpoint(dm, opt, vocab: int, out_dir: Path, other_base: Path) -> dict:
+    """A partial checkpoint after the ``STEPS`` steps, then ``RESUMED_STEPS`` more: straight on, and in a
+    model built again whose base ``smp.load_pretrained`` read again, resumed from it. Then what is refused:
+    resuming before the base is loaded, or over a base from other files; saving a base not loaded so."""
+    directory = out_dir / "qlora_ckpt"
+    more = range(STEPS, STEPS + RESUMED_STEPS)
+    smp.save_checkpoint(str(directory), "t", partial=True, model=dm, optimizer=opt)
+    straight, _, _ = _train_sharded(dm, vocab, more, opt)
+    straight_state = dm.state_dict()
+
+    _, _, again = _sharded_peft_model(qlora=True)
+    opt_again = _optimizer(again)
+    smp.resume_from_checkpoint(str(directory), "t", model=again, optimizer=opt_again)
+    resumed, _, _ = _train_sharded(again, vocab, more, opt_again)
+    resumed_state = again.state_dict()
+
+    _, _, unloaded = _sharded_peft_model(qlora=True, base="")
+    not_loaded = _checkpoint_error(
+        lambda: smp.resume_from_checkpoint(str(directory), "t", model=unloaded, optimizer=_optimizer(unloaded))
+    )
+    save_unloaded = _checkpoint_error(
+        lambda: smp.save_checkpoint(str(out_dir / "unloaded_ckpt"), "t", model=unloaded, optimizer=None)
+    )
+    _, _, elsewhere = _sharded_peft_model(qlora=True, base=str(other_base))
+    other_files = _checkpoint_error(
+        lambda: smp.resume_from_checkpoint(str(directory), "t", model=elsewhere, optimizer=_optimizer(elsewhere))
+    )
+    saved = torch.load(directory / "t_partial" / "smsdp_state.pt", weights_only=False)
+    return {
+        "straight_losses": straight,
+        "resumed_losses": resumed,
+        "states_equal": sorted(straight_state) == sorted(resumed_state)
+        and all(torch.equal(straight_state[k], resumed_state[k]) for k in straight_state),
+        "frozen_base_record": saved["frozen_base"],
+        "checkpoint_bytes": sum(f.stat().st_size for f in (directory / "t_partial").iterdir()),
+        "not_loaded_error": not_loaded,
+        "save_unloaded_error": save_unloaded,
+        "unloaded_dir_made": (out_dir / "unloaded_ckpt").exists(),
+        "other_files_error": other_files,
+    }
 
 
 if __name__ == "__main__":

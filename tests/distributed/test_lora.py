@@ -278,8 +278,23 @@ def test_qlora_model_state_per_rank_equals_the_planners_formula_byte_for_byte(re
     print(f"\n[qlora] params per rank: {ranks[0]['held']['params']} bytes (NF4 base), LoRA's fp32: {lora['params']}")
 
 
-def test_qlora_partial_checkpoints_are_refused_on_every_rank_saying_what_to_do_instead(results):
+def test_a_qlora_partial_checkpoint_resumes_bit_identical_over_the_base_loaded_again(results, base_dir):
     for r in _qlora(results):
-        assert "smp.save_checkpoint of a model under sdp_qlora is not built" in r["checkpoint_error"]
-        assert "smp.save_adapter" in r["checkpoint_error"]
-        assert r["checkpoint_dir_made"] is False
+        assert r["resumed_losses"] == r["straight_losses"]  # bit for bit: the same floats
+        assert r["states_equal"]  # every parameter, adapters and the NF4 base's values
+    record = _qlora(results)[0]["frozen_base_record"]
+    assert record["path"] == str(base_dir.resolve())
+    lora = results["lora"][0]
+    nf4_names = {n for n in lora["initial"] if not _adapter(n)}
+    assert set(record["params"]) <= nf4_names and len(record["params"]) >= 2 * 7  # the NF4 groups' parameters
+    print(f"\n[qlora] partial checkpoint without its NF4 base: {_qlora(results)[0]['checkpoint_bytes']:,} bytes")
+
+
+def test_a_qlora_checkpoint_says_what_to_load_when_the_base_is_missing_or_other(results, base_dir):
+    for r in _qlora(results):
+        assert "CheckpointError" in r["not_loaded_error"], r["not_loaded_error"]
+        assert f"smp.load_pretrained(model, {str(base_dir.resolve())!r})" in r["not_loaded_error"]
+        assert "files differ" in r["other_files_error"], r["other_files_error"]
+        assert f"load the base from {base_dir.resolve()}" in r["other_files_error"]
+        assert "were not filled by smp.load_pretrained" in r["save_unloaded_error"], r["save_unloaded_error"]
+        assert r["unloaded_dir_made"] is False

@@ -1,0 +1,109 @@
+"""The frozen NF4 base of an ``sdp_qlora`` model in a partial checkpoint: named, not stored.
+
+An NF4 group holds each rank's shard as packed bytes quantized from that shard alone
+(``smsdp.core.nf4_shard``), so its bytes depend on the shard degree and no chunk of
+the plain tensor describes them. Stored as values, the base would come back
+requantized, not as it was; stored as bytes, it would resume at one degree only. It
+is also the part of a QLoRA job that never changes: the pretrained files hold it.
+
+So a partial checkpoint of an ``sdp_qlora`` model leaves the NF4 groups out and
+records where they came from (``FrozenBase``: the directory ``smp.load_pretrained``
+read, a fingerprint of its files, the parameters it filled). To resume, the job
+builds the model, calls ``smp.load_pretrained`` on the same files (any path: a
+SageMaker channel or a copy on another host), then ``smp.resume_from_checkpoint``,
+which checks the fingerprint and loads the adapters, the optimizer state and the rest.
+At the same shard degree that is the model as it was saved, bit for bit; at another,
+the base is quantized shard by shard at that degree, as any ``sdp_qlora`` job there.
+
+The fingerprint reads each weight file's name, size, first and last MiB, and
+``config.json``: a different checkpoint of the same architecture differs there;
+an edit inside a file that keeps its size and both ends would not be noticed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from smsdp.checkpoint.agree import short
+from smsdp.checkpoint.files import CheckpointError
+
+SAMPLE_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class FrozenBase:
+    """Where ``smp.load_pretrained`` filled a model from."""
+
+    path: str
+    fingerprint: str
+    params: frozenset[str]  # the model's parameter names (first name of each) it filled
+
+    def as_saved(self, left_out: list[str]) -> dict:
+        return {"path": self.path, "fingerprint": self.fingerprint, "params": sorted(left_out)}
+
+
+def fingerprint(config: Path, weight_files: list[Path]) -> str:
+    digest = hashlib.sha256(config.read_bytes() if config.is_file() else b"")
+    for file in sorted(weight_files, key=lambda f: f.name):
+        size = file.stat().st_size
+        digest.update(f"{file.name}\0{size}\0".encode())
+        with open(file, "rb") as f:
+            digest.update(f.read(SAMPLE_BYTES))
+            f.seek(max(0, size - SAMPLE_BYTES))
+            digest.update(f.read(SAMPLE_BYTES))
+    return digest.hexdigest()
+
+
+def remember(model: Any, base: FrozenBase) -> None:
+    model.frozen_base = base
+
+
+def nf4_params(model: Any) -> list[str]:
+    """The parameters a partial checkpoint leaves out: those of the NF4 groups."""
+    return [info.names[0] for group in model.flat_groups() if getattr(group, "nf4", False) for info in group.infos]
+
+
+def saved_record(model: Any) -> dict | None:
+    """What the checkpoint records of the left-out base, or None; raises when it could never come back."""
+    left_out = nf4_params(model)
+    if not left_out:
+        return None
+    base: FrozenBase | None = getattr(model, "frozen_base", None)
+    unfilled = sorted(set(left_out) - set(base.params)) if base is not None else left_out
+    if unfilled:
+        raise CheckpointError(
+            "smp.save_checkpoint(partial=True) of a model under sdp_qlora leaves its frozen NF4 base out "
+            "and records the pretrained files it came from, to be loaded again on resume; these NF4 "
+            f"parameters were not filled by smp.load_pretrained: {short(unfilled)}. Load the base with "
+            "smp.load_pretrained(model, path) before training, or set sdp_qlora to False"
+        )
+    assert base is not None
+    return base.as_saved(left_out)
+
+
+def check_resumable(saved: dict, model: Any) -> None:
+    """The checkpoint's left-out base is the one this model holds now, else an error saying what to call."""
+    record = saved.get("frozen_base")
+    if record is None:  # every value is in the checkpoint (an NF4 group quantizes them as it takes them)
+        return
+    base: FrozenBase | None = getattr(model, "frozen_base", None)
+    what = (
+        f"the checkpoint leaves its frozen base out (it was saved under sdp_qlora): its "
+        f"{len(record['params'])} parameters come from the pretrained directory {record['path']}"
+    )
+    if base is None:
+        raise CheckpointError(
+            f"{what}; call smp.load_pretrained(model, {record['path']!r}) (or the same files at another "
+            "path) before smp.resume_from_checkpoint"
+        )
+    if base.fingerprint != record["fingerprint"]:
+        raise CheckpointError(
+            f"{what}, and this model was loaded from {base.path}, whose files differ (names, sizes, or "
+            f"their first or last MiB, or config.json); load the base from {record['path']} instead"
+        )
+    unfilled = sorted(set(record["params"]) - set(base.params))
+    if unfilled:
+        raise CheckpointError(f"{what}; this model did not take these from it: {short(unfilled)}")
