@@ -15,6 +15,10 @@
 Commands on this side (``sbatch``, ``squeue``, ``scancel``) reach the
 controller through ``SLURM_CONF``. ``stop()`` kills every daemon and every
 process left in the nodes' namespaces, then removes namespaces and bridge.
+``start()`` first records what it will make in ``/run/smsdp-slurm/<tag>.json`` (with this
+process's PID), and ``remove_stale()``, called by every ``start()``, removes what a session
+killed before its ``stop()`` (SIGKILL, a CI timeout) left behind: its daemons, the processes
+in its namespaces, the namespaces, the bridge and the temp dir.
 Needs root and Debian's ``slurm-wlm`` and ``munge`` (``scripts/bootstrap``
 installs them when the test extras are requested).
 """
@@ -22,6 +26,7 @@ installs them when the test extras are requested).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import shutil
@@ -38,6 +43,7 @@ SUBNET = "10.213.{net}"
 CONTROLLER = "smsdpctl"
 PARTITION = "smsdp"
 START_TIMEOUT_S = 60.0
+STATE_DIR = Path("/run/smsdp-slurm")
 
 
 class NamespacesUnavailable(RuntimeError):
@@ -126,6 +132,8 @@ class SlurmTestCluster:
 
     def start(self) -> SlurmTestCluster:
         began = time.monotonic()
+        remove_stale()
+        self._record()
         try:
             self._network()
             self._write_files()
@@ -143,6 +151,16 @@ class SlurmTestCluster:
             raise
         self.started_s = time.monotonic() - began
         return self
+
+    def _record(self) -> None:
+        STATE_DIR.mkdir(parents=True, exist_ok=True)
+        record = {
+            "pid": os.getpid(),
+            "root": str(self.root),
+            "bridge": self.bridge,
+            "netns": [node.netns for node in self.nodes],
+        }
+        (STATE_DIR / f"{self.tag}.json").write_text(json.dumps(record))
 
     def _network(self) -> None:
         try:
@@ -353,6 +371,48 @@ class SlurmTestCluster:
             _run("ip", "netns", "del", node.netns, check=False)
         _run("ip", "link", "del", self.bridge, check=False)
         shutil.rmtree(self.root, ignore_errors=True)
+        (STATE_DIR / f"{self.tag}.json").unlink(missing_ok=True)
+
+
+def remove_stale() -> list[str]:
+    """Remove what clusters of sessions that are gone left behind (by their records); their tags."""
+    removed: list[str] = []
+    if not STATE_DIR.is_dir():
+        return removed
+    for path in sorted(STATE_DIR.glob("*.json")):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if Path(f"/proc/{int(record.get('pid', 0))}").exists():  # its session still runs
+            continue
+        for pid in processes_mentioning(record["root"]):  # slurmctld, slurmd, munged: their files are there
+            _kill_pid(pid)
+        for netns in record["netns"]:
+            for pid in _netns_pids(netns):
+                _kill_pid(pid)
+            _run("ip", "netns", "del", netns, check=False)
+        _run("ip", "link", "del", record["bridge"], check=False)
+        shutil.rmtree(record["root"], ignore_errors=True)
+        path.unlink(missing_ok=True)
+        removed.append(path.stem)
+    return removed
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """Live processes whose command line contains ``text``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and text.encode() in cmdline:
+            found.append(int(proc.name))
+    return found
 
 
 def _kill_group(process: subprocess.Popen) -> None:

@@ -17,6 +17,8 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -29,7 +31,7 @@ from estimator.metrics import rows_from_table
 from smsdp.config import ConfigError
 from smsdp.util.metrics_table import METRICS_FILENAME
 from tests.mpi_harness import requires_mpi
-from tests.slurm.cluster import SlurmTestCluster
+from tests.slurm.cluster import SlurmTestCluster, processes_mentioning, remove_stale
 from tests.slurm.conftest import no_job_processes_left, rank_pid
 
 pytestmark = [pytest.mark.integration, pytest.mark.slurm, requires_mpi, pytest.mark.timeout(300)]
@@ -293,3 +295,35 @@ def test_a_second_cluster_never_takes_the_running_clusters_subnet(slurm_cluster,
     drawn = {SlurmTestCluster(root=tmp_path).controller_address.rsplit(".", 1)[0] for _ in range(200)}
     assert taken not in drawn
     assert len(drawn) > 50  # still drawn at random, so that a stale bridge is not hit every time
+
+
+def test_what_a_killed_session_left_of_its_cluster_is_removed_by_the_next(slurm_cluster):
+    """A session killed before ``stop()`` (SIGKILL, a CI timeout) leaves its daemons and namespaces;
+    the next cluster's ``start()`` removes them by the record it left, never the session's own cluster."""
+    script = (
+        "import time\nfrom tests.slurm.cluster import SlurmTestCluster\n"
+        "c = SlurmTestCluster().start()\nprint(c.tag, c.root, flush=True)\ntime.sleep(600)\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", script],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    try:
+        tag, root = child.stdout.readline().split()
+    finally:
+        child.kill()
+        child.wait(timeout=10)
+    assert processes_mentioning(root)  # slurmctld, both slurmd and munged outlive their session
+    assert tag in remove_stale()
+    deadline = time.monotonic() + 10
+    while processes_mentioning(root) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert processes_mentioning(root) == []
+    assert not Path(root).exists()
+    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert f"smsdp{tag}n1" not in namespaces and f"smsdp{tag}n2" not in namespaces
+    assert subprocess.run(["ip", "link", "show", f"smsdpb{tag}"], capture_output=True).returncode != 0
+    assert slurm_cluster.queue() is not None and Path(slurm_cluster.root).exists()  # the session's own stays
