@@ -22,6 +22,7 @@ import pytest
 from estimator import Estimator, JobFailedError, JobStatus
 from tests.faults.mounts import tmpfs
 from tests.mpi_harness import requires_mpi
+from tests.proc_scan import live_pids
 
 pytestmark = [pytest.mark.integration, requires_mpi, pytest.mark.timeout(150)]
 
@@ -32,19 +33,7 @@ BOUND_S = 20
 
 def marked(job_dir: Path) -> list[int]:
     """Live processes whose environment carries this job's marker (read here, not via smsdp)."""
-    needle = f"\0SMSDP_JOB_ID={job_dir}\0".encode()
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            environ = (proc / "environ").read_bytes()
-            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z" and needle in b"\0" + environ:
-            found.append(int(proc.name))
-    return found
+    return live_pids(f"\0SMSDP_JOB_ID={job_dir}\0".encode())
 
 
 def hazard(jobs: Path, ranks: int = 1, **hyperparameters) -> Estimator:

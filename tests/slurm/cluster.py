@@ -38,6 +38,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.proc_scan import live_pids
+
 DAEMONS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "sinfo", "srun")
 SUBNET = "10.213.{net}"
 CONTROLLER = "smsdpctl"
@@ -401,18 +403,7 @@ def remove_stale() -> list[str]:
 
 def processes_mentioning(text: str) -> list[int]:
     """Live processes whose command line contains ``text``."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit() or int(proc.name) == os.getpid():
-            continue
-        try:
-            cmdline = (proc / "cmdline").read_bytes()
-            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z" and text.encode() in cmdline:
-            found.append(int(proc.name))
-    return found
+    return live_pids(text.encode(), "cmdline")
 
 
 def _kill_group(process: subprocess.Popen) -> None:

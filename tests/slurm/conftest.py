@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.proc_scan import live_pids
 from tests.slurm.cluster import NamespacesUnavailable, SlurmTestCluster, missing_reason
 
 
@@ -58,19 +59,7 @@ def shared_dir(tmp_path_factory) -> Path:
 
 def job_processes(job_name: str) -> list[int]:
     """Live processes carrying the job's marker (``SM_TRAINING_JOB_NAME``) in their environment, on any node."""
-    marker = f"SM_TRAINING_JOB_NAME={job_name}".encode()
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit() or int(proc.name) == os.getpid():
-            continue
-        try:
-            environ = (proc / "environ").read_bytes().split(b"\0")
-            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z" and marker in environ:
-            found.append(int(proc.name))
-    return found
+    return live_pids(f"\0SM_TRAINING_JOB_NAME={job_name}\0".encode())
 
 
 def rank_pid(job_name: str, rank: int, timeout: float = 60.0) -> int:
