@@ -22,6 +22,7 @@ an edit inside a file that keeps its size and both ends would not be noticed.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,14 +36,17 @@ SAMPLE_BYTES = 1 << 20
 
 @dataclass(frozen=True)
 class FrozenBase:
-    """Where ``smp.load_pretrained`` filled a model from."""
+    """Where ``smp.load_pretrained`` filled a model from. The files are read for the fingerprint only
+    when a checkpoint needs it (a save or resume of an ``sdp_qlora`` model), not at every load."""
 
     path: str
-    fingerprint: str
+    config: str
+    weight_files: tuple[str, ...]
     params: frozenset[str]  # the model's parameter names (first name of each) it filled
 
-    def as_saved(self, left_out: list[str]) -> dict:
-        return {"path": self.path, "fingerprint": self.fingerprint, "params": sorted(left_out)}
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        return fingerprint(Path(self.config), [Path(f) for f in self.weight_files])
 
 
 def fingerprint(config: Path, weight_files: list[Path]) -> str:
@@ -66,13 +70,12 @@ def nf4_params(model: Any) -> list[str]:
     return [info.names[0] for group in model.flat_groups() if getattr(group, "nf4", False) for info in group.infos]
 
 
-def saved_record(model: Any) -> dict | None:
-    """What the checkpoint records of the left-out base, or None; raises when it could never come back."""
-    left_out = nf4_params(model)
-    if not left_out:
-        return None
+def left_out(model: Any) -> list[str]:
+    """The NF4 parameters a partial checkpoint leaves out; raises when they could never come back.
+    Every rank calls it before anything is written (no file is read)."""
+    names = nf4_params(model)
     base: FrozenBase | None = getattr(model, "frozen_base", None)
-    unfilled = sorted(set(left_out) - set(base.params)) if base is not None else left_out
+    unfilled = sorted(set(names) - set(base.params)) if base is not None else names
     if unfilled:
         raise CheckpointError(
             "smp.save_checkpoint(partial=True) of a model under sdp_qlora leaves its frozen NF4 base out "
@@ -80,8 +83,15 @@ def saved_record(model: Any) -> dict | None:
             f"parameters were not filled by smp.load_pretrained: {short(unfilled)}. Load the base with "
             "smp.load_pretrained(model, path) before training, or set sdp_qlora to False"
         )
-    assert base is not None
-    return base.as_saved(left_out)
+    return names
+
+
+def record(model: Any, names: list[str]) -> dict | None:
+    """What the checkpoint's state file says of the left-out base (``names`` from ``left_out``), or None."""
+    if not names:
+        return None
+    base: FrozenBase = model.frozen_base
+    return {"path": base.path, "fingerprint": base.fingerprint, "params": sorted(names)}
 
 
 def check_resumable(saved: dict, model: Any) -> None:

@@ -144,7 +144,7 @@ def save_chunks(model: Any, optimizer: Any, rt: Any) -> tuple[Chunks, dict]:
 
 
 def small_state(
-    model: Any, optimizer: Any, per_rank_optim: list[dict] | None, rt: Any, left_out: dict | None = None
+    model: Any, optimizer: Any, per_rank_optim: list[dict] | None, rt: Any, left_out: list[str] | None = None
 ) -> dict:
     state = {
         "format_version": STATE_FORMAT_VERSION,
@@ -156,7 +156,7 @@ def small_state(
         "buffers": {n: {"shape": list(b.shape), "dtype": b.dtype} for n, b in model.persistent_buffers().items()},
         "optimizer": None,
         "loss_scaler": None,
-        "frozen_base": left_out,  # the NF4 base, left out (smsdp.checkpoint.frozen_base)
+        "frozen_base": frozen_base.record(model, left_out or []),  # the NF4 base, left out
     }
     if optimizer is None:
         return state

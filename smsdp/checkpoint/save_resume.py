@@ -162,7 +162,7 @@ def _find_optimizer(model: Any) -> Any:
 # =========================================================================== #
 def _save_partial(root: Path, tag: str, model: Any, optimizer: Any, user_content: Any, keep: int | None) -> None:
     # An NF4 base is left out, named by its pretrained files: the same on every rank, before any directory is made
-    left_out = frozen_base.saved_record(model)
+    left_out = frozen_base.left_out(model)
     rt = comm_world.get()
     rank, world = agree.rank(), agree.world()
     token = agree.job_token()

@@ -70,8 +70,10 @@ def load_pretrained(model: Any, path: str | os.PathLike, *, names: TensorNames |
     directory, sources, buffers = _run_agreed(what, _plan, model, module, path, names)
     read = _run_agreed(what, _read_all, model, sources, buffers)
     filled = frozenset(info.names[0] for group in model.flat_groups() for info in group.infos if id(info) in sources)
-    base = _run_agreed(what, _frozen_base, directory, filled)
-    frozen_base.remember(model, base)
+    files = tuple(str(f) for f in directory.files)
+    frozen_base.remember(
+        model, frozen_base.FrozenBase(str(directory.path.resolve()), str(directory.path / CONFIG_FILE), files, filled)
+    )
     used = {s.header.name for s in sources.values()} | {header.name for _, header in buffers.values()}
     report = LoadReport(
         directory.path,
@@ -105,12 +107,6 @@ def _run_agreed(what: str, fn, *args: Any) -> Any:
     except CheckpointError as exc:
         raise PretrainedError(str(exc)) from None
     return result
-
-
-def _frozen_base(directory: HFDirectory, filled: frozenset[str]) -> frozen_base.FrozenBase:
-    """What a partial checkpoint of an ``sdp_qlora`` model records of its base (``smsdp.checkpoint.frozen_base``)."""
-    fingerprint = frozen_base.fingerprint(directory.path / CONFIG_FILE, directory.files)
-    return frozen_base.FrozenBase(str(directory.path.resolve()), fingerprint, filled)
 
 
 def _plan(model: Any, module: Any, path: str | os.PathLike, names: TensorNames):

@@ -55,15 +55,22 @@ class _Model:
         return []
 
 
-def test_resuming_names_the_directory_to_load_when_the_base_is_missing_or_other():
-    saved = {"frozen_base": {"path": "/data/llama", "fingerprint": "f1", "params": ["w1", "w2"]}}
+def _loaded(path: str, directory, params: set[str]) -> FrozenBase:
+    """A base as ``smp.load_pretrained`` records it, reported at ``path``, its files in ``directory``."""
+    weights = tuple(str(f) for f in sorted(directory.glob("*.safetensors")))
+    return FrozenBase(path, str(directory / "config.json"), weights, frozenset(params))
+
+
+def test_resuming_names_the_directory_to_load_when_the_base_is_missing_or_other(tmp_path):
+    saved_from, other = _base(tmp_path / "saved"), _base(tmp_path / "other", size=SAMPLE_BYTES)
+    saved = {"frozen_base": {"path": "/data/llama", "fingerprint": _print(saved_from), "params": ["w1", "w2"]}}
     with pytest.raises(CheckpointError, match=r"call smp.load_pretrained\(model, '/data/llama'\)"):
         check_resumable(saved, _Model(None))
     with pytest.raises(
         CheckpointError, match=r"loaded from /other, whose files differ.*load the base from /data/llama"
     ):
-        check_resumable(saved, _Model(FrozenBase("/other", "f2", frozenset({"w1", "w2"}))))
+        check_resumable(saved, _Model(_loaded("/other", other, {"w1", "w2"})))
     with pytest.raises(CheckpointError, match=r"did not take these from it: w2"):
-        check_resumable(saved, _Model(FrozenBase("/copy", "f1", frozenset({"w1"}))))
-    check_resumable(saved, _Model(FrozenBase("/copy", "f1", frozenset({"w1", "w2", "w3"}))))  # any path
+        check_resumable(saved, _Model(_loaded("/copy", saved_from, {"w1"})))
+    check_resumable(saved, _Model(_loaded("/copy", saved_from, {"w1", "w2", "w3"})))  # any path
     check_resumable({"frozen_base": None}, _Model(None))  # every value in the checkpoint
