@@ -12,7 +12,8 @@ timed call), so a shared link or a shared CPU is measured as training uses it:
   On one host the inter-host classes are copies of ``intra`` (``meta.inter_host_measured``
   says so);
 - matmuls of the given shapes in the compute dtype; a transformer block's forward and backward
-  (the caller's block, e.g. the bundled GPT's) at given shapes; AdamW over a flat tensor.
+  (the caller's block, e.g. the bundled GPT's) at given shapes; AdamW over a flat tensor, and
+  clip + AdamW's fixed cost per parameter tensor, plain and as DTensors (what FSDP2 steps).
 
 The bundled ``probe.py`` job writes the dict with ``smsdp.planner.calibration.Rates``;
 ``smsdp probe`` runs that job.
@@ -192,6 +193,46 @@ def measure_optimizer(elements: int, device: torch.device, repeats: int) -> floa
     return elements / _timed(opt.step, repeats, device)
 
 
+TENSOR_PROBE_COUNT = 48  # the difference between 2n and n tensors is n tensors' fixed cost
+TENSOR_PROBE_ELEMENTS = 256
+
+
+def measure_optimizer_tensors(device: torch.device, repeats: int) -> dict[str, float]:
+    """Clip + AdamW's fixed cost per parameter tensor, on plain tensors (DDP; smsdp's flat shards)
+    and on DTensors sharded over the world (FSDP2: every op goes through DTensor's dispatch, about
+    4x a plain tensor's on CPU). ``n`` and ``2n`` small tensors timed back to back in each repeat;
+    the median of the differences over ``n``."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    elements = TENSOR_PROBE_ELEMENTS * dist.get_world_size()
+
+    def step_of(count: int, as_dtensor: bool) -> Callable[[], object]:
+        params = []
+        for _ in range(count):
+            t = torch.zeros(elements, device=device)
+            p = torch.nn.Parameter(distribute_tensor(t, mesh, [Shard(0)]) if as_dtensor else t)
+            p.grad = torch.ones_like(p)
+            params.append(p)
+        opt = torch.optim.AdamW(params, lr=1e-3)
+
+        def step() -> None:
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+
+        return step
+
+    out = {}
+    n = TENSOR_PROBE_COUNT
+    for name, as_dtensor in (("plain", False), ("dtensor", True)):
+        few, many = step_of(n, as_dtensor), step_of(2 * n, as_dtensor)
+        few(), many()
+        pairs = [(_timed(few, 1, device, False), _timed(many, 1, device, False)) for _ in range(repeats)]
+        out[name] = max(0.0, statistics.median((b - a) / n for a, b in pairs))
+    return out
+
+
 def probe(
     payload_bytes: int,
     repeats: int = 5,
@@ -212,12 +253,15 @@ def probe(
     _slowest_links(links, device)
     blocks = measure_blocks(block_shapes, make_block, dtype, device, repeats) if make_block else []
     optimizer = measure_optimizer(optimizer_elements, device, repeats)
+    per_tensor = measure_optimizer_tensors(device, repeats)
     slowest = _slowest(
         {
             "matmul": [r["flops_per_s"] for r in matmul],
             "forward": [r["forward_flops_per_s"] for r in blocks] or [1.0],
             "backward": [r["backward_flops_per_s"] for r in blocks] or [1.0],
             "optimizer": [optimizer],
+            # slowest rank: the largest cost, taken as the smallest of its negatives
+            "tensor": [-per_tensor["plain"], -per_tensor["dtensor"]],
         },
         device,
     )
@@ -235,6 +279,8 @@ def probe(
         "matmul": matmul,
         "blocks": blocks,
         "optimizer_elements_per_s": slowest["optimizer"][0],
+        "optimizer_tensor_s": -slowest["tensor"][0],
+        "dtensor_optimizer_tensor_s": -slowest["tensor"][1],
         "links": links,
         "meta": {
             "backend": dist.get_backend(),

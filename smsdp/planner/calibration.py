@@ -1,7 +1,8 @@
 """What the step-time model needs to know of a machine: device rates and link costs.
 
 :class:`Rates` holds, per rank: the matmul rate (FLOP/s) at a few shapes, the optimizer's
-rate (elements per second) and, per link class and collective kind, a per-call latency and
+rate (elements per second) and its fixed cost per parameter tensor (clip + AdamW's per-tensor
+ops: plain tensors, and DTensors as FSDP2 steps them; 0 where not measured) and, per link class and collective kind, a per-call latency and
 a bus bandwidth (NCCL-tests' convention: ``bus bytes = factor(n) * payload``, the factor
 ``(n-1)/n`` for an all-gather (payload: its output) or reduce-scatter (payload: its input)
 and ``2 (n-1)/n`` for an all-reduce). A call then takes ``steps(n) x alpha + factor(n) * payload / bus``: ``steps`` the ring's ``n - 1``
@@ -86,6 +87,13 @@ class Rates:
     source: str
     meta: dict[str, Any] = field(default_factory=dict)
     blocks: tuple[BlockRate, ...] = ()
+    optimizer_tensor_s: float = 0.0
+    dtensor_optimizer_tensor_s: float = 0.0
+
+    def optimizer_s(self, elements: float, tensors: int, dtensor: bool = False) -> float:
+        """One rank's clip + optimizer step over ``tensors`` tensors holding ``elements`` in all."""
+        per_tensor = self.dtensor_optimizer_tensor_s if dtensor else self.optimizer_tensor_s
+        return elements / self.optimizer_elements_per_s + tensors * per_tensor
 
     def cost(self, link_class: str, kind: str) -> LinkCost:
         return self.links[link_class][kind]
@@ -128,6 +136,8 @@ class Rates:
             "matmul": [asdict(r) for r in self.matmul],
             "blocks": [asdict(b) for b in self.blocks],
             "optimizer_elements_per_s": self.optimizer_elements_per_s,
+            "optimizer_tensor_s": self.optimizer_tensor_s,
+            "dtensor_optimizer_tensor_s": self.dtensor_optimizer_tensor_s,
             "links": {c: {k: asdict(v) for k, v in kinds.items()} for c, kinds in self.links.items()},
             "meta": self.meta,
         }
@@ -160,6 +170,11 @@ class Rates:
                 MatmulRate(int(r["m"]), int(r["k"]), int(r["n"]), float(r["flops_per_s"])) for r in data["matmul"]
             )
             optimizer = float(data["optimizer_elements_per_s"])
+            # absent from files older probes wrote: no per-tensor cost
+            per_tensor = (
+                float(data.get("optimizer_tensor_s", 0.0)),
+                float(data.get("dtensor_optimizer_tensor_s", 0.0)),
+            )
             blocks = tuple(
                 BlockRate(
                     int(b["batch"]),
@@ -171,7 +186,7 @@ class Rates:
                 for b in data.get("blocks", [])
             )
         except (TypeError, ValueError):
-            raise CalibrationError(f"{where}: matmul, blocks and optimizer_elements_per_s must hold numbers") from None
+            raise CalibrationError(f"{where}: matmul, blocks and the optimizer_* fields must hold numbers") from None
         except KeyError as exc:
             raise CalibrationError(f"{where}: field {exc.args[0]!r} is missing (rerun `smsdp probe`)") from None
         rates = [r.flops_per_s for r in matmul] + [
@@ -179,7 +194,13 @@ class Rates:
         ]
         if not matmul or any(r <= 0 for r in rates) or optimizer <= 0:
             raise CalibrationError(f"{where}: matmul and block rates and optimizer_elements_per_s must be > 0")
-        return cls(matmul, optimizer, links, str(data.get("source", where)), dict(data.get("meta", {})), blocks)
+        if min(per_tensor) < 0:
+            raise CalibrationError(
+                f"{where}: optimizer_tensor_s and dtensor_optimizer_tensor_s must be >= 0 seconds, got {per_tensor}"
+            )
+        return cls(
+            matmul, optimizer, links, str(data.get("source", where)), dict(data.get("meta", {})), blocks, *per_tensor
+        )
 
     # ------------------------------------------------------------------ the hardware table
 

@@ -11,7 +11,9 @@ Compute per unit and micro-step: ``2 x tokens x (the unit's matmul parameters)``
 twice that backward, plus one more forward under activation checkpointing, at the rates
 ``smsdp probe`` measured for a transformer block of the nearest size (forward and backward apart:
 they include what a block runs besides matmuls), or the matmul rate where none was measured. The optimizer: one rank's
-trainable elements at the measured AdamW rate.
+trainable elements at the measured AdamW rate, plus clip + AdamW's measured fixed cost per tensor it
+steps: one flat shard per group for smsdp, every parameter for DDP, every parameter as a DTensor
+for FSDP2 (about 4x a plain tensor's cost on CPU: 70-90 ms of the bed's measured FSDP2 step).
 
 On a CPU calibration (``meta.device == "cpu"``) collectives are run blocking: there the threads
 that move and sum their bytes take the same cores as compute, and on the namespaced test bed
@@ -161,7 +163,9 @@ def unit_work(
     local = sum(g.shard if g.sharded else g.numel for g in groups if g.trainable)
     if system.kind == "ddp":
         local = sum(g.numel for g in groups if g.trainable)
-    return units, root, local / rates.optimizer_elements_per_s
+    # smsdp steps one flat shard per group; DDP and FSDP2 every parameter tensor (FSDP2's as DTensors)
+    tensors = sum(g.trainable for g in groups) if system.kind == "smsdp" else sum(t.trainable for t in model.tensors)
+    return units, root, rates.optimizer_s(local, tensors, dtensor=system.kind == "fsdp2")
 
 
 def flops_per_token(model: ModelSpec) -> float:

@@ -40,6 +40,27 @@ def test_calibration_round_trip_and_errors(tmp_path):
         Rates.load(path)
 
 
+def test_the_per_tensor_optimizer_cost_round_trips_and_older_files_have_none(tmp_path):
+    from dataclasses import replace
+
+    path = tmp_path / "calibration.json"
+    measured = replace(rates(), optimizer_tensor_s=2e-4, dtensor_optimizer_tensor_s=9e-4)
+    measured.save(path)
+    loaded = Rates.load(path)
+    assert (loaded.optimizer_tensor_s, loaded.dtensor_optimizer_tensor_s) == (2e-4, 9e-4)
+    assert loaded.optimizer_s(1e8, 10) == pytest.approx(1.0 + 10 * 2e-4)
+    assert loaded.optimizer_s(1e8, 10, dtensor=True) == pytest.approx(1.0 + 10 * 9e-4)
+    data = json.loads(path.read_text())
+    del data["optimizer_tensor_s"], data["dtensor_optimizer_tensor_s"]
+    path.write_text(json.dumps(data))
+    older = Rates.load(path)
+    assert older.optimizer_s(1e8, 10, dtensor=True) == pytest.approx(1.0)
+    data["dtensor_optimizer_tensor_s"] = -1.0
+    path.write_text(json.dumps(data))
+    with pytest.raises(CalibrationError, match="dtensor_optimizer_tensor_s must be >= 0"):
+        Rates.load(path)
+
+
 def test_collective_time_is_latency_plus_bus_bytes():
     r = rates(bus=10 * MiB, latency=2e-3)
     # a ring all-reduce of 8 MiB over 4 ranks moves 2 * 3/4 * 8 MiB
@@ -80,6 +101,27 @@ def test_replica_sync_in_backward_beats_sync_in_step():
 
 MODEL = ModelSpec.gpt(4, 256, 4, 1024, 64)
 PARAMS = {"ddp": True, "sharded_data_parallel_degree": 4, "sdp_param_persistence_threshold": 0}
+
+
+def test_fsdp2_pays_the_dtensor_cost_per_parameter_and_smsdp_per_flat_shard():
+    from dataclasses import replace
+
+    from smsdp.config import RuntimeConfig, SMPParameters
+    from smsdp.planner.speed import predict
+
+    runtime = RuntimeConfig(
+        parameters=SMPParameters.model_validate(PARAMS), instance_type="local", instance_count=2, processes_per_host=2
+    )
+    fsdp2 = System("FSDP2 1-D", kind="fsdp2", world=4, d=4, shard_hosts=2, per_host=2, world_hosts=2, overlap=False)
+    base, costly = rates(), replace(rates(), optimizer_tensor_s=1e-3, dtensor_optimizer_tensor_s=5e-3)
+
+    def step(r, system=None):
+        return predict(MODEL, runtime, r, batch=2, system=system).step_s
+
+    tensors = len(MODEL.tensors)
+    assert step(costly, fsdp2) - step(base, fsdp2) == pytest.approx(tensors * 5e-3)
+    # smsdp's optimizer steps its flat shards: one per unit here, far fewer than the model's tensors
+    assert 0 < step(costly) - step(base) <= (MODEL.num_units + 1) * 1e-3 + 1e-9 < tensors * 1e-3
 
 
 def test_plan_with_a_calibration_predicts_and_ranks(tmp_path):
