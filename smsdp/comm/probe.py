@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Shard, distribute_tensor
 
 from smsdp.comm.rendezvous import init_distributed
 from smsdp.config.cluster import ClusterInfo
@@ -198,13 +200,10 @@ TENSOR_PROBE_ELEMENTS = 256
 
 
 def measure_optimizer_tensors(device: torch.device, repeats: int) -> dict[str, float]:
-    """Clip + AdamW's fixed cost per parameter tensor, on plain tensors (DDP; smsdp's flat shards)
-    and on DTensors sharded over the world (FSDP2: every op goes through DTensor's dispatch, about
-    4x a plain tensor's on CPU). ``n`` and ``2n`` small tensors timed back to back in each repeat;
-    the median of the differences over ``n``."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Shard, distribute_tensor
-
+    """Tensors per second that clip + AdamW get through beyond their elements' cost, on plain tensors
+    (DDP; smsdp's flat shards) and on DTensors sharded over the world (FSDP2: every op goes through
+    DTensor's dispatch, about 4x a plain tensor's on CPU). ``n`` and ``2n`` small tensors timed back
+    to back in each repeat; ``n`` over the median of the differences."""
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     elements = TENSOR_PROBE_ELEMENTS * dist.get_world_size()
 
@@ -229,7 +228,7 @@ def measure_optimizer_tensors(device: torch.device, repeats: int) -> dict[str, f
         few, many = step_of(n, as_dtensor), step_of(2 * n, as_dtensor)
         few(), many()
         pairs = [(_timed(few, 1, device, False), _timed(many, 1, device, False)) for _ in range(repeats)]
-        out[name] = max(0.0, statistics.median((b - a) / n for a, b in pairs))
+        out[name] = n / max(1e-9, statistics.median(b - a for a, b in pairs))
     return out
 
 
@@ -252,16 +251,14 @@ def probe(
     matmul = measure_matmul(matmul_shapes, dtype, device, repeats)
     _slowest_links(links, device)
     blocks = measure_blocks(block_shapes, make_block, dtype, device, repeats) if make_block else []
-    optimizer = measure_optimizer(optimizer_elements, device, repeats)
     per_tensor = measure_optimizer_tensors(device, repeats)
     slowest = _slowest(
         {
             "matmul": [r["flops_per_s"] for r in matmul],
             "forward": [r["forward_flops_per_s"] for r in blocks] or [1.0],
             "backward": [r["backward_flops_per_s"] for r in blocks] or [1.0],
-            "optimizer": [optimizer],
-            # slowest rank: the largest cost, taken as the smallest of its negatives
-            "tensor": [-per_tensor["plain"], -per_tensor["dtensor"]],
+            "optimizer": [measure_optimizer(optimizer_elements, device, repeats)],
+            "tensors": [per_tensor["plain"], per_tensor["dtensor"]],
         },
         device,
     )
@@ -279,8 +276,8 @@ def probe(
         "matmul": matmul,
         "blocks": blocks,
         "optimizer_elements_per_s": slowest["optimizer"][0],
-        "optimizer_tensor_s": -slowest["tensor"][0],
-        "dtensor_optimizer_tensor_s": -slowest["tensor"][1],
+        "optimizer_tensor_s": 1.0 / slowest["tensors"][0],
+        "dtensor_optimizer_tensor_s": 1.0 / slowest["tensors"][1],
         "links": links,
         "meta": {
             "backend": dist.get_backend(),
