@@ -41,6 +41,9 @@ from tests import netns_hosts  # noqa: E402
 PROBE = REPO_ROOT / "entrypoints" / "probe.py"
 SYSTEMS = "span,span_flat_rs,host,host_late,hpz,fsdp2_1d,fsdp2_hsdp,ddp"
 SMSDP_KEYS = ("span", "span_flat_rs", "host", "host_late", "hpz")
+# What a user chooses (the sharded degree, sdp_reshard_after_forward, sdp_hierarchical_reduce_scatter);
+# host_late is host with the script's declaration missing, the same configuration, predicted the same.
+CHOICES = ("span", "span_flat_rs", "host", "hpz")
 
 
 def bed_model(args) -> ModelSpec:
@@ -161,7 +164,7 @@ def table(rate: str, full: dict[str, dict], meas: dict[str, list[float]], phases
             f"| {pred[spec['key']] / med:.2f} | {_phases(full[spec['key']])} | {_phases(phases[spec['key']])} "
             f"| {full[spec['key']]['exposed_s'] * 1e3:.0f} |"
         )
-    mine = [s["key"] for s in specs if s["key"] in SMSDP_KEYS and meas.get(s["key"])]
+    mine = [s["key"] for s in specs if s["key"] in CHOICES and meas.get(s["key"])]
     if mine:
         pick = min(mine, key=lambda k: pred[k])
         best = min(mine, key=lambda k: statistics.median(meas[k]))
