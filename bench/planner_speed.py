@@ -34,7 +34,7 @@ import cluster  # noqa: E402
 from smsdp.config import RuntimeConfig, SMPParameters  # noqa: E402
 from smsdp.planner import ModelSpec  # noqa: E402
 from smsdp.planner.calibration import Rates  # noqa: E402
-from smsdp.planner.schedule import System  # noqa: E402
+from smsdp.planner.schedule import CommMode, System  # noqa: E402
 from smsdp.planner.speed import predict  # noqa: E402
 from tests import netns_hosts  # noqa: E402
 
@@ -66,7 +66,7 @@ def bed_systems(hosts: int, per_host: int) -> dict[str, tuple[RuntimeConfig, Sys
     On CPU, FSDP2's collectives block the caller (no streams): no overlap."""
     world = hosts * per_host
     span, host = bed_runtime(hosts, per_host, world), bed_runtime(hosts, per_host, per_host)
-    fsdp = {"kind": "fsdp2", "world": world, "world_hosts": hosts, "overlap": False}
+    fsdp = {"kind": "fsdp2", "world": world, "world_hosts": hosts, "comm": CommMode.BLOCKING}
     return {
         "span": (span, None, "early"),
         "span_flat_rs": (bed_runtime(hosts, per_host, world, sdp_hierarchical_reduce_scatter=False), None, "early"),

@@ -1,7 +1,8 @@
 """The step's timeline, unit by unit, in the order the runtime issues and waits for its collectives.
 
 One rank is simulated with a compute clock and two communication queues, one per link: inside
-the host, and the host's network. The collectives on one link run one at a time in the order
+the host, and the host's network; how a collective takes from the compute clock is the
+``CommMode`` (GPU streams, CPU cores shared with compute, or blocking). The collectives on one link run one at a time in the order
 they are issued (every rank issues them in one order), each stage taking ``Rates.collective_s``;
 a collective's stages run one after another (a hierarchical one's inter-host stage waits for
 its intra-host stage); compute waits where the runtime waits. What the runtime does
@@ -23,17 +24,31 @@ its intra-host stage); compute waits where the runtime waits. What the runtime d
   every step, for clipping or for the record), then runs the optimizer.
 
 The same machinery runs the comparison systems of ``bench/cluster.py``: FSDP2 (on CPU its
-collectives block the caller: no overlap; HSDP all-reduces each unit's shard right after its
+collectives block the caller: ``CommMode.BLOCKING``; HSDP all-reduces each unit's shard right after its
 reduce-scatter) and DDP (gradient buckets of 25 MiB, the first 1 MiB, all-reduced as they fill).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 
 from smsdp.planner.calibration import Rates
 
 Stage = tuple[str, str, int, float]  # (link class, collective kind, ranks, payload bytes)
+
+
+class CommMode(Enum):
+    """How a rank's collectives share its time with its compute."""
+
+    OVERLAPPED = "overlapped"
+    """GPU: collectives run on their own streams and links; compute waits only where the runtime waits."""
+    CPU_SHARED = "cpu_shared"
+    """CPU ranks (the test bed: 4 ranks on 2 cores): an in-host stage's bytes are moved by the CPU that
+    computes, so its time is added to the compute clock; an inter-host stage spends its time on the
+    wire and runs beside compute; compute waits where the runtime waits."""
+    BLOCKING = "blocking"
+    """The caller waits for each collective it issues (FSDP2 on CPU: no streams), with no prefetch."""
 
 
 @dataclass(frozen=True)
@@ -65,7 +80,7 @@ class System:
     forward_prefetch: int = 1
     backward_prefetch: int = 1
     sync: str = "early"  # "early", "late" or "per_unit"
-    overlap: bool = True
+    comm: CommMode = CommMode.OVERLAPPED
 
     @property
     def replicas(self) -> int:
@@ -89,7 +104,7 @@ class Timeline:
     """Compute clock, one queue per link (inside the host; the host's network), what each collective cost."""
 
     rates: Rates
-    overlap: bool
+    comm: CommMode
     compute: float = 0.0
     queues: dict[str, float] = field(default_factory=lambda: {"intra": 0.0, "inter": 0.0})
     comm_busy: float = 0.0
@@ -105,6 +120,7 @@ class Timeline:
         """Queue ``stages`` (each after the one before, each on its link's queue) issued at ``at``
         (default: now); when the last ends."""
         end = self.compute if at is None else at
+        on_cpu = 0.0
         for stage in stages:
             seconds = self.rates.collective_s(*stage)
             if seconds <= 0:
@@ -113,8 +129,11 @@ class Timeline:
             end = max(end, self.queues[queue]) + seconds
             self.queues[queue] = end
             self.comm_busy += seconds
-        if not self.overlap:
+            on_cpu += seconds if queue == "intra" else 0.0
+        if self.comm is CommMode.BLOCKING:
             self.compute = max(self.compute, end)
+        elif self.comm is CommMode.CPU_SHARED:
+            self.compute += on_cpu
         return end
 
     def wait(self, until: float) -> None:
@@ -144,7 +163,7 @@ def simulate(
     system: System, units: list[UnitWork], root: UnitWork, optimizer_s: float, rates: Rates, micro_steps: int = 1
 ) -> StepPrediction:
     """``units`` in forward order; ``root`` holds the root unit (embedding, final norm, LM head)."""
-    tl = Timeline(rates, system.overlap)
+    tl = Timeline(rates, system.comm)
     for m in range(micro_steps):
         boundary = m == micro_steps - 1
         start = tl.compute
@@ -205,7 +224,7 @@ def replica_stages(system: System, unit: UnitWork) -> list[Stage]:
 def _sharded_forward(tl: Timeline, system: System, units: list[UnitWork], root: UnitWork) -> None:
     tl.wait(tl.issue(gather_stages(system, root.gather_bytes)))
     issued: dict[int, float] = {}
-    depth = system.forward_prefetch if system.overlap else 0
+    depth = 0 if system.comm is CommMode.BLOCKING else system.forward_prefetch
 
     def prefetch(upto: int) -> None:
         for j in range(upto):
@@ -247,7 +266,7 @@ def _sharded_backward(tl: Timeline, system: System, units: list[UnitWork], root:
     order = list(reversed(units))
     gathers = _backward_gathers(system, units)
     issued: dict[int, float] = {}
-    depth = system.backward_prefetch if system.overlap else 0
+    depth = 0 if system.comm is CommMode.BLOCKING else system.backward_prefetch
 
     def prefetch(upto: int) -> None:
         for j in range(min(upto, len(order))):

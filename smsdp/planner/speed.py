@@ -15,10 +15,12 @@ trainable elements at the measured AdamW rate, plus clip + AdamW's measured fixe
 steps: one flat shard per group for smsdp, every parameter for DDP, every parameter as a DTensor
 for FSDP2 (about 4x a plain tensor's cost on CPU: 70-90 ms of the bed's measured FSDP2 step).
 
-On a CPU calibration (``meta.device == "cpu"``) collectives are run blocking: there the threads
-that move and sum their bytes take the same cores as compute, and on the namespaced test bed
-(4 ranks on 2 cores) the overlapped schedule predicted steps 10-31% short at 500 Mbit/s where the
-blocking one came within 17% at every link rate (docs/planner.md, "Step time on the test bed").
+On a CPU calibration (``meta.device == "cpu"``) the schedule runs ``CommMode.CPU_SHARED``: an
+in-host stage's bytes are moved by the cores that compute, so its time is added to the compute
+clock, while an inter-host stage spends its time on the wire beside compute. On the namespaced test
+bed (4 ranks on 2 cores) overlapping everything predicted steps 10-31% short at 500 Mbit/s;
+blocking on every collective over-predicted smsdp spanning hosts by 18-48% at 500 Mbit/s and by
+16-29% at 2 hosts x 4 ranks (docs/planner.md, "Step time on the test bed").
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from smsdp.planner import memory as mem
 from smsdp.planner.calibration import Rates
 from smsdp.planner.hardware import Assumptions, Hardware
 from smsdp.planner.model_spec import ROOT, ModelSpec
-from smsdp.planner.schedule import StepPrediction, System, UnitWork, simulate
+from smsdp.planner.schedule import CommMode, StepPrediction, System, UnitWork, simulate
 
 HBM_BYTES_PER_S = {"NVIDIA A100": 1.555e12, "NVIDIA H100": 3.35e12, "NVIDIA H200": 4.8e12, "NVIDIA V100": 0.9e12}
 """HBM bandwidth per GPU (NVIDIA data sheets: A100 40 GB 1,555 GB/s, H100 SXM 3.35 TB/s, H200 4.8 TB/s,
@@ -121,7 +123,7 @@ def system_of(runtime: RuntimeConfig, assumptions: Assumptions, label: str = "")
         forward_prefetch=p.sdp_forward_prefetch,
         backward_prefetch=p.sdp_backward_prefetch,
         sync="early" if assumptions.early_replica_sync else "late",
-        overlap=assumptions.overlap_in_group_comm,
+        comm=CommMode.OVERLAPPED if assumptions.overlap_in_group_comm else CommMode.BLOCKING,
     )
 
 
@@ -186,10 +188,8 @@ def predict(
     """The predicted step of ``model`` under ``runtime`` (or the comparison ``system``) at ``rates``."""
     p = runtime.parameters
     system = system or system_of(runtime, assumptions)
-    if rates.meta.get("device") == "cpu":
-        # On CPU ranks the collectives' threads share the cores with compute (the test bed: 4 ranks
-        # on 2 cores): measured there, a collective delays compute as if it blocked it.
-        system = replace(system, overlap=False)
+    if rates.meta.get("device") == "cpu" and system.comm is CommMode.OVERLAPPED:
+        system = replace(system, comm=CommMode.CPU_SHARED)
     c = 2 if (p.bf16 or p.fp16) else 4
     units, root, optimizer_s = unit_work(
         model,

@@ -9,7 +9,7 @@ import pytest
 from estimator.cli import main as cli_main
 from smsdp.planner import ModelSpec, plan
 from smsdp.planner.calibration import CLASSES, KINDS, BlockRate, CalibrationError, LinkCost, MatmulRate, Rates
-from smsdp.planner.schedule import System, UnitWork, simulate
+from smsdp.planner.schedule import CommMode, System, UnitWork, simulate
 
 MiB = 2**20
 
@@ -82,13 +82,33 @@ def test_no_communication_is_compute_plus_optimizer():
 def test_overlap_hides_what_blocking_collectives_expose():
     spanning = {"world": 4, "d": 4, "shard_hosts": 2, "per_host": 2, "world_hosts": 2}
     fast = simulate(System("fast link", **spanning), UNITS, ROOT, 0.0, rates(bus=1e12, latency=0.0))
-    blocking = simulate(System("blocking", overlap=False, **spanning), UNITS, ROOT, 0.0, rates())
+    blocking = simulate(System("blocking", comm=CommMode.BLOCKING, **spanning), UNITS, ROOT, 0.0, rates())
     overlapped = simulate(System("overlapped", **spanning), UNITS, ROOT, 0.0, rates())
     assert fast.exposed_comm_s < 1e-3
     # Blocking: every collective adds to the step; overlapped: strictly less is exposed.
     assert blocking.step_s == pytest.approx(blocking.compute_s + blocking.comm_s)
     assert overlapped.exposed_comm_s < blocking.exposed_comm_s
     assert overlapped.step_s >= max(overlapped.compute_s, 0.0)
+
+
+def test_on_cpu_an_in_host_stage_takes_the_compute_clock_and_an_inter_host_stage_runs_beside_it():
+    from smsdp.planner.schedule import Timeline
+
+    r = rates()
+    intra = ("intra", "all_gather", 2, 4 * MiB)
+    cross = ("cross", "all_gather", 2, 4 * MiB)
+    tl = Timeline(r, CommMode.CPU_SHARED)
+    tl.issue([intra])
+    assert tl.compute == pytest.approx(r.collective_s(*intra))
+    end = tl.issue([cross])
+    assert tl.compute == pytest.approx(r.collective_s(*intra)) and tl.compute < end
+    tl.wait(end)
+    assert tl.compute == pytest.approx(end)
+    # compute as long as the communication: what each mode lets overlap shows
+    spanning = {"world": 4, "d": 4, "shard_hosts": 2, "per_host": 2, "world_hosts": 2}
+    units = [UnitWork(4 * MiB, 4 * MiB, 0.1, 0.2) for _ in range(4)]
+    steps = {mode: simulate(System(mode.value, comm=mode, **spanning), units, ROOT, 0.0, r).step_s for mode in CommMode}
+    assert steps[CommMode.OVERLAPPED] < steps[CommMode.CPU_SHARED] < steps[CommMode.BLOCKING]
 
 
 def test_replica_sync_in_backward_beats_sync_in_step():
@@ -112,7 +132,9 @@ def test_fsdp2_pays_the_dtensor_cost_per_parameter_and_smsdp_per_flat_shard():
     runtime = RuntimeConfig(
         parameters=SMPParameters.model_validate(PARAMS), instance_type="local", instance_count=2, processes_per_host=2
     )
-    fsdp2 = System("FSDP2 1-D", kind="fsdp2", world=4, d=4, shard_hosts=2, per_host=2, world_hosts=2, overlap=False)
+    fsdp2 = System(
+        "FSDP2 1-D", kind="fsdp2", world=4, d=4, shard_hosts=2, per_host=2, world_hosts=2, comm=CommMode.BLOCKING
+    )
     base, costly = rates(), replace(rates(), optimizer_tensor_s=1e-3, dtensor_optimizer_tensor_s=5e-3)
 
     def step(r, system=None):
