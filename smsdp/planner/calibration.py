@@ -2,8 +2,8 @@
 
 :class:`Rates` holds, per rank: the matmul rate (FLOP/s) at a few shapes, the optimizer's
 rate (elements per second) and its fixed cost per parameter tensor (clip + AdamW's per-tensor
-ops: plain tensors, and DTensors as FSDP2 steps them; 0 where not measured) and, per link class and collective kind, a per-call latency and
-a bus bandwidth (NCCL-tests' convention: ``bus bytes = factor(n) * payload``, the factor
+ops: plain tensors, and DTensors as FSDP2 steps them; 0 where not measured) and, per link
+class and collective kind, a per-call latency and a bus bandwidth (NCCL-tests' convention: ``bus bytes = factor(n) * payload``, the factor
 ``(n-1)/n`` for an all-gather (payload: its output) or reduce-scatter (payload: its input)
 and ``2 (n-1)/n`` for an all-reduce). A call then takes ``steps(n) x alpha + factor(n) * payload / bus``: ``steps`` the ring's ``n - 1``
 (``2 (n - 1)`` for an all-reduce), ``alpha`` the latency measured at ``ranks`` divided by that

@@ -2,8 +2,9 @@
 
 One rank is simulated with a compute clock and two communication queues, one per link: inside
 the host, and the host's network; how a collective takes from the compute clock is the
-``CommMode`` (GPU streams, CPU cores shared with compute, or blocking). The collectives on one link run one at a time in the order
-they are issued (every rank issues them in one order), each stage taking ``Rates.collective_s``;
+``CommMode`` (GPU streams, CPU cores shared with compute, or blocking). The collectives on one
+link run one at a time in the order they are issued (every rank issues them in one order), each
+stage taking ``Rates.collective_s``;
 a collective's stages run one after another (a hierarchical one's inter-host stage waits for
 its intra-host stage); compute waits where the runtime waits. What the runtime does
 (``smsdp.core.model``, ``unit``, ``prefetch``):
@@ -24,8 +25,8 @@ its intra-host stage); compute waits where the runtime waits. What the runtime d
   every step, for clipping or for the record), then runs the optimizer.
 
 The same machinery runs the comparison systems of ``bench/cluster.py``: FSDP2 (on CPU its
-collectives block the caller: ``CommMode.BLOCKING``; HSDP all-reduces each unit's shard right after its
-reduce-scatter) and DDP (gradient buckets of 25 MiB, the first 1 MiB, all-reduced as they fill).
+collectives block the caller: ``CommMode.BLOCKING``; HSDP all-reduces each unit's shard right
+after its reduce-scatter) and DDP (gradient buckets of 25 MiB, the first 1 MiB, all-reduced as they fill).
 """
 
 from __future__ import annotations
