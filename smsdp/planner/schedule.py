@@ -4,9 +4,8 @@ One rank is simulated with a compute clock and two communication queues, one per
 the host, and the host's network; how a collective takes from the compute clock is the
 ``CommMode`` (GPU streams, CPU cores shared with compute, or blocking). The collectives on one
 link run one at a time in the order they are issued (every rank issues them in one order), each
-stage taking ``Rates.collective_s``;
-a collective's stages run one after another (a hierarchical one's inter-host stage waits for
-its intra-host stage); compute waits where the runtime waits. What the runtime does
+stage taking ``Rates.collective_s``; a collective's stages run one after another (a hierarchical
+one's inter-host stage waits for its intra-host stage); compute waits where the runtime waits. What the runtime does
 (``smsdp.core.model``, ``unit``, ``prefetch``):
 
 - forward: the root is gathered and waited for; each unit's pre-forward waits for its gather
