@@ -67,16 +67,20 @@ def bed_systems(hosts: int, per_host: int) -> dict[str, tuple[RuntimeConfig, Sys
     world = hosts * per_host
     span, host = bed_runtime(hosts, per_host, world), bed_runtime(hosts, per_host, per_host)
     fsdp = {"kind": "fsdp2", "world": world, "world_hosts": hosts, "comm": CommMode.BLOCKING}
-    return {
+    systems = {
         "span": (span, None, "early"),
         "span_flat_rs": (bed_runtime(hosts, per_host, world, sdp_hierarchical_reduce_scatter=False), None, "early"),
-        "host": (host, None, "early"),
-        "host_late": (host, None, "late"),
-        "hpz": (bed_runtime(hosts, per_host, world, sdp_reshard_after_forward=per_host), None, "early"),
         "fsdp2_1d": (span, System("FSDP2 1-D", d=world, shard_hosts=hosts, per_host=per_host, **fsdp), ""),
-        "fsdp2_hsdp": (host, System("FSDP2 HSDP", d=per_host, per_host=per_host, sync="per_unit", **fsdp), ""),
         "ddp": (span, System("DDP", kind="ddp", world=world, world_hosts=hosts), ""),
     }
+    if per_host > 1:  # the rows that need ranks sharing a host (bench/cluster.py leaves them out too)
+        systems.update(
+            host=(host, None, "early"),
+            host_late=(host, None, "late"),
+            hpz=(bed_runtime(hosts, per_host, world, sdp_reshard_after_forward=per_host), None, "early"),
+            fsdp2_hsdp=(host, System("FSDP2 HSDP", d=per_host, per_host=per_host, sync="per_unit", **fsdp), ""),
+        )
+    return systems
 
 
 def predictions(rates: Rates, args, hosts: int, per_host: int) -> dict[str, dict]:
