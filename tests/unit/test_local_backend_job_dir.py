@@ -64,6 +64,35 @@ def test_create_refuses_an_existing_job(src, tmp_path):
         plan.create()
 
 
+@pytest.mark.parametrize("after", ["the claim", "the rename"])
+def test_a_ctrl_c_just_after_a_syscall_of_create_leaves_no_job(src, tmp_path, monkeypatch, after):
+    """Python raises a pending Ctrl-C as soon as a syscall returns: the claim's mkdir, or the rename that
+    completes the job, has happened, and create must still leave nothing behind (seen in a Ctrl-C storm)."""
+    import estimator.backends.supervised.job_dir as job_dir
+
+    plan = Estimator("train.py", str(src), output_path=str(tmp_path / "jobs")).dry_run(job_name="j").job_dir
+    real_mkdir, real_rename = Path.mkdir, os.rename
+
+    def mkdir_then_interrupt(self, *args, **kwargs):
+        real_mkdir(self, *args, **kwargs)
+        if self == plan.root:
+            raise KeyboardInterrupt
+
+    def rename_then_interrupt(source, target):
+        real_rename(source, target)
+        raise KeyboardInterrupt
+
+    if after == "the claim":
+        monkeypatch.setattr(Path, "mkdir", mkdir_then_interrupt)
+    else:
+        monkeypatch.setattr(job_dir.os, "rename", rename_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        plan.create()
+    monkeypatch.undo()
+    assert list((tmp_path / "jobs").iterdir()) == []  # neither the job, nor its claim, nor a hidden build
+    assert plan.create().root == plan.root  # and the name is free again
+
+
 def test_without_source_dir_only_the_script_is_shipped(src, tmp_path):
     plan = Estimator(str(src / "train.py"), output_path=str(tmp_path / "jobs")).dry_run(job_name="j").job_dir
     job = plan.create()

@@ -15,8 +15,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import secrets
 import shutil
 import tempfile
 from collections.abc import Mapping
@@ -120,21 +122,29 @@ class JobDirPlan:
 
         Atomic: the name is claimed with an empty directory (``mkdir``), the job is built
         under a hidden temporary name beside it, and renamed over the claim once complete.
-        An interrupted creation (Ctrl-C in a long code copy) removes both; a killed one
-        leaves an empty directory, never a half-made job.
+        An interrupted creation (Ctrl-C at any point, a long code copy included) removes both;
+        a killed one leaves an empty directory, never a half-made job.
         """
         self.root.parent.mkdir(parents=True, exist_ok=True)
+        # Named before anything exists, so that an interrupt at any point knows what to remove.
+        build = self.root.parent / f".{self.root.name}.creating-{secrets.token_hex(6)}"
         try:
             self.root.mkdir(mode=0o700)  # the atomic claim of the name
         except FileExistsError:
             raise JobNameTaken(str(self.root)) from None
-        build = Path(tempfile.mkdtemp(prefix=f".{self.root.name}.creating-", dir=self.root.parent))
+        except BaseException:  # Python raises a Ctrl-C right after the syscall returns: the claim is ours
+            _remove_empty(self.root)
+            raise
         try:
+            build.mkdir(mode=0o700)
             self._fill(JobDir(build), files or {})
             os.rename(build, self.root)  # replaces the empty claim
         except BaseException:
-            shutil.rmtree(build, ignore_errors=True)
-            self.root.rmdir()
+            if build.exists() or not any(self.root.iterdir()):
+                shutil.rmtree(build, ignore_errors=True)
+                _remove_empty(self.root)
+            else:  # the interrupt landed just after the rename: a whole job that never started
+                shutil.rmtree(self.root, ignore_errors=True)
             raise
         return JobDir(self.root)
 
@@ -160,6 +170,11 @@ class JobDirPlan:
             code_dir.mkdir()
             shutil.copy2(self.code_source, code_dir / self.code_source.name)
         make_private(code_dir)  # the copy kept the source's modes (0644, 0755): the job's are owner-only
+
+
+def _remove_empty(path: Path) -> None:
+    with contextlib.suppress(OSError):  # absent, or not empty: not a claim left by this process
+        path.rmdir()
 
 
 def make_private(root: Path) -> None:
