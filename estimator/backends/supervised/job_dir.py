@@ -140,10 +140,10 @@ class JobDirPlan:
             self._fill(JobDir(build), files or {})
             os.rename(build, self.root)  # replaces the empty claim
         except BaseException:
-            if build.exists() or not any(self.root.iterdir()):
+            if build.exists():  # not renamed: the claim is still empty
                 shutil.rmtree(build, ignore_errors=True)
                 _remove_empty(self.root)
-            else:  # the interrupt landed just after the rename: a whole job that never started
+            else:  # the empty claim, or (interrupted just after the rename) a whole job that never started
                 shutil.rmtree(self.root, ignore_errors=True)
             raise
         return JobDir(self.root)
