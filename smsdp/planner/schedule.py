@@ -19,7 +19,8 @@ one's inter-host stage waits for its intra-host stage); compute waits where the 
   stage) and waits for those older than the previous unit's (flat: older than its own),
   then issues its own;
 - in the backward that ends a step, each unit's replica all-reduce starts as soon as its
-  reduce-scatter is waited for (``early``), or all of them start in ``step()`` (``late``);
+  reduce-scatter is waited for (``early``; when the replicas are on other hosts, that wait is at
+  the unit's own post-backward), or all of them start in ``step()`` (``late``);
   ``step()`` waits for them, all-reduces the gradients' global norm over the world (measured
   every step, for clipping or for the record), then runs the optimizer.
 
@@ -97,6 +98,18 @@ class System:
     @property
     def staged_reduce(self) -> bool:
         return self.kind == "smsdp" and self.hierarchical_reduce_scatter and self.shard_hosts > 1
+
+    @property
+    def eager_replica_sync(self) -> bool:
+        """The runtime waits for a unit's reduce-scatter at its own post-backward when its replica
+        all-reduce crosses hosts (``UnitComm.eager_replica_sync``)."""
+        return (
+            self.kind == "smsdp"
+            and self.sync == "early"
+            and self.replicas > 1
+            and self.replica_class == "cross"
+            and not self.staged_reduce
+        )
 
 
 @dataclass
@@ -307,6 +320,9 @@ def _post_backward(
     reduce = _Reduce(unit, parts, [tl.issue(parts[0])])
     if system.sync == "per_unit":
         tl.issue(replica_stages(system, unit))
+    if boundary and system.eager_replica_sync:
+        _complete(tl, system, reduce, boundary)
+        return keep
     return [*keep, reduce]
 
 

@@ -58,6 +58,7 @@ class Case:
     record_depths: bool = False  # log the units gathered ahead at each gather (_record_depths)
     bucket: int = int(5e8)  # sdp_reduce_bucket_size
     record_bucket_starts: bool = False  # log which units had finished their backward at each start
+    record_replica_starts: bool = False  # log the replica all-reduces issued at each block's backward
     hier_rs: bool = False  # sdp_hierarchical_reduce_scatter
     schedule: tuple[int, ...] = ()  # backward passes of step i: schedule[i % len] (default: accum)
 
@@ -81,7 +82,7 @@ CASES = {
         sdp=2, accum=2, threshold=100, bucket=100, declare_accumulation=True, record_bucket_starts=True
     ),
     "untied": Case(sdp=4, tie=False),
-    "early_sync": Case(sdp=2, threshold=100, declare_accumulation=True),
+    "early_sync": Case(sdp=2, threshold=100, declare_accumulation=True, record_replica_starts=True),
     "early_sync_accum2": Case(sdp=2, accum=2, threshold=100, declare_accumulation=True),
     # every unit resharded after its forward: the all-gather count 2m (d-1)/d Psi exactly (docs/runtime.md)
     "design_count": Case(sdp=2, threshold=100, keep_gathered=False),
@@ -177,6 +178,7 @@ def train_sharded(case: Case) -> dict:
     )
     depths = _record_depths(model) if case.record_depths else []
     finished, bucket_starts = _record_bucket_starts(model) if case.record_bucket_starts else ([], [])
+    replica_starts = _ReplicaStarts(model) if case.record_replica_starts else None
     opt = smp.DistributedOptimizer(torch.optim.AdamW(param_groups(model.named_parameters()), lr=case.lr, eps=ADAM_EPS))
     losses, norms, per_step_bytes, passes, dp_calls, early_calls = [], [], [], [], [], []
     stats = runtime_state.get().stats
@@ -187,6 +189,8 @@ def train_sharded(case: Case) -> dict:
         depths.clear()
         total = torch.zeros(())
         bucket_starts.clear()
+        if replica_starts is not None:
+            replica_starts.clear()
         accum = case.accum_of(step)
         for micro in range(accum):
             finished.clear()
@@ -230,6 +234,7 @@ def train_sharded(case: Case) -> dict:
         "calls_before_step": early_calls,  # per step
         "sharded_groups": sum(1 for g in model.flat_groups() if g.sharded and g.trainable),
         "bucket_starts": list(bucket_starts),  # the last step's
+        "replica_starts": replica_starts.seen if replica_starts is not None else None,  # the last step's
         "replicated_per_unit": [sum(g.numel for g in u.groups if not g.sharded) for u in model.units],
     }
 
@@ -256,6 +261,27 @@ def _record_depths(model) -> list[tuple[str, int]]:
 
     model._prefetch_after = probe
     return log
+
+
+class _ReplicaStarts:
+    """During each block's MLP backward (after the blocks behind it have finished theirs, before
+    its own post-backward): the replica all-reduces issued in this step so far, and how many
+    sharded trainable groups the blocks that already finished hold."""
+
+    def __init__(self, model) -> None:
+        self.stats, self.base, self.seen = runtime_state.get().stats, 0, []
+        blocks = [u for u in model.units if not u.is_root]
+        groups = [sum(g.sharded and g.trainable for g in u.groups) for u in blocks]
+        for index, unit in enumerate(blocks):
+            finished_groups = sum(groups[index + 1 :])
+            unit.module.mlp.register_full_backward_hook(
+                lambda *_, before=finished_groups: self.seen.append(
+                    (before, self.stats.calls("all_reduce.replica") - self.base)
+                )
+            )
+
+    def clear(self) -> None:
+        self.base, self.seen = self.stats.calls("all_reduce.replica"), []
 
 
 def _record_bucket_starts(model) -> tuple[list[str], list[list[str]]]:

@@ -258,6 +258,18 @@ def test_a_declared_step_sums_each_bucket_of_replicated_gradients_as_soon_as_it_
         assert "<root>" in second, second
 
 
+def test_a_step_ending_backward_sends_each_shard_to_the_other_hosts_before_the_next_unit_runs(results):
+    """Replicas on other hosts (d=2 on each of 2 hosts): in a declared step-ending backward, each
+    group's replica all-reduce is issued right after its own reduce-scatter, so while a block runs
+    its backward, the shards of every block behind it are already on their way to the link (not
+    one unit behind, as when the reduce-scatter is collected at the next post-backward)."""
+    for result in results["early_sync"]:
+        seen = result["sharded"]["replica_starts"]
+        assert len(seen) == 2 and seen[0][0] == 0 < seen[1][0], seen  # the last block first
+        for finished_groups, issued in seen:
+            assert issued == finished_groups, seen
+
+
 def test_model_state_memory_is_the_sharded_share(results):
     for result in results["persist_small_params"]:
         sharded = result["sharded"]

@@ -119,6 +119,27 @@ def test_replica_sync_in_backward_beats_sync_in_step():
     assert early.step_s < late.step_s
 
 
+def test_replicas_on_other_hosts_get_each_shard_as_soon_as_its_reduce_scatter_is_done():
+    """A slow link bounds the step, so the first replica all-reduce must not wait for the next
+    unit's backward: lengthening that backward leaves the step as it was."""
+    from dataclasses import replace
+
+    inside = System("inside", world=4, d=2, shard_hosts=1, per_host=2, world_hosts=2)
+    assert inside.eager_replica_sync
+    assert not System("one host", world=4, d=2, per_host=2).eager_replica_sync
+    assert not System("spanning", world=4, d=4, shard_hosts=2, per_host=2, world_hosts=2).eager_replica_sync
+    units = [UnitWork(4 * MiB, 4 * MiB, 0.01, 0.02) for _ in range(4)]
+    slower_second = [*units[:2], replace(units[2], backward_s=0.07), units[3]]  # the backward's second unit
+    slow_link = rates(bus=2 * MiB)
+    fast_host = {
+        c: {k: LinkCost(1e-4, 1e4 * MiB) for k in KINDS} if c == "intra" else v for c, v in slow_link.links.items()
+    }
+    slow_link = replace(slow_link, links=fast_host)
+    base, slower = (simulate(inside, u, ROOT, 0.0, slow_link).step_s for u in (units, slower_second))
+    assert slower == pytest.approx(base)
+    assert simulate(inside, units, ROOT, 0.0, rates(bus=200 * MiB)).step_s < base  # it is the link that bounds it
+
+
 MODEL = ModelSpec.gpt(4, 256, 4, 1024, 64)
 PARAMS = {"ddp": True, "sharded_data_parallel_degree": 4, "sdp_param_persistence_threshold": 0}
 
