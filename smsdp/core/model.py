@@ -418,12 +418,7 @@ class ShardedModel(nn.Module):
             for other in self._units:
                 other.advance_reduces()
                 other.complete_reduces(keep=keep, sync=sync)
-            unit.post_backward(group)
-            if sync and not self._staged_reduces and unit.bound_comm().eager_replica_sync:
-                # Waiting here for this group's in-host reduce-scatter costs the backward a few
-                # ms; its replica all-reduce then reaches the inter-host link a unit's backward
-                # sooner than at the next post-backward, and that link bounds the step.
-                unit.complete_reduces(sync=True)
+            unit.post_backward(group, sync)
             self._previous_reduce = group
             if sync and not group.sharded:
                 self._replicated_sync.group_ready(group)

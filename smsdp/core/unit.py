@@ -9,9 +9,10 @@ a micro-step, in the order the hooks of ``DistributedModel`` call it:
   ``1/k`` of it for the backward under ``sdp_reshard_after_forward=k``.
 * ``pre_backward``: gather again for the backward (once per backward), from the
   kept slices inside the reshard group when there are any.
-* ``post_backward(group)``: the group's flat gradient is complete: reduce-scatter
+* ``post_backward(group, sync)``: the group's flat gradient is complete: reduce-scatter
   it inside the shard group, asynchronously, in buckets of at most
-  ``bucket_numel`` elements per rank-row, and free the gathered buffer.
+  ``bucket_numel`` elements per rank-row, and free the gathered buffer (with replicas
+  on other hosts, a step-ending backward waits for it and starts the second hop at once).
 * ``complete_reduces``: wait for the reduce-scatters and add them into the
   groups' fp32 gradient shards.
 * ``finalize_backward``: the end of backward for this unit.
@@ -133,12 +134,20 @@ class Unit:
             self.expose_views()
         return True
 
-    def post_backward(self, group: FlatParamGroup) -> None:
-        """``group``'s flat gradient is complete: start its reduction, free its gathered buffer."""
+    def post_backward(self, group: FlatParamGroup, sync: bool = False) -> None:
+        """``group``'s flat gradient is complete: start its reduction, free its gathered buffer.
+
+        ``sync`` (the step-ending backward) with replicas on other hosts: wait for the reduction
+        now and start the replica all-reduce, rather than at the next unit's post-backward. The
+        wait costs the backward a few ms; the bytes reach the slow link a unit's backward sooner,
+        and that link bounds the step.
+        """
         grad = group.take_flat_grad()
         if grad is not None:
             self._reduce_grad(group, grad)
         group.reshard()
+        if sync and self.bound_comm().eager_replica_sync:
+            self.complete_reduces(sync=True)
 
     def _reduce_grad(self, group: FlatParamGroup, grad: torch.Tensor) -> None:
         """Micro-step reduction: reduce-scatter in the shard group, or keep locally when replicated."""

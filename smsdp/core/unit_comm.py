@@ -42,9 +42,8 @@ class UnitComm:
     slice_position: int = 0
     # sdp_qlora: the NF4 groups' all-gather of their packed bytes, exact whatever ``gather`` is.
     gather_bytes: GatherFn | None = None
-    # The replica all-reduce crosses hosts: in a step-ending backward, a group's reduce-scatter
-    # is waited for as soon as it is issued, so its replica all-reduce puts bytes on the slow
-    # link one unit earlier (the link, not the backward, bounds such a step).
+    # The replica all-reduce crosses hosts and the reduce-scatter is one stage (a staged one keeps
+    # its inter-host part in flight instead): see ``Unit.post_backward``.
     eager_replica_sync: bool = False
 
 
@@ -71,7 +70,7 @@ def bind_unit_comm(rt) -> UnitComm:
         slice_degree=reshard_group.size if reshard_group is not None else 1,
         slice_position=reshard_group.rank_of(rt.coords.rank) if reshard_group is not None else 0,
         gather_bytes=rt.all_gather_nf4,
-        eager_replica_sync=_replicas_span_hosts(rt),
+        eager_replica_sync=_replicas_span_hosts(rt) and not getattr(reduce_scatter, "copies_input", False),
     )
 
 

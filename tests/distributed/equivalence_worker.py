@@ -290,8 +290,8 @@ def _record_bucket_starts(model) -> tuple[list[str], list[list[str]]]:
     finished, starts = [], []
     for unit in model.units:
 
-        def post_backward(group, unit=unit, original=unit.post_backward):
-            original(group)
+        def post_backward(group, sync=False, unit=unit, original=unit.post_backward):
+            original(group, sync)
             finished.append(unit.name)
 
         unit.post_backward = post_backward
