@@ -138,7 +138,7 @@ class ShardedModel(nn.Module):
         self._root = self._units[-1]
         backward_order = [g for u in reversed(self._units[:-1]) for g in u.groups] + self._root.groups
         # [Note: staged reduce-scatters] see _make_post_backward
-        self._staged_reduces = getattr(self._root.bound_comm().reduce_scatter, "copies_input", False)
+        self._staged_reduces = self._root.bound_comm().staged_reduce
         self._previous_reduce: FlatParamGroup | None = None
         self._replicated_sync = ReplicatedGradSync(
             backward_order,

@@ -164,7 +164,7 @@ class Unit:
             bucket = rows if (start, stop) == (0, shard_numel) else rows[:, start:stop].contiguous()
             out = torch.empty(stop - start, dtype=comm.reduce_dtype, device=grad.device)
             handle = comm.reduce_scatter(out, bucket.view(-1), True)
-            keepalive = None if getattr(comm.reduce_scatter, "copies_input", False) else bucket
+            keepalive = None if comm.staged_reduce else bucket
             self._pending.append(_PendingReduce(group, handle, out, keepalive, start))
 
     def advance_reduces(self) -> None:

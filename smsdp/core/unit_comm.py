@@ -42,6 +42,9 @@ class UnitComm:
     slice_position: int = 0
     # sdp_qlora: the NF4 groups' all-gather of their packed bytes, exact whatever ``gather`` is.
     gather_bytes: GatherFn | None = None
+    # The reduce-scatter runs in stages (the hierarchical one): it copies its input, and its
+    # inter-host stage is issued at a later post-backward.
+    staged_reduce: bool = False
     # The replica all-reduce crosses hosts and the reduce-scatter is one stage (a staged one keeps
     # its inter-host part in flight instead): see ``Unit.post_backward``.
     eager_replica_sync: bool = False
@@ -58,6 +61,7 @@ def bind_unit_comm(rt) -> UnitComm:
     elif rt.params.sdp_hierarchical_reduce_scatter and rt.groups.hierarchical is not None:
         reduce_scatter = HierarchicalReduceScatter(rt.groups.hierarchical, rt.stats)
     reshard_group = rt.groups.reshard_group
+    staged = getattr(reduce_scatter, "copies_input", False)
     return UnitComm(
         gather=gather,
         reduce_scatter=reduce_scatter,
@@ -70,11 +74,6 @@ def bind_unit_comm(rt) -> UnitComm:
         slice_degree=reshard_group.size if reshard_group is not None else 1,
         slice_position=reshard_group.rank_of(rt.coords.rank) if reshard_group is not None else 0,
         gather_bytes=rt.all_gather_nf4,
-        eager_replica_sync=_replicas_span_hosts(rt) and not getattr(reduce_scatter, "copies_input", False),
+        staged_reduce=staged,
+        eager_replica_sync=not staged and len({rt.topology.host_of(r) for r in rt.groups.replica_group.ranks}) > 1,
     )
-
-
-def _replicas_span_hosts(rt) -> bool:
-    replicas = rt.groups.replica_group.ranks
-    per_host = rt.topology.processes_per_host
-    return len({rank // per_host for rank in replicas}) > 1
