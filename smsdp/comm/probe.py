@@ -13,7 +13,10 @@ timed call), so a shared link or a shared CPU is measured as training uses it:
   says so);
 - matmuls of the given shapes in the compute dtype; a transformer block's forward and backward
   (the caller's block, e.g. the bundled GPT's) at given shapes; AdamW over a flat tensor, and
-  clip + AdamW's fixed cost per parameter tensor, plain and as DTensors (what FSDP2 steps).
+  clip + AdamW's fixed cost per parameter tensor, plain and as DTensors (what FSDP2 steps);
+- the int8 block codec of the quantized collectives (``smsdp.comm.block_quantizer``): pack,
+  unpack, and unpack into a running fp32 sum, each at two sizes, for a fixed cost per call and
+  elements per second.
 
 The bundled ``probe.py`` job writes the dict with ``smsdp.planner.calibration.Rates``;
 ``smsdp probe`` runs that job.
@@ -33,6 +36,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
 
+from smsdp.comm.block_quantizer import BlockQuantizer
 from smsdp.comm.rendezvous import init_distributed
 from smsdp.config.cluster import ClusterInfo
 
@@ -232,6 +236,36 @@ def measure_optimizer_tensors(device: torch.device, repeats: int) -> dict[str, f
     return out
 
 
+CPU_CODEC_SIZES = (1 << 12, 1 << 16, 1 << 18, 1 << 20)
+GPU_CODEC_SIZES = (1 << 12, 1 << 20, 1 << 24, 1 << 26)
+
+
+def measure_codec(sizes: Sequence[int], device: torch.device, repeats: int, block: int = 256) -> dict[str, list]:
+    """Per codec op (pack, unpack, unpack_add): ``[[elements, median seconds], ...]`` at ``sizes``."""
+    codec = BlockQuantizer(block)
+    out: dict[str, list] = {"pack": [], "unpack": [], "unpack_add": []}
+    for n in sizes:
+        x = torch.randn(n, device=device)
+        packed = torch.empty(codec.packed_nbytes(n), dtype=torch.uint8, device=device)
+        codec.pack(x, packed)
+        decoded, total = torch.empty(n, device=device), torch.zeros(n, device=device)
+
+        def pack(x: torch.Tensor = x, packed: torch.Tensor = packed) -> None:
+            codec.pack(x, packed)
+
+        def unpack(packed: torch.Tensor = packed, decoded: torch.Tensor = decoded) -> None:
+            codec.unpack(packed, decoded)
+
+        def unpack_add(packed: torch.Tensor = packed, decoded: torch.Tensor = decoded, total=total) -> None:
+            codec.unpack(packed, decoded)
+            total.add_(decoded)
+
+        ops: dict[str, Callable[[], object]] = {"pack": pack, "unpack": unpack, "unpack_add": unpack_add}
+        for op, fn in ops.items():
+            out[op].append([n, _timed(fn, repeats, device)])
+    return out
+
+
 def probe(
     payload_bytes: int,
     repeats: int = 5,
@@ -252,6 +286,7 @@ def probe(
     _slowest_links(links, device)
     blocks = measure_blocks(block_shapes, make_block, dtype, device, repeats) if make_block else []
     per_tensor = measure_optimizer_tensors(device, repeats)
+    codec = measure_codec(GPU_CODEC_SIZES if device.type == "cuda" else CPU_CODEC_SIZES, device, repeats)
     slowest = _slowest(
         {
             "matmul": [r["flops_per_s"] for r in matmul],
@@ -259,9 +294,14 @@ def probe(
             "backward": [r["backward_flops_per_s"] for r in blocks] or [1.0],
             "optimizer": [measure_optimizer(optimizer_elements, device, repeats)],
             "tensors": [per_tensor["plain"], per_tensor["dtensor"]],
+            "codec": [1.0 / max(t, 1e-12) for points in codec.values() for _, t in points],
         },
         device,
     )
+    calls = iter(slowest["codec"])  # the slowest rank's: the lowest calls per second
+    for points in codec.values():
+        for pt in points:
+            pt[1] = 1.0 / next(calls)
     for row, rate in zip(matmul, slowest["matmul"]):
         row["flops_per_s"] = rate
     for row, f, b in zip(blocks, slowest["forward"], slowest["backward"]):
@@ -279,6 +319,7 @@ def probe(
         "optimizer_tensor_s": 1.0 / slowest["tensors"][0],
         "dtensor_optimizer_tensor_s": 1.0 / slowest["tensors"][1],
         "links": links,
+        "codec": codec,
         "meta": {
             "backend": dist.get_backend(),
             "device": device.type,

@@ -18,6 +18,11 @@ Link classes:
   hierarchical inter-host stage, the replica all-reduce of MiCS): the host's network
   carries every local rank's bytes, each group gets ``1/L`` of it.
 
+``codec``: what the int8 collectives (``sdp_quantized_allgather``, ``sdp_quantized_gradients``)
+compute besides sending: packing a tensor into int8 blocks, unpacking one, and unpacking one into
+a running fp32 sum (the reduce-scatter's decode), each a fixed cost per call plus elements per
+second. ``None`` where a probe did not measure it (files written before it did).
+
 The figures come from the hardware table (``Rates.from_hardware``: published peaks and
 bandwidths times stated efficiencies) or from a calibration file that ``smsdp probe``
 wrote on the cluster itself (``Rates.load``). Pure Python: no torch.
@@ -41,6 +46,15 @@ GPUs over NVLink, about 20 us for a hop over EFA (its SRD transport's small-mess
 15-20 us). A ring over ``n`` ranks pays ``n - 1`` of them (``2 (n - 1)`` for an all-reduce): the
 alpha of the alpha-beta model, which is what makes a collective over every rank of a large
 cluster slow on small per-rank chunks."""
+
+GPU_CODEC_BYTES_PER_ELEMENT = {"pack": 56, "unpack": 33, "unpack_add": 45}  # per CODEC_OPS name
+"""An assumption, not a measured figure: ``smsdp.comm.block_quantizer`` runs eager torch ops, each
+a memory-bound pass at HBM bandwidth. Packing: zero-fill, copy, abs, amax, divide, round, clamp,
+cast and copy, about 56 bytes read and written per fp32 element; unpacking: cast, repeat the
+scales, multiply, copy, about 33; the reduce-scatter's decode adds a fp32 sum, 12 more."""
+
+GPU_CODEC_CALL_S = {"pack": 12 * 5e-6, "unpack": 5 * 5e-6, "unpack_add": 6 * 5e-6}
+"""About 5 us to launch each of those kernels (12, 5 and 6 of them): an assumption."""
 
 GPU_OPTIMIZER_BYTES_PER_ELEMENT = 32
 """AdamW with fp32 master, gradient and two moments reads 16 bytes and writes 16 per element:
@@ -78,6 +92,29 @@ class BlockRate:
 
 
 @dataclass(frozen=True)
+class CodecRate:
+    """One int8 block codec operation: seconds per call at a few sizes, ``((elements, seconds), ...)``
+    in increasing size. Its cost per element is not one figure on a CPU (1.6 ms to pack 256 Ki
+    elements and 11 ms to pack 1 Mi here: caches), so a call is read off the line through the two
+    measured sizes around it (beyond them, the nearest two's line)."""
+
+    points: tuple[tuple[int, float], ...]
+
+    def seconds(self, elements: float) -> float:
+        pts = self.points
+        if elements <= 0:
+            return 0.0
+        if len(pts) == 1:
+            return pts[0][1] * elements / pts[0][0]
+        i = next((i for i in range(1, len(pts) - 1) if elements <= pts[i][0]), len(pts) - 1)
+        (n0, t0), (n1, t1) = pts[i - 1], pts[i]
+        return max(0.0, t0 + (t1 - t0) * (elements - n0) / (n1 - n0))
+
+
+CODEC_OPS = ("pack", "unpack", "unpack_add")
+
+
+@dataclass(frozen=True)
 class Rates:
     """Per-rank device rates and link costs (see module docstring)."""
 
@@ -89,6 +126,7 @@ class Rates:
     blocks: tuple[BlockRate, ...] = ()
     optimizer_tensor_s: float = 0.0
     dtensor_optimizer_tensor_s: float = 0.0
+    codec: dict[str, CodecRate] | None = None  # per CODEC_OPS name; None: not measured
 
     def optimizer_s(self, elements: float, tensors: int, dtensor: bool = False) -> float:
         """One rank's clip + optimizer step over ``tensors`` tensors holding ``elements`` in all."""
@@ -139,6 +177,7 @@ class Rates:
             "optimizer_tensor_s": self.optimizer_tensor_s,
             "dtensor_optimizer_tensor_s": self.dtensor_optimizer_tensor_s,
             "links": {c: {k: asdict(v) for k, v in kinds.items()} for c, kinds in self.links.items()},
+            **({"codec": {op: [list(pt) for pt in r.points] for op, r in self.codec.items()}} if self.codec else {}),
             "meta": self.meta,
         }
 
@@ -199,7 +238,14 @@ class Rates:
                 f"{where}: optimizer_tensor_s and dtensor_optimizer_tensor_s must be >= 0 seconds, got {per_tensor}"
             )
         return cls(
-            matmul, optimizer, links, str(data.get("source", where)), dict(data.get("meta", {})), blocks, *per_tensor
+            matmul,
+            optimizer,
+            links,
+            str(data.get("source", where)),
+            dict(data.get("meta", {})),
+            blocks,
+            *per_tensor,
+            codec=_codec(data.get("codec"), f"{where}: codec"),
         )
 
     # ------------------------------------------------------------------ the hardware table
@@ -216,11 +262,17 @@ class Rates:
             c: {k: LinkCost(GPU_STEP_LATENCY_S[c] * ring_steps(k, 2), bps, 2) for k in KINDS}
             for c, bps in per_class.items()
         }
+        big = 1 << 26  # a line through one element and 64 Mi: launch cost plus HBM passes
+        codec = {
+            op: CodecRate(((1, GPU_CODEC_CALL_S[op]), (big, GPU_CODEC_CALL_S[op] + big * per / hbm_bps)))
+            for op, per in GPU_CODEC_BYTES_PER_ELEMENT.items()
+        }
         return cls(
             (MatmulRate(8192, 8192, 8192, flops),),
             hbm_bps / GPU_OPTIMIZER_BYTES_PER_ELEMENT,
             links,
             f"hardware table: {name}",
+            codec=codec,
         )
 
 
@@ -242,3 +294,18 @@ def _link_cost(entry: Any, where: str) -> LinkCost:
     if cost.bus_bytes_per_s <= 0 or cost.latency_s < 0:
         raise CalibrationError(f"{where}: bus_bytes_per_s must be > 0 and latency_s >= 0, got {entry}")
     return cost
+
+
+def _codec(entry: Any, where: str) -> dict[str, CodecRate] | None:
+    if entry is None:
+        return None  # written by a probe that did not measure the int8 codec
+    try:
+        codec = {op: CodecRate(tuple(sorted((int(n), float(t)) for n, t in entry[op]))) for op in CODEC_OPS}
+    except (KeyError, TypeError, ValueError):
+        ops = ", ".join(CODEC_OPS)
+        raise CalibrationError(f"{where}: needs {ops}, each a list of [elements, seconds] pairs") from None
+    for op, rate in codec.items():
+        sizes = [n for n, _ in rate.points]
+        if not sizes or min(sizes) < 1 or len(set(sizes)) < len(sizes) or min(t for _, t in rate.points) < 0:
+            raise CalibrationError(f"{where}.{op}: needs distinct sizes >= 1 element and seconds >= 0, got {entry[op]}")
+    return codec

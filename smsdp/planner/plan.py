@@ -102,9 +102,13 @@ def _with_speed(base: Plan, calibration: Rates | str | Path | None, ranked: bool
             note = "no step time for instance_type='local' without a calibration: run `smsdp probe`, then pass it"
             return replace(base, warnings=(*base.warnings, note))
         return base
-    if p.tensor_parallel_degree > 1 or p.sdp_quantized_allgather or p.sdp_quantized_gradients:
+    if p.tensor_parallel_degree > 1:
+        note = "the step-time timeline does not model tensor parallelism yet: see the step time above"
+        return replace(base, warnings=(*base.warnings, note))
+    if (p.sdp_quantized_allgather or p.sdp_quantized_gradients) and rates.codec is None:
         note = (
-            "the step-time timeline does not model tensor parallelism or int8 collectives yet: see the step time above"
+            f"no step time for int8 collectives: the calibration {rates.source} has no int8 codec rates "
+            "(written by an older `smsdp probe`); run `smsdp probe` again"
         )
         return replace(base, warnings=(*base.warnings, note))
     speed = predict(

@@ -28,6 +28,16 @@ from smsdp.planner.model_spec import ROOT
 
 
 @dataclass(frozen=True)
+class CodecCalls:
+    """One unit's int8 collective in one micro-step: the bytes of its packed all-gather output
+    (or all-to-all input) and the elements of each pack and unpack call it makes."""
+
+    wire_bytes: float = 0.0
+    encode: tuple[int, ...] = ()
+    decode: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
 class QuantizedBytes:
     """Bytes per micro-step of the quantized collectives; None where that collective is exact."""
 
@@ -54,11 +64,31 @@ def quantized_bytes(groups: list[GroupLayout], sizes: UnitSizes, p: SMPParameter
     reduce = None
     if p.sdp_quantized_gradients:
         columns = max(1, p.sdp_reduce_bucket_size // d)
-        reduce = 0.0
-        for g in (g for g in sharded if g.trainable):
-            full, rest = divmod(g.shard, columns)
-            reduce += (d - 1) * (full * packed_nbytes(columns, block) + (packed_nbytes(rest, block) if rest else 0))
+        reduce = float(
+            sum((d - 1) * packed_nbytes(m, block) for g in sharded if g.trainable for m in _chunks(g, columns))
+        )
     return QuantizedBytes(gather, reduce)
+
+
+def gather_calls(groups: list[GroupLayout], d: int, block: int) -> CodecCalls:
+    """A unit's int8 all-gather (``groups``: its flat groups): each rank packs its shard of every
+    sharded group and unpacks the ``d`` shards it receives."""
+    shards = tuple(g.shard for g in groups if g.sharded and not g.nf4)
+    return CodecCalls(float(sum(d * packed_nbytes(s, block) for s in shards)), shards, shards * d)
+
+
+def reduce_calls(groups: list[GroupLayout], d: int, block: int, bucket_size: int) -> CodecCalls:
+    """A unit's int8 reduce-scatter: per bucket of ``sdp_reduce_bucket_size / d`` columns, each rank
+    packs the ``d`` chunks of its gradient and unpacks into its sum the ``d`` chunks it receives."""
+    columns = max(1, bucket_size // d)
+    chunks = tuple(m for g in groups if g.sharded and g.trainable and not g.nf4 for m in _chunks(g, columns))
+    return CodecCalls(float(sum(d * packed_nbytes(m, block) for m in chunks)), chunks * d, chunks * d)
+
+
+def _chunks(g: GroupLayout, columns: int) -> list[int]:
+    """The bucket widths of a group's reduce-scatter (``Unit._reduce_grad`` cuts the shard columns)."""
+    full, rest = divmod(g.shard, columns)
+    return [columns] * full + ([rest] if rest else [])
 
 
 def _units_kept_for_backward(sizes: UnitSizes, p: SMPParameters) -> set[int]:

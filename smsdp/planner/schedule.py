@@ -18,6 +18,9 @@ one's inter-host stage waits for its intra-host stage); compute waits where the 
   reduce-scatters (a hierarchical one waits for its intra-host stage and issues its inter-host
   stage) and waits for those older than the previous unit's (flat: older than its own),
   then issues its own;
+- int8 collectives (``sdp_quantized_allgather``, ``sdp_quantized_gradients``) pack on the compute
+  clock before they are issued, send the packed bytes flat over the shard group (an all-gather; an
+  all-to-all for the gradients) and unpack on the compute clock where they are waited for;
 - in the backward that ends a step, each unit's replica all-reduce starts as soon as its
   reduce-scatter is waited for (``early``; when the replicas are on other hosts, that wait is at
   the unit's own post-backward), or all of them start in ``step()`` (``late``);
@@ -62,6 +65,14 @@ class UnitWork:
     backward_s: float  # recomputation included
     grad_bytes: float = 0.0  # all of its trainable gradients in fp32 (DDP's buckets)
     replicated_bytes: float = 0.0  # its replicated (persistent) trainable gradients, all-reduced over the world
+    # int8 collectives: the packed all-gather's output, the packed all-to-all's input, and the
+    # seconds each rank spends packing before issuing and unpacking after waiting
+    gather_wire_bytes: float = 0.0
+    reduce_wire_bytes: float = 0.0
+    gather_encode_s: float = 0.0
+    gather_decode_s: float = 0.0
+    reduce_encode_s: float = 0.0
+    reduce_decode_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -82,6 +93,8 @@ class System:
     backward_prefetch: int = 1
     sync: str = "early"  # "early", "late" or "per_unit"
     comm: CommMode = CommMode.OVERLAPPED
+    quantized_gather: bool = False  # int8, flat over the shard group
+    quantized_reduce: bool = False
 
     @property
     def replicas(self) -> int:
@@ -97,7 +110,12 @@ class System:
 
     @property
     def staged_reduce(self) -> bool:
-        return self.kind == "smsdp" and self.hierarchical_reduce_scatter and self.shard_hosts > 1
+        return (
+            self.kind == "smsdp"
+            and self.hierarchical_reduce_scatter
+            and self.shard_hosts > 1
+            and not self.quantized_reduce
+        )
 
     @property
     def eager_replica_sync(self) -> bool:
@@ -152,6 +170,16 @@ class Timeline:
     def wait(self, until: float) -> None:
         self.compute = max(self.compute, until)
 
+    def start(self, c: Collective) -> float:
+        """Pack (compute), then issue ``c``'s stages; when they end."""
+        self.run(c.encode_s)
+        return self.issue(c.stages)
+
+    def finish(self, c: Collective, end: float) -> None:
+        """Wait for ``c`` (issued to end at ``end``), then unpack (compute)."""
+        self.wait(end)
+        self.run(c.decode_s)
+
     def run(self, seconds: float) -> None:
         self.compute += seconds
         self.compute_busy += seconds
@@ -202,6 +230,16 @@ def simulate(
 # ------------------------------------------------------------------------------- collectives
 
 
+@dataclass(frozen=True)
+class Collective:
+    """A collective as the runtime issues it: compute before it (packing), its stages, compute after
+    waiting for it (unpacking)."""
+
+    stages: list[Stage]
+    encode_s: float = 0.0
+    decode_s: float = 0.0
+
+
 def gather_stages(system: System, nbytes: float) -> list[Stage]:
     d, h, per_host = system.d, system.shard_hosts, system.per_host
     if d <= 1:
@@ -211,14 +249,29 @@ def gather_stages(system: System, nbytes: float) -> list[Stage]:
     return [(system.shard_class, "all_gather", d, nbytes)]
 
 
-def reduce_stages(system: System, nbytes: float) -> list[list[Stage]]:
+def unit_gather(system: System, unit: UnitWork) -> Collective:
+    """A unit's all-gather in the shard group (int8: flat, packed)."""
+    if system.quantized_gather and system.d > 1:
+        stages: list[Stage] = [(system.shard_class, "all_gather", system.d, unit.gather_wire_bytes)]
+        return Collective(stages, unit.gather_encode_s, unit.gather_decode_s)
+    return Collective(gather_stages(system, unit.gather_bytes))
+
+
+def reduce_stages(system: System, unit: UnitWork) -> list[Collective]:
     """The reduce-scatter as its issued parts: one part, or two (intra-host, then inter-host)."""
     d, h, per_host = system.d, system.shard_hosts, system.per_host
     if d <= 1:
-        return [[]]
+        return [Collective([])]
+    if system.quantized_reduce:
+        stages: list[Stage] = [(system.shard_class, "all_to_all", d, unit.reduce_wire_bytes)]
+        return [Collective(stages, unit.reduce_encode_s, unit.reduce_decode_s)]
     if system.staged_reduce:
-        return [[("intra", "all_to_all", per_host, nbytes)], [("cross", "all_to_all", h, nbytes / per_host)]]
-    return [[(system.shard_class, "reduce_scatter", d, nbytes)]]
+        nbytes = unit.reduce_bytes
+        return [
+            Collective([("intra", "all_to_all", per_host, nbytes)]),
+            Collective([("cross", "all_to_all", h, nbytes / per_host)]),
+        ]
+    return [Collective([(system.shard_class, "reduce_scatter", d, unit.reduce_bytes)])]
 
 
 def replica_stages(system: System, unit: UnitWork) -> list[Stage]:
@@ -235,43 +288,44 @@ def replica_stages(system: System, unit: UnitWork) -> list[Stage]:
 
 
 def _sharded_forward(tl: Timeline, system: System, units: list[UnitWork], root: UnitWork) -> None:
-    tl.wait(tl.issue(gather_stages(system, root.gather_bytes)))
+    first = unit_gather(system, root)
+    tl.finish(first, tl.start(first))
+    gathers = [unit_gather(system, u) for u in units]
     issued: dict[int, float] = {}
     depth = 0 if system.comm is CommMode.BLOCKING else system.forward_prefetch
 
     def prefetch(upto: int) -> None:
         for j in range(upto):
             if j < len(units) and j not in issued:
-                issued[j] = tl.issue(gather_stages(system, units[j].gather_bytes))
+                issued[j] = tl.start(gathers[j])
 
     prefetch(depth)
     for i, unit in enumerate(units):
         if i not in issued:
-            issued[i] = tl.issue(gather_stages(system, unit.gather_bytes))
-        tl.wait(issued[i])
+            issued[i] = tl.start(gathers[i])
+        tl.finish(gathers[i], issued[i])
         prefetch(i + 1 + depth)
         tl.run(unit.forward_s)
     tl.run(root.forward_s)
 
 
-def _backward_gathers(system: System, units: list[UnitWork]) -> list[list[Stage]]:
+def _backward_gathers(system: System, units: list[UnitWork]) -> list[Collective]:
     """Per unit in backward order, what its backward gathers (nothing when kept)."""
-    out: list[list[Stage]] = []
+    out: list[Collective] = []
     for j, unit in enumerate(reversed(units)):
         if system.reshard is False or (j == 0 and system.kind == "smsdp"):
-            out.append([])  # kept gathered from the forward (smsdp keeps the forward's last unit)
+            out.append(Collective([]))  # kept gathered from the forward (smsdp keeps the forward's last unit)
         elif system.reshard is True:
-            out.append(gather_stages(system, unit.gather_bytes))
-        else:
-            k = int(system.reshard)
-            out.append([("intra", "all_gather", k, unit.gather_bytes)])
+            out.append(unit_gather(system, unit))
+        else:  # the kept 1/k slices, gathered exact inside k ranks of a host
+            out.append(Collective([("intra", "all_gather", int(system.reshard), unit.gather_bytes)]))
     return out
 
 
 @dataclass
 class _Reduce:
     unit: UnitWork
-    parts: list[list[Stage]]
+    parts: list[Collective]
     ends: list[float]
 
 
@@ -284,15 +338,15 @@ def _sharded_backward(tl: Timeline, system: System, units: list[UnitWork], root:
     def prefetch(upto: int) -> None:
         for j in range(min(upto, len(order))):
             if j not in issued:
-                issued[j] = tl.issue(gathers[j])
+                issued[j] = tl.start(gathers[j])
 
     pending: list[_Reduce] = []
     prefetch(depth)
     tl.run(root.backward_s * 0.5)  # the LM head's backward comes first, the embedding's last
     for j, unit in enumerate(order):
         if j not in issued:
-            issued[j] = tl.issue(gathers[j])
-        tl.wait(issued[j])
+            issued[j] = tl.start(gathers[j])
+        tl.finish(gathers[j], issued[j])
         prefetch(j + 1 + depth)
         tl.run(unit.backward_s)
         pending = _post_backward(tl, system, pending, unit, boundary)
@@ -316,8 +370,8 @@ def _post_backward(
     for p in pending:
         if p not in keep:
             _complete(tl, system, p, boundary)
-    parts = reduce_stages(system, unit.reduce_bytes)
-    reduce = _Reduce(unit, parts, [tl.issue(parts[0])])
+    parts = reduce_stages(system, unit)
+    reduce = _Reduce(unit, parts, [tl.start(parts[0])])
     if system.sync == "per_unit":
         tl.issue(replica_stages(system, unit))
     if boundary and system.eager_replica_sync:
@@ -329,12 +383,12 @@ def _post_backward(
 def _advance(tl: Timeline, p: _Reduce) -> None:
     if len(p.ends) < len(p.parts):
         tl.wait(p.ends[-1])
-        p.ends.append(tl.issue(p.parts[len(p.ends)]))
+        p.ends.append(tl.start(p.parts[len(p.ends)]))
 
 
 def _complete(tl: Timeline, system: System, p: _Reduce, boundary: bool) -> None:
     _advance(tl, p)
-    tl.wait(p.ends[-1])
+    tl.finish(p.parts[-1], p.ends[-1])
     if boundary and system.sync == "early":
         tl.issue(replica_stages(system, p.unit))
 

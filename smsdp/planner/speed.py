@@ -14,6 +14,8 @@ they include what a block runs besides matmuls), or the matmul rate where none w
 trainable elements at the measured AdamW rate, plus clip + AdamW's measured fixed cost per tensor it
 steps: one flat shard per group for smsdp, every parameter for DDP, every parameter as a DTensor
 for FSDP2 (about 4x a plain tensor's cost on CPU: 70-90 ms of the bed's measured FSDP2 step).
+The int8 collectives: the packed bytes ``smsdp.planner.quantized`` counts, and each pack and
+unpack call at the probed codec rate for its size (``Rates.codec``).
 
 On a CPU calibration (``meta.device == "cpu"``) the schedule runs ``CommMode.CPU_SHARED``: an
 in-host stage's bytes are moved by the cores that compute, so its time is added to the compute
@@ -31,7 +33,7 @@ from typing import Any
 from smsdp.config import RuntimeConfig
 from smsdp.config.instance_types import LOCAL, lookup
 from smsdp.config.parameters import reshard_degree
-from smsdp.planner import comm_model
+from smsdp.planner import comm_model, quantized
 from smsdp.planner import memory as mem
 from smsdp.planner.calibration import Rates
 from smsdp.planner.hardware import Assumptions, Hardware
@@ -119,6 +121,8 @@ def system_of(runtime: RuntimeConfig, assumptions: Assumptions, label: str = "")
         world_hosts=max(1, world // per_host),
         hierarchical_allgather=p.sdp_hierarchical_allgather and span.hierarchical_ok,
         hierarchical_reduce_scatter=p.sdp_hierarchical_reduce_scatter and span.hierarchical_ok,
+        quantized_gather=p.sdp_quantized_allgather,
+        quantized_reduce=p.sdp_quantized_gradients,
         reshard=k if k else bool(p.sdp_reshard_after_forward),
         forward_prefetch=p.sdp_forward_prefetch,
         backward_prefetch=p.sdp_backward_prefetch,
@@ -137,6 +141,8 @@ def unit_work(
     reduce_bytes: int,
     checkpointing: bool,
     persistence_threshold: int = 0,
+    quantization_block: int = 256,
+    bucket_size: int = int(5e8),
 ) -> tuple[list[UnitWork], UnitWork, float]:
     """(blocks in forward order, root, one rank's optimizer seconds) at the system's degree."""
     groups = mem.layout(model, system.d, persistence_threshold)
@@ -151,7 +157,9 @@ def unit_work(
     def work(unit: int, matmul_params: float, per_token_extra: float) -> UnitWork:
         flops = (2.0 * matmul_params + per_token_extra) * tokens
         forward = flops / forward_rate
+        mine = [g for g in groups if g.unit == unit]
         return UnitWork(
+            **_int8_work(system, rates, mine, quantization_block, bucket_size),
             gather_bytes=sizes.gathered.get(unit, 0) * compute_bytes,
             reduce_bytes=sizes.trainable_sharded.get(unit, 0) * reduce_bytes,
             forward_s=forward,
@@ -168,6 +176,31 @@ def unit_work(
     # smsdp steps one flat shard per group; DDP and FSDP2 every parameter tensor (FSDP2's as DTensors)
     tensors = sum(g.trainable for g in groups) if system.kind == "smsdp" else sum(t.trainable for t in model.tensors)
     return units, root, rates.optimizer_s(local, tensors, dtensor=system.kind == "fsdp2")
+
+
+def _int8_work(
+    system: System, rates: Rates, groups: list[mem.GroupLayout], block: int, bucket_size: int
+) -> dict[str, float]:
+    """The int8 collectives' packed bytes and codec seconds of one unit (``UnitWork``'s fields)."""
+    out: dict[str, float] = {}
+    if not (system.quantized_gather or system.quantized_reduce):
+        return out
+    if rates.codec is None:
+        raise ValueError(f"{rates.source}: no int8 codec rates (rerun `smsdp probe`)")
+    codec = rates.codec
+
+    def seconds(op: str, calls: tuple[int, ...]) -> float:
+        return sum(codec[op].seconds(n) for n in calls)
+
+    if system.quantized_gather:
+        g = quantized.gather_calls(groups, system.d, block)
+        out.update(gather_wire_bytes=g.wire_bytes, gather_encode_s=seconds("pack", g.encode))
+        out.update(gather_decode_s=seconds("unpack", g.decode))
+    if system.quantized_reduce:
+        r = quantized.reduce_calls(groups, system.d, block, bucket_size)
+        out.update(reduce_wire_bytes=r.wire_bytes, reduce_encode_s=seconds("pack", r.encode))
+        out.update(reduce_decode_s=seconds("unpack_add", r.decode))
+    return out
 
 
 def flops_per_token(model: ModelSpec) -> float:
@@ -200,6 +233,8 @@ def predict(
         reduce_bytes=2 if p.sdp_reduce_dtype == "bf16" else 4,
         checkpointing=p.activation_checkpointing,
         persistence_threshold=int(p.sdp_param_persistence_threshold) if system.kind == "smsdp" else 0,
+        quantization_block=p.sdp_quantization_block,
+        bucket_size=p.sdp_reduce_bucket_size,
     )
     prediction = simulate(system, units, root, optimizer_s, rates, micro_steps=accum)
     tokens = batch * (model.shape.seq_len if model.shape else 1) * accum * system.world
