@@ -29,7 +29,8 @@ one's inter-host stage waits for its intra-host stage); compute waits where the 
 
 The same machinery runs the comparison systems of ``bench/cluster.py``: FSDP2 (on CPU its
 collectives block the caller: ``CommMode.BLOCKING``; HSDP all-reduces each unit's shard right
-after its reduce-scatter) and DDP (gradient buckets of 25 MiB, the first 1 MiB, all-reduced as they fill).
+after its reduce-scatter; ``reshard_after_forward=k`` gathers each unit's backward copy inside
+``k`` ranks of a host, every unit, its last included) and DDP (gradient buckets of 25 MiB, the first 1 MiB, all-reduced as they fill).
 """
 
 from __future__ import annotations

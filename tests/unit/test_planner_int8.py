@@ -121,15 +121,20 @@ def test_int8_prediction_needs_the_codec_and_plan_says_to_probe_again(tmp_path):
 
 
 def test_gpu_instance_types_predict_int8_from_the_hardware_table():
-    p = plan(
-        ModelSpec.gpt(40, 5120, 40, 50257, 2048),
-        batch_size=2,
-        instance_type="ml.p4d.24xlarge",
-        instance_count=4,
-        parameters={"sharded_data_parallel_degree": 32, "bf16": True, "sdp_quantized_allgather": True},
-        recommend=False,
-    )
-    assert p.speed is not None and p.speed.rates_source == "hardware table: ml.p4d.24xlarge"
+    exact = {"sharded_data_parallel_degree": 32, "bf16": True}
+    speeds = [
+        plan(
+            ModelSpec.gpt(40, 5120, 40, 50257, 2048), batch_size=2, instance_type="ml.p4d.24xlarge",
+            instance_count=4, parameters=params, recommend=False,
+        ).speed
+        for params in (exact, {**exact, "sdp_quantized_allgather": True, "sdp_quantized_gradients": True})
+    ]  # fmt: skip
+    assert all(s is not None and s.rates_source == "hardware table: ml.p4d.24xlarge" for s in speeds)
+    (exact_speed, int8_speed) = speeds
+    assert (
+        int8_speed.prediction.comm_s < 0.5 * exact_speed.prediction.comm_s
+    )  # half the bf16 weights, a quarter of the fp32 gradients
+    assert int8_speed.prediction.compute_s > exact_speed.prediction.compute_s  # the codec's HBM passes
 
 
 def test_the_probe_measures_the_codec_at_each_size():
