@@ -27,6 +27,7 @@ from smsdp.planner.calibration import Rates
 from smsdp.planner.evaluate import evaluate
 from smsdp.planner.hardware import Assumptions
 from smsdp.planner.model_spec import ModelSpec
+from smsdp.planner.options import option_speeds
 from smsdp.planner.ranking import rank
 from smsdp.planner.recommend import recommend as recommend_for
 from smsdp.planner.result import DoesNotFitError, Plan, PlanError, Recommendation
@@ -114,7 +115,9 @@ def _with_speed(base: Plan, calibration: Rates | str | Path | None, ranked: bool
     speed = predict(
         base.model, base.runtime, rates, batch=base.batch_size, accum=base.grad_accum, assumptions=base.assumptions
     )
-    return replace(base, speed=speed, ranking=rank(base, rates) if ranked else ())
+    if not ranked:
+        return replace(base, speed=speed)
+    return replace(base, speed=speed, ranking=rank(base, rates), options=option_speeds(base, rates))
 
 
 def _runtime(

@@ -303,6 +303,15 @@ def _speed_lines(plan: Plan) -> list[str]:
         else:
             lines.append(f"use: {best.label} ({best.speed.tokens_per_s / s.tokens_per_s:.2f}x this configuration)")
         lines.append("")
+    if plan.options:
+        lines.append("other options at this degree and strategy (predicted)")
+        rows = [
+            [o.label, ", ".join(f"{k}={v}" for k, v in o.parameters.items()), f"{o.speed.tokens_per_s:,.0f}",
+             f"{o.speed.tokens_per_s / s.tokens_per_s:.2f}x", "yes" if o.exact else "not exact",
+             f"{o.peak_bytes / GiB:.2f} GiB" + ("" if o.fits else " (does not fit)")]
+            for o in plan.options
+        ]  # fmt: skip
+        lines += [table(rows, ["option", "set", "tokens/s", "vs this", "exact", "peak"]), ""]
     return lines
 
 

@@ -20,6 +20,7 @@ from smsdp.planner.render import precision_name, render_plan
 from smsdp.planner.speed import Speed
 
 if TYPE_CHECKING:  # pragma: no cover
+    from smsdp.planner.options import OptionSpeed
     from smsdp.planner.ranking import Candidate
 
 
@@ -133,6 +134,7 @@ class Plan:
     strategies: tuple[StrategyFit, ...] = ()  # each sdp_reshard_after_forward; empty when recommend=False
     speed: Speed | None = None  # the step-time model (smsdp.planner.speed); None without rates
     ranking: tuple[Candidate, ...] = ()  # every fitting degree x strategy, fastest first (recommend=True)
+    options: tuple[OptionSpeed, ...] = ()  # int8, reduce dtype, hierarchical reduce-scatter changed (recommend=True)
 
     @property
     def fits(self) -> bool:
@@ -193,6 +195,8 @@ class Plan:
             out["speed"] = self.speed.to_dict()
         if self.ranking:
             out["ranking"] = [c.to_dict() for c in self.ranking]
+        if self.options:
+            out["options"] = [o.to_dict() for o in self.options]
         return out
 
     def __str__(self) -> str:

@@ -153,3 +153,32 @@ def test_the_probe_measures_the_codec_at_each_size():
         assert [n for n, _ in points] == [4096, 65536] and all(t > 0 for _, t in points)
     loaded = Rates.from_dict({**with_codec(rates()).to_dict(), "codec": codec})
     assert loaded.codec is not None and loaded.codec["pack"].seconds(65536) == pytest.approx(codec["pack"][1][1])
+
+
+def test_plan_shows_what_int8_the_reduce_dtype_and_the_hierarchical_reduce_scatter_would_do(tmp_path):
+    path = tmp_path / "calibration.json"
+    with_codec(rates(bus=2 * MiB)).save(path)
+
+    def options(params: dict, calibration=path) -> dict:
+        p = plan(
+            MODEL, batch_size=2, instance_count=2, processes_per_host=2, parameters=params, calibration=calibration
+        )
+        assert p.speed is not None
+        return {o.label: (o.exact, o.speed.step_s / p.speed.step_s) for o in p.options}
+
+    exact = options(EXACT)
+    assert set(exact) == {
+        "int8 all-gather and gradients",
+        "hierarchical reduce-scatter off",
+        "gradients reduced in bf16",
+    }
+    assert exact["int8 all-gather and gradients"][0] is False and exact["int8 all-gather and gradients"][1] < 1
+    assert exact["hierarchical reduce-scatter off"][0] is True and exact["hierarchical reduce-scatter off"][1] > 1
+    assert exact["gradients reduced in bf16"][0] is False and exact["gradients reduced in bf16"][1] < 1
+    int8 = options(INT8)  # the hierarchical reduce-scatter does not apply under int8 gradients
+    assert set(int8) == {"exact collectives", "gradients reduced in bf16"} and int8["exact collectives"][1] > 1
+    rates(bus=2 * MiB).save(tmp_path / "older.json")
+    assert "int8 all-gather and gradients" not in options(EXACT, tmp_path / "older.json")
+    p = plan(MODEL, batch_size=2, instance_count=2, processes_per_host=2, parameters=EXACT, calibration=path)
+    assert "other options at this degree and strategy" in str(p)
+    assert [o["option"] for o in p.to_dict()["options"]] == list(exact)
