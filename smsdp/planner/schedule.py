@@ -49,9 +49,10 @@ class CommMode(Enum):
     OVERLAPPED = "overlapped"
     """GPU: collectives run on their own streams and links; compute waits only where the runtime waits."""
     CPU_SHARED = "cpu_shared"
-    """CPU ranks (the test bed: 4 ranks on 2 cores): an in-host stage's bytes are moved by the CPU that
-    computes, so its time is added to the compute clock; an inter-host stage spends its time on the
-    wire and runs beside compute; compute waits where the runtime waits."""
+    """CPU ranks (the test bed: 4 ranks on 2 cores): every byte sent goes through the kernel's TCP stack
+    on the cores that compute. An in-host stage's time is added to the compute clock; an inter-host
+    stage adds what the same collective costs inside a host (its bytes through TCP, no wire) and
+    spends the rest of its time on the wire, beside compute; compute waits where the runtime waits."""
     BLOCKING = "blocking"
     """The caller waits for each collective it issues (FSDP2 on CPU: no streams), with no prefetch."""
 
@@ -161,7 +162,7 @@ class Timeline:
             end = max(end, self.queues[queue]) + seconds
             self.queues[queue] = end
             self.comm_busy += seconds
-            on_cpu += seconds if queue == "intra" else 0.0
+            on_cpu += seconds if queue == "intra" else self.rates.collective_s("intra", *stage[1:])
         if self.comm is CommMode.BLOCKING:
             self.compute = max(self.compute, end)
         elif self.comm is CommMode.CPU_SHARED:

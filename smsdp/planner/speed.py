@@ -17,9 +17,10 @@ for FSDP2 (about 4x a plain tensor's cost on CPU: 70-90 ms of the bed's measured
 The int8 collectives: the packed bytes ``smsdp.planner.quantized`` counts, and each pack and
 unpack call at the probed codec rate for its size (``Rates.codec``).
 
-On a CPU calibration (``meta.device == "cpu"``) the schedule runs ``CommMode.CPU_SHARED``: an
-in-host stage's bytes are moved by the cores that compute, so its time is added to the compute
-clock, while an inter-host stage spends its time on the wire beside compute. On the namespaced test
+On a CPU calibration (``meta.device == "cpu"``) the schedule runs ``CommMode.CPU_SHARED``: every
+stage's bytes go through TCP on the cores that compute, so an in-host stage's time is added to the
+compute clock, and an inter-host stage adds what the same collective costs inside a host and
+spends the rest of its time on the wire beside compute. On the namespaced test
 bed (4 ranks on 2 cores) overlapping everything predicted steps 10-31% short at 500 Mbit/s;
 blocking on every collective over-predicted smsdp spanning hosts by 18-48% at 500 Mbit/s and by
 16-29% at 2 hosts x 4 ranks (docs/planner.md, "Step time on the test bed").
