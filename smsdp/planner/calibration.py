@@ -133,6 +133,12 @@ class Rates:
         per_tensor = self.dtensor_optimizer_tensor_s if dtensor else self.optimizer_tensor_s
         return elements / self.optimizer_elements_per_s + tensors * per_tensor
 
+    @property
+    def in_host_measured(self) -> bool:
+        """Whether the ``intra`` class was measured between ranks of one host (a probe of one rank per
+        host copies the network's figures there)."""
+        return int(self.meta.get("processes_per_host", 1)) > 1
+
     def cost(self, link_class: str, kind: str) -> LinkCost:
         return self.links[link_class][kind]
 

@@ -52,7 +52,8 @@ class CommMode(Enum):
     """CPU ranks (the test bed: 4 ranks on 2 cores): every byte sent goes through the kernel's TCP stack
     on the cores that compute. An in-host stage's time is added to the compute clock; an inter-host
     stage adds what the same collective costs inside a host (its bytes through TCP, no wire) and
-    spends the rest of its time on the wire, beside compute; compute waits where the runtime waits."""
+    spends the rest of its time on the wire, beside compute (with one rank per host the calibration
+    has no in-host figure, and the stage is all wire); compute waits where the runtime waits."""
     BLOCKING = "blocking"
     """The caller waits for each collective it issues (FSDP2 on CPU: no streams), with no prefetch."""
 
@@ -162,12 +163,19 @@ class Timeline:
             end = max(end, self.queues[queue]) + seconds
             self.queues[queue] = end
             self.comm_busy += seconds
-            on_cpu += seconds if queue == "intra" else self.rates.collective_s("intra", *stage[1:])
+            on_cpu += seconds if queue == "intra" else self._tcp_s(stage)
         if self.comm is CommMode.BLOCKING:
             self.compute = max(self.compute, end)
         elif self.comm is CommMode.CPU_SHARED:
             self.compute += on_cpu
         return end
+
+    def _tcp_s(self, stage: Stage) -> float:
+        """The cores' share of an inter-host stage: what the same collective costs inside a host. Not
+        known from a calibration of one rank per host (its in-host class is a copy of the network's)."""
+        if not self.rates.in_host_measured:
+            return 0.0
+        return self.rates.collective_s("intra", *stage[1:])
 
     def wait(self, until: float) -> None:
         self.compute = max(self.compute, until)

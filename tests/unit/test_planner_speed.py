@@ -94,7 +94,9 @@ def test_overlap_hides_what_blocking_collectives_expose():
 def test_on_cpu_an_in_host_stage_takes_the_compute_clock_and_an_inter_host_stage_its_bytes_cpu_time_only():
     from smsdp.planner.schedule import Timeline
 
-    r = rates()
+    from dataclasses import replace
+
+    r = replace(rates(), meta={"processes_per_host": 2})
     intra = ("intra", "all_gather", 2, 4 * MiB)
     cross = ("cross", "all_gather", 2, 4 * MiB)
     tl = Timeline(r, CommMode.CPU_SHARED)
@@ -103,6 +105,9 @@ def test_on_cpu_an_in_host_stage_takes_the_compute_clock_and_an_inter_host_stage
     end = tl.issue([cross])
     # the cross stage's bytes cost the cores what the same gather inside a host does; its wire time runs beside
     assert tl.compute == pytest.approx(2 * r.collective_s(*intra)) and tl.compute < end
+    one_per_host = Timeline(replace(r, meta={"processes_per_host": 1}), CommMode.CPU_SHARED)
+    one_per_host.issue([cross])  # no in-host figure was measured: the stage is all wire
+    assert one_per_host.compute == 0.0
     tl.wait(end)
     assert tl.compute == pytest.approx(end)
     # compute as long as the communication: what each mode lets overlap shows
