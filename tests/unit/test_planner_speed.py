@@ -92,9 +92,9 @@ def test_overlap_hides_what_blocking_collectives_expose():
 
 
 def test_on_cpu_an_in_host_stage_takes_the_compute_clock_and_an_inter_host_stage_its_bytes_cpu_time_only():
-    from smsdp.planner.schedule import Timeline
-
     from dataclasses import replace
+
+    from smsdp.planner.schedule import Timeline
 
     r = replace(rates(), meta={"processes_per_host": 2})
     intra = ("intra", "all_gather", 2, 4 * MiB)
