@@ -294,14 +294,10 @@ def probe(
             "backward": [r["backward_flops_per_s"] for r in blocks] or [1.0],
             "optimizer": [measure_optimizer(optimizer_elements, device, repeats)],
             "tensors": [per_tensor["plain"], per_tensor["dtensor"]],
-            "codec": [1.0 / max(t, 1e-12) for points in codec.values() for _, t in points],
         },
         device,
     )
-    calls = iter(slowest["codec"])  # the slowest rank's: the lowest calls per second
-    for points in codec.values():
-        for pt in points:
-            pt[1] = 1.0 / next(calls)
+    _slowest_codec(codec, device)
     for row, rate in zip(matmul, slowest["matmul"]):
         row["flops_per_s"] = rate
     for row, f, b in zip(blocks, slowest["forward"], slowest["backward"]):
@@ -320,18 +316,23 @@ def probe(
         "dtensor_optimizer_tensor_s": 1.0 / slowest["tensors"][1],
         "links": links,
         "codec": codec,
-        "meta": {
-            "backend": dist.get_backend(),
-            "device": device.type,
-            "dtype": str(dtype).replace("torch.", ""),
-            "hosts": cluster.num_hosts,
-            "processes_per_host": cluster.processes_per_host,
-            "inter_host_measured": cluster.num_hosts > 1,
-            "torch": torch.__version__,
-            "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-            "seconds": time.time() - began,
-            "created": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-        },
+        "meta": _meta(cluster, device, dtype, began),
+    }
+
+
+def _meta(cluster: ClusterInfo, device: torch.device, dtype: torch.dtype, began: float) -> dict[str, Any]:
+    """Where and how the calibration was measured."""
+    return {
+        "backend": dist.get_backend(),
+        "device": device.type,
+        "dtype": str(dtype).replace("torch.", ""),
+        "hosts": cluster.num_hosts,
+        "processes_per_host": cluster.processes_per_host,
+        "inter_host_measured": cluster.num_hosts > 1,
+        "torch": torch.__version__,
+        "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        "seconds": time.time() - began,
+        "created": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
     }
 
 
@@ -349,6 +350,15 @@ def _slowest_links(links: dict[str, dict[str, dict]], device: torch.device) -> N
         latency, seconds = times[2 * i].item(), times[2 * i + 1].item()
         moved = entry["bus_bytes_per_s"] * max(entry["seconds"] - entry["latency_s"], 1e-9)
         entry.update(latency_s=latency, seconds=seconds, bus_bytes_per_s=moved / max(seconds - latency, 1e-9))
+
+
+def _slowest_codec(codec: dict[str, list], device: torch.device) -> None:
+    """Each codec call's time becomes the slowest rank's (the lowest calls per second)."""
+    rates = _slowest({"codec": [1.0 / max(t, 1e-12) for points in codec.values() for _, t in points]}, device)
+    calls = iter(rates["codec"])
+    for points in codec.values():
+        for pt in points:
+            pt[1] = 1.0 / next(calls)
 
 
 def _slowest(rates: dict[str, list[float]], device: torch.device) -> dict[str, list[float]]:
