@@ -15,8 +15,8 @@ timed call), so a shared link or a shared CPU is measured as training uses it:
   (the caller's block, e.g. the bundled GPT's) at given shapes; AdamW over a flat tensor, and
   clip + AdamW's fixed cost per parameter tensor, plain and as DTensors (what FSDP2 steps);
 - the int8 block codec of the quantized collectives (``smsdp.comm.block_quantizer``): pack,
-  unpack, and unpack into a running fp32 sum, each at two sizes, for a fixed cost per call and
-  elements per second.
+  unpack, and unpack into a running fp32 sum, each timed per call at four sizes (its cost per
+  element changes with the size on a CPU).
 
 The bundled ``probe.py`` job writes the dict with ``smsdp.planner.calibration.Rates``;
 ``smsdp probe`` runs that job.

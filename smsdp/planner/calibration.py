@@ -20,8 +20,8 @@ Link classes:
 
 ``codec``: what the int8 collectives (``sdp_quantized_allgather``, ``sdp_quantized_gradients``)
 compute besides sending: packing a tensor into int8 blocks, unpacking one, and unpacking one into
-a running fp32 sum (the reduce-scatter's decode), each a fixed cost per call plus elements per
-second. ``None`` where a probe did not measure it (files written before it did).
+a running fp32 sum (the reduce-scatter's decode), each timed per call at a few sizes
+(``CodecRate``). ``None`` where a probe did not measure it (files written before it did).
 
 The figures come from the hardware table (``Rates.from_hardware``: published peaks and
 bandwidths times stated efficiencies) or from a calibration file that ``smsdp probe``

@@ -158,9 +158,8 @@ def unit_work(
     def work(unit: int, matmul_params: float, per_token_extra: float) -> UnitWork:
         flops = (2.0 * matmul_params + per_token_extra) * tokens
         forward = flops / forward_rate
-        mine = [g for g in groups if g.unit == unit]
         return UnitWork(
-            **_int8_work(system, rates, mine, quantization_block, bucket_size),
+            **_int8_work(system, rates, groups, unit, quantization_block, bucket_size),
             gather_bytes=sizes.gathered.get(unit, 0) * compute_bytes,
             reduce_bytes=sizes.trainable_sharded.get(unit, 0) * reduce_bytes,
             forward_s=forward,
@@ -180,12 +179,13 @@ def unit_work(
 
 
 def _int8_work(
-    system: System, rates: Rates, groups: list[mem.GroupLayout], block: int, bucket_size: int
+    system: System, rates: Rates, groups: list[mem.GroupLayout], unit: int, block: int, bucket_size: int
 ) -> dict[str, float]:
-    """The int8 collectives' packed bytes and codec seconds of one unit (``UnitWork``'s fields)."""
+    """The int8 collectives' packed bytes and codec seconds of ``unit`` (``UnitWork``'s fields)."""
     out: dict[str, float] = {}
     if not (system.quantized_gather or system.quantized_reduce):
         return out
+    groups = [g for g in groups if g.unit == unit]
     if rates.codec is None:
         raise ValueError(f"{rates.source}: no int8 codec rates (rerun `smsdp probe`)")
     codec = rates.codec
