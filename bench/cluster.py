@@ -38,7 +38,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(REPO_ROOT / "bench"))
 
-from cluster_tables import calibration_table, phase_table, speed_table, summarize  # noqa: E402
+from cluster_tables import calibration_table, phase_table, speed_table, summarize, timer_table  # noqa: E402
 
 from tests import netns_hosts  # noqa: E402
 
@@ -325,7 +325,7 @@ def worker_args(args, specs: list[dict], precision: str) -> list[str]:
         "--mode", "train", "--systems", json.dumps(specs), "--precision", precision,
         "--warmup", str(args.warmup), "--steps", str(args.steps), "--batch", str(args.batch),
         "--seq", str(args.seq), "--layers", str(args.layers), "--width", str(args.width),
-        "--accum", str(args.accum),
+        "--accum", str(args.accum), *(["--timers"] if getattr(args, "timers", False) else []),
     ]  # fmt: skip
 
 
@@ -340,6 +340,7 @@ def _print_setting(entry: dict, specs, hosts: int, per_host: int, accum: int) ->
         entry.setdefault("rows", {})[precision] = rows
         parts.append(speed_table(rows, precision, runs, accum))
         parts.append(phase_table(rows, precision))
+        parts.append(timer_table(rows, precision))
     text = "\n".join(parts)
     entry["markdown"] = text
     print(text, flush=True)
@@ -361,6 +362,7 @@ def main() -> None:
     p.add_argument("--accum", type=int, default=1)
     p.add_argument("--timeout", type=float, default=1200)
     p.add_argument("--no-calibration", action="store_true")
+    p.add_argument("--timers", action="store_true", help="also time smsdp's runtime methods (where each step waits)")
     p.add_argument(
         "--rss",
         action=argparse.BooleanOptionalAction,

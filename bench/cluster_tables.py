@@ -217,6 +217,25 @@ def phase_table(rows: list[dict], precision: str) -> str:
     return "\n".join(lines)
 
 
+def timer_table(rows: list[dict], precision: str) -> str:
+    """Under ``--timers``: smsdp's runtime methods per step (exclusive wall ms, medians, slowest rank)."""
+    timed = [r for r in rows if "error" not in r and any(k.startswith("t:") for k in r["phases_s"])]
+    if not timed:
+        return ""
+    categories = sorted({k for r in timed for k in r["phases_s"] if k.startswith("t:")})
+    names = [k[2:] for k in categories]
+    lines = [
+        f"\n{precision}, smsdp's runtime methods per step (exclusive wall ms; the rest of a phase is autograd's "
+        "own compute; `bench/workers/smsdp_timers.py` says what each covers):\n",
+        f"| system | {' | '.join(names)} |",
+        "|---|" + "---|" * len(names),
+    ]
+    for row in timed:
+        cells = [f"{row['phases_s'].get(k, 0) * 1e3:.0f}" for k in categories]
+        lines.append(f"| {row['label']} | {' | '.join(cells)} |")
+    return "\n".join(lines)
+
+
 def calibration_table(calibration: dict, hosts: int, per_host: int) -> str:
     tcp = calibration["tcp"]
     lines = [

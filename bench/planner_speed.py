@@ -181,10 +181,9 @@ def table(rate: str, full: dict[str, dict], meas: dict[str, list[float]], phases
             f"| {pred[spec['key']] / med:.2f} | {_phases(full[spec['key']])} | {_phases(phases[spec['key']])} "
             f"| {full[spec['key']]['exposed_s'] * 1e3:.0f} |"
         )
-    mine = [s["key"] for s in specs if s["key"] in CHOICES and meas.get(s["key"])]
-    if mine:
-        pick = min(mine, key=lambda k: pred[k])
-        best = min(mine, key=lambda k: statistics.median(meas[k]))
+    choice = pick_and_best(pred, meas)
+    if choice:
+        pick, best = choice
         gap = statistics.median(meas[pick]) / statistics.median(meas[best]) - 1
         label = {s["key"]: s["label"] for s in specs}
         lines.append(
@@ -194,17 +193,61 @@ def table(rate: str, full: dict[str, dict], meas: dict[str, list[float]], phases
     return "\n".join(lines)
 
 
+def pick_and_best(pred: dict[str, float], meas: dict[str, list[float]]) -> tuple[str, str] | None:
+    """The configuration the planner picks (fastest predicted) and the measured fastest, among CHOICES."""
+    mine = [k for k in CHOICES if meas.get(k) and k in pred]
+    if not mine:
+        return None
+    return min(mine, key=lambda k: pred[k]), min(mine, key=lambda k: statistics.median(meas[k]))
+
+
 def reprint(args) -> None:
-    """The tables of a run saved with --json, predicted again from its calibration files."""
-    saved = json.loads(Path(args.from_json).read_text())
-    hosts, per_host = cluster.parse_layout(saved.get("layout", args.layout))
-    specs = cluster.system_specs(saved.get("systems", args.systems).split(","), hosts, per_host)
-    print(f"Saved run: `{' '.join(saved['argv'])}`; predictions from its calibrations with the current model.")
-    for setting in saved["settings"]:
-        rates = Rates.from_dict(setting["calibration"], f"{args.from_json}: {setting['rate']}")
-        pred = predictions(rates, args, hosts, per_host)
-        meas = dict(setting["measured_s"])
-        print(table(setting["rate"], pred, meas, setting["phases"], specs, setting.get("loads", [])), flush=True)
+    """The tables of runs saved with --json, predicted again from their calibration files; with
+    several runs, the picks against every launch of each setting pooled."""
+    pooled: dict[tuple[str, str], dict] = {}
+    for path in args.from_json:
+        saved = json.loads(Path(path).read_text())
+        layout = saved.get("layout", args.layout)
+        hosts, per_host = cluster.parse_layout(layout)
+        specs = cluster.system_specs(saved.get("systems", args.systems).split(","), hosts, per_host)
+        print(f"Saved run: `{' '.join(saved['argv'])}`; predictions from its calibrations with the current model.")
+        for setting in saved["settings"]:
+            rates = Rates.from_dict(setting["calibration"], f"{path}: {setting['rate']}")
+            pred = predictions(rates, args, hosts, per_host)
+            meas = dict(setting["measured_s"])
+            print(table(setting["rate"], pred, meas, setting["phases"], specs, setting.get("loads", [])), flush=True)
+            entry = pooled.setdefault((layout, setting["rate"]), {"launches": {}, "picks": []})
+            for key, times in meas.items():
+                entry["launches"].setdefault(key, []).extend(times)
+            choice = pick_and_best({k: v["step_s"] for k, v in pred.items()}, meas)
+            if choice:
+                pick, best = choice
+                in_run = statistics.median(meas[pick]) / statistics.median(meas[best]) - 1
+                entry["picks"].append((Path(path).stem.removeprefix("planner_speed_bed_"), pick, in_run))
+    if len(args.from_json) > 1:
+        print(pooled_table(pooled))
+
+
+def pooled_table(pooled: dict[tuple[str, str], dict]) -> str:
+    """Per setting: each run's pick against the medians of every launch of every run of that setting."""
+    lines = [
+        "\n#### The picks against every launch of each setting\n",
+        "| layout, link | launches per system | pooled median ms (smsdp configurations) | measured fastest "
+        "| each run's pick (behind the fastest: in its run / pooled) |",
+        "|---|---|---|---|---|",
+    ]
+    for (layout, rate), entry in pooled.items():
+        med = {k: statistics.median(v) for k, v in entry["launches"].items() if k in CHOICES}
+        best = min(med, key=lambda k: med[k])
+        counts = sorted({len(entry["launches"][k]) for k in med})
+        picks = "; ".join(
+            f"{name} {pick} ({in_run:.1%} / {med[pick] / med[best] - 1:.1%})" for name, pick, in_run in entry["picks"]
+        )
+        lines.append(
+            f"| {layout}, {rate} | {'-'.join(map(str, counts))} | "
+            f"{', '.join(f'{k} {v * 1e3:.0f}' for k, v in med.items())} | {best} | {picks} |"
+        )
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -225,8 +268,10 @@ def main() -> None:
     p.add_argument("--json", default=None, help="also write predictions, measurements and calibrations here")
     p.add_argument(
         "--from-json",
+        nargs="+",
         default=None,
-        help="print the tables of a saved run (its calibrations and measurements) with the current model; runs nothing",
+        help="print the tables of saved runs (their calibrations and measurements) with the current model, and "
+        "with several, every run's pick against all launches of its setting pooled; runs nothing",
     )
     args = p.parse_args()
     args.accum, args.precision = 1, "fp32"

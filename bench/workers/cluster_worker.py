@@ -10,6 +10,9 @@ variables (``SM_HOSTS``, ``SM_CURRENT_HOST``), so smsdp sees real host boundarie
 over the ranks of one host; per call, its time and the bytes that crossed each host's
 link, read from the link, beside what ``comm_counter.link_send_bytes`` says gloo sends.
 
+``--mode beside``: in-host and cross-host collectives alone and beside compute
+(``beside_worker.py``).
+
 ``--mode train``: the systems of ``--systems`` (JSON, see ``bench/cluster.py``) built in
 this one process, their steps interleaved (round robin, order rotated every step, a
 barrier before each system's step), as ``train_worker.py`` does. Each smsdp system has
@@ -43,6 +46,7 @@ import train_worker as tw  # installs the byte counter before anything imports s
 from comm_counter import diff
 
 COUNTER = tw.COUNTER
+TIMERS = None  # smsdp_timers.Timers under --timers: each smsdp step's categories join its phases as "t:<category>"
 LINK = "/sys/class/net/eth0/statistics/{}_bytes"
 
 
@@ -296,10 +300,14 @@ def _one_step(system, batches, args, step: int, barrier: float, local0: bool) ->
     link0 = read_link() if local0 else (0, 0)
     dist.barrier()  # no rank of this host starts sending before its reader has read
     before, link_before, smsdp_before = COUNTER.snapshot(), COUNTER.link_snapshot(), system.smsdp_stats()
+    if TIMERS is not None:
+        TIMERS.reset()
     t0, c0 = time.perf_counter(), time.process_time()
     loss = system.step(batches)
     rec["times"].append(time.perf_counter() - t0)
     rec["cpu"].append(time.process_time() - c0)
+    if TIMERS is not None and isinstance(system, BedSmsdp):
+        system.phases.update({f"t:{k}": v for k, v in TIMERS.reset().items() if not k.startswith("cpu:")})
     dist.barrier()
     link1 = read_link() if local0 else (0, 0)
     rec["losses"].append(loss)
@@ -346,7 +354,7 @@ def _grad_bytes(system) -> int:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--mode", choices=["calibrate", "train"], required=True)
+    p.add_argument("--mode", choices=["calibrate", "train", "beside"], required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--mib", type=float, default=8.0, help="calibration: MiB per collective")
     p.add_argument("--repeat", type=int, default=3)
@@ -362,12 +370,26 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--clip", type=float, default=1.0)
+    p.add_argument("--timers", action="store_true", help="train: time smsdp's runtime methods (smsdp_timers.py)")
     args = p.parse_args()
     torch.set_num_threads(1)
     place = Place()
     join(place)
     t0 = time.time()
-    result = calibrate(args, place) if args.mode == "calibrate" else train(args, place)
+    if args.mode == "beside":
+        import beside_worker
+
+        groups = all_groups(place)
+        result = beside_worker.measure(groups, args.mib, args.repeat, args.width, args.seq, args.batch)
+    elif args.mode == "calibrate":
+        result = calibrate(args, place)
+    else:
+        if args.timers:
+            global TIMERS
+            import smsdp_timers
+
+            TIMERS = smsdp_timers.install()
+        result = train(args, place)
     result.update({"rank": place.rank, "host": place.host, "local": place.local, "wall_s": time.time() - t0})
     result["rss_peak_kib"] = tw.rss_kib()
     (Path(args.out) / f"result.rank{place.rank}.json").write_text(json.dumps(result))
