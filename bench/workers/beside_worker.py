@@ -6,8 +6,8 @@ the kernel's TCP) get a core. Per group (the ranks of one host; the ranks of one
 per host) and kind (all-gather, all-reduce of ``--mib`` MiB), every rank at once:
 
 - ``idle``: the collective alone (every rank in it, nothing else running): what a probe measures;
-- ``beside``: issued asynchronously, then small matmuls (a few tenths of a millisecond each) until it is done (every rank computing):
-  the time until it completes, polled between matmuls;
+- ``beside``: issued asynchronously, then small matmuls (a few tenths of a millisecond each) until
+  it is done (every rank computing): the time until it completes, polled between matmuls;
 - ``after_block``: issued asynchronously, one transformer block's forward of the test bed's GPT,
   then wait: the runtime's prefetch pattern; reported beside the block's forward alone.
 """
