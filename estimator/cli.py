@@ -19,8 +19,8 @@ import signal
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
+from estimator.cli_values import key_value, scalar
 from estimator.example import EXAMPLE_ENTRY_POINT as EXAMPLE_SCRIPT
 from estimator.example import example_distribution, example_source_dir
 from estimator.job_commands import JOB_COMMANDS
@@ -75,7 +75,7 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="NAME=VALUE",
-        type=_key_value,
+        type=key_value,
         help="a hyperparameter (repeatable), e.g. -H lr=0.001",
     )
     job.add_argument(
@@ -84,7 +84,7 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="NAME=VALUE",
-        type=_key_value,
+        type=key_value,
         help="an environment variable for every rank (repeatable)",
     )
     job.add_argument(
@@ -92,7 +92,7 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="CHANNEL=URI",
-        type=_key_value,
+        type=key_value,
         help="an input channel, e.g. --input train=file://data/ (repeatable)",
     )
     job.add_argument("--output-path", default=None, help="where job directories go (default ./smsdp-jobs)")
@@ -119,7 +119,7 @@ def estimator_from_args(args: argparse.Namespace):
         hyperparameters["max_steps"] = max_steps
         if bundled:
             hyperparameters["log_interval"] = max(1, max_steps // 10)
-    hyperparameters.update((name, _scalar(value)) for name, value in args.hyperparameter)
+    hyperparameters.update((name, scalar(value)) for name, value in args.hyperparameter)
     return Estimator(
         entry_point,
         source_dir,
@@ -135,23 +135,6 @@ def estimator_from_args(args: argparse.Namespace):
 
 def _inputs(args: argparse.Namespace) -> dict[str, str] | None:
     return dict(args.input) or None
-
-
-def _key_value(text: str) -> tuple[str, str]:
-    name, sep, value = text.partition("=")
-    if not sep or not name:
-        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
-    return name, value
-
-
-def _scalar(text: str) -> Any:
-    """``-H`` values: ints, floats and true/false as such, anything else as a string."""
-    for convert in (int, float):
-        try:
-            return convert(text)
-        except ValueError:
-            pass
-    return {"true": True, "false": False}.get(text.lower(), text)
 
 
 # --------------------------------------------------------------------------- commands

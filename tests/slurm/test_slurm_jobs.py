@@ -26,9 +26,12 @@ import pytest
 import torch
 
 from estimator import Estimator, JobFailedError, JobStatus
+from estimator.cli import main as cli_main
 from estimator.jobs_listing import list_jobs
 from estimator.metrics import rows_from_table
 from smsdp.config import ConfigError
+from smsdp.planner import ModelSpec, plan
+from smsdp.planner.calibration import CLASSES, Rates
 from smsdp.util.metrics_table import METRICS_FILENAME
 from tests.mpi_harness import requires_mpi
 from tests.slurm.cluster import SlurmTestCluster, processes_mentioning, remove_stale
@@ -149,6 +152,32 @@ def test_two_node_gpt_matches_the_local_job(slurm_cluster, shared_dir, tmp_path,
     assert slurm_model.keys() == local_model.keys()
     for name, tensor in slurm_model.items():
         torch.testing.assert_close(tensor, local_model[name], rtol=1e-6, atol=1e-7, msg=name)
+
+
+PLAN_MODEL = ModelSpec.gpt(4, 256, 4, 1024, 64)
+PLAN_PARAMS = {"ddp": True, "sharded_data_parallel_degree": 4, "sdp_param_persistence_threshold": 0}
+
+
+def test_probe_on_slurm_measures_both_nodes_and_the_plan_reads_it(slurm_cluster, shared_dir, tmp_path, capsys):
+    """`smsdp probe` as a Slurm job: its calibration has the links between the two real nodes."""
+    slurm_cluster.wait_free()
+    out = tmp_path / "calibration.json"
+    argv = ["probe", "--instance-type", "slurm", "--instance-count", "2", "--processes-per-host", "2"]
+    argv += ["--output-path", str(shared_dir), "--out", str(out), "--mib", "0.25", "--repeats", "1"]
+    assert cli_main([*argv, "--slurm-option", "partition=smsdp"]) == 0, capsys.readouterr()
+    assert f"smsdp probe: wrote {out}" in capsys.readouterr().out
+
+    rates = Rates.load(out)
+    meta = rates.meta
+    assert (meta["hosts"], meta["processes_per_host"], meta["inter_host_measured"]) == (2, 2, True)
+    # Inside a node, over the world and across the nodes: each measured with the ranks it has.
+    assert {name: rates.links[name]["all_gather"].ranks for name in CLASSES} == {"intra": 2, "ring": 4, "cross": 2}
+    assert all(cost.bus_bytes_per_s > 0 for by_kind in rates.links.values() for cost in by_kind.values())
+    assert rates.codec is not None  # the int8 codec too: the plan can predict int8 jobs from this file
+
+    # The planner predicts from it (the bundled GPT's shape; 2 nodes x 2 ranks).
+    p = plan(PLAN_MODEL, batch_size=2, instance_count=2, processes_per_host=2, parameters=PLAN_PARAMS, calibration=out)
+    assert p.speed is not None and p.speed.tokens_per_s > 0 and p.ranking
 
 
 def _start_long_job(cluster: SlurmTestCluster, shared_dir: Path, name: str) -> tuple[Estimator, Path]:

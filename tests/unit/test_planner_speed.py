@@ -244,3 +244,18 @@ def test_probe_is_a_job_of_the_bundled_probe_script(tmp_path):
     request = estimator_for_probe(args).dry_run()
     argv = request.argv
     assert "probe.py" in argv and argv[argv.index("probe.py") + 1 :][:4] == ("--repeats", "5", "--mib", "1.0")
+
+
+def test_probe_on_slurm_takes_sbatch_options_and_refuses_them_elsewhere(tmp_path, capsys):
+    from estimator.cli import build_parser
+    from estimator.probe_cli import estimator_for_probe
+
+    argv = ["probe", "--instance-type", "slurm", "--output-path", str(tmp_path)]
+    args = build_parser().parse_args([*argv, "--slurm-option", "partition=gpu", "--slurm-option", "exclusive=true"])
+    script = str(estimator_for_probe(args).dry_run())
+    assert "#SBATCH --partition=gpu" in script and "#SBATCH --exclusive" in script and "probe.py" in script
+    # an sbatch option on another backend is refused before anything runs, naming the option
+    local = ["probe", "--output-path", str(tmp_path), "--slurm-option", "partition=gpu"]
+    assert cli_main(local) == 2
+    assert "slurm_options={'partition': 'gpu'} applies to Slurm jobs only" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
