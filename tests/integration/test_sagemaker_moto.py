@@ -221,6 +221,28 @@ def test_default_session_and_bucket_and_fit_waits(aws, user_code, capsys):
     assert "[smsdp] training job default-bucket-1: Completed" in capsys.readouterr().out
 
 
+def test_smsdp_probe_on_an_ml_instance_type_is_a_sagemaker_job_of_the_probe_script(aws, capsys):
+    from estimator.cli import main as cli_main
+
+    argv = ["probe", "--instance-type", "ml.p4d.24xlarge", "--instance-count", "2", "--processes-per-host", "8"]
+    assert cli_main([*argv, "--role", ROLE, "--output-path", f"s3://{BUCKET}/probes", "--repeats", "3"]) == 0
+    out = capsys.readouterr().out
+    (line,) = [x for x in out.splitlines() if x.startswith("smsdp probe: calibration.json is inside")]
+    model_data = line.split(" inside ")[1]
+    assert model_data.startswith(f"s3://{BUCKET}/probes/smsdp-probe-") and model_data.endswith("/output/model.tar.gz")
+    import boto3
+
+    name = model_data.split("/")[4]
+    job = boto3.client("sagemaker", region_name=REGION).describe_training_job(TrainingJobName=name)
+    assert job["ResourceConfig"]["InstanceType"] == "ml.p4d.24xlarge" and job["ResourceConfig"]["InstanceCount"] == 2
+    assert job["HyperParameters"]["repeats"] == "3"
+    source = job["HyperParameters"]["sagemaker_submit_directory"].strip('"').removeprefix(f"s3://{BUCKET}/")
+    body = boto3.client("s3", region_name=REGION).get_object(Bucket=BUCKET, Key=source)["Body"].read()
+    with tarfile.open(fileobj=io.BytesIO(body), mode="r:gz") as tar:
+        assert "main('probe.py', sys.argv[1:])" in tar.extractfile("smsdp_entry.py").read().decode()
+        assert {"probe.py", "smsdp/comm/probe.py"} <= set(tar.getnames())
+
+
 def _objects(bucket: str) -> list[str]:
     import boto3
 
