@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -346,6 +347,24 @@ def _print_setting(entry: dict, specs, hosts: int, per_host: int, accum: int) ->
     print(text, flush=True)
 
 
+def log_line(msg: str) -> None:
+    """A progress line on stderr, with the time and the load."""
+    print(f"[{time.strftime('%H:%M:%S')} load {os.getloadavg()[0]:.1f}] {msg}", file=sys.stderr, flush=True)
+
+
+def start_bed_session(script: str) -> Callable[[str], None]:
+    """Before a script makes namespaced hosts: root and iproute2, or exit saying why; Ctrl-C and
+    SIGTERM unwind (so that what it makes is removed); what dead runs left is removed. The log."""
+    reason = netns_hosts.missing_reason()
+    if reason:
+        raise SystemExit(f"{script}: {reason}")
+    netns_hosts.install_signal_handlers()
+    stale = netns_hosts.remove_stale()
+    if stale:
+        log_line(f"removed what earlier, dead runs left: {stale}")
+    return log_line
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--layouts", default=DEFAULT_LAYOUTS, help="HOSTSxRANKS, comma separated")
@@ -370,18 +389,8 @@ def main() -> None:
         help="peak RSS of each system alone (short launches at the first link setting)",
     )
     args = p.parse_args()
-    reason = netns_hosts.missing_reason()
-    if reason:
-        raise SystemExit(f"bench/cluster.py: {reason}")
-    netns_hosts.install_signal_handlers()
-    stale = netns_hosts.remove_stale()
+    log = start_bed_session("bench/cluster.py")
     began = time.time()
-
-    def log(msg: str) -> None:
-        print(f"[{time.strftime('%H:%M:%S')} load {os.getloadavg()[0]:.1f}] {msg}", file=sys.stderr, flush=True)
-
-    if stale:
-        log(f"removed what earlier, dead runs left: {stale}")
     report = {
         "started": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "commit": code_line(),

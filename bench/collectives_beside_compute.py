@@ -13,10 +13,8 @@ measures). Needs root, like ``bench/cluster.py``::
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -69,14 +67,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--timeout", type=float, default=600)
     args = p.parse_args()
-    reason = netns_hosts.missing_reason()
-    if reason:
-        raise SystemExit(f"bench/collectives_beside_compute.py: {reason}")
-    netns_hosts.install_signal_handlers()
-    netns_hosts.remove_stale()
-
-    def log(msg: str) -> None:
-        print(f"[{time.strftime('%H:%M:%S')} load {os.getloadavg()[0]:.1f}] {msg}", file=sys.stderr, flush=True)
+    log = cluster.start_bed_session("bench/collectives_beside_compute.py")
 
     print(f"Machine: {cluster.machine_line()}; commit {cluster.code_line()}. Command: `{' '.join(sys.argv)}`")
     for layout in args.layouts.split(","):

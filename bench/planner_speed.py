@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -278,14 +277,7 @@ def main() -> None:
     if args.from_json:
         reprint(args)
         return
-    reason = netns_hosts.missing_reason()
-    if reason:
-        raise SystemExit(f"bench/planner_speed.py: {reason}")
-    netns_hosts.install_signal_handlers()
-    netns_hosts.remove_stale()
-
-    def log(msg: str) -> None:
-        print(f"[{time.strftime('%H:%M:%S')} load {os.getloadavg()[0]:.1f}] {msg}", file=sys.stderr, flush=True)
+    log = cluster.start_bed_session("bench/planner_speed.py")
 
     hosts, per_host = cluster.parse_layout(args.layout)
     specs = cluster.system_specs(args.systems.split(","), hosts, per_host)
