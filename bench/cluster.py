@@ -365,6 +365,14 @@ def start_bed_session(script: str) -> Callable[[str], None]:
     return log_line
 
 
+def run_interruptibly(main: Callable[[], None]) -> None:
+    """``main()``; on Ctrl-C or SIGTERM (after ``start_bed_session``'s cleanup has run) one line, not a traceback."""
+    try:
+        main()
+    except KeyboardInterrupt as exc:
+        sys.exit(f"interrupted ({exc or 'Ctrl-C'}); the hosts and ranks it made were removed")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--layouts", default=DEFAULT_LAYOUTS, help="HOSTSxRANKS, comma separated")
@@ -423,4 +431,4 @@ def _save(report: dict) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_interruptibly(main)

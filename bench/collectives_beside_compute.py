@@ -83,7 +83,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except KeyboardInterrupt:
-        sys.exit("interrupted; the hosts and ranks it made were removed")
+    cluster.run_interruptibly(main)

@@ -322,4 +322,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cluster.run_interruptibly(main)

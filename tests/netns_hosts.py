@@ -38,6 +38,7 @@ import secrets
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -146,18 +147,25 @@ class NamespacedHosts:
         """Kill what was spawned and whatever is left in the namespaces, then remove them and the bridge."""
         if not self.started:
             return
-        for process in self.processes:
-            kill_group(process)
-        for host in self.hosts:
-            for pid in netns_pids(host.netns):
-                _kill_pid(pid)
-        for host in self.hosts:
-            _run("ip", "netns", "del", host.netns, check=False)
-            _run("ip", "link", "del", host.root_if, check=False)  # normally gone with its namespace already
-        _run("ip", "link", "del", self.bridge, check=False)
-        with contextlib.suppress(FileNotFoundError):
-            (STATE_DIR / self.tag).unlink()
-        self.started = False
+        # A second Ctrl-C must not cut the cleanup short: it is held until everything is removed.
+        main = threading.current_thread() is threading.main_thread()
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM}) if main else None
+        try:
+            for process in self.processes:
+                kill_group(process)
+            for host in self.hosts:
+                for pid in netns_pids(host.netns):
+                    _kill_pid(pid)
+            for host in self.hosts:
+                _run("ip", "netns", "del", host.netns, check=False)
+                _run("ip", "link", "del", host.root_if, check=False)  # normally gone with its namespace already
+            _run("ip", "link", "del", self.bridge, check=False)
+            with contextlib.suppress(FileNotFoundError):
+                (STATE_DIR / self.tag).unlink()
+            self.started = False
+        finally:
+            if held is not None:
+                signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
     # ------------------------------------------------------------------ links
 
