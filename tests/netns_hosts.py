@@ -40,6 +40,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -147,10 +148,8 @@ class NamespacedHosts:
         """Kill what was spawned and whatever is left in the namespaces, then remove them and the bridge."""
         if not self.started:
             return
-        # A second Ctrl-C must not cut the cleanup short: it is held until everything is removed.
-        main = threading.current_thread() is threading.main_thread()
-        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM}) if main else None
-        try:
+        # A second Ctrl-C must not cut the cleanup short: it is noted, and raised once everything is removed.
+        with _signals_deferred():
             for process in self.processes:
                 kill_group(process)
             for host in self.hosts:
@@ -163,9 +162,6 @@ class NamespacedHosts:
             with contextlib.suppress(FileNotFoundError):
                 (STATE_DIR / self.tag).unlink()
             self.started = False
-        finally:
-            if held is not None:
-                signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
     # ------------------------------------------------------------------ links
 
@@ -252,10 +248,35 @@ def remove_stale() -> list[str]:
     return removed
 
 
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """SIGINT and SIGTERM during the block are noted, not raised; the first is raised after it.
+    (Blocking them with a signal mask would not do: Python runs its handlers in the main thread
+    whichever thread the kernel delivers a signal to.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    saved = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
+    if caught:
+        raise KeyboardInterrupt(f"signal {caught[0]}")
+
+
 def install_signal_handlers() -> None:
-    """SIGINT and SIGTERM raise KeyboardInterrupt, so that ``finally`` blocks (stop()) run."""
+    """SIGINT and SIGTERM raise KeyboardInterrupt, so that ``finally`` blocks (stop()) run. Once one
+    has, later ones are ignored: a second Ctrl-C must not cut that cleanup short."""
+
+    def already_stopping(signum, frame):
+        pass
 
     def interrupt(signum, frame):
+        signal.signal(signal.SIGINT, already_stopping)
+        signal.signal(signal.SIGTERM, already_stopping)
         raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGINT, interrupt)
