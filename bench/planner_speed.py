@@ -183,7 +183,7 @@ def table(rate: str, full: dict[str, dict], meas: dict[str, list[float]], phases
     choice = pick_and_best(pred, meas)
     if choice:
         pick, best = choice
-        gap = statistics.median(meas[pick]) / statistics.median(meas[best]) - 1
+        gap = behind(meas, pick, best)
         label = {s["key"]: s["label"] for s in specs}
         lines.append(
             f"\nPlanner's pick among the smsdp configurations: {label[pick]}; measured fastest: {label[best]} "
@@ -198,6 +198,11 @@ def pick_and_best(pred: dict[str, float], meas: dict[str, list[float]]) -> tuple
     if not mine:
         return None
     return min(mine, key=lambda k: pred[k]), min(mine, key=lambda k: statistics.median(meas[k]))
+
+
+def behind(meas: dict[str, list[float]], pick: str, best: str) -> float:
+    """How much slower ``pick`` measured than ``best`` (medians; a fraction)."""
+    return statistics.median(meas[pick]) / statistics.median(meas[best]) - 1
 
 
 def reprint(args) -> None:
@@ -221,8 +226,9 @@ def reprint(args) -> None:
             choice = pick_and_best({k: v["step_s"] for k, v in pred.items()}, meas)
             if choice:
                 pick, best = choice
-                in_run = statistics.median(meas[pick]) / statistics.median(meas[best]) - 1
-                entry["picks"].append((Path(path).stem.removeprefix("planner_speed_bed_"), pick, in_run))
+                entry["picks"].append(
+                    (Path(path).stem.removeprefix("planner_speed_bed_"), pick, behind(meas, pick, best))
+                )
     if len(args.from_json) > 1:
         print(pooled_table(pooled))
 
