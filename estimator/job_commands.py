@@ -25,6 +25,7 @@ from estimator.job import Job, JobStatus
 from estimator.jobs_listing import find_job, format_listing, list_jobs
 
 EXIT_OK, EXIT_NOT_COMPLETED, EXIT_NOT_FOUND, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_USAGE = 2  # a value refused before anything is written, as cli.main's usage errors
 FOLLOW_POLL_S = 0.2  # jobs on this machine; a SageMaker job's handle says its own (poll_s)
 
 
@@ -132,6 +133,7 @@ def add_plot_arguments(parser: argparse.ArgumentParser) -> None:
 
 def plot(args: argparse.Namespace) -> int:
     from estimator.plots import curves_figure, save_png
+    from smsdp.util.atomic_files import WriteTargetError
 
     runs = []
     for name in args.jobs:
@@ -150,6 +152,9 @@ def plot(args: argparse.Namespace) -> int:
     except ImportError as exc:
         print(f"smsdp: {exc}", file=sys.stderr)
         return EXIT_NOT_COMPLETED
+    except OSError as exc:  # a device, a FIFO, a directory (refused, nothing replaced), or a full disk
+        print(f"smsdp: cannot write the plot: {exc}", file=sys.stderr)
+        return EXIT_USAGE if isinstance(exc, WriteTargetError) else EXIT_NOT_COMPLETED
     print(f"wrote {path} ({', '.join(f'{name}: {len(rows)} steps' for name, rows in runs)})")
     return EXIT_OK
 

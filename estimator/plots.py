@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from estimator.metrics import Rows
+from smsdp.util.atomic_files import write_bytes_atomically
 
 INSTALL_HINT = "loss curves need matplotlib: pip install matplotlib (or 'smsdp[plots]')"
 SMOOTHING_STEPS = 10  # tokens/s per step is noisy: the solid line is its running mean
@@ -81,13 +82,11 @@ def png_bytes(figure: Any) -> bytes:
 
 
 def save_png(figure: Any, path: str | os.PathLike) -> Path:
-    """Write the figure as a PNG at ``path`` (directories made), atomically; returns the path."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(png_bytes(figure))
-    os.replace(tmp, target)
-    return target
+    """Write the figure as a PNG at ``path`` (directories made) through the one atomic writer; returns the
+    file written. A target that is not a regular file (a device, a FIFO, a directory) raises
+    ``WriteTargetError``; a symlink to a file is written through."""
+    data = png_bytes(figure)  # drawn before the target is touched: a drawing error leaves nothing
+    return write_bytes_atomically(path, data, make_parents=True)
 
 
 def in_notebook() -> bool:
