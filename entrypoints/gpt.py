@@ -59,16 +59,21 @@ class GPTConfig:
     activation: str = "gelu"  # "gelu" (exact) or GPT-2's "gelu_new" (the tanh approximation)
 
     def __post_init__(self) -> None:
-        if self.activation not in GELU_APPROXIMATION:
+        if not isinstance(self.activation, str) or self.activation not in GELU_APPROXIMATION:
             raise ValueError(f"activation={self.activation!r}: use one of {sorted(GELU_APPROXIMATION)}")
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "d_model"):
+            if not _positive_int(getattr(self, name)):
+                raise ValueError(f"{name}={getattr(self, name)!r} must be a positive integer")
+        for name in ("bias", "tie_embeddings"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}={getattr(self, name)!r} must be True or False")
+        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0 <= self.dropout < 1:
+            raise ValueError(f"dropout={self.dropout!r} must be a number in [0, 1)")
         if self.d_model % self.n_head != 0:
             raise ValueError(
                 f"d_model={self.d_model} is not divisible by n_head={self.n_head}; "
                 f"use an n_head that divides {self.d_model}"
             )
-        for name in ("vocab_size", "block_size", "n_layer", "n_head", "d_model"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
 
     @property
     def seq_len(self) -> int:
@@ -314,32 +319,71 @@ def hf_gpt2_config(config: GPTConfig) -> dict:
     }
 
 
+# config.json's sizes -> (the GPTConfig field, transformers' GPT2Config default)
+HF_GPT2_SIZES = {
+    "vocab_size": ("vocab_size", 50257),
+    "n_positions": ("block_size", 1024),
+    "n_layer": ("n_layer", 12),
+    "n_head": ("n_head", 12),
+    "n_embd": ("d_model", 768),
+}
+# config.json's boolean settings -> (transformers' default, the one value the bundled GPT follows; None: either)
+HF_GPT2_FLAGS = {
+    "tie_word_embeddings": (True, None),
+    "scale_attn_weights": (True, True),
+    "scale_attn_by_inverse_layer_idx": (False, False),
+    "add_cross_attention": (False, False),
+}
+
+
+def _positive_int(value: object) -> bool:
+    return type(value) is int and value >= 1  # not a bool, a float such as 2.0, NaN, or a string
+
+
 def config_from_hf_gpt2(hf: dict, dropout: float = 0.0) -> GPTConfig:
-    """The bundled GPT of a Hugging Face GPT-2 ``config.json``; a setting it cannot follow is an error."""
+    """The bundled GPT of a Hugging Face GPT-2 ``config.json``. Every value it cannot follow is refused at
+    once (a ``ValueError``), each named with its key, its value and what would work."""
+    if not isinstance(hf, dict):
+        raise ValueError(f"GPT-2 config.json holds a {type(hf).__name__}, not a JSON object of settings")
     if hf.get("model_type") != "gpt2":
         raise ValueError(f"model_type={hf.get('model_type')!r}: the bundled GPT loads GPT-2 checkpoints only")
-    d_model = hf.get("n_embd", 768)
-    unsupported = {
-        "n_inner": (hf.get("n_inner"), (None, 4 * d_model)),
-        "layer_norm_epsilon": (hf.get("layer_norm_epsilon", 1e-5), (1e-5,)),
-        "activation_function": (hf.get("activation_function", "gelu_new"), tuple(GELU_APPROXIMATION)),
-        "scale_attn_weights": (hf.get("scale_attn_weights", True), (True,)),
-        "scale_attn_by_inverse_layer_idx": (hf.get("scale_attn_by_inverse_layer_idx", False), (False,)),
-        "add_cross_attention": (hf.get("add_cross_attention", False), (False,)),
-    }
-    for key, (value, allowed) in unsupported.items():
-        if value not in allowed:
-            raise ValueError(f"GPT-2 config {key}={value!r}: the bundled GPT supports {list(allowed)}")
+    problems = _hf_gpt2_problems(hf)
+    if problems:
+        raise ValueError("GPT-2 config.json: " + "; ".join(problems))
+    sizes = {field: hf.get(key, default) for key, (field, default) in HF_GPT2_SIZES.items()}
     return GPTConfig(
-        vocab_size=hf.get("vocab_size", 50257),
-        block_size=hf.get("n_positions", 1024),
-        n_layer=hf.get("n_layer", 12),
-        n_head=hf.get("n_head", 12),
-        d_model=d_model,
+        **sizes,
         dropout=dropout,
         tie_embeddings=hf.get("tie_word_embeddings", True),
         activation=hf.get("activation_function", "gelu_new"),
     )
+
+
+def _hf_gpt2_problems(hf: dict) -> list[str]:
+    problems = []
+    for key, (_, default) in HF_GPT2_SIZES.items():
+        if not _positive_int(hf.get(key, default)):
+            problems.append(f"{key}={hf.get(key)!r} must be a positive integer (a number without a fraction)")
+    for key, (default, only) in HF_GPT2_FLAGS.items():
+        value = hf.get(key, default)
+        if not isinstance(value, bool):
+            problems.append(f"{key}={value!r} must be true or false (a JSON boolean, not a string or a number)")
+        elif only is not None and value is not only:
+            problems.append(f"{key}={value!r}: the bundled GPT supports {str(only).lower()} only")
+    n_embd, n_head = hf.get("n_embd", 768), hf.get("n_head", 12)
+    if _positive_int(n_embd) and _positive_int(n_head) and n_embd % n_head:
+        divisors = ", ".join(str(k) for k in range(1, n_embd + 1) if n_embd % k == 0)
+        problems.append(f"n_embd={n_embd} is not divisible by n_head={n_head}; an n_head that divides it: {divisors}")
+    n_inner = hf.get("n_inner")
+    if n_inner is not None and not (_positive_int(n_inner) and n_inner == 4 * n_embd):
+        problems.append(f"n_inner={n_inner!r}: the bundled GPT supports null or 4 * n_embd, an integer")
+    epsilon = hf.get("layer_norm_epsilon", 1e-5)
+    if isinstance(epsilon, bool) or epsilon != 1e-5:
+        problems.append(f"layer_norm_epsilon={epsilon!r}: the bundled GPT supports 1e-05 only")
+    activation = hf.get("activation_function", "gelu_new")
+    if not isinstance(activation, str) or activation not in GELU_APPROXIMATION:
+        problems.append(f"activation_function={activation!r}: the bundled GPT supports {sorted(GELU_APPROXIMATION)}")
+    return problems
 
 
 def megatron_flops_per_iteration(
