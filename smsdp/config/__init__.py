@@ -23,6 +23,8 @@ client never imports torch.
 """
 
 from smsdp.config.distribution import (
+    MPIRUN,
+    TORCHRUN,
     Distribution,
     ModelParallelOptions,
     MPIOptions,
@@ -39,9 +41,11 @@ from smsdp.config.smddp import SCRATCH_BUFFER_ENV_VAR, SMDDP_BUFFER_ALIGNMENT, S
 
 __all__ = [
     "CONFIG_ENV_VAR",
+    "MPIRUN",
     "SCRATCH_BUFFER_ENV_VAR",
     "SMDDP_BUFFER_ALIGNMENT",
     "SORT_BUFFER_ENV_VAR",
+    "TORCHRUN",
     "ConfigError",
     "ConfigProblem",
     "Distribution",

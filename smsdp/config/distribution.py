@@ -21,9 +21,12 @@ from smsdp.config.validation import ConfigModel, WholeNumber
 MPI_OPTIONS_PATH = ("mpi", "custom_mpi_options")
 
 WRITE_INSTEAD = (
-    "smsdp runs MPI + modelparallel; write distribution={'smdistributed': {'modelparallel': "
-    "{'enabled': True, 'parameters': {...}}}, 'mpi': {'enabled': True, 'processes_per_host': <GPUs per host>}}"
+    "smsdp runs MPI + modelparallel (or torchrun + modelparallel); write distribution={'smdistributed': "
+    "{'modelparallel': {'enabled': True, 'parameters': {...}}}, 'mpi': {'enabled': True, 'processes_per_host': "
+    "<GPUs per host>}} (or 'torch_distributed': {'enabled': True} in place of 'mpi')"
 )
+MPIRUN = "mpirun"
+TORCHRUN = "torchrun"
 
 
 class MPIOptions(ConfigModel):
@@ -36,6 +39,16 @@ class MPIOptions(ConfigModel):
     """None: one process per GPU of the instance type (1 for "local")."""
     custom_mpi_options: str = ""
     """Extra mpirun arguments; ``-x NAME=VALUE`` sets SMDDP buffer sizes too."""
+
+
+class TorchDistributedOptions(ConfigModel):
+    """The ``torch_distributed`` dict (SMP v2, SDK 3's ``Torchrun``): each host starts its ranks with torchrun."""
+
+    _section: ClassVar[str] = "torch_distributed"
+
+    enabled: StrictBool = False
+    processes_per_host: WholeNumber | None = Field(None, ge=1)
+    """smsdp's own (SDK 3's ``process_count_per_node``): None is one process per GPU of the instance type."""
 
 
 class ModelParallelOptions(ConfigModel):
@@ -63,7 +76,6 @@ class SMDistributedOptions(ConfigModel):
 
 
 _OTHER_DISTRIBUTIONS = (
-    "torch_distributed",
     "pytorchddp",
     "parameter_server",
     "multi_worker_mirrored_strategy",
@@ -87,6 +99,7 @@ class Distribution(ConfigModel):
 
     smdistributed: SMDistributedOptions | None = None
     mpi: MPIOptions | None = None
+    torch_distributed: TorchDistributedOptions | None = None
 
     @model_validator(mode="after")
     def _check_sections(self) -> Distribution:
@@ -108,7 +121,14 @@ class Distribution(ConfigModel):
         return SMPParameters()
 
     @property
+    def launcher(self) -> str:
+        """``torchrun`` when ``torch_distributed`` is enabled, else ``mpirun`` (SMP v1's and MPI's)."""
+        return TORCHRUN if self.torch_distributed is not None and self.torch_distributed.enabled else MPIRUN
+
+    @property
     def processes_per_host(self) -> int | None:
+        if self.launcher == TORCHRUN:
+            return self.torch_distributed.processes_per_host  # type: ignore[union-attr]
         return self.mpi.processes_per_host if self.mpi else None
 
     @property
@@ -117,7 +137,10 @@ class Distribution(ConfigModel):
 
 
 def _section_problems(dist: Distribution) -> list[ConfigProblem]:
-    """modelparallel needs MPI; smsdp always launches with mpirun."""
+    """modelparallel needs a launcher: MPI (SMP v1) or torchrun (SMP v2), one of them."""
+    torchrun = dist.torch_distributed
+    if torchrun is not None:
+        return _torchrun_problems(dist, torchrun)
     mp = dist.smdistributed.modelparallel if dist.smdistributed else None
     if dist.smdistributed is not None and mp is None:
         rule = "needs 'modelparallel': write {'modelparallel': {'enabled': True, 'parameters': {...}}}"
@@ -132,6 +155,23 @@ def _section_problems(dist: Distribution) -> list[ConfigProblem]:
         why = "smdistributed.modelparallel runs under MPI" if mp else "smsdp launches every rank with mpirun"
         rule = f"(or missing): {why}; set 'enabled': True with 'processes_per_host'"
         return [ConfigProblem(("mpi", "enabled"), rule, False)]
+    return []
+
+
+def _torchrun_problems(dist: Distribution, torchrun: TorchDistributedOptions) -> list[ConfigProblem]:
+    if not torchrun.enabled:
+        rule = "(or missing): set 'enabled': True to start the ranks with torchrun, or use 'mpi' instead"
+        return [ConfigProblem(("torch_distributed", "enabled"), rule, False)]
+    if dist.mpi is not None and dist.mpi.enabled:
+        rule = (
+            "is enabled beside torch_distributed: each host starts its ranks with one launcher; keep "
+            "'torch_distributed' (torchrun, SMP v2) or 'mpi' (mpirun, SMP v1), not both"
+        )
+        return [ConfigProblem(("mpi", "enabled"), rule, True)]
+    mp = dist.smdistributed.modelparallel if dist.smdistributed else None
+    if dist.smdistributed is not None and mp is None:
+        rule = "needs 'modelparallel': write {'modelparallel': {'enabled': True, 'parameters': {...}}}"
+        return [ConfigProblem(("smdistributed",), rule)]
     return []
 
 

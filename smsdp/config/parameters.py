@@ -13,6 +13,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import AliasChoices, BeforeValidator, Field, StrictBool, model_validator
 from pydantic_core import PydanticCustomError
 
+from smsdp.config import smp_v2
 from smsdp.config.errors import ConfigError, ConfigProblem, or_list
 from smsdp.config.validation import ConfigModel, Number, WholeNumber
 
@@ -31,20 +32,6 @@ def _bool_or_whole(value: Any) -> Any:
 
 _BoolOrWhole = Annotated[StrictBool | int, BeforeValidator(_bool_or_whole)]
 _PlacementStrategy = Literal["cluster", "spread", "DPT", "DTP", "PDT", "PTD", "TDP", "TPD"]
-
-_SMP_V2_KEY = (
-    "unknown key {key!r} in parameters: it is an SMP v2 setting and smsdp implements SMP v1 "
-    "(smdistributed.modelparallel); "
-)
-_SMP_V2_KEYS = {
-    "hybrid_shard_degree": _SMP_V2_KEY + "use 'sharded_data_parallel_degree' instead",
-    "sm_activation_offloading": _SMP_V2_KEY + "use 'offload_activations' instead",
-    "random_seed": _SMP_V2_KEY + "use 'tensor_parallel_seed' or seed in your script instead",
-    "context_parallel_degree": _SMP_V2_KEY + "remove it (smsdp has no context parallelism)",
-    "expert_parallel_degree": _SMP_V2_KEY + "remove it (smsdp has no expert parallelism)",
-    "fsdp_cache_flush_warnings": _SMP_V2_KEY + "remove it",
-    "allow_empty_shards": _SMP_V2_KEY + "remove it",
-}
 
 # SMP v1's internal / undocumented keys (its config.yaml), with their defaults.
 # Accepted at the default (dropped, they mean nothing here), rejected otherwise.
@@ -87,7 +74,6 @@ class SMPParameters(ConfigModel):
     """
 
     _section: ClassVar[str] = "parameters"
-    _foreign_keys: ClassVar[dict[str, str]] = {key: rule.format(key=key) for key, rule in _SMP_V2_KEYS.items()}
 
     # --- sharded data parallelism (MiCS) ---
     sharded_data_parallel_degree: WholeNumber = Field(1, ge=1)
@@ -195,12 +181,20 @@ class SMPParameters(ConfigModel):
     horovod: StrictBool = False
     """Only False: Horovod is SMP's TensorFlow data-parallel path."""
 
+    # --- SMP v2 (smsdp.config.smp_v2 maps a v2 dict onto the keys above) ---
+    hybrid_shard_degree: WholeNumber | None = Field(None, ge=0, exclude=True)
+    """SMP v2's shard degree as given (None: an SMP v1 config), kept for messages and for 0 (the whole
+    data-parallel group, resolved with the world); never sent to the ranks, which get the degree."""
+
     @classmethod
     def _accepted_keys(cls) -> set[str]:
-        return super()._accepted_keys() | set(_SMP_INTERNAL_KEYS)
+        return super()._accepted_keys() | set(_SMP_INTERNAL_KEYS) | smp_v2.V2_ONLY
 
     @classmethod
     def _prepare(cls, data: dict[str, Any]) -> dict[str, Any]:
+        data, problems = smp_v2.smp_v2_as_v1(data)
+        if problems:
+            raise ConfigError.from_problems(problems)
         problems = _alias_conflicts(data) + _drop_internal_keys(data)
         if problems:
             raise ConfigError.from_problems(problems)

@@ -24,7 +24,7 @@ from smsdp.config.instance_checks import (
     instance_type_problems,
 )
 from smsdp.config.instance_types import LOCAL
-from smsdp.config.runtime_config import JobWords, RuntimeConfig, build_topology
+from smsdp.config.runtime_config import JobWords, RuntimeConfig, build_topology, with_world
 from smsdp.config.smddp import SMDDPBuffers
 from smsdp.config.topology import Topology
 
@@ -59,7 +59,7 @@ def resolve_job(
     if dist is None or problems:
         raise ConfigError.from_problems(problems)
     words = _job_words(dist, instance_type, instance_count)
-    params = dist.parameters
+    params = with_world(dist.parameters, instance_count * words.processes_per_host)
     problems += backend_problems(params, instance_type, _PARAMS_PATH)
     problems += capacity_problems(instance_type, words.processes_per_host, _PPN_PATH)
     topology = collect_problems(problems, build_topology, params, words)

@@ -25,6 +25,7 @@ from smsdp.config.instance_checks import capacity_problems, instance_type_proble
 from smsdp.config.instance_types import LOCAL
 from smsdp.config.parameters import SMPParameters, reshard_degree
 from smsdp.config.smddp import SMDDPBuffers
+from smsdp.config.smp_v2 import HYBRID_SHARD_DEGREE, whole_group_degree
 from smsdp.config.topology import Topology, TopologyError, TopologyProblem
 from smsdp.config.validation import ConfigModel, Number, WholeNumber, plain
 
@@ -48,6 +49,14 @@ class JobWords:
             f"world size {self.instance_count * self.processes_per_host} = {self.instance_count} {hosts} x "
             f"{self.processes_per_host} processes per host{self.ppn_note}"
         )
+
+
+def with_world(parameters: SMPParameters, world_size: int) -> SMPParameters:
+    """The parameters with SMP v2's ``hybrid_shard_degree=0`` resolved: the whole data-parallel group."""
+    if parameters.hybrid_shard_degree != 0:
+        return parameters
+    degree = whole_group_degree(world_size, parameters.tensor_parallel_degree)
+    return parameters.model_copy(update={"sharded_data_parallel_degree": degree})
 
 
 def build_topology(parameters: SMPParameters, words: JobWords) -> Topology:
@@ -77,7 +86,8 @@ def _in_config_words(problem: TopologyProblem, p: SMPParameters, words: JobWords
         t = p.tensor_parallel_degree
         how = words.shape() + (f", divided by tensor_parallel_degree {t}" if t > 1 else "")
         rule = f"does not divide the data-parallel degree {world // t}; use {fits} ({how}; topology: {factors})"
-        return ConfigProblem(words.params_path + ("sharded_data_parallel_degree",), rule, problem.value)
+        key = "sharded_data_parallel_degree" if p.hybrid_shard_degree is None else HYBRID_SHARD_DEGREE
+        return ConfigProblem(words.params_path + (key,), rule, problem.value)
     if problem.factor == "reshard_degree":
         ints = f", or {or_list(problem.fits)}, whose groups each lie on one host" if problem.fits else ""
         rule = (
@@ -109,6 +119,23 @@ class RuntimeConfig(ConfigModel):
     smddp: SMDDPBuffers = Field(default_factory=SMDDPBuffers)
     collective_timeout_s: Number = Field(600.0, gt=0)
     """Seconds a collective may wait before the process group gives up."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _whole_group(cls, data: Any) -> Any:
+        """SMP v2's ``hybrid_shard_degree=0``: the shard degree is the whole data-parallel group."""
+        if not isinstance(data, Mapping) or not isinstance(data.get("parameters"), (Mapping, SMPParameters)):
+            return data
+        params = data["parameters"]
+        if isinstance(params, Mapping) and params.get(HYBRID_SHARD_DEGREE) == 0:
+            try:
+                params = SMPParameters.model_validate(params)
+            except ConfigError as exc:
+                raise exc.prefixed(("parameters",)) from None
+        hosts, per_host = data.get("instance_count", 1), data.get("processes_per_host", 1)
+        if isinstance(params, SMPParameters) and isinstance(hosts, int) and isinstance(per_host, int):
+            return {**data, "parameters": with_world(params, hosts * per_host)}
+        return data
 
     @model_validator(mode="after")
     def _check_world(self) -> RuntimeConfig:

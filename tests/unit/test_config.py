@@ -377,10 +377,9 @@ def test_unknown_parameter_without_close_match_lists_keys():
     assert "'_match_weights'" not in message
 
 
-def test_smp_v2_keys_point_to_v1_equivalent():
-    message = error_of(SMPParameters.model_validate, {"hybrid_shard_degree": 8})
-    assert "'hybrid_shard_degree' in parameters: it is an SMP v2 setting" in message
-    assert "use 'sharded_data_parallel_degree' instead" in message
+def test_smp_v1_and_v2_keys_mixed_are_refused():  # each SMP v2 key: tests/unit/test_smp_v2_config.py
+    message = error_of(SMPParameters.model_validate, {"hybrid_shard_degree": 8, "sharded_data_parallel_degree": 8})
+    assert message.startswith("sharded_data_parallel_degree=8 is an SMP v1 key, and this dict also has SMP v2's")
 
 
 def test_harmless_smp_keys_are_accepted():
@@ -512,7 +511,6 @@ def test_unknown_keys_did_you_mean_at_every_level(distribution, path, suggestion
 @pytest.mark.parametrize(
     "distribution",
     [
-        {"torch_distributed": {"enabled": True}},
         {"pytorchddp": {"enabled": True}},
         {"parameter_server": {"enabled": True}},
         {"smdistributed": {"dataparallel": {"enabled": True}}},
