@@ -197,6 +197,12 @@ def test_faults_fire_once_at_their_step_and_phase(monkeypatch):
         with pytest.raises(fault_injection.InjectedFault, match="rank 1, step 2, phase backward"):
             fault_injection.at("backward")
         fault_injection.at("backward")  # once only
+        fault_injection.configure("rank=1,step=2,phase=backward,kind=raise")  # configuring again counts from step 1
+        fault_injection.at("optimizer_step")
+        with pytest.raises(fault_injection.InjectedFault, match="rank 1, step 2, phase backward"):
+            fault_injection.at("backward")
     finally:
         fault_injection.configure(None)
-    assert fault_injection.at is fault_injection._noop  # unset: the hooks cost one empty call
+    for _ in range(3):  # disarmed: no phase of any step fires, the step of the fault above included
+        for phase in fault_injection.PHASES:
+            fault_injection.at(phase)

@@ -77,7 +77,13 @@ def test_a_helper_module_that_marks_the_model_is_enough(src, tmp_path):
 
 
 def test_without_tensor_parallelism_nothing_is_scanned(src, tmp_path):
-    Estimator("train.py", str(src), distribution=_distribution(1, 4), output_path=str(tmp_path / "out"))
+    # src's train.py marks nothing: scanned, it warns (the first test); at t=1 no warning may come
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        est = Estimator("train.py", str(src), distribution=_distribution(1, 4), output_path=str(tmp_path / "out"))
+    assert est.runtime_config.parameters.tensor_parallel_degree == 1
+    with pytest.warns(TensorParallelWarning):  # the same source at t=2 is scanned and warned about
+        Estimator("train.py", str(src), distribution=_distribution(2, 2), output_path=str(tmp_path / "out"))
 
 
 def test_the_bundled_gpt_must_split_its_heads(tmp_path):

@@ -7,6 +7,8 @@ asked for the versions smsdp's own table lists.
 from __future__ import annotations
 
 import importlib.metadata
+import json
+import sys
 import types
 import warnings
 from pathlib import Path
@@ -105,7 +107,20 @@ def test_a_py_version_the_image_does_not_have_is_refused(src):
 
 
 def test_local_jobs_ignore_the_image_arguments(src):
-    Estimator("train.py", str(src), framework_version="2.2", py_version="py311", output_path=str(src / "jobs"))
+    """A local job runs this machine's Python, whatever image a pasted SageMaker notebook names (2.2 is
+    refused for SageMaker): its command, environment and recorded image are those of a job without them."""
+    images = dict(framework_version="2.2", py_version="py311", image_uri=OLD_DLC)
+    with_images = Estimator("train.py", str(src), output_path=str(src / "jobs"), **images).dry_run()
+    without = Estimator("train.py", str(src), output_path=str(src / "jobs")).dry_run()
+
+    def ran_with(request) -> dict:
+        shown = json.dumps({"run": request.to_dict(), "described": request.description}, default=str)
+        return json.loads(shown.replace(request.job_name, "JOB"))
+
+    assert ran_with(with_images) == ran_with(without)
+    assert with_images.argv[with_images.argv.index("-m") - 1] == sys.executable
+    assert with_images.description["AlgorithmSpecification"]["TrainingImage"] == "local"
+    assert not any(value in json.dumps(ran_with(with_images)) for value in ("py311", OLD_DLC))
 
 
 def test_attaching_a_job_that_ran_an_old_image_gives_the_default_image(tmp_path):
