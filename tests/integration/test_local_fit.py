@@ -6,6 +6,7 @@ Small jobs on purpose (4 ranks, seconds each): the suite shares 2 cores.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import io
 import json
 import tarfile
@@ -48,13 +49,15 @@ def completed(tmp_path_factory):
     (data / "part-0.txt").write_text("hello\n")
     est = _estimator(USER_SCRIPTS, jobs_dir, steps=4)
     shown = io.StringIO()
+    before = datetime.datetime.now(datetime.timezone.utc)
     with contextlib.redirect_stdout(shown):
         est.fit({"train": f"file://{data}"}, job_name="allreduce-ok")
-    return est, jobs_dir, shown.getvalue()
+    after = datetime.datetime.now(datetime.timezone.utc)
+    return est, jobs_dir, shown.getvalue(), (before, after)
 
 
 def test_success_completes_with_model_archive(completed):
-    est, jobs_dir, _ = completed
+    est, jobs_dir, _, _ = completed
     job = est.latest_job
     assert job.status() is JobStatus.COMPLETED
     archive = jobs_dir / "allreduce-ok" / "output" / "model.tar.gz"
@@ -65,7 +68,7 @@ def test_success_completes_with_model_archive(completed):
 
 
 def test_describe_looks_like_describe_training_job(completed):
-    est, _, _ = completed
+    est, jobs_dir, _, (before, after) = completed
     described = est.latest_job.describe()
     assert described["TrainingJobName"] == "allreduce-ok"
     assert described["TrainingJobStatus"] == "Completed"
@@ -74,12 +77,19 @@ def test_describe_looks_like_describe_training_job(completed):
     assert described["ModelArtifacts"]["S3ModelArtifacts"] == est.model_data
     assert described["HyperParameters"] == {"steps": "4"}
     assert described["ResourceConfig"]["InstanceCount"] == 2
-    assert described["TrainingEndTime"] >= described["TrainingStartTime"]
-    assert described["TrainingTimeInSeconds"] >= 0
+    start, end = described["TrainingStartTime"], described["TrainingEndTime"]
+    ran = [
+        datetime.datetime.fromtimestamp(r["time"], datetime.timezone.utc)
+        for r in _rank_reports(jobs_dir / "allreduce-ok", 4)
+    ]
+    # fit() began before the job started, every rank ran between start and end, fit() returned after
+    assert before <= start <= min(ran) and max(ran) <= end <= after
+    assert described["TrainingTimeInSeconds"] == round((end - start).total_seconds())
+    assert described["TrainingTimeInSeconds"] <= (after - before).total_seconds() + 1
 
 
 def test_simulated_hosts_seen_by_ranks(completed):
-    _, jobs_dir, _ = completed
+    _, jobs_dir, _, _ = completed
     reports = _rank_reports(jobs_dir / "allreduce-ok", 4)
     assert [r["host"] for r in reports] == ["algo-1", "algo-1", "algo-2", "algo-2"]
     assert [r["local_rank"] for r in reports] == [0, 1, 0, 1]
@@ -93,7 +103,7 @@ def test_simulated_hosts_seen_by_ranks(completed):
 
 
 def test_logs_are_kept_with_rank_prefixes(completed):
-    est, jobs_dir, _ = completed
+    est, jobs_dir, _, _ = completed
     log = est.latest_job.logs()
     assert log == (jobs_dir / "allreduce-ok" / "logs" / "job.log").read_text()
     for rank, host in enumerate(["algo-1", "algo-1", "algo-2", "algo-2"]):
@@ -102,7 +112,7 @@ def test_logs_are_kept_with_rank_prefixes(completed):
 
 
 def test_attach_finds_the_finished_job(completed):
-    est, jobs_dir, _ = completed
+    est, jobs_dir, _, _ = completed
     again = Estimator.attach("allreduce-ok", output_path=str(jobs_dir))
     assert again.latest_job.status() is JobStatus.COMPLETED
     assert again.model_data == est.model_data
@@ -111,7 +121,7 @@ def test_attach_finds_the_finished_job(completed):
 
 
 def test_fit_prints_progress_and_summary(completed):
-    _, jobs_dir, out = completed
+    _, jobs_dir, out, _ = completed
     assert "step 4/4 [" in out and "loss 0.2500" in out
     assert "[smsdp] step 1/4" not in out  # progress lines are drawn as a bar, not echoed
     assert "[algo-2 rank3] rank 3 of 4 on algo-2: sum 6" in out

@@ -34,6 +34,7 @@ report = {
     "argv": sys.argv[1:],
     "channel_train": os.environ.get("SM_CHANNEL_TRAIN"),
     "cwd": os.getcwd(),
+    "time": time.time(),  # when the rank ran: inside the job's start and end times
 }
 out = Path(os.environ["SM_OUTPUT_DATA_DIR"])
 (out / f"rank{rank}.json").write_text(json.dumps(report))
