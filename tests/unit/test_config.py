@@ -264,6 +264,12 @@ def test_sdp_reshard_after_forward_int_rules_name_field_value_why_and_fix(k, d, 
         assert message.endswith("(sharded_data_parallel_degree=1 leaves no int to choose)"), message
 
 
+def test_reshard_after_forward_says_it_takes_a_whole_number_too():
+    message = error_of(SMPParameters, sdp_reshard_after_forward="yes")
+    assert "True, False or a whole number k that divides sharded_data_parallel_degree" in message
+    assert "use True or False" not in message
+
+
 def test_sdp_reshard_after_forward_groups_must_each_lie_on_one_host():
     """d=6 over hosts of 3: the group of shard ranks 2-3 would straddle two hosts; 3 fits."""
     distribution = dist(

@@ -151,6 +151,14 @@ def test_environment_is_checked(src, tmp_path, environment, expected):
         build(src, tmp_path, environment=environment)
 
 
+def test_the_fault_switch_may_be_passed_and_smsdps_own_variables_may_not(src, tmp_path):
+    est = build(src, tmp_path, environment={"SMSDP_FAULT": "rank=1,step=2,phase=forward,kind=raise"})
+    assert est.environment["SMSDP_FAULT"].startswith("rank=1")
+    for name in ("SMSDP_CONFIG", "SMSDP_JOB_ID", "SMSDP_SIMULATED_HOSTS", "SM_HOSTS"):
+        with pytest.raises(ConfigError, match=rf"environment\.{name}='x' is set by smsdp for every job"):
+            build(src, tmp_path, environment={name: "x"})
+
+
 def test_environment_numbers_become_strings(src, tmp_path):
     est = build(src, tmp_path, environment={"SMDDP_AG_SCRATCH_BUFFER_SIZE_BYTES": 8192 * 4, "NAME": "x"})
     assert est.environment == {"SMDDP_AG_SCRATCH_BUFFER_SIZE_BYTES": "32768", "NAME": "x"}

@@ -108,6 +108,12 @@ def test_plan_usage_errors_exit_2(capsys):
     assert "sharded_data_parallel_degree" in capsys.readouterr().err
 
 
+def test_plan_refuses_sharded_degree_zero_as_it_refuses_minus_two(capsys):
+    for degree in ("0", "-2"):
+        assert main(["plan", "--params", "1e9", "--sharded-degree", degree]) == 2
+        assert f"sharded_data_parallel_degree={degree} is invalid" in capsys.readouterr().err
+
+
 def test_plan_as_a_subprocess():
     out = subprocess.run(
         [

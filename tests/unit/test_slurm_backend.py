@@ -204,6 +204,34 @@ def test_the_rank_srun_saw_killed_is_the_reason_not_its_peers(tmp_path):
     assert slurm_failure_reason(job, 137).startswith("rank 3 on Slurm node node2: Killed")
 
 
+PEER_LOSS = "RuntimeError: Timed out waiting\n[smsdp] this rank lost a peer in a collective (...): not its cause\n"
+
+
+def _job_dir(tmp_path: Path, hosts: int = 2, per_host: int = 2) -> JobDir:
+    job = JobDir(tmp_path)
+    job.output_data.mkdir(parents=True)
+    job.logs.mkdir()
+    job.description_file.write_text(
+        json.dumps({"Smsdp": {"Hosts": [f"algo-{i + 1}" for i in range(hosts)], "ProcessesPerHost": per_host}})
+    )
+    return job
+
+
+def test_a_hung_ranks_job_names_the_ranks_that_reported_nothing(tmp_path):
+    job = _job_dir(tmp_path)
+    (job.output / "failure-rank0").write_text(PEER_LOSS)
+    (job.output / "failure-rank2").write_text(PEER_LOSS)
+    (job.output / "failure").write_text("rank 2: " + PEER_LOSS)
+    reason = slurm_failure_reason(job, 1)
+    assert reason.startswith("rank 2: RuntimeError: Timed out waiting")
+    assert reason.splitlines()[-1].startswith("[smsdp] rank(s) 1, 3 reported no error while the others lost a peer")
+
+
+def test_a_slurm_job_without_any_report_names_srun_not_mpirun(tmp_path):
+    reason = slurm_failure_reason(_job_dir(tmp_path), 1)
+    assert reason.startswith("srun exited with code 1 and no rank reported an exception")
+
+
 # ---------------------------------------------------------------- SLURM_* on the rank side
 
 
