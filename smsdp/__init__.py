@@ -86,6 +86,16 @@ _GROUPS = [
 _EXPORTS.update(dict.fromkeys(_GROUPS, "smsdp.smp.comm_groups"))
 _EXPORTS.update(dict.fromkeys(("broadcast", "send", "recv_from", "allgather"), "smsdp.smp.objects"))
 _EXPORTS.update({"save": "smsdp.smp.partial_io", "load": "smsdp.smp.partial_io"})
+# What every training script needs besides SMP v1's names (docs/runtime.md, "A training script's loop")
+_EXPORTS.update(
+    {
+        "TrainingLog": "smsdp.smp.training_log",
+        "catch_sigterm": "smsdp.smp.stop",
+        "stop_requested": "smsdp.smp.stop",
+        "newest_checkpoint": "smsdp.smp.checkpointing",
+        "save_model": "smsdp.smp.final_model",
+    }
+)
 _SUBMODULES = {"amp", "nn", "optimizers", "state"}  # smp.amp.GradScaler, smp.nn.FusedLayerNorm, smp.state.cfg
 
 __all__ = sorted(set(_EXPORTS) | _SUBMODULES)

@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
 from smsdp.comm import world
 
+_INIT_CALLED_AT: list[float] = []  # time.perf_counter() when smp.init() was called
+
 
 def init(config: Mapping[str, Any] | Any = None) -> None:
     """Join the job: config from the job's environment, or an SMP ``parameters`` dict."""
+    called_at = time.perf_counter()
     world.init(config)
+    _INIT_CALLED_AT[:] = [called_at]
+
+
+def seconds_since_init() -> float:
+    """Wall seconds since ``smp.init()`` was called (the job's start-up included); 0.0 before it."""
+    return time.perf_counter() - _INIT_CALLED_AT[0] if _INIT_CALLED_AT else 0.0
 
 
 def is_initialized() -> bool:

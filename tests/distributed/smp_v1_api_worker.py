@@ -1,7 +1,12 @@
 """Worker for test_smp_v1_api.py: SMP v1's groups, object communication, optimizer surface,
-@smp.step options, fp16 footguns and GradScaler, on 4 ranks."""
+@smp.step options, fp16 footguns and GradScaler, and what a training script needs besides
+(smp.TrainingLog, smp.save_model, smp.catch_sigterm/stop_requested, smp.newest_checkpoint), on 4 ranks."""
 
 from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -9,7 +14,7 @@ from torch import nn
 
 import smsdp as smp
 from smsdp.comm import world as runtime_state
-from tests.mpi_harness import init_gloo_from_env, worker_main
+from tests.mpi_harness import OUT_ENV, init_gloo_from_env, worker_main
 
 
 def _start(**parameters) -> None:
@@ -276,7 +281,77 @@ def model_methods() -> dict:
     }
 
 
+def training_log() -> dict:
+    """smp.TrainingLog: the global batch's loss on rank 0's lines and table, one summary; smp.save_model."""
+    _start(sharded_data_parallel_degree=2)
+    out = Path(os.environ[OUT_ENV]) / "training_log"
+    model = smp.DistributedModel(_tiny())
+    opt = smp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    log = smp.TrainingLog(
+        4, batch_size=2, seq_len=8, grad_accum=3, flops_per_token=100.0, log_interval=2, output_dir=out,
+        tensorboard_dir=out / "events", optimizer=opt, hyperparameters={"lr": 0.1},
+    )  # fmt: skip
+    log.start()
+    x = torch.randn(2, 4, generator=torch.Generator().manual_seed(smp.rank()))
+    for step in range(1, 5):
+        model.backward(model(x).pow(2).mean())
+        opt.step()
+        opt.zero_grad()
+        log.step(step, torch.tensor(float(smp.rank() + step)))  # the replicas' mean: 1.5 + step
+    with log.paused():
+        val = log.eval(4, torch.tensor(float(smp.rank())))
+    saved = smp.save_model(model, out / "model", config={"layers": 2})
+    summary = log.finish(model_params=42, model_dir=str(out / "model"))
+    return {
+        "lines": log.lines,
+        "tokens_per_step": log.tokens_per_step,
+        "parallelism": log.parallelism,
+        "val": val,
+        "summary": summary,
+        "saved": str(saved),
+        "state": model.state_dict(),
+        "out": str(out),
+    }
+
+
+def stop_agreement() -> dict:
+    """SIGTERM to rank 2 alone: every rank's smp.stop_requested() says True at the same call."""
+    _start(sharded_data_parallel_degree=2)
+    previous = signal.getsignal(signal.SIGTERM)
+    smp.catch_sigterm()
+    before = smp.stop_requested()
+    if smp.rank() == 2:
+        os.kill(os.getpid(), signal.SIGTERM)  # would end the process without catch_sigterm()
+    after = smp.stop_requested()
+    signal.signal(signal.SIGTERM, previous)
+    return {"before": before, "after": after}
+
+
+def newest_checkpoint() -> dict:
+    """smp.newest_checkpoint names what smp.resume_from_checkpoint loads, and rank 0's answer is everyone's."""
+    _start(sharded_data_parallel_degree=2)
+    root = Path(os.environ[OUT_ENV]) / "newest"
+    model = smp.DistributedModel(_tiny())
+    opt = smp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    got = {"missing": smp.newest_checkpoint(root), "unset": smp.newest_checkpoint("")}
+    for step in (1, 2):
+        smp.save_checkpoint(root, tag=f"step{step}", model=model, optimizer=opt, user_content={"step": step})
+    got["newest"] = smp.newest_checkpoint(root)
+    # Each rank asks about a directory of its own: only rank 0's holds checkpoints, and rank 0 decides.
+    got["rank0_decides"] = smp.newest_checkpoint(root if smp.rank() == 0 else root / f"nothing-{smp.rank()}")
+    if smp.rank() == 0:  # step2 damaged: a data file one byte longer than its marker says
+        with open(next((root / "step2_partial").glob("*.distcp")), "ab") as damaged:
+            damaged.write(b"x")
+    smp.barrier()
+    got["after_damage"] = smp.newest_checkpoint(root)
+    got["resumed"] = smp.resume_from_checkpoint(root, model=model, optimizer=opt)
+    return got
+
+
 CASES = {
+    "training_log": training_log,
+    "stop_agreement": stop_agreement,
+    "newest_checkpoint": newest_checkpoint,
     "sum_microbatches": sum_microbatches,
     "model_methods": model_methods,
     "clip_before_step": clip_before_step,

@@ -1,17 +1,27 @@
 """SMP v1's surface under mpirun (4 ranks, one launch): groups and ranks with SMP's meanings,
 object communication, optimizers from any of the module's parameters, @smp.step options,
-the fp16 loss.backward() footgun, GradScaler, and no clipping without sharding."""
+the fp16 loss.backward() footgun, GradScaler, and no clipping without sharding; and the names a
+training script needs besides SMP's (smp.TrainingLog, smp.save_model, smp.stop_requested, smp.newest_checkpoint)."""
 
 from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
 
 import pytest
 import torch
 
+from smsdp.util.metric_format import parse_progress_line
+from smsdp.util.metrics_table import parse_table
 from tests.mpi_harness import requires_mpi, run_cases
 
 pytestmark = [pytest.mark.distributed, requires_mpi]
 
 CASES = [
+    "training_log",
+    "stop_agreement",
+    "newest_checkpoint",
     "sum_microbatches",
     "model_methods",
     "clip_before_step",
@@ -105,3 +115,47 @@ def test_model_methods(results):
         assert got["same_module"] and got["partitioned"] and got["plain_is_plain"] and got["plain_matches"]
         torch.testing.assert_close(got["plain_output"], got["model_output"])
         assert got["local_names"] == ["0.weight", "0.bias", "2.weight", "2.bias"]
+
+
+def test_training_log_reports_the_global_batch_once_and_save_model_writes_plain_files(results):
+    got = results["training_log"]
+    for rank, mine in enumerate(got):
+        assert mine["tokens_per_step"] == 2 * 8 * 3 * 4  # batch x seq_len x grad_accum x 4 replicas
+        assert mine["parallelism"] == "4 ranks (sharded degree 2, 4 data-parallel)"
+        assert mine["val"] == pytest.approx(1.5)  # the mean of the ranks' 0, 1, 2, 3
+        assert mine["summary"]["final_loss"] == pytest.approx(5.5) and mine["summary"]["model_params"] == 42
+        if rank:
+            assert mine["lines"] == []  # rank 0 alone prints
+    lines = got[0]["lines"]
+    progress = [p for p in map(parse_progress_line, lines) if p]
+    assert [(p["step"], p["loss"]) for p in progress] == [(2, pytest.approx(3.5)), (4, pytest.approx(5.5))]
+    assert "eval step 4/4 val_loss=1.5000" in "\n".join(lines)
+    out = Path(got[0]["out"])
+    summary = json.loads((out / "summary.json").read_text())
+    assert lines[-1] == f"[smsdp] summary in {out / 'summary.json'}"
+    assert (summary["steps"], summary["world_size"], summary["sharded_degree"]) == (4, 4, 2)
+    assert summary["tokens_per_step"] == 192 and summary["val_loss"] == pytest.approx(1.5)
+    assert summary["comm_bytes"]["all_gather"] > 0 and summary["total_time_s"] >= summary["wall_time_s"] > 0
+    rows = parse_table((out / "metrics.csv").read_text())
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert [r["loss"] for r in rows] == pytest.approx([2.5, 3.5, 4.5, 5.5])  # every step, not only printed ones
+    assert all(r["lr"] == pytest.approx(0.1) for r in rows)
+    assert any(name.startswith("events.out.tfevents") for name in os.listdir(out / "events"))
+    assert sorted(os.listdir(out / "model")) == ["config.json", "model.pt"]  # rank 0's, no temporaries
+    assert json.loads((out / "model" / "config.json").read_text()) == {"layers": 2}
+    saved = torch.load(got[0]["saved"], weights_only=True)
+    for name, value in got[0]["state"].items():
+        assert torch.equal(saved[name], value), name
+
+
+def test_stop_requested_is_agreed_by_every_rank(results):
+    assert [got["before"] for got in results["stop_agreement"]] == [False] * 4
+    assert [got["after"] for got in results["stop_agreement"]] == [True] * 4  # only rank 2 received SIGTERM
+
+
+def test_newest_checkpoint_is_what_resume_loads_and_rank_0_decides(results):
+    for got in results["newest_checkpoint"]:
+        assert got["missing"] is None and got["unset"] is None
+        assert got["newest"] == "step2" and got["rank0_decides"] == "step2"
+        assert got["after_damage"] == "step1"  # step2's file sizes no longer match its marker
+        assert got["resumed"] == {"step": 1}
