@@ -88,8 +88,9 @@ class StderrTail:
 
 
 def _die_with_mpirun() -> None:
-    """Linux: SIGKILL this rank when mpirun dies; if it is already gone, leave now."""
-    if "OMPI_COMM_WORLD_SIZE" not in os.environ or not sys.platform.startswith("linux"):
+    """Linux: SIGKILL this rank when mpirun (or torchrun's agent) dies; if it is already gone, leave now."""
+    launched = "OMPI_COMM_WORLD_SIZE" in os.environ or "TORCHELASTIC_RUN_ID" in os.environ
+    if not launched or not sys.platform.startswith("linux"):
         return
     parent = os.getppid()
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)

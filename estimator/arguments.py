@@ -141,6 +141,7 @@ class ResolvedArguments:
     max_run_s: int
     max_retry_attempts: int
     backend_options: dict[str, Any]
+    launcher: str  # the distribution's: mpirun or torchrun
 
 
 def resolve_arguments(args: EstimatorArguments) -> ResolvedArguments:
@@ -192,6 +193,7 @@ def resolve_arguments(args: EstimatorArguments) -> ResolvedArguments:
             **({TENSORBOARD_ARGUMENT: tensorboard} if tensorboard else {}),
             **options,
         },
+        launcher=job.distribution.launcher,
     )
 
 

@@ -198,6 +198,7 @@ class Estimator:
             max_run_s=self._args.max_run_s,
             max_retry_attempts=self._args.max_retry_attempts,
             backend_options=self._args.backend_options,
+            launcher=self._args.launcher,
         )
 
     def dry_run(self, inputs: Any = None, job_name: str | None = None):

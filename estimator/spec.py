@@ -14,7 +14,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from smsdp.config import RuntimeConfig
+from smsdp.config import MPIRUN, RuntimeConfig
 
 #: What a hyperparameter may be: a scalar that survives ``--name value`` and JSON.
 Hyperparameter = str | int | float | bool
@@ -90,6 +90,8 @@ class JobSpec:
     max_retry_attempts: int = 0
     #: Settings only a remote backend uses (role, image_uri, tags, ...), passed through.
     backend_options: Mapping[str, Any] = field(default_factory=dict)
+    #: What starts each host's ranks: ``mpirun`` (SMP v1, MPI) or ``torchrun`` (SMP v2, torch_distributed).
+    launcher: str = MPIRUN
 
     def __post_init__(self) -> None:
         for name in ("hyperparameters", "environment", "distribution", "backend_options"):

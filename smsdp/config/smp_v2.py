@@ -44,7 +44,8 @@ KEYS = (
         "shard parameters, gradients and optimizer state within groups of this many ranks, replicate across "
         "groups; 0 (default): FSDP's own strategy (FULL_SHARD: every rank), 1: NO_SHARD",
         "the MiCS shard group, `sharded_data_parallel_degree`; 0: the whole data-parallel group "
-        "(world / tensor_parallel_degree), 1: plain data parallelism",
+        "(world / tensor_parallel_degree), 1: plain data parallelism; every parameter is sharded, as FSDP "
+        "does (`sdp_param_persistence_threshold` 0)",
     ),
     V2Key(
         "sm_activation_offloading",
@@ -128,6 +129,7 @@ def smp_v2_as_v1(data: dict[str, Any]) -> tuple[dict[str, Any], list[ConfigProbl
             out[v1_key] = data[v2_key]
     degree = data.get(HYBRID_SHARD_DEGREE, 0)
     out[HYBRID_SHARD_DEGREE] = degree
+    out["sdp_param_persistence_threshold"] = 0  # SMP v2 is FSDP: every parameter is sharded
     if degree >= 1:
         out["sharded_data_parallel_degree"] = degree
     if out.get("tensor_parallel_degree", 1) > 1:

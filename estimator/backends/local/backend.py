@@ -26,9 +26,11 @@ from estimator.backends.supervised.layout import describe_spec, job_root, plan_j
 from estimator.backends.supervised.process_session import JOB_MARKER
 from estimator.backends.supervised.status import SecondaryStatus, StatusRecord, write_status
 from estimator.backends.supervised.supervisor import hold_stop_signals
+from estimator.backends.supervised.torchrun import LOG_SUBDIR, standalone_rendezvous, torchrun_argv
 from estimator.job import JobStatus
 from estimator.redact import is_secret
 from estimator.spec import JobSpec
+from smsdp.config import TORCHRUN
 
 SUPERVISOR_MODULE = "estimator.backends.local.supervisor"
 JOB_UMASK = 0o077  # what the supervisor, mpirun and every rank create is the owner's alone
@@ -49,7 +51,11 @@ class LocalBackend(Backend[LocalRequest]):
         script_argv = [spec.code.entry_point, *hyperparameter_args(dict(spec.hyperparameters))]
         custom_options, custom_env = _values_off_the_command_line(spec.custom_mpi_options)
         env = {**custom_env, **env}
-        argv = mpirun_argv(spec.world_size, env.keys(), custom_options, script_argv)
+        if spec.launcher == TORCHRUN:  # one torchrun for the simulated hosts, as one mpirun runs them all
+            log_dir = job.logs / LOG_SUBDIR
+            argv = torchrun_argv(1, spec.world_size, standalone_rendezvous(), log_dir, script_argv)
+        else:
+            argv = mpirun_argv(spec.world_size, env.keys(), custom_options, script_argv)
         return LocalRequest(
             job_name=spec.job_name,
             argv=tuple(argv),

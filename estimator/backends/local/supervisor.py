@@ -31,10 +31,15 @@ import sys
 
 from estimator.backends.local.failure import failure_reason
 from estimator.backends.local.rank_tags import RankTagger
-from estimator.backends.supervised.job_dir import JobDir
+from estimator.backends.supervised import failure
+from estimator.backends.supervised.job_dir import JobDir, read_json
+from estimator.backends.supervised.layout import OWN_SECTION
 from estimator.backends.supervised.process_session import JobProcesses
+from estimator.backends.supervised.rank_tags import LineTagger
 from estimator.backends.supervised.rank_watch import RankWatch
 from estimator.backends.supervised.supervisor import Supervisor, run_supervisor
+from estimator.backends.supervised.torchrun import TorchrunTagger, death_sentence
+from smsdp.config import TORCHRUN
 
 MODULE = "estimator.backends.local.supervisor"
 
@@ -45,7 +50,7 @@ class MpirunSupervisor(Supervisor):
     def __init__(self, job: JobDir):
         super().__init__(job, argv=_argv_from_stdin())  # job.json's argv is redacted
 
-    def tagger(self) -> RankTagger:
+    def tagger(self) -> LineTagger:
         return RankTagger(self.hosts, self.processes_per_host)
 
     def processes(self) -> JobProcesses:
@@ -83,6 +88,24 @@ class MpirunSupervisor(Supervisor):
         )
 
 
+class TorchrunSupervisor(MpirunSupervisor):
+    """The same job with torchrun in mpirun's place: its workers are its children, as mpirun's ranks are."""
+
+    launcher_name = "torchrun"
+
+    def tagger(self) -> LineTagger:
+        return TorchrunTagger(self.hosts, self.processes_per_host)
+
+    def failure_reason(self, exit_code: int, log_lines: list[str] | None) -> str:
+        return failure.failure_reason(self.job, exit_code, self.launcher_name, death_sentence, log_lines)
+
+
+def supervisor_for(job: JobDir) -> Supervisor:
+    """The job's launcher decides (job.json: ``Launcher``)."""
+    own = read_json(job.description_file)[OWN_SECTION]
+    return TorchrunSupervisor(job) if own.get("Launcher") == TORCHRUN else MpirunSupervisor(job)
+
+
 def _argv_from_stdin() -> list[str] | None:
     """The launching client writes the real mpirun argv (with secret values) to stdin, never to disk."""
     try:
@@ -95,4 +118,4 @@ def _argv_from_stdin() -> list[str] | None:
 
 
 if __name__ == "__main__":
-    sys.exit(run_supervisor(MpirunSupervisor, MODULE))
+    sys.exit(run_supervisor(supervisor_for, MODULE))

@@ -175,6 +175,7 @@ def redacted_arguments(spec: JobSpec, own: dict[str, Any]) -> list[str]:
 def _own_section(spec: JobSpec, argv: list[str], backend: str) -> dict[str, Any]:
     return {
         "Backend": backend,
+        "Launcher": spec.launcher,
         "Argv": argv,
         "Hosts": host_names(spec.runtime.instance_count),
         "ProcessesPerHost": spec.runtime.processes_per_host,

@@ -35,6 +35,7 @@ import subprocess
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
@@ -283,7 +284,7 @@ class Supervisor(abc.ABC):
         return None
 
 
-def run_supervisor(make: type[Supervisor], module: str, argv: list[str] | None = None) -> int:
+def run_supervisor(make: Callable[[JobDir], Supervisor], module: str, argv: list[str] | None = None) -> int:
     """``python -m <module> JOB_DIR``: run a ``make`` supervisor on the job; a crash fails the job, naming it."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:

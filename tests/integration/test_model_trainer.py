@@ -1,0 +1,132 @@
+"""SDK 3's ModelTrainer example with only its imports changed, on this machine, launched by torchrun.
+
+The issue's example (``Torchrun(process_count_per_node=..., smp=SMP(hybrid_shard_degree=...))``)
+with ``instance_type="local"``, 2 hosts x 2 ranks and ``hybrid_shard_degree=2`` trains the
+bundled GPT; the same job written as an Estimator (``sharded_data_parallel_degree=2``) is
+launched by mpirun. Same model, data and seed: the same losses and the same trained
+parameters. Both are one job contract: the job directory, describe(), attach and
+``smsdp jobs`` read the ModelTrainer's job as any other. Two short jobs (3 steps, a tiny GPT).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from estimator import Estimator, JobStatus
+from estimator.backends.local.mpirun import find_mpirun
+from estimator.example import example_source_dir
+from estimator.jobs_listing import list_jobs
+
+# Only the imports differ from SDK 3's `sagemaker.train` code.
+from estimator.train import ModelTrainer
+from estimator.train.configs import Compute, SourceCode, StoppingCondition
+from estimator.train.distributed import SMP, Torchrun
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.timeout(240),
+    pytest.mark.skipif(find_mpirun() is None, reason="mpirun is missing: bash scripts/bootstrap"),
+]
+
+GPT = {
+    "max_steps": 3,
+    "n_layer": 2,
+    "d_model": 64,
+    "n_head": 2,
+    "seq_len": 32,
+    "batch_size": 2,
+    "vocab_size": 256,
+    "log_interval": 1,
+    "eval_interval": 0,
+    "eval_batches": 1,
+}
+STEP_RE = re.compile(r"^\[algo-1 rank0\] \[smsdp\] step (\d+)/\d+ loss=(\S+)", re.M)
+
+
+def _quiet(run) -> str:
+    shown = io.StringIO()
+    with contextlib.redirect_stdout(shown):
+        run()
+    return shown.getvalue()
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("jobs")
+    trainer = ModelTrainer(
+        source_code=SourceCode(source_dir=example_source_dir(), entry_script="train_gpt.py"),
+        compute=Compute(instance_type="local", instance_count=2),
+        distributed=Torchrun(process_count_per_node=2, smp=SMP(hybrid_shard_degree=2)),
+        hyperparameters=GPT,
+        stopping_condition=StoppingCondition(max_runtime_in_seconds=3600),
+        base_job_name="gpt-trainer",
+        local_container_root=str(out),
+    )
+    shown = _quiet(trainer.train)
+    # The same job as an SDK 2 Estimator: SMP v1's key, mpirun (SMP v2 shards every parameter, as FSDP does).
+    parameters = {"sharded_data_parallel_degree": 2, "sdp_param_persistence_threshold": 0}
+    est = Estimator(
+        "train_gpt.py",
+        source_dir=example_source_dir(),
+        instance_count=2,
+        distribution={
+            "smdistributed": {"modelparallel": {"enabled": True, "parameters": parameters}},
+            "mpi": {"enabled": True, "processes_per_host": 2},
+        },
+        hyperparameters=GPT,
+        output_path=str(out),
+    )
+    _quiet(lambda: est.fit(job_name="gpt-estimator", check_memory=False))
+    return trainer, est, out, shown
+
+
+def _losses(job_dir: Path) -> list[tuple[int, float]]:
+    text = (job_dir / "logs" / "job.log").read_text()
+    return [(int(step), float(loss)) for step, loss in STEP_RE.findall(text)]
+
+
+def test_the_sdk3_example_trains_under_torchrun_as_the_estimator_does_under_mpirun(jobs):
+    trainer, _est, out, shown = jobs
+    job = trainer.latest_job
+    assert job is not None and job.status() is JobStatus.COMPLETED, job.describe().get("FailureReason")
+    trainer_dir, estimator_dir = out / job.name, out / "gpt-estimator"
+    trainer_own = json.loads((trainer_dir / "job.json").read_text())["Smsdp"]
+    estimator_own = json.loads((estimator_dir / "job.json").read_text())["Smsdp"]
+    assert trainer_own["Launcher"] == "torchrun" and "torch.distributed.run" in trainer_own["Argv"]
+    assert "--nnodes=1" in trainer_own["Argv"] and "--nproc-per-node=4" in trainer_own["Argv"]
+    assert estimator_own["Launcher"] == "mpirun" and Path(estimator_own["Argv"][0]).name == "mpirun"
+    log = (trainer_dir / "logs" / "job.log").read_text()
+    assert "[algo-1 rank0] [smsdp] GPT 0.12M params, 4 ranks (sharded degree 2, 4 data-parallel)" in log
+
+    trained, reference = _losses(trainer_dir), _losses(estimator_dir)
+    assert [step for step, _ in trained] == [1, 2, 3]
+    assert [step for step, _ in reference] == [1, 2, 3]
+    for (_, got), (_, want) in zip(trained, reference):
+        assert got == pytest.approx(want, rel=1e-6, abs=1e-6)
+    got_model = torch.load(trainer_dir / "model" / "model.pt")
+    want_model = torch.load(estimator_dir / "model" / "model.pt")
+    assert got_model.keys() == want_model.keys()
+    for name, tensor in got_model.items():
+        torch.testing.assert_close(tensor, want_model[name], rtol=1e-6, atol=1e-6, msg=name)
+    assert f"[smsdp] training job {job.name}: Completed" in shown
+
+
+def test_the_trainers_job_is_an_ordinary_job(jobs):
+    trainer, _est, out, _shown = jobs
+    name = trainer.latest_job.name
+    described = trainer.latest_job.describe()
+    assert described["TrainingJobStatus"] == "Completed"
+    assert described["StoppingCondition"]["MaxRuntimeInSeconds"] == 3600
+    attached = ModelTrainer.attach(name, output_path=str(out))
+    assert attached.latest_job.status() is JobStatus.COMPLETED
+    assert attached.distribution["torch_distributed"] == {"enabled": True, "processes_per_host": 2}
+    (listed,) = [entry for entry in list_jobs(str(out)) if entry.name == name]
+    assert listed.status == "Completed" and listed.final_loss is not None
+    assert len(trainer.latest_job.metrics()) == 3  # the per-step table, as for an Estimator's job
