@@ -19,7 +19,7 @@ Every rank runs this module. It
    An error that only says a peer went away (a collective timed out, a
    connection was reset) is a consequence, not a cause: it gets its
    ``failure-rank<N>`` file but does not claim ``failure``, so the rank that
-   failed first is named (``estimator.backends.local.failure``),
+   failed first is named (the files and their rules: ``smsdp.util.failure_files``),
 5. on success leaves the process group cleanly.
 
 Under mpirun each rank asks the kernel to SIGKILL it when its parent (mpirun)
@@ -42,9 +42,9 @@ import traceback
 from pathlib import Path
 
 from smsdp.config.cluster import slurm_rank_env
+from smsdp.util import failure_files
 
 USAGE = "usage: python -m entrypoints.launcher SCRIPT [--name value ...]"
-FAILURE_FILE = "failure"
 EXIT_FAILURE = 1
 PEER_LOSS_GRACE_S = 2.0
 STDERR_TAIL_CHARS = 2000
@@ -147,10 +147,6 @@ _PEER_LOSS = (
     "Read error",
     "Write error",
 )
-PEER_LOSS_NOTE = (
-    "[smsdp] this rank lost a peer in a collective (a peer died, hung, or did not answer within "
-    "collective_timeout_s): a consequence of another rank's failure, not its cause"
-)
 
 
 def lost_a_peer(exc: BaseException) -> bool:
@@ -199,10 +195,10 @@ def _leave_world() -> None:
 def _fail(rank: int, tb: str, lost_peer: bool = False) -> None:
     """Record this rank's traceback, then take the whole job down (never returns)."""
     if lost_peer:
-        tb = f"{tb}{PEER_LOSS_NOTE}\n"
+        tb = failure_files.with_peer_loss_note(tb)
     message = f"rank {rank} failed:\n{tb}"
     print(f"[smsdp] {message}", file=sys.stderr)
-    _write_failure_files(rank, tb, claim_first=not lost_peer)
+    _write_failure_files(rank, tb)
     sys.stdout.flush()
     sys.stderr.flush()
     if lost_peer:
@@ -212,43 +208,16 @@ def _fail(rank: int, tb: str, lost_peer: bool = False) -> None:
     _abort_job()
 
 
-def _write_failure_files(rank: int, tb: str, claim_first: bool = True) -> None:
-    """``failure-rank<N>``, and SageMaker's ``failure`` (shown as the job's FailureReason).
-
-    ``failure``: the first real failure wins (exclusive create). A rank that only
-    lost a peer writes it when nobody has, and a real failure coming later
-    replaces that, so the cause is named rather than a consequence.
-    """
-    out_dir = _output_dir()
+def _write_failure_files(rank: int, tb: str) -> None:
+    """``failure-rank<N>``, and SageMaker's ``failure`` (shown as the job's FailureReason): the first
+    real failure wins (``smsdp.util.failure_files``)."""
+    out_dir = failure_files.output_dir_of(os.environ)
     if out_dir is None:
         return
-    first, text = out_dir / FAILURE_FILE, f"rank {rank}: {tb}"
     try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        _write_atomically(out_dir / f"failure-rank{rank}", tb)
-        try:
-            with open(first, "x") as f:
-                f.write(text)
-        except FileExistsError:
-            if claim_first and PEER_LOSS_NOTE in first.read_text(errors="replace"):
-                _write_atomically(first, text)
-            # else an earlier rank failed first; its reason stands
+        failure_files.record_rank_failure(out_dir, rank, tb)
     except OSError as exc:
         print(f"[smsdp] could not write failure file in {out_dir}: {exc}", file=sys.stderr)
-
-
-def _output_dir() -> Path | None:
-    if os.environ.get("SM_OUTPUT_DIR"):
-        return Path(os.environ["SM_OUTPUT_DIR"])
-    if os.environ.get("SM_OUTPUT_DATA_DIR"):
-        return Path(os.environ["SM_OUTPUT_DATA_DIR"]).parent
-    return None
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def _abort_job() -> None:

@@ -25,6 +25,7 @@ rank ``r`` is host ``r // processes_per_host`` whatever the resource config says
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -32,12 +33,13 @@ import sys
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
+from smsdp.util import failure_files
+
 CONFIG_ENV_VAR = "SMSDP_CONFIG"
 CONFIG_PART_PREFIX = f"{CONFIG_ENV_VAR}_PART_"  # estimator.backends.sagemaker.environment splits
 SIMULATED_HOSTS_ENV = "SMSDP_SIMULATED_HOSTS"
 DEFAULT_CONFIG_DIR = "/opt/ml/input/config"
 RESOURCE_CONFIG = "resourceconfig.json"
-FAILURE_FILE = "failure"
 
 
 class EntryError(RuntimeError):
@@ -160,19 +162,15 @@ def _where(environ: Mapping[str, str]) -> str:
 
 
 def _smsdp_location() -> str:
-    spec = importlib.util.find_spec("smsdp")  # found, not imported (that is the launcher's job)
+    spec = importlib.util.find_spec("smsdp")  # the copy this rank runs: the bundled one, or an installed one
     return str(Path(spec.origin).parent) if spec is not None and spec.origin else "nowhere"
 
 
 def _fail(message: str, environ: Mapping[str, str]) -> int:
     rank = environ.get("OMPI_COMM_WORLD_RANK", "0")
     print(f"[smsdp] rank {rank}: {message}", file=sys.stderr, flush=True)
-    output_dir = environ.get("SM_OUTPUT_DIR")
-    if output_dir:
-        try:
-            Path(output_dir).mkdir(parents=True, exist_ok=True)
-            with open(Path(output_dir) / FAILURE_FILE, "x") as failure:  # the first rank's reason stands
-                failure.write(f"rank {rank}: {message}\n")
-        except OSError:
-            pass
+    output_dir = failure_files.output_dir_of(environ)
+    if output_dir is not None:
+        with contextlib.suppress(OSError):
+            failure_files.claim_job_failure(output_dir, rank, f"{message}\n")  # the first rank's reason stands
     return 1

@@ -44,6 +44,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from smsdp.util.atomic_files import fsync_directory, write_bytes_atomically
+
 FORMAT = "smsdp-checkpoint"
 FORMAT_VERSION = 1
 PARTIAL = "partial"
@@ -95,43 +97,6 @@ def full_marker(path: str | os.PathLike, tag: str) -> Path:
     return Path(path) / f"{tag}{FULL_MARKER_SUFFIX}"
 
 
-# --------------------------------------------------------------------------- #
-# Durable writes
-# --------------------------------------------------------------------------- #
-def fsync_file(path: str | os.PathLike) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_dir(path: str | os.PathLike) -> None:
-    """Make renames and creations inside ``path`` durable (no-op where unsupported)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write to a temporary name, fsync, rename over ``path``, fsync the directory."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
-
-
 def digest(path: str | os.PathLike) -> dict:
     """``{"size": bytes, "crc32": "8 hex digits"}`` of one file."""
     crc = 0
@@ -175,7 +140,7 @@ def make_marker(tag: str, kind: str, files: dict[str, dict], **info) -> dict:
 
 
 def write_marker(marker_path: str | os.PathLike, marker: dict) -> None:
-    atomic_write_bytes(marker_path, json.dumps(marker, indent=1, sort_keys=True).encode())
+    write_bytes_atomically(marker_path, json.dumps(marker, indent=1, sort_keys=True).encode())
 
 
 def read_marker(marker_path: str | os.PathLike) -> tuple[dict | None, str | None]:
@@ -291,7 +256,7 @@ def pointer_path(path: str | os.PathLike, kind: str) -> Path:
 
 def write_pointer(path: str | os.PathLike, kind: str, tag: str) -> None:
     """Point ``newest`` at ``tag`` (plain text, as SMP writes it); atomic."""
-    atomic_write_bytes(pointer_path(path, kind), tag.encode())
+    write_bytes_atomically(pointer_path(path, kind), tag.encode())
 
 
 def read_pointer(path: str | os.PathLike, kind: str) -> str | None:
@@ -353,7 +318,7 @@ def commit_partial(path: str | os.PathLike, staging: Path, tag: str, token: str)
             remove_tree(aside)
         os.replace(final, aside)
     os.replace(staging, final)
-    fsync_dir(path)
+    fsync_directory(path)
     if aside is not None:
         remove_tree(aside)
     return final
@@ -364,7 +329,7 @@ def remove_tree(directory: Path) -> None:
     marker = directory / MARKER_NAME
     if marker.exists():
         marker.unlink()
-        fsync_dir(directory)
+        fsync_directory(directory)
     shutil.rmtree(directory, ignore_errors=True)
 
 
@@ -374,7 +339,7 @@ def delete(found: Found) -> None:
         return
     if found.marker_path.exists():
         found.marker_path.unlink()
-        fsync_dir(found.marker_path.parent)
+        fsync_directory(found.marker_path.parent)
     for p in (found.location, full_user_content_file(found.location.parent, found.tag)):
         p.unlink(missing_ok=True)
 
@@ -427,5 +392,5 @@ def prune(path: str | os.PathLike, keep: int, *, token: str, protect: Iterable[P
     for f in plan.delete:
         delete(f)
     if plan.delete:
-        fsync_dir(path)
+        fsync_directory(path)
     return plan

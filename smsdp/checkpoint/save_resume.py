@@ -52,6 +52,7 @@ from smsdp.checkpoint.dcp import ChunkLoadPlanner, ChunkSavePlanner
 from smsdp.checkpoint.files import FULL, PARTIAL, CheckpointError
 from smsdp.comm import world as comm_world
 from smsdp.util import fault_injection
+from smsdp.util.atomic_files import atomic_writer, fsync_directory, fsync_file
 
 __all__ = ["CheckpointError", "resume_from_checkpoint", "save_checkpoint"]
 
@@ -174,7 +175,7 @@ def _save_partial(root: Path, tag: str, model: Any, optimizer: Any, user_content
             if staging.exists():
                 shutil.rmtree(staging)  # this job's own earlier, failed attempt at this tag
             staging.mkdir()
-            files.fsync_dir(root)
+            fsync_directory(root)
 
     agree.run(f"preparing checkpoint {tag!r} in {root}", prepare)
 
@@ -201,7 +202,7 @@ def _save_partial(root: Path, tag: str, model: Any, optimizer: Any, user_content
             _torch_save_durable(state, staging / STATE_FILE)
             if user_content is not None:
                 _torch_save_durable(user_content, staging / USER_CONTENT_FILE)
-        files.fsync_dir(staging)
+        fsync_directory(staging)
 
     agree.run(f"writing checkpoint {tag!r}", write_small_files)
 
@@ -261,7 +262,7 @@ def _save_full(root: Path, tag: str, model: Any, user_content: Any) -> None:
         marker_path = files.full_marker(root, tag)
         if marker_path.exists():  # the old checkpoint of this tag stops counting before it is replaced
             marker_path.unlink()
-            files.fsync_dir(root)
+            fsync_directory(root)
         targets = {tag: state_dict}
         uc_path = files.full_user_content_file(root, tag)
         if user_content is not None:
@@ -270,11 +271,9 @@ def _save_full(root: Path, tag: str, model: Any, user_content: Any) -> None:
             uc_path.unlink(missing_ok=True)
         digests = {}
         for name, obj in targets.items():
-            tmp = root / f".{name}.tmp-{token}"
-            _torch_save_durable(obj, tmp)
-            os.replace(tmp, root / name)
+            with atomic_writer(root / name) as handle:
+                torch.save(obj, handle)
             digests[name] = files.digest(root / name)
-        files.fsync_dir(root)
         rt = comm_world.get()
         files.write_marker(
             marker_path,
@@ -296,10 +295,9 @@ def _save_full(root: Path, tag: str, model: Any, user_content: Any) -> None:
 
 
 def _torch_save_durable(obj: Any, path: Path) -> None:
-    with open(path, "wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
+    """Into the staging directory, which is published by its rename once the marker is written."""
+    torch.save(obj, path)
+    fsync_file(path)
 
 
 # =========================================================================== #

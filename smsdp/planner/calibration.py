@@ -36,6 +36,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from smsdp.util.atomic_files import write_text_atomically
+
 FORMAT = "smsdp-calibration/1"
 KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
 CLASSES = ("intra", "ring", "cross")
@@ -188,11 +190,8 @@ class Rates:
         }
 
     def save(self, path: str | Path) -> None:
-        """Written whole to a temporary name and renamed: never a half-written file."""
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
-        tmp.replace(path)
+        """Written whole (``smsdp.util.atomic_files``): never a half-written file."""
+        write_text_atomically(path, json.dumps(self.to_dict(), indent=2) + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> Rates:

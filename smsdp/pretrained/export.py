@@ -50,11 +50,12 @@ from safetensors.torch import save_file
 
 from smsdp.checkpoint.agree import agree as agree_on
 from smsdp.checkpoint.agree import rank
-from smsdp.checkpoint.files import CheckpointError, fsync_dir, fsync_file
+from smsdp.checkpoint.files import CheckpointError
 from smsdp.comm import world
 from smsdp.pretrained.directory import CONFIG_FILE, INDEX_FILE, PretrainedError
 from smsdp.pretrained.names import TensorNames
 from smsdp.tensor_parallel.split_params import gather_full, split_of
+from smsdp.util.atomic_files import fsync_directory, fsync_file
 
 logger = logging.getLogger("smsdp")
 
@@ -267,7 +268,7 @@ class _Writer:
         for name, contents in files.items():
             (self.staging / name).write_bytes(contents)
             fsync_file(self.staging / name)
-        fsync_dir(self.staging)
+        fsync_directory(self.staging)
 
     def finish(self, overwrite: bool, error: str | None) -> str | None:
         """Publish the staging directory at the target, or remove it; returns the error, if any."""
@@ -287,7 +288,7 @@ def _publish(staging: Path, target: Path, overwrite: bool) -> None:
         aside = target.parent / f".{target.name}.replaced-{uuid.uuid4().hex[:12]}"
         os.replace(target, aside)
     os.replace(staging, target)
-    fsync_dir(target.parent)
+    fsync_directory(target.parent)
     if aside is not None:
         shutil.rmtree(aside, ignore_errors=True)
 

@@ -6,23 +6,21 @@ data-parallel rank then holds a different shard), ``{f}_{pp_rank}_{tp_rank}_{rdp
 ``load(f, partial=True)`` reads the file of this rank's coordinates, the
 three-part name first. ``partial=False`` reads and writes ``f`` itself.
 
-Every write goes to a temporary file that is fsynced and renamed into place:
-a crash leaves the previous file or the new one, never half of one.
+Every write goes through ``smsdp.util.atomic_files``: a crash leaves the previous
+file or the new one, never half of one.
 """
 
 from __future__ import annotations
 
-import io
 import os
 import pickle
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from smsdp.checkpoint.files import atomic_write_bytes
 from smsdp.comm import world
 from smsdp.smp import api
+from smsdp.util.atomic_files import atomic_writer
 
 
 def partial_file(f: str | os.PathLike, three_part: bool | None = None) -> str:
@@ -48,10 +46,8 @@ def save(
             f"smp.save: f={f!r} must be a file name (str or path), as in SMP; file objects are not accepted"
         )
     path = partial_file(f, v3) if partial else os.fspath(f)
-    buffer = io.BytesIO()
-    torch.save(obj, buffer, pickle_module=pickle_module, pickle_protocol=pickle_protocol)
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(path, buffer.getvalue())
+    with atomic_writer(path, make_parents=True) as handle:
+        torch.save(obj, handle, pickle_module=pickle_module, pickle_protocol=pickle_protocol)
 
 
 def load(

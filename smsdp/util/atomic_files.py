@@ -10,15 +10,19 @@ behind that a later write does not overwrite; nothing but a regular file is ever
   would replace it.
 - A symlink to a regular file (or to nothing yet, in an existing directory) is written through:
   the file it points to is replaced, the link stays.
-- New files get the mode ``open()`` would give them (``0o666`` less the umask); a file that is
-  replaced keeps the mode it had.
+- New files get the mode ``open()`` would give them (``0o666`` less the umask), or ``mode`` less
+  the umask where the caller asks for less (``0o600``: the owner's alone); a file that is replaced
+  keeps the mode it had.
+- ``exclusive=True``: the first writer wins. The complete file is linked to the target name, which
+  never replaces one that exists (``FileExistsError``), so a reader never sees it half written.
 
-Torch-free, so the client (``estimator``), the launcher and the runtime all use it.
+Torch-free and standard library only: the client, the launcher and the runtime all write through it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import secrets
@@ -26,6 +30,11 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
+
+#: A new file's permission bits before the umask: what ``open()`` gives.
+NEW_FILE_MODE = 0o666
+#: The owner's alone, whatever the umask.
+PRIVATE_FILE_MODE = 0o600
 
 
 class WriteTargetError(OSError):
@@ -57,16 +66,25 @@ def resolve_target(path: str | os.PathLike[str]) -> Path:
     return target
 
 
-def _temporary_in(directory: Path, name: str) -> tuple[int, Path]:
+def _temporary_in(directory: Path, name: str, mode: int) -> tuple[int, Path]:
     for _ in range(100):
         candidate = directory / f".{name}.{secrets.token_hex(4)}.tmp"
         try:
-            # O_EXCL: never follows a planted link; mode 0o666 lets the umask decide, as open() does
-            fd = os.open(candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+            # O_EXCL: never follows a planted link; the umask applies to ``mode``, as with open()
+            fd = os.open(candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), mode)
         except FileExistsError:
             continue
         return fd, candidate
     raise WriteTargetError(f"cannot make a temporary file in {directory}")  # pragma: no cover
+
+
+def fsync_file(path: str | os.PathLike[str]) -> None:
+    """Make a file's contents durable (one written in place, e.g. into a directory published later)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def fsync_directory(path: str | os.PathLike[str]) -> None:
@@ -84,19 +102,29 @@ def fsync_directory(path: str | os.PathLike[str]) -> None:
 
 
 @contextlib.contextmanager
-def atomic_writer(path: str | os.PathLike[str], *, text: bool = False, make_parents: bool = False) -> Iterator[IO[Any]]:
+def atomic_writer(
+    path: str | os.PathLike[str],
+    *,
+    text: bool = False,
+    make_parents: bool = False,
+    mode: int = NEW_FILE_MODE,
+    exclusive: bool = False,
+) -> Iterator[IO[Any]]:
     """A file object whose contents replace ``path`` when the block ends without an exception.
 
-    On an exception (or Ctrl-C) the temporary is removed and ``path`` is untouched.
+    On an exception (or Ctrl-C) the temporary is removed and ``path`` is untouched. ``mode`` and
+    ``exclusive``: see the module docstring.
     """
     target = resolve_target(path)
+    if exclusive and os.path.lexists(target):
+        raise FileExistsError(errno.EEXIST, "another writer was first", os.fspath(path))
     if make_parents:
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
         except (FileExistsError, NotADirectoryError) as err:
             raise WriteTargetError(f"cannot write {os.fspath(path)!r}: a part of the path is a file") from err
     try:
-        fd, tmp = _temporary_in(target.parent, target.name)
+        fd, tmp = _temporary_in(target.parent, target.name, mode)
     except FileNotFoundError as err:
         raise WriteTargetError(
             f"cannot write {os.fspath(path)!r}: the directory {target.parent} does not exist"
@@ -109,7 +137,7 @@ def atomic_writer(path: str | os.PathLike[str], *, text: bool = False, make_pare
             handle.flush()
             _keep_mode(target, handle.fileno())
             os.fsync(handle.fileno())
-        os.replace(tmp, target)
+        _publish(tmp, target, exclusive)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
@@ -117,24 +145,48 @@ def atomic_writer(path: str | os.PathLike[str], *, text: bool = False, make_pare
     fsync_directory(target.parent)
 
 
+def _publish(tmp: Path, target: Path, exclusive: bool) -> None:
+    if not exclusive:
+        os.replace(tmp, target)
+        return
+    os.link(tmp, target)  # FileExistsError when another writer was first
+    os.unlink(tmp)
+
+
 def _keep_mode(target: Path, fd: int) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.fchmod(fd, stat.S_IMODE(os.stat(target).st_mode))
 
 
-def write_bytes_atomically(path: str | os.PathLike[str], data: bytes, *, make_parents: bool = False) -> Path:
+def write_bytes_atomically(
+    path: str | os.PathLike[str],
+    data: bytes,
+    *,
+    make_parents: bool = False,
+    mode: int = NEW_FILE_MODE,
+    exclusive: bool = False,
+) -> Path:
     """Replace ``path`` with ``data`` (see the module docstring); returns the file written."""
-    with atomic_writer(path, make_parents=make_parents) as handle:
+    with atomic_writer(path, make_parents=make_parents, mode=mode, exclusive=exclusive) as handle:
         handle.write(data)
     return resolve_target(path)
 
 
-def write_text_atomically(path: str | os.PathLike[str], text: str, *, make_parents: bool = False) -> Path:
+def write_text_atomically(
+    path: str | os.PathLike[str],
+    text: str,
+    *,
+    make_parents: bool = False,
+    mode: int = NEW_FILE_MODE,
+    exclusive: bool = False,
+) -> Path:
     """Replace ``path`` with ``text`` (UTF-8)."""
-    return write_bytes_atomically(path, text.encode(), make_parents=make_parents)
+    return write_bytes_atomically(path, text.encode(), make_parents=make_parents, mode=mode, exclusive=exclusive)
 
 
-def write_json_atomically(path: str | os.PathLike[str], content: Any, *, make_parents: bool = False) -> Path:
+def write_json_atomically(
+    path: str | os.PathLike[str], content: Any, *, make_parents: bool = False, mode: int = NEW_FILE_MODE
+) -> Path:
     """Replace ``path`` with ``content`` as indented, key-sorted JSON and a final newline."""
     text = json.dumps(content, indent=2, sort_keys=True, default=str) + "\n"
-    return write_text_atomically(path, text, make_parents=make_parents)
+    return write_text_atomically(path, text, make_parents=make_parents, mode=mode)

@@ -25,7 +25,6 @@ import contextlib
 import json
 import os
 import resource
-import secrets
 import sys
 import time
 from collections import deque
@@ -35,6 +34,7 @@ from typing import Any, TextIO
 
 import torch
 
+from smsdp.util.atomic_files import write_text_atomically
 from smsdp.util.metric_format import (
     GIB,
     METRIC_DEFINITIONS,
@@ -344,19 +344,7 @@ def write_summary(path_or_dir: str | os.PathLike[str], **fields: Any) -> Path:
     target = Path(path_or_dir)
     if target.suffix != ".json":
         target = target / SUMMARY_FILENAME
-    target.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(fields, indent=2, sort_keys=True, default=_jsonable) + "\n"
-    tmp = target.parent / f".{target.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
     # The mode any new file of this process gets (0644 usually; 0600 in a job, whose processes run with umask 077).
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    write_text_atomically(target, text, make_parents=True)
     return target

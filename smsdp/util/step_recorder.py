@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from smsdp.util.atomic_files import write_text_atomically
 from smsdp.util.metric_format import GIB, PROGRESS_PREFIX
 from smsdp.util.metrics import peak_memory_bytes
 from smsdp.util.metrics_table import (
@@ -90,13 +91,10 @@ def _open_table(path: Path, first_step: int) -> TextIO:
     A failed attempt may have written rows past its last checkpoint; the attempt that resumes
     from that checkpoint writes them again, so they are dropped first (atomically: a reader
     sees the old table or the trimmed one)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     kept: list[dict[str, int | float | None]] = []
     if first_step > 1 and path.is_file():
         kept = [row for row in parse_table(path.read_text(errors="replace")) if (row.get("step") or 0) < first_step]
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(format_header() + format_rows(kept), encoding="utf-8")
-    os.replace(tmp, path)
+    write_text_atomically(path, format_header() + format_rows(kept), make_parents=True)
     return open(path, "a", encoding="utf-8")
 
 

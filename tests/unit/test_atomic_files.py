@@ -8,11 +8,13 @@ import stat
 import pytest
 
 from smsdp.util.atomic_files import (
+    PRIVATE_FILE_MODE,
     WriteTargetError,
     atomic_writer,
     resolve_target,
     write_bytes_atomically,
     write_json_atomically,
+    write_text_atomically,
 )
 
 
@@ -105,4 +107,26 @@ def test_an_exception_inside_the_block_leaves_the_old_file_and_no_temporary(tmp_
             handle.write("half")
             raise KeyboardInterrupt
     assert target.read_text() == "old"
+    assert leftovers(tmp_path) == []
+
+
+def test_a_private_file_is_the_owners_alone_whatever_the_umask(tmp_path):
+    old = os.umask(0o022)
+    try:
+        write_bytes_atomically(tmp_path / "job.json", b"{}", mode=PRIVATE_FILE_MODE)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "job.json").stat().st_mode) == 0o600
+
+
+def test_exclusive_the_first_writer_wins_and_a_later_one_is_told(tmp_path):
+    target = tmp_path / "failure"
+    write_text_atomically(target, "rank 3: the cause", exclusive=True)
+    with pytest.raises(FileExistsError):
+        write_text_atomically(target, "rank 1: a consequence", exclusive=True)
+    with pytest.raises(FileExistsError):  # a later writer that got past the first check loses at the link
+        with atomic_writer(tmp_path / "late", exclusive=True) as handle:
+            handle.write(b"second")
+            (tmp_path / "late").write_text("first")
+    assert target.read_text() == "rank 3: the cause" and (tmp_path / "late").read_text() == "first"
     assert leftovers(tmp_path) == []

@@ -11,7 +11,7 @@ import pytest
 from estimator import Estimator, JobFailedError, JobStatus
 from estimator.backends.local.backend import LocalBackend
 from estimator.backends.local.job import LocalJob
-from estimator.backends.supervised.job_dir import write_json_atomically
+from estimator.backends.supervised.job_dir import write_job_json
 from estimator.backends.supervised.packaging import pack_model
 from estimator.backends.supervised.status import SecondaryStatus, StatusRecord, utcnow, write_status
 
@@ -37,7 +37,7 @@ def _lay_out(estimator: Estimator, name: str, record: StatusRecord, supervisor_p
     request = LocalBackend().dry_run(estimator.job_spec(job_name=name))
     job = request.job_dir.create()
     now = utcnow()
-    write_json_atomically(job.description_file, {**request.description, "CreationTime": now, "TrainingStartTime": now})
+    write_job_json(job.description_file, {**request.description, "CreationTime": now, "TrainingStartTime": now})
     write_status(job.status_file, record)
     if supervisor_pid is not None:
         job.pid_file.write_text(str(supervisor_pid))

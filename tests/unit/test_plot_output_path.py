@@ -14,7 +14,7 @@ import pytest
 from estimator import Estimator
 from estimator.backends.local.backend import LocalBackend
 from estimator.backends.local.job import LocalJob
-from estimator.backends.supervised.job_dir import write_json_atomically
+from estimator.backends.supervised.job_dir import write_job_json
 from estimator.backends.supervised.status import SecondaryStatus, StatusRecord, utcnow, write_status
 from estimator.cli import main
 from smsdp.util.atomic_files import WriteTargetError, resolve_target
@@ -35,7 +35,7 @@ def job(tmp_path: Path) -> LocalJob:
     request = LocalBackend().dry_run(estimator.job_spec(job_name="curves"))
     root = request.job_dir.create()
     now = utcnow()
-    write_json_atomically(root.description_file, {**request.description, "CreationTime": now})
+    write_job_json(root.description_file, {**request.description, "CreationTime": now})
     write_status(root.status_file, StatusRecord.starting().moved_to(*_completed()))
     handle = LocalJob(root.root)
     rows = [{"step": s, "loss": 5.0 - s, "tokens_per_s": 100.0 * s} for s in (1, 2, 3)]

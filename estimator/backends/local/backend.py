@@ -20,7 +20,7 @@ from estimator.backends.supervised.container_env import (
     process_env,
     submitter_environment,
 )
-from estimator.backends.supervised.job_dir import JobDir, write_text_atomically
+from estimator.backends.supervised.job_dir import JobDir, write_job_text
 from estimator.backends.supervised.launch import create_job_dir
 from estimator.backends.supervised.layout import describe_spec, job_root, plan_job_dir, source_root
 from estimator.backends.supervised.process_session import JOB_MARKER
@@ -126,5 +126,5 @@ def _start_supervisor(job: JobDir, env: Mapping[str, str], argv: Sequence[str]) 
     assert supervisor.stdin is not None
     with supervisor.stdin:
         supervisor.stdin.write(json.dumps(list(argv)).encode())
-    write_text_atomically(job.pid_file, str(supervisor.pid))  # 0600, like everything in the job
+    write_job_text(job.pid_file, str(supervisor.pid))
     return supervisor

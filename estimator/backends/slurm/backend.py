@@ -29,7 +29,7 @@ from estimator.backends.supervised.container_env import (
     process_env,
     submitter_environment,
 )
-from estimator.backends.supervised.job_dir import JobDir, read_json, write_text_atomically
+from estimator.backends.supervised.job_dir import JobDir, read_json, write_job_text
 from estimator.backends.supervised.launch import create_job_dir
 from estimator.backends.supervised.layout import OWN_SECTION, describe_spec, job_root, plan_job_dir, source_root
 from estimator.spec import JobSpec
@@ -83,7 +83,7 @@ class SlurmBackend(Backend[SlurmRequest]):
         preflight(request)
         job = create_job_dir(request.job_dir, request.job_name, request.description)
         try:
-            write_text_atomically(job.root / BATCH_SCRIPT, request.batch_script)
+            write_job_text(job.root / BATCH_SCRIPT, request.batch_script)
         except OSError as exc:
             shutil.rmtree(request.job_path, ignore_errors=True)
             raise problem(
@@ -94,7 +94,7 @@ class SlurmBackend(Backend[SlurmRequest]):
         except scheduler.SlurmCommandError:
             shutil.rmtree(job.root, ignore_errors=True)  # nothing was submitted: the name is free again
             raise
-        write_text_atomically(job.root / JOB_ID_FILE, job_id + "\n")
+        write_job_text(job.root / JOB_ID_FILE, job_id + "\n")
         return SlurmJob(job.root)
 
     def attach(self, job_name: str, output_path: str | None = None) -> AttachedJob:

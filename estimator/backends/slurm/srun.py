@@ -29,7 +29,7 @@ _LABEL_RE = re.compile(r"^\s*(?P<rank>\d+): ?")
 _TASK_END_RE = re.compile(r"srun: error: (?P<node>\S+): tasks? (?P<ranks>[\d,\-]+): (?P<how>.+)")
 
 
-#: The guard, run by path with ``-I``: it imports nothing of the project (starts in milliseconds).
+#: The guard, run by path with ``-I``: it imports only the standard library and the atomic writer (starts in milliseconds).
 GUARD = str(Path(task_guard.__file__).resolve())
 _START, _END = task_guard.LINE_START.decode(), task_guard.LINE_END.decode()
 

@@ -57,7 +57,7 @@ from estimator.backends.slurm.job_files import (
 from estimator.backends.slurm.srun import SrunTagger
 from estimator.backends.slurm.task_guard import ATTEMPT_VARIABLE
 from estimator.backends.supervised.container_env import visible_gpu_count
-from estimator.backends.supervised.job_dir import JobDir
+from estimator.backends.supervised.job_dir import JobDir, write_job_text
 from estimator.backends.supervised.process_session import JobProcesses
 from estimator.backends.supervised.status import SecondaryStatus
 from estimator.backends.supervised.status_writer import note
@@ -222,7 +222,7 @@ class SlurmSupervisor(Supervisor):
         except scheduler.SlurmCommandError:
             expanded = []
         mapping = dict(zip(self.hosts, expanded))
-        (self.job.root / NODES_FILE).write_text("".join(f"{host} {node}\n" for host, node in mapping.items()))
+        write_job_text(self.job.root / NODES_FILE, "".join(f"{host} {node}\n" for host, node in mapping.items()))
         print(f"[smsdp] Slurm job {self.job_id}: hosts {mapping}", flush=True)
 
     # ---------------------------------------------------------------- end

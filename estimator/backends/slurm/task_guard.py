@@ -22,8 +22,9 @@ the ranks. So every rank runs under a guard that
 - records ``ranks/attempt-<A>/rank-<R>.started`` and ``.ended`` in the job
   directory: the supervisor reports Stopped only once every rank has ended.
 
-It uses the standard library only and is run with ``-I``, so it imports nothing
-of the project and starts in a few milliseconds.
+It is run with ``-I`` and imports the standard library and one module of the project,
+``smsdp.util.atomic_files`` (itself standard library only, and how every file a reader
+sees is written), so it starts in a few milliseconds.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ import subprocess
 import sys
 import threading
 import time
+
+from smsdp.util.atomic_files import write_text_atomically
 
 LINE_START = b"\x1e"
 LINE_END = b"\x1f"
@@ -177,10 +180,7 @@ class Guard:
     def _record(self, name: str, content: dict) -> None:
         try:
             os.makedirs(self.records, mode=0o700, exist_ok=True)
-            path = os.path.join(self.records, f"rank-{self.rank}.{name}")
-            with open(f"{path}.tmp", "w") as f:
-                json.dump(content, f)
-            os.replace(f"{path}.tmp", path)
+            write_text_atomically(os.path.join(self.records, f"rank-{self.rank}.{name}"), json.dumps(content))
         except OSError as exc:
             self.say(f"could not record {name} in {self.records}: {exc}")
 

@@ -14,21 +14,20 @@ In order:
    ``failure-rank<N>`` file (ties: lowest rank); and the ranks that reported
    nothing at all, among which is the one that hung (it never got to an error).
 4. Nothing at all: the end of the log is the best reason there is.
+
+The files' names, format and the peer-loss note: ``smsdp.util.failure_files``.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from pathlib import Path
 
 from estimator.backends.supervised.job_dir import JobDir, read_json
 from estimator.backends.supervised.layout import OWN_SECTION
+from smsdp.util import failure_files
 
-RANK_FILE_RE = re.compile(r"failure-rank(\d+)$")
 LOG_TAIL_LINES = 30
-#: The launcher's note on an error that only says a peer went away (entrypoints.launcher.PEER_LOSS_NOTE).
-PEER_LOSS_MARK = "this rank lost a peer in a collective"
 
 #: The sentence naming a rank that died outside Python, from the launcher's own words; None if none did.
 RankDeath = Callable[[JobDir, "list[str] | None"], "str | None"]
@@ -39,9 +38,9 @@ def failure_reason(
 ) -> str:
     """``launcher``: what started the ranks ("mpirun", "srun"); ``log_lines``: the end of the output,
     when the log file could not hold it (a full disk)."""
-    first = job.output / "failure"
+    first = job.output / failure_files.FAILURE_FILE
     first_text = first.read_text(errors="replace") if first.is_file() else None
-    if first_text is not None and PEER_LOSS_MARK not in first_text:
+    if first_text is not None and not failure_files.only_lost_a_peer(first_text):
         return first_text
     death = died(job, log_lines)
     if death is not None:
@@ -51,7 +50,7 @@ def failure_reason(
     earliest = earliest_rank_file(job)
     if earliest is not None:
         rank, path = earliest
-        return f"rank {rank}: {path.read_text(errors='replace')}" + silent_ranks(job)
+        return failure_files.job_reason(rank, path.read_text(errors="replace")) + silent_ranks(job)
     return (
         f"{launcher} exited with code {exit_code} and no rank reported an exception; "
         f"the end of the log:\n{log_tail(job, lines=log_lines)}"
@@ -77,15 +76,11 @@ def silent_ranks(job: JobDir) -> str:
 
 def reported_ranks(job: JobDir) -> set[int]:
     """Ranks that wrote a ``failure-rank<N>`` file."""
-    return {int(m[1]) for m in map(RANK_FILE_RE.search, (p.name for p in job.failure_files())) if m}
+    return set(failure_files.rank_files(job.output))
 
 
 def earliest_rank_file(job: JobDir) -> tuple[int, Path] | None:
-    found = []
-    for path in job.failure_files():
-        match = RANK_FILE_RE.search(path.name)
-        if match:
-            found.append((path.stat().st_mtime_ns, int(match[1]), path))
+    found = [(path.stat().st_mtime_ns, rank, path) for rank, path in failure_files.rank_files(job.output).items()]
     if not found:
         return None
     _, rank, path = min(found)

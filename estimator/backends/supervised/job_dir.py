@@ -20,13 +20,14 @@ import json
 import os
 import secrets
 import shutil
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from estimator.source_tree import scan_source_dir
+from smsdp.util.atomic_files import PRIVATE_FILE_MODE, write_json_atomically, write_text_atomically
+from smsdp.util.failure_files import FAILURE_FILE, rank_files
 
 
 class JobNameTaken(FileExistsError):
@@ -103,7 +104,8 @@ class JobDir:
         return self.root / "supervisor.pid"
 
     def failure_files(self) -> list[Path]:
-        return sorted(self.output.glob("failure-rank*"))
+        """``output/failure`` and each rank's ``failure-rank<N>`` (``smsdp.util.failure_files``)."""
+        return [self.output / FAILURE_FILE, *rank_files(self.output).values()]
 
 
 @dataclass(frozen=True)
@@ -153,7 +155,7 @@ class JobDirPlan:
         for path in (job.input, job.config, job.data, job.model, job.output, job.output_data, job.logs):
             path.mkdir(mode=0o700)  # parents first: mkdir(parents=True) would not pass the mode on
         for relative, content in {**self.config_files, **(files or {})}.items():
-            write_json_atomically(job.root / relative, content)
+            write_job_json(job.root / relative, content)
         self._copy_code(job.code)
         for name, source in self.channels.items():
             _link_channel(source, job.channel(name))
@@ -211,21 +213,15 @@ def link_or_copy(source: Path, target: Path) -> None:
             shutil.copy2(source, target)
 
 
-def write_json_atomically(path: Path, content: Any) -> None:
-    """Readers see the old file or the whole new one, never half of it."""
-    write_text_atomically(path, json.dumps(content, indent=2, sort_keys=True, default=str) + "\n")
+def write_job_json(path: Path, content: Any) -> None:
+    """A file of the job directory, whole (``smsdp.util.atomic_files``) and the owner's alone (0600),
+    whatever the umask of the process that writes it."""
+    write_json_atomically(path, content, make_parents=True, mode=PRIVATE_FILE_MODE)
 
 
-def write_text_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+def write_job_text(path: Path, text: str) -> None:
+    """As :func:`write_job_json`, for text."""
+    write_text_atomically(path, text, make_parents=True, mode=PRIVATE_FILE_MODE)
 
 
 def read_json(path: Path) -> Any:

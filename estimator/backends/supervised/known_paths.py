@@ -9,12 +9,14 @@ so its reads and writes never fail a job.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any
 
 from estimator.spec import S3_SCHEME
 from estimator.validation import local_directory, output_path_text, problem
+from smsdp.util.atomic_files import write_text_atomically
 
 MAX_REMEMBERED = 50
 DEFAULT_OUTPUT_PATH = "smsdp-jobs"  # under the working directory, as SageMaker local mode's
@@ -47,13 +49,8 @@ def remembered() -> list[Path]:
 
 def remember_output_path(path: Path) -> None:
     known = [p for p in remembered() if p != path][-(MAX_REMEMBERED - 1) :] + [path]
-    try:
-        state_file().parent.mkdir(parents=True, exist_ok=True)
-        tmp = state_file().with_name(f".output_paths.{os.getpid()}")
-        tmp.write_text("".join(f"{p}\n" for p in known))
-        os.replace(tmp, state_file())
-    except OSError:
-        pass
+    with contextlib.suppress(OSError):  # WriteTargetError included: a state path that is no file
+        write_text_atomically(state_file(), "".join(f"{p}\n" for p in known), make_parents=True)
 
 
 def places_to_look() -> list[Path]:

@@ -15,7 +15,7 @@ import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from estimator.backends.supervised.job_dir import JobDir, write_text_atomically
+from estimator.backends.supervised.job_dir import JobDir, write_job_text
 from estimator.backends.supervised.status import utcnow
 
 #: The fault-injection switch (smsdp.util.fault_injection) simulates a one-off fault:
@@ -49,7 +49,7 @@ class Attempts:
         log = self.job.logs / f"job.attempt-{self.number}.log"
         moved = _move(self.job.log_file, log)
         failures = self.job.output / f"attempt-{self.number}"
-        for path in [self.job.output / "failure", *self.job.failure_files()]:
+        for path in self.job.failure_files():
             _move(path, failures / path.name)
         ended = utcnow()
         self.records.append(
@@ -68,13 +68,13 @@ class Attempts:
 
     def scrub_failure_files(self, scrub: Callable[[str], str]) -> None:
         """The ranks' tracebacks (output/failure*) may quote a secret: not on disk, not in the reason."""
-        for path in [self.job.output / "failure", *self.job.failure_files()]:
+        for path in self.job.failure_files():
             try:
                 text = path.read_text(errors="replace")
                 clean = scrub(text)
                 if clean != text:
                     stat = path.stat()
-                    write_text_atomically(path, clean)
+                    write_job_text(path, clean)
                     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # which rank failed first
             except OSError:
                 pass

@@ -2,8 +2,8 @@
 
 Only the supervisor writes it while the job runs (the client writes the first
 record before starting the supervisor, and a final one only when the
-supervisor has died), so writes never race. ``os.replace`` makes every write
-atomic: a reader polling the file sees the old record or the new one.
+supervisor has died), so writes never race. Every write is atomic
+(``smsdp.util.atomic_files``): a reader polling the file sees the old record or the new one.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from estimator.backends.supervised.job_dir import read_json, write_json_atomically
+from estimator.backends.supervised.job_dir import read_json, write_job_json
 from estimator.job import JobStatus
 
 
@@ -78,7 +78,7 @@ class StatusRecord:
 
 
 def write_status(path: Path, record: StatusRecord) -> None:
-    write_json_atomically(path, record.to_json())
+    write_job_json(path, record.to_json())
 
 
 def read_status(path: Path) -> StatusRecord:
