@@ -15,50 +15,31 @@ which checks the fingerprint and loads the adapters, the optimizer state and the
 At the same shard degree that is the model as it was saved, bit for bit; at another,
 the base is quantized shard by shard at that degree, as any ``sdp_qlora`` job there.
 
-The fingerprint reads each weight file's name, size, first and last MiB, and
-``config.json``: a different checkpoint of the same architecture differs there;
-an edit inside a file that keeps its size and both ends would not be noticed.
+The fingerprint is taken by ``smp.load_pretrained`` while it reads the files, over every byte
+of ``config.json`` and of each weight file it read (``smsdp.pretrained.fingerprint``, [Note: the
+fingerprint of a frozen base]), and kept with the model: a save reads no pretrained file, so the
+directory may be gone or changed by then, and what is recorded is what the model was loaded from.
 """
 
 from __future__ import annotations
 
-import functools
-import hashlib
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from smsdp.checkpoint.agree import short
 from smsdp.checkpoint.files import CheckpointError
 
-SAMPLE_BYTES = 1 << 20
+SCHEME_SEPARATOR = ":"  # a fingerprint is "<scheme>:<hex>"; the sampled ones of older versions have no scheme
 
 
 @dataclass(frozen=True)
 class FrozenBase:
-    """Where ``smp.load_pretrained`` filled a model from. The files are read for the fingerprint only
-    when a checkpoint needs it (a save or resume of an ``sdp_qlora`` model), not at every load."""
+    """Where ``smp.load_pretrained`` filled a model from, and the fingerprint of the bytes it read there
+    (None: the model had no NF4 group to leave out, so the files were not hashed)."""
 
     path: str
-    config: str
-    weight_files: tuple[str, ...]
+    fingerprint: str | None
     params: frozenset[str]  # the model's parameter names (first name of each) it filled
-
-    @functools.cached_property
-    def fingerprint(self) -> str:
-        return fingerprint(Path(self.config), [Path(f) for f in self.weight_files])
-
-
-def fingerprint(config: Path, weight_files: list[Path]) -> str:
-    digest = hashlib.sha256(config.read_bytes() if config.is_file() else b"")
-    for file in sorted(weight_files, key=lambda f: f.name):
-        size = file.stat().st_size
-        digest.update(f"{file.name}\0{size}\0".encode())
-        with open(file, "rb") as f:
-            digest.update(f.read(SAMPLE_BYTES))
-            f.seek(max(0, size - SAMPLE_BYTES))
-            digest.update(f.read(SAMPLE_BYTES))
-    return digest.hexdigest()
 
 
 def remember(model: Any, base: FrozenBase) -> None:
@@ -109,10 +90,20 @@ def check_resumable(saved: dict, model: Any) -> None:
             f"{what}; call smp.load_pretrained(model, {record['path']!r}) (or the same files at another "
             "path) before smp.resume_from_checkpoint"
         )
+    if base.fingerprint is None:
+        raise CheckpointError(
+            f"{what}; this model has no NF4 group, so smp.load_pretrained did not fingerprint its files: "
+            "resume it with sdp_qlora=True, as it was saved"
+        )
+    if SCHEME_SEPARATOR not in str(record["fingerprint"]):
+        raise CheckpointError(
+            f"{what}, and its fingerprint is of an older kind (each file's first and last MiB) that cannot "
+            "vouch for the base: save the checkpoint again with this version of smsdp"
+        )
     if base.fingerprint != record["fingerprint"]:
         raise CheckpointError(
-            f"{what}, and this model was loaded from {base.path}, whose files differ (names, sizes, or "
-            f"their first or last MiB, or config.json); load the base from {record['path']} instead"
+            f"{what}, and this model was loaded from {base.path}, whose files differ (their names, sizes "
+            f"or bytes, or config.json); load the base from {record['path']} instead"
         )
     unfilled = sorted(set(record["params"]) - set(base.params))
     if unfilled:

@@ -48,6 +48,22 @@ class TensorHeader:
     dtype: str  # safetensors' name: "F32", "BF16", "F16", "I64", ...
 
 
+@dataclass(frozen=True)
+class FileIdentity:
+    """What tells one version of a file from another without reading it: a write or a replacement changes it."""
+
+    device: int
+    inode: int
+    size: int
+    modified_ns: int
+    changed_ns: int  # the inode's change time: a write moves it, and no user can set it back
+
+    @classmethod
+    def of(cls, path: Path) -> FileIdentity:
+        info = os.stat(path)
+        return cls(info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+
+
 def read_config(path: str | os.PathLike) -> dict[str, Any]:
     """The directory's ``config.json`` as a dict (to build the model before loading its weights)."""
     file = Path(path) / CONFIG_FILE
@@ -68,7 +84,12 @@ class HFDirectory:
             raise PretrainedError(f"pretrained directory {self.path} does not exist (or is not a directory)")
         self.files, self.source = self._weight_files()
         self.tensors: dict[str, TensorHeader] = {}
+        self.identities: dict[Path, FileIdentity] = {}  # each file as it was before its header was read
         for file in self.files:
+            try:
+                self.identities[file] = FileIdentity.of(file)
+            except OSError as exc:
+                raise PretrainedError(f"{file}: cannot be read ({exc.strerror or exc})") from exc
             for header in _headers(file):
                 self.tensors.setdefault(header.name, header)
         if self.source.name == INDEX_FILE:
@@ -97,6 +118,18 @@ class HFDirectory:
             if header is None or header.file != self.path / file_name:
                 where = "in no file" if header is None else f"in {header.file.relative_to(self.path).as_posix()}"
                 raise PretrainedError(f"{self.source} puts {name} in {file_name}, but the file headers have it {where}")
+
+    def changed_files(self) -> list[str]:
+        """The weight files that are no longer the ones whose headers were read (written, replaced, removed)."""
+        changed = []
+        for file, seen in self.identities.items():
+            try:
+                now = FileIdentity.of(file)
+            except OSError:
+                now = None
+            if now != seen:
+                changed.append(self.relative_name(file))
+        return changed
 
     def relative_name(self, file: Path) -> str:
         """A weight file's name as the index gives it (``sub/f``): the same wherever the directory is."""

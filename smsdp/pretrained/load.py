@@ -15,6 +15,11 @@ all of them raise the same ``PretrainedError`` before any value is read, also
 when only one host lacks the directory. The read ends with the same agreement,
 so an I/O error on one rank fails all of them instead of leaving the others in
 the first training collective.
+
+Then, for a model with NF4 groups (``sdp_qlora``), the ranks fingerprint every byte of the
+files just read (``smsdp.pretrained.fingerprint``), which a partial checkpoint records in place
+of the NF4 base; and every load ends by checking that no weight file changed since its header
+was read (a file written or replaced mid-load would have given a mix of two versions).
 """
 
 from __future__ import annotations
@@ -32,7 +37,8 @@ from smsdp.checkpoint import frozen_base
 from smsdp.checkpoint.agree import agree as agree_on
 from smsdp.checkpoint.agree import short
 from smsdp.checkpoint.files import CheckpointError
-from smsdp.pretrained.directory import CONFIG_FILE, HFDirectory, PretrainedError
+from smsdp.pretrained.directory import CONFIG_FILE, FileIdentity, HFDirectory, PretrainedError
+from smsdp.pretrained.fingerprint import BaseFile, fingerprint_on_every_host
 from smsdp.pretrained.names import TensorNames
 from smsdp.pretrained.reading import OpenFiles, ParamSource, dtype_problem, find_sources, read_shard
 
@@ -69,11 +75,12 @@ def load_pretrained(model: Any, path: str | os.PathLike, *, names: TensorNames |
     what = f"load_pretrained({os.fspath(path)})"
     directory, sources, buffers = _run_agreed(what, _plan, model, module, path, names)
     read = _run_agreed(what, _read_all, model, sources, buffers)
+    # the NF4 base is what a partial checkpoint leaves out: fingerprint the bytes it was read from, now
+    files = _run_agreed(what, _base_files, directory) if frozen_base.nf4_params(model) else None
+    fingerprint = _run_agreed(what, fingerprint_on_every_host, files) if files is not None else None
+    _run_agreed(what, _check_unchanged, directory)
     filled = frozenset(info.names[0] for group in model.flat_groups() for info in group.infos if id(info) in sources)
-    files = tuple(str(f) for f in directory.files)
-    frozen_base.remember(
-        model, frozen_base.FrozenBase(str(directory.path.resolve()), str(directory.path / CONFIG_FILE), files, filled)
-    )
+    frozen_base.remember(model, frozen_base.FrozenBase(str(directory.path.resolve()), fingerprint, filled))
     used = {s.header.name for s in sources.values()} | {header.name for _, header in buffers.values()}
     report = LoadReport(
         directory.path,
@@ -107,6 +114,26 @@ def _run_agreed(what: str, fn, *args: Any) -> Any:
     except CheckpointError as exc:
         raise PretrainedError(str(exc)) from None
     return result
+
+
+def _base_files(directory: HFDirectory) -> list[BaseFile]:
+    """``config.json`` (as it is now) and the weight files (as their headers were read), for the fingerprint."""
+    config = directory.path / CONFIG_FILE
+    files = [BaseFile(directory.relative_name(f), f, directory.identities[f].size) for f in directory.files]
+    if config.is_file():
+        directory.identities[config] = FileIdentity.of(config)
+        files.append(BaseFile(CONFIG_FILE, config, directory.identities[config].size))
+    return files
+
+
+def _check_unchanged(directory: HFDirectory) -> None:
+    """Every file read (and hashed) is still the one whose header was read: else what was loaded is a mix."""
+    changed = directory.changed_files()
+    if changed:
+        raise PretrainedError(
+            f"{', '.join(changed)} in {directory.path} changed while smp.load_pretrained read it (written, "
+            "replaced or removed); load again once nothing writes the directory"
+        )
 
 
 def _plan(model: Any, module: Any, path: str | os.PathLike, names: TensorNames):

@@ -1,0 +1,96 @@
+"""Fine-tuning files under real mpirun (2 ranks, gloo, d=2, one launch of fine_tuning_files_worker.py).
+
+The QLoRA frozen base's fingerprint is taken from the files ``smp.load_pretrained`` read, while it reads
+them, over every byte: a base changed anywhere after loading is refused on resume, the same files at
+another path are accepted, and a base directory removed after loading does not stop later saves.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.distributed.fine_tuning_files_worker import DIR_ENV, PAD_NAMES
+from tests.mpi_harness import requires_mpi, run_cases
+
+pytestmark = [pytest.mark.distributed, requires_mpi]
+pytest.importorskip("peft")
+pytest.importorskip("torchao")
+
+TINY_LLAMA = dict(
+    vocab_size=96,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=32,
+)
+PAD_ELEMENTS = 5 << 16  # 1.25 MiB of fp32 at each end of the file
+
+
+@pytest.fixture(scope="module")
+def base_dirs(tmp_path_factory) -> Path:
+    from safetensors.torch import load_file, save_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    root = tmp_path_factory.mktemp("fine_tuning_files")
+    torch.manual_seed(4)
+    config = LlamaConfig(**TINY_LLAMA, bos_token_id=0, eos_token_id=0, tie_word_embeddings=False, use_cache=False)
+    LlamaForCausalLM(config).save_pretrained(root / "base")
+    weights = root / "base" / "model.safetensors"
+    tensors = load_file(weights)
+    tensors.update({name: torch.full((PAD_ELEMENTS,), 0.5) for name in PAD_NAMES})
+    save_file(tensors, weights, metadata={"format": "pt"})
+    for name in ("copy", "gone", "scratch", "other-path"):
+        shutil.copytree(root / "base", root / name)
+    return root
+
+
+@pytest.fixture(scope="module")
+def results(base_dirs, tmp_path_factory):
+    return run_cases(
+        "tests/distributed/fine_tuning_files_worker.py",
+        ["fingerprint"],
+        nprocs=2,
+        env={DIR_ENV: str(base_dirs)},
+        timeout=300,
+        out_dir=tmp_path_factory.mktemp("fine_tuning_files_mpi"),
+    )
+
+
+def test_the_real_tensors_lie_more_than_a_mib_from_both_ends_of_the_file(base_dirs):
+    from tests.distributed.fine_tuning_files_worker import tensor_offsets
+
+    file = base_dirs / "base" / "model.safetensors"
+    ranges = tensor_offsets(file)
+    real = [r for name, r in ranges.items() if name not in (*PAD_NAMES, "<header>")]
+    assert min(start for start, _ in real) > 1 << 20
+    assert max(stop for _, stop in real) < file.stat().st_size - (1 << 20)
+
+
+def test_files_replaced_after_loading_are_refused_and_the_files_read_accepted(results):
+    for rank in results["fingerprint"]:
+        assert "files differ" in (rank["over_replaced_copy"] or ""), rank["over_replaced_copy"]
+        assert rank["over_other_path"] is None  # the bytes load_pretrained read, at another path
+
+
+def test_a_base_directory_removed_after_loading_does_not_stop_later_saves(results):
+    for rank in results["fingerprint"]:
+        assert rank["save_without_the_base_dir"] is None
+        assert rank["t2_over_other_path"] is None
+        assert [e for e in rank["ckpt_entries"] if "inprogress" in e or "replaced" in e] == []
+        assert {"t_partial", "t2_partial"} <= set(rank["ckpt_entries"])
+
+
+def test_a_base_changed_anywhere_is_refused_on_resume(results):
+    for rank in results["fingerprint"]:
+        changes = rank["changes"]
+        assert {"<header byte>", "<last byte>", "config.json", *PAD_NAMES} <= set(changes)
+        assert sum(name.startswith("model.") or name == "lm_head.weight" for name in changes) == 21
+        accepted = [name for name, error in changes.items() if error is None or "files differ" not in error]
+        assert accepted == [], {name: changes[name] for name in accepted}
+        assert rank["unchanged_scratch"] is None  # each change undone: accepted again
