@@ -128,6 +128,17 @@ class SMPParameters(ConfigModel):
     """Elements per quantization block (one fp32 scale each) of the two options above."""
     sdp_gradient_clipping: Number = Field(1.0, ge=0)
     """Clip the global gradient L2 norm to this in DistributedOptimizer.step(); 0 disables clipping."""
+    sdp_compile: StrictBool = False
+    """smsdp's own (torchtitan's per-block compile): ``torch.compile`` each unit's forward (not the root,
+    whose forward calls the units); the unit's all-gathers, reduce-scatters and prefetch stay outside the
+    compiled region, so nothing of smsdp breaks a unit's graph. Off: eager (compiling blocks yourself,
+    before or after wrapping, works too: docs/runtime.md, "torch.compile")."""
+    sdp_offload: Literal["none", "optimizer", "params"] = "none"
+    """smsdp's own (FSDP2's ``CPUOffloadPolicy``, DeepSpeed's ``offload_param`` / ``offload_optimizer``):
+    where sharded groups keep their state. "params": the parameter shards (fp32 masters), their gradients
+    and the optimizer state in host memory, each unit's shard copied to the device ahead of its
+    all-gather; "optimizer": the masters, gradients and optimizer state in host memory, a copy of the
+    shard on the device. Either way the optimizer steps on the CPU. "none": all on the device."""
 
     # --- parallel degrees ---
     tensor_parallel_degree: WholeNumber = Field(1, ge=1)
@@ -255,7 +266,40 @@ def _parameter_problems(p: SMPParameters) -> list[ConfigProblem]:
         *_tensor_parallel_problems(p),
         *_partition_problems(p),
         *_qlora_problems(p),
+        *_compile_problems(p),
+        *_offload_problems(p),
     ]
+
+
+def _offload_problems(p: SMPParameters) -> list[ConfigProblem]:
+    """Offload moves the sharded groups' state; at degree 1 no group is sharded."""
+    if p.sdp_offload == "none" or p.sharded_data_parallel_degree > 1:
+        return []
+    rule = (
+        "moves the sharded parameter groups' state to host memory, and with sharded_data_parallel_degree=1 "
+        "none are sharded; set sharded_data_parallel_degree > 1 or sdp_offload to 'none'"
+    )
+    return [ConfigProblem(("sdp_offload",), rule, p.sdp_offload)]
+
+
+def _compile_problems(p: SMPParameters) -> list[ConfigProblem]:
+    """Combinations sdp_compile does not build: a graph break inside each unit, or a saved-tensor hook."""
+    if not p.sdp_compile:
+        return []
+    problems = []
+    if p.tensor_parallel_degree > 1:
+        rule = (
+            f"would break each unit's graph at the tensor-parallel all-reduces inside it "
+            f"(tensor_parallel_degree={p.tensor_parallel_degree}); set tensor_parallel_degree to 1 or sdp_compile to False"
+        )
+        problems.append(ConfigProblem(("sdp_compile",), rule, True))
+    if p.offload_activations:
+        rule = (
+            "cannot compile a unit whose saved activations go to host memory (offload_activations=True: a "
+            "saved-tensor hook torch.compile does not trace); set offload_activations or sdp_compile to False"
+        )
+        problems.append(ConfigProblem(("sdp_compile",), rule, True))
+    return problems
 
 
 def _qlora_problems(p: SMPParameters) -> list[ConfigProblem]:
