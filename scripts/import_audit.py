@@ -5,9 +5,10 @@
     python scripts/import_audit.py --package estimator   # another package: circles and private names only
 
 import-linter states the layers; this adds what it cannot: ``_private`` names imported across
-modules, in-function imports that do not defer torch, and circles held by in-function imports.
-Imports under ``if TYPE_CHECKING:`` (annotations only) are not imports at run time and are skipped.
-Exit status 1 when anything is found.
+modules, in-function imports that do not defer torch, and circles held by in-function imports or
+by imports under ``if TYPE_CHECKING:``. Those are annotations only, never imported at run time, so
+they count for circles alone (a reader, and the type checker, follow them all the same); the other
+rules skip them. Exit status 1 when anything is found.
 """
 
 from __future__ import annotations
@@ -65,30 +66,40 @@ def resolve(mod: str, node: ast.ImportFrom, is_pkg: bool) -> str:
     return ".".join(base + ([node.module] if node.module else []))
 
 
-def imports(mod: str, path: Path, known: dict[str, Path]):
-    """(target module, names, line, in_function) for each import statement."""
+def imports(mod: str, path: Path, known: dict[str, Path], type_checking: bool = False):
+    """(target module, names, line, in_function) for each import statement; with ``type_checking``,
+    only those under ``if TYPE_CHECKING:`` (without, those are left out)."""
     tree = ast.parse(path.read_text())
     out = []
 
-    def visit(node, in_function):
-        for child in ast.iter_child_nodes(node):
+    def visit(nodes, in_function, type_only):
+        for child in nodes:
             if _type_checking_only(child):
-                continue  # annotations only: never imported at run time
+                visit(child.body, in_function, True)  # annotations only: never imported at run time
+                visit(child.orelse, in_function, type_only)
+                continue
             inner = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
-            if isinstance(child, ast.Import):
-                for alias in child.names:
-                    out.append((alias.name, [], child.lineno, in_function))
-            elif isinstance(child, ast.ImportFrom):
-                target = resolve(mod, child, path.name == "__init__.py")
-                for alias in child.names:
-                    sub = f"{target}.{alias.name}"
-                    if sub in known:  # from pkg import submodule
-                        out.append((sub, [], child.lineno, in_function))
-                    else:
-                        out.append((target, [alias.name], child.lineno, in_function))
-            visit(child, inner)
+            if type_only == type_checking:
+                out.extend(_targets(mod, path, child, known, in_function))
+            visit(ast.iter_child_nodes(child), inner, type_only)
 
-    visit(tree, False)
+    visit(tree.body, False, False)
+    return out
+
+
+def _targets(mod: str, path: Path, node: ast.AST, known: dict[str, Path], in_function: bool) -> list:
+    if isinstance(node, ast.Import):
+        return [(alias.name, [], node.lineno, in_function) for alias in node.names]
+    if not isinstance(node, ast.ImportFrom):
+        return []
+    target = resolve(mod, node, path.name == "__init__.py")
+    out = []
+    for alias in node.names:
+        sub = f"{target}.{alias.name}"
+        if sub in known:  # from pkg import submodule
+            out.append((sub, [], node.lineno, in_function))
+        else:
+            out.append((target, [alias.name], node.lineno, in_function))
     return out
 
 
@@ -190,10 +201,30 @@ def audit(package: str = PACKAGE) -> dict[str, list[str]]:
                     found["names"].append(f"{path.relative_to(ROOT)}:{n} names {word}")
     found["notes"] = note_problems() if own_rules else []
     found = {kind: list(dict.fromkeys(items)) for kind, items in found.items()}  # one line per statement
-    for comp in cycles(full_graph):
-        held = "" if comp in cycles(module_graph) else " (held by in-function imports)"
-        found["circles"].append(" <-> ".join(comp) + held)
+    found["circles"] = circles(known, module_graph, full_graph)
     return found
+
+
+def circles(known: dict[str, Path], module_graph: dict[str, set[str]], run_graph: dict[str, set[str]]) -> list[str]:
+    """Every circle, with what holds it where module-level imports alone do not: in-function
+    imports, or imports under ``if TYPE_CHECKING:``."""
+    read_graph = {mod: set(targets) for mod, targets in run_graph.items()}
+    for mod, path in known.items():
+        for target, _names, _line, _in_function in imports(mod, path, known, type_checking=True):
+            dest = owner(target, known)
+            if dest is not None and dest != mod:
+                read_graph[mod].add(dest)
+    at_module_level, at_run_time = cycles(module_graph), cycles(run_graph)
+    out = []
+    for comp in cycles(read_graph):
+        if comp in at_module_level:
+            held = ""
+        elif comp in at_run_time:
+            held = " (held by in-function imports)"
+        else:
+            held = " (held by TYPE_CHECKING imports)"
+        out.append(" <-> ".join(comp) + held)
+    return out
 
 
 _HEAVY_CACHE: dict[str, bool] = {}

@@ -11,39 +11,15 @@ values in another order (exact to fp32 rounding).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from smsdp.config import ConfigError
 from smsdp.planner import comm_model
+from smsdp.planner.alternatives import OptionSpeed
 from smsdp.planner.calibration import Rates
 from smsdp.planner.evaluate import evaluate, with_parameters
-from smsdp.planner.speed import Speed, predict
-
-if TYPE_CHECKING:  # pragma: no cover
-    from smsdp.planner.result import Plan
-
-
-@dataclass(frozen=True)
-class OptionSpeed:
-    """The plan's configuration with ``parameters`` changed, as predicted."""
-
-    label: str
-    parameters: dict[str, Any]
-    exact: bool  # False: what is sent is rounded (int8 blocks, bf16 sums)
-    fits: bool
-    peak_bytes: int
-    speed: Speed
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "option": self.label,
-            "parameters": self.parameters,
-            "exact": self.exact,
-            "fits": self.fits,
-            "peak_bytes": self.peak_bytes,
-            **self.speed.to_dict(),
-        }
+from smsdp.planner.result import Plan
+from smsdp.planner.speed import predict
 
 
 def option_speeds(base: Plan, rates: Rates) -> tuple[OptionSpeed, ...]:

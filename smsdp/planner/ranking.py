@@ -9,37 +9,13 @@ batch) stays as given. Candidates that do not fit the plan's memory budget are l
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
 from smsdp.config import ConfigError
+from smsdp.planner.alternatives import Candidate
 from smsdp.planner.calibration import Rates
 from smsdp.planner.evaluate import evaluate, shard_degrees, with_parameters
-from smsdp.planner.speed import Speed, predict, system_of
+from smsdp.planner.result import Plan
+from smsdp.planner.speed import predict, system_of
 from smsdp.planner.strategies import strategy_runtimes
-
-if TYPE_CHECKING:  # pragma: no cover
-    from smsdp.planner.result import Plan
-
-
-@dataclass(frozen=True)
-class Candidate:
-    sharded_degree: int
-    reshard_after_forward: bool | int
-    peak_bytes: int
-    speed: Speed
-
-    @property
-    def label(self) -> str:
-        return f"sharded_data_parallel_degree={self.sharded_degree}, sdp_reshard_after_forward={self.reshard_after_forward}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "sharded_data_parallel_degree": self.sharded_degree,
-            "sdp_reshard_after_forward": self.reshard_after_forward,
-            "peak_bytes": self.peak_bytes,
-            **self.speed.to_dict(),
-        }
 
 
 def rank(base: Plan, rates: Rates) -> tuple[Candidate, ...]:

@@ -1,27 +1,26 @@
 """The planner's answer for one configuration: :class:`Plan`, its :class:`Recommendation`, the fit of
 each resharding strategy (:class:`StrategyFit`), and the errors.
 
-``plan()`` (``smsdp.planner.plan``) builds it; ``print(plan)`` is the table of
-``smsdp.planner.render``; ``to_dict()`` the same numbers as JSON-able values.
+``plan()`` (``smsdp.planner.plan``) builds it; ``print(plan)`` is its table (the header, memory and
+strategy rows here, the parts' tables from ``smsdp.planner.render``); ``to_dict()`` the same
+numbers as JSON-able values.
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from smsdp.config import ConfigError, ConfigProblem, RuntimeConfig
+from smsdp.config.parameters import SMPParameters, reshard_degree
 from smsdp.planner import comm_model
 from smsdp.planner import memory as mem
+from smsdp.planner.alternatives import Candidate, OptionSpeed
 from smsdp.planner.hardware import Assumptions, GiB, Hardware
 from smsdp.planner.model_spec import ModelSpec
-from smsdp.planner.render import precision_name, render_plan
+from smsdp.planner.render import comm_lines, precision_name, speed_lines, table, time_lines
 from smsdp.planner.speed import Speed
-
-if TYPE_CHECKING:  # pragma: no cover
-    from smsdp.planner.options import OptionSpeed
-    from smsdp.planner.ranking import Candidate
 
 
 class PlanError(ValueError):
@@ -200,7 +199,16 @@ class Plan:
         return out
 
     def __str__(self) -> str:
-        return render_plan(self)
+        """The table ``smsdp plan`` prints."""
+        lines = _header_lines(self) + _memory_lines(self) + _strategy_lines(self)
+        lines += comm_lines(self.comm, self.runtime.parameters, self.device_word)
+        lines += time_lines(self.time, self.runtime.parameters, self.hardware, self.assumptions)
+        lines += speed_lines(self.speed, self.ranking, self.options, self.runtime.parameters)
+        lines += ["recommendation", "  " + self.recommendation.summary()]
+        if self.warnings:
+            lines.append("notes")
+            lines += [f"  - {w}" for w in self.warnings]
+        return "\n".join(lines)
 
 
 def _memory_dict(m: mem.MemoryBreakdown) -> dict[str, Any]:
@@ -249,3 +257,132 @@ def _time_dict(t: comm_model.StepTime) -> dict[str, float]:
 
 def gib(nbytes: float) -> str:
     return f"{nbytes / GiB:.2f} GiB"
+
+
+def _header_lines(plan: Plan) -> list[str]:
+    rt, p, hw = plan.runtime, plan.runtime.parameters, plan.hardware
+    switches = [precision_name(p), f"{plan.optimizer}"]
+    if p.activation_checkpointing:
+        switches.append("activation checkpointing")
+    if p.offload_activations:
+        switches.append(f"activation offloading (horizon {p.activation_loading_horizon})")
+    if p.delayed_parameter_initialization:
+        switches.append("delayed parameter initialization")
+    seq = plan.model.shape.seq_len if plan.model.shape else None
+    word = plan.device_word
+    lines = [
+        f"smsdp plan: {plan.model.describe()}",
+        f"  cluster   {rt.instance_count} x {hw.name}, {rt.processes_per_host} ranks/host = {rt.world_size} ranks; "
+        + (f"tensor-parallel degree {p.tensor_parallel_degree} x " if p.tensor_parallel_degree > 1 else "")
+        + f"sharded degree {p.sharded_data_parallel_degree} x {rt.topology.replication_degree} replicas",
+        f"  training  batch {plan.batch_size}"
+        + (f" x seq {seq}" if seq else "")
+        + (" per TP group (prescaled_batch)" if p.tensor_parallel_degree > 1 else f" per {word}")
+        + f" per micro-step, {plan.grad_accum} micro-step{'s' if plan.grad_accum > 1 else ''} per step; "
+        + ", ".join(switches),
+        "",
+        f"memory per {word}",
+    ]
+    return lines
+
+
+def _in_flight_note(plan: Plan) -> str:
+    """What the "unsharded parameters in flight" row holds, in words."""
+    p, m = plan.runtime.parameters, plan.memory
+    live = f"sdp_max_live_parameters={p.sdp_max_live_parameters:.3g}"
+    forward, backward = p.sdp_forward_prefetch, p.sdp_backward_prefetch
+    ahead = "next" if (forward, backward) == (1, 1) else f"up to {forward} ahead in forward, {backward} in backward"
+    if not m.unsharded_params:
+        return "none: replicated fp32 parameters compute from the master"
+    if not plan.comm.all_gather.total:
+        return "root + running unit: compute-dtype copies of replicated parameters (nothing to gather)"
+    if p.sdp_reshard_after_forward is False:
+        return "every unit: kept gathered from its forward to its backward (sdp_reshard_after_forward=False)"
+    if not forward and not backward:
+        return "root + running unit (sdp_forward_prefetch=0, sdp_backward_prefetch=0: gathered on demand)"
+    if plan.prefetches_next_unit:
+        return f"root + running unit + {ahead} (prefetched within {live})"
+    return f"root + running unit (no room to prefetch within {live})"
+
+
+def _memory_lines(plan: Plan) -> list[str]:
+    p, m, hw = plan.runtime.parameters, plan.memory, plan.hardware
+    precision = precision_name(p)
+    master = "fp32 master" + (f", cast to {precision} per gather" if precision != "fp32" else "")
+    if p.sdp_qlora:
+        master = f"sharded frozen groups in NF4, gathered as bytes; the rest: {master}"
+    in_flight_note = _in_flight_note(plan)
+    small = m.peak < 4 * GiB
+    unit_name, scale = ("MiB", 2**20) if small else ("GiB", GiB)
+
+    def size(nbytes: float | None, digits: int = 2) -> str:
+        return "n/a" if nbytes is None else f"{nbytes / scale:.{1 if small else digits}f}"
+
+    act = plan.activation_detail
+    act_note = (
+        "not estimated (no shape)"
+        if act is None
+        else (
+            f"{act.layers_on_device} x {size(act.saved_per_layer, 3)} per block + head {size(act.head_saved, 3)}"
+            f" + backward working set {size(act.transient, 3)}"
+        )
+    )
+    rows = [
+        ["parameters", size(m.parameters), master],
+        ["gradients", size(m.gradients), "fp32 shards"],
+        ["optimizer state", size(m.optimizer_state), f"{plan.optimizer}, fp32"],
+        ["unsharded parameters in flight", size(m.unsharded_params), in_flight_note],
+        *([["kept 1/k slices", size(m.kept_slices), _kept_note(p)]] if m.kept_slices else []),
+        ["unsharded gradients in flight", size(m.unsharded_grads), "root + running unit + fp32 reduce-scatter inputs"],
+        ["activations", size(m.activations), act_note],
+        ["communication buffers", size(m.communication_buffers), "all-gather staging"],
+        ["framework overhead", size(m.framework_overhead), "CUDA context, NCCL" if hw.is_gpu else "python + torch"],
+        [f"peak ({m.peak_phase})", size(m.peak), ""],
+        ["available", size(plan.budget_bytes), plan.budget_note],
+    ]
+    lines: list[str] = [table(rows, ["", unit_name, ""])]
+    verdict = (
+        f"FITS, {size(plan.headroom_bytes)} {unit_name} to spare"
+        if plan.fits
+        else f"DOES NOT FIT: {size(-plan.headroom_bytes)} {unit_name} over"
+    )
+    lines += [f"  -> {verdict}", ""]
+
+    return lines
+
+
+def _kept_note(p: SMPParameters) -> str:
+    return (
+        f"1/{p.sdp_reshard_after_forward} of every unit not kept "
+        "whole, from its forward to its backward (sdp_reshard_after_forward)"
+    )
+
+
+def _strategy_lines(plan: Plan) -> list[str]:
+    """One row per ``sdp_reshard_after_forward`` the runtime accepts here (``smsdp/planner/strategies.py``)."""
+    if not plan.strategies:
+        return []
+    # the memory table's unit, so the two tables read together
+    unit_name, scale, digits = ("MiB", 2**20, 1) if plan.memory.peak < 4 * GiB else ("GiB", GiB, 2)
+    p = plan.runtime.parameters
+    current = p.sdp_reshard_after_forward
+    if not isinstance(current, bool) and reshard_degree(p) is None:
+        current = True  # k = the sharded degree: the runtime reshards fully
+    rows = []
+    for s in plan.strategies:
+        kind = s.kind.value.replace("1/k", f"1/{s.setting}")
+        mine = " (this plan)" if s.label == str(current) else ""
+        rows.append(
+            [
+                f"{s.label}: {kind}{mine}",
+                f"{s.peak_bytes / scale:.{digits}f}",
+                "yes" if s.fits else "no",
+                "none" if s.smallest_degree is None else str(s.smallest_degree),
+            ]
+        )
+    header = ["", f"peak {unit_name}", "fits", "smallest sharded degree that fits"]
+    title = (
+        f"resharding strategies (sdp_reshard_after_forward) at sharded degree {plan.sharded_degree}, "
+        f"batch {plan.batch_size}"
+    )
+    return [title, table(rows, header), ""]
