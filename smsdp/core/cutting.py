@@ -2,7 +2,9 @@
 
 A unit is what is gathered and freed as one: by default each instance of a
 repeated block class (found as the children of an ``nn.ModuleList`` that are
-all of one class), plus the root unit for every parameter outside them.
+all of one class), plus the root unit for every parameter outside them. A block
+compiled before wrapping (``torch.compile(block)``) counts as the class it wraps,
+and the unit is the compiled module its parent calls (``smsdp.core.compile_units``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import torch
 from torch import nn
 
 from smsdp.config.shard_layout import is_sharded
+from smsdp.core.compile_units import compiled_inner
 from smsdp.core.flat_param_group import FlatParamGroup, ParamInfo
 from smsdp.core.unit import Unit
 from smsdp.tensor_parallel.pieces import is_tp_split
@@ -30,7 +33,7 @@ def find_unit_modules(root: nn.Module, layer_classes: Iterable[type] | None) -> 
     for name, module in root.named_modules():
         if module is root or id(module) in inside:
             continue
-        if isinstance(module, classes) and isinstance(module, nn.Module):
+        if isinstance(compiled_inner(module), classes):
             found.append((name, module))
             inside.update(id(m) for m in module.modules())
     return found
@@ -41,7 +44,7 @@ def _repeated_block_classes(root: nn.Module) -> tuple[type, ...]:
     classes: list[type] = []
     for module in root.modules():
         if isinstance(module, nn.ModuleList) and len(module) >= 2:
-            kinds = {type(child) for child in module}
+            kinds = {type(compiled_inner(child)) for child in module}
             if len(kinds) == 1:
                 kind = kinds.pop()
                 if kind not in classes and kind is not nn.ModuleList:

@@ -52,10 +52,17 @@ exposed; the dequantized values are the parameters (state dicts, exports). Value
 into such a group (``set_shard_values``: construction, ``load_full``, a pretrained load)
 are quantized as they come. No kept slices: the backward gathers the 4-bit bytes again,
 less than a kept 1/k slice of the dequantized buffer would hold.
+
+[Note: offloaded groups (sdp_offload)]
+A sharded group moved to host memory (``move_to_host``) keeps ``master``, its optimizer
+parameters (views of it) and ``grad_acc`` on the host; ``offload`` (``smsdp.core.offload``)
+gives each gather its device copy of the shard (``_gather_source``) and takes each reduced
+gradient piece back to the host (``accumulate_part``), added in by ``settle_grads``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import math
 from collections.abc import Callable
@@ -67,6 +74,7 @@ from torch import nn
 
 from smsdp.config.shard_layout import NF4_ALIGN, ShardLayout
 from smsdp.core import nf4_shard
+from smsdp.core.offload import ShardOffload
 
 
 class ParamState(enum.Enum):
@@ -119,6 +127,7 @@ class FlatParamGroup:
     _received: torch.Tensor | None = None  # an NF4 group's gathered bytes, until dequantized
     _split_sizes: list[int] = field(default_factory=list)
     _optim_slices: list[tuple[int, int]] = field(default_factory=list)  # (offset in master, length)
+    offload: ShardOffload | None = None  # the master in host memory: [Note: offloaded groups (sdp_offload)]
 
     @property
     def sharded(self) -> bool:
@@ -192,6 +201,8 @@ class FlatParamGroup:
         """Make ``values`` (this rank's shard, ``shard_numel`` elements) the shard: as NF4 bytes in an NF4 group."""
         if self.nf4:
             self.master = nf4_shard.quantize(values.to(self.master_dtype))
+            if self.offload is not None:
+                self.master = self.offload.memory.to_host(self.master)
         else:
             self.master.copy_(values)
 
@@ -220,6 +231,17 @@ class FlatParamGroup:
         self.flat_param = nn.Parameter(torch.empty(0, dtype=self.compute_dtype, device=self.device))
         self.flat_param.requires_grad_(self.trainable)
         self.flat_param.data = self.unsharded
+
+    def move_to_host(self, offload: ShardOffload) -> None:
+        """Keep the master shard (and so the optimizer's parameters and the gradient) in host memory."""
+        self.offload = offload
+        self.master = offload.memory.to_host(self.master)
+        self.optim_params, self._optim_slices = [], []
+        self._make_optim_params()
+
+    def _gather_source(self) -> torch.Tensor:
+        """What the all-gather reads: the master, or its device copy when offloaded."""
+        return self.master if self.offload is None else self.offload.device_shard(self.master)
 
     def _turn_originals_into_placeholders(self) -> None:
         placeholder_dtype = self.compute_dtype
@@ -260,14 +282,16 @@ class FlatParamGroup:
             self.state = ParamState.UNSHARDED
             return
         self.unsharded.untyped_storage().resize_(self.padded_numel * self.unsharded.element_size())
-        if self.nf4:
-            self._received = self._bytes_buffer()
-            self._gather_handle = (gather_bytes or gather)(self._received, self.master, async_op)
-            self.state = ParamState.GATHERING
-        elif self.sharded:
+        if self.nf4 or self.sharded:
             # Under bf16/fp16 the gather casts the shard each time (as FSDP2 does) rather than
             # keeping a second copy: 2 bytes per sharded parameter less, one small cast more.
-            self._gather_handle = gather(self.unsharded, self.master, async_op)
+            source = self._gather_source()
+            with self.offload.gather_context() if self.offload is not None else contextlib.nullcontext():
+                if self.nf4:
+                    self._received = self._bytes_buffer()
+                    self._gather_handle = (gather_bytes or gather)(self._received, source, async_op)
+                else:
+                    self._gather_handle = gather(self.unsharded, source, async_op)
             self.state = ParamState.GATHERING
         else:
             self.unsharded.copy_(self.master)  # replicated, lower precision: a cast, no traffic
@@ -279,6 +303,8 @@ class FlatParamGroup:
                 self._gather_handle.wait()
             self._gather_handle = None
             self.kept = None  # the regather that read it is done
+            if self.offload is not None:
+                self.offload.release()
             if self._received is not None:
                 self._dequantize_received(self.unsharded)
             self.state = ParamState.UNSHARDED
@@ -359,13 +385,27 @@ class FlatParamGroup:
             self.grad_acc.add_(grad_shard, alpha=scale)
 
     def accumulate_part(self, piece: torch.Tensor, start: int, scale: float) -> None:
-        """Add ``scale * piece`` into ``[start, start + len(piece))`` of the gradient (a reduce bucket)."""
+        """Add ``scale * piece`` into ``[start, start + len(piece))`` of the gradient (a reduce bucket);
+        offloaded, the piece goes to the host now and is added in by ``settle_grads``."""
+        if self.offload is not None:
+            self.offload.queue_grad(piece, start, scale)
+        else:
+            self._add_part(piece, start, scale)
+
+    def settle_grads(self) -> None:
+        """Add the gradient pieces copied to the host into ``grad_acc``, in the order they came."""
+        if self.offload is not None:
+            for piece, start, scale in self.offload.take_queued():
+                self._add_part(piece, start, scale)
+
+    def _add_part(self, piece: torch.Tensor, start: int, scale: float) -> None:
         if piece.numel() == self.layout.shard_numel:
             self.accumulate(piece, scale)
         else:
             self._grad_or_zeros()[start : start + piece.numel()].add_(piece, alpha=scale)
 
     def _grad_or_zeros(self) -> torch.Tensor:
+        self.settle_grads()
         if self.grad_acc is None:
             self.grad_acc = torch.zeros_like(self.master)
         return self.grad_acc
@@ -382,17 +422,20 @@ class FlatParamGroup:
 
     def restore_synced(self, summed: torch.Tensor) -> None:
         """Put a synchronized gradient back (added to whatever accumulated since it was taken)."""
+        self.settle_grads()
         summed = summed if summed.dtype == self.master_dtype else summed.to(self.master_dtype)
         self.grad_acc = summed if self.grad_acc is None else self.grad_acc.add_(summed)
 
     def scale_grad_(self, factor: float | torch.Tensor) -> None:
         """Multiply the gradient in place (fp16 unscaling, clipping); nothing if there is none."""
+        self.settle_grads()
         if self.grad_acc is not None:
-            self.grad_acc.mul_(factor)
+            self.grad_acc.mul_(factor.to(self.grad_acc.device) if isinstance(factor, torch.Tensor) else factor)
 
     def grad_square_sum(self) -> torch.Tensor | None:
-        """Sum of squares of this rank's gradient (``torch.sum``'s cascade summation), or None."""
-        return None if self.grad_acc is None else self.grad_acc.float().pow(2).sum()
+        """Sum of squares of this rank's gradient (``torch.sum``'s cascade summation) on the device, or None."""
+        self.settle_grads()
+        return None if self.grad_acc is None else self.grad_acc.float().pow(2).sum().to(self.device)
 
     def attach_grads(self) -> None:
         """Point each optimizer parameter's ``.grad`` at its slice of the accumulated gradient."""
@@ -403,6 +446,8 @@ class FlatParamGroup:
             param.grad = grad[lo : lo + n]
 
     def zero_grad(self) -> None:
+        if self.offload is not None:
+            self.offload.discard_queued()
         self.grad_acc = None
         self.flat_param.grad = None
         for _, param in self.optim_params:
@@ -415,12 +460,17 @@ class FlatParamGroup:
         if not self.sharded:
             return self.master[: self.numel].float()
         out = torch.empty(self.padded_numel, dtype=torch.float32, device=self.device)
+        source = self._gather_source()
+        if self.offload is not None:
+            self.offload.wait_ready()
         if self.nf4:
             self._received = self._bytes_buffer()
-            gather_fp32(self._received, self.master)  # any dtype: the bytes
+            gather_fp32(self._received, source)  # any dtype: the bytes
             self._dequantize_received(out)
-            return out[: self.numel]
-        gather_fp32(out, self.master.float())  # exact: a bf16 master widens without rounding
+        else:
+            gather_fp32(out, source.float())  # exact: a bf16 master widens without rounding
+        if self.offload is not None and self.state is not ParamState.GATHERING:
+            self.offload.release()
         return out[: self.numel]
 
     def load_full(self, flat: torch.Tensor) -> None:

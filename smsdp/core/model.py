@@ -49,7 +49,6 @@ once. ``state_dict()`` merges the pieces into the plain model's tensors.
 from __future__ import annotations
 
 import contextlib
-import enum
 import logging
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
@@ -62,6 +61,7 @@ from torch import nn
 from smsdp.comm import world
 from smsdp.core.accumulation import AccumulationBoundary
 from smsdp.core.activation_offload import job_offloader
+from smsdp.core.compile_units import ForwardHooks, OutsideCompile, forward_outside_compile
 from smsdp.core.flat_param_group import FlatParamGroup
 from smsdp.core.held_bytes import compute_copy_bytes, model_state_bytes
 from smsdp.core.prefetch import PrefetchDepths, Prefetcher
@@ -74,6 +74,8 @@ from smsdp.core.state_dicts import (
     load_local_model_state,
     local_model_state,
 )
+from smsdp.core.training_state import IN_BACKWARD as _IN_BACKWARD
+from smsdp.core.training_state import TrainingState
 from smsdp.core.unit import Unit
 from smsdp.core.wrap import wrap_module
 from smsdp.tensor_parallel.pieces import cut_tp_pieces, is_tp_split, merge_tp_pieces
@@ -83,20 +85,7 @@ from smsdp.util import fault_injection
 logger = logging.getLogger("smsdp")
 
 
-class TrainingState(enum.Enum):
-    """Where the model is in its cycle of forwards, backwards and steps."""
-
-    LEARNING_ORDER = "learning_order"  # no forward with grad has finished: the unit order is unknown
-    IDLE = "idle"  # the order is known; no backward is running
-    BACKWARD = "backward"  # a backward that does not end the gradient accumulation
-    BOUNDARY_BACKWARD = "boundary_backward"  # the backward that ends it: the second hop starts inside
-    SYNCING = "syncing"  # after a boundary backward: replica all-reduces in flight until step()
-
-
-_IN_BACKWARD = (TrainingState.BACKWARD, TrainingState.BOUNDARY_BACKWARD)
-
-
-class ShardedModel(nn.Module):
+class ShardedModel(OutsideCompile):
     """Wraps ``module`` so that its parameters, gradients and optimizer state are sharded.
 
     ``module.parameters()`` of the wrapped module become placeholders; build the
@@ -167,10 +156,10 @@ class ShardedModel(nn.Module):
         logger.info("DistributedModel: %s", self.describe())
 
     def _register_hooks(self) -> None:
+        blocks = [u.module for u in self._units if not u.is_root]
+        self.unit_hooks = ForwardHooks(blocks, self._pre_forward_hook, self._post_forward_hook)
+        self.hooks_outside_compile()  # when torch.compile is loaded already
         for unit in self._units:
-            if not unit.is_root:
-                unit.module.register_forward_pre_hook(self._pre_forward_hook)
-                unit.module.register_forward_hook(self._post_forward_hook)
             for group in unit.groups:
                 if group.trainable:
                     group.flat_param.register_post_accumulate_grad_hook(self._make_post_backward(unit, group))
@@ -242,29 +231,38 @@ class ShardedModel(nn.Module):
             f"{replicated:,} replicated elements, compute dtype {str(self._compute_dtype)[6:]}"
         )
 
+    @forward_outside_compile
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        args, kwargs = self._begin_forward(args, kwargs)
+        try:
+            output = self.module(*args, **kwargs)
+        except BaseException:
+            self.reshard_all()
+            raise
+        return self._end_forward(output)
+
+    def _begin_forward(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """Before the module runs: the dtype cast, the root gathered, the first prefetch."""
         fault_injection.at("forward")
         if self._state in _IN_BACKWARD:
             raise RuntimeError("forward called while a backward of this model is still running")
         if self._compute_dtype != torch.float32:
             args, kwargs = cast_floats((args, kwargs), self._compute_dtype)
         grad = torch.is_grad_enabled()
-        recording = grad and self._state is TrainingState.LEARNING_ORDER
-        if recording:
+        if grad and self._state is TrainingState.LEARNING_ORDER:
             self._prefetch.order = []
         if self._offloader is not None and grad:
             self._offloader.begin_forward()
         self.reshard_all()  # what an earlier forward kept for a backward that never came
         self._root.pre_forward()
         self._prefetch_after(None, forward=True)
-        try:
-            output = self.module(*args, **kwargs)
-        except BaseException:
-            self.reshard_all()
-            raise
+        return args, kwargs
+
+    def _end_forward(self, output: Any) -> Any:
+        grad = torch.is_grad_enabled()
         if grad:
             self._hook_outputs(self._root, output)
-            if recording:
+            if self._state is TrainingState.LEARNING_ORDER:
                 self._state = TrainingState.IDLE
         if not (grad and (self._keep_for_backward or not self._reshard_after_forward)):
             self._root.post_forward(keep_slice=grad)

@@ -199,8 +199,11 @@ class Unit:
                 self._start_group_sync(group)
 
     def finalize_backward(self, sync: bool) -> None:
-        """End of the backward: every reduction in, the second hop started when ``sync``."""
+        """End of the backward: every reduction in (offloaded: added into the host gradients), the second
+        hop started when ``sync``."""
         self.complete_reduces(sync=sync)
+        for group in self.groups:
+            group.settle_grads()
         if sync:
             self.start_sync()
         self.reshard()
@@ -228,8 +231,10 @@ class Unit:
         # The gradient is taken out of the group: what a later backward adds (a wrong guess of
         # the step's end) starts a new sum there and never lands in this one twice.
         grad = group.take_grad_for_sync()
-        # In a lower reduce dtype the sum travels as a cast copy and lands back in the fp32 shard.
-        sent = grad if comm.reduce_dtype == grad.dtype else grad.to(comm.reduce_dtype)
+        # In a lower reduce dtype (or from host memory, sdp_offload) the sum travels as a copy on the
+        # device and lands back in the fp32 shard.
+        same = comm.reduce_dtype == grad.dtype and grad.device == group.device
+        sent = grad if same else grad.to(group.device, comm.reduce_dtype)
         self._sync.setdefault(id(group), []).append((group, comm.all_reduce_replicas(sent, True), sent, grad))
 
     def wait_sync(self) -> None:

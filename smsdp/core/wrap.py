@@ -5,9 +5,11 @@ values; at ``tensor_parallel_degree > 1`` it becomes this TP rank's version
 ([Note: tensor parallelism inside the sharded step] in ``smsdp.core.model``); it is
 cut into units whose parameters become flat groups (``smsdp.core.cutting``, or
 ``smsdp.core.delayed_materialize`` for a model built on the meta device); the
-units get activation checkpointing when asked for and the collectives of this
-rank's groups (``smsdp.core.unit_comm``). A sharded job that shards nothing is
-said at this point, once (:func:`nothing_sharded_warning`).
+units get activation checkpointing when asked for, their forwards compiled under
+``sdp_compile`` (``smsdp.core.compile_units``), their sharded groups moved to host
+memory under ``sdp_offload`` (``smsdp.core.offload``) and the collectives of this
+rank's groups (``smsdp.core.unit_comm``). A sharded job that shards nothing is said at
+this point, once (:func:`nothing_sharded_warning`).
 """
 
 from __future__ import annotations
@@ -23,9 +25,11 @@ from smsdp.comm.collectives import broadcast
 from smsdp.comm.world import World
 from smsdp.config.shard_layout import is_sharded
 from smsdp.core.activation_checkpointing import set_activation_checkpointing
+from smsdp.core.compile_units import compile_unit_forwards, is_compiled
 from smsdp.core.cutting import GroupPolicy, build_units, find_unit_modules
 from smsdp.core.delayed_materialize import materialize_units
 from smsdp.core.nf4_shard import require_torchao
+from smsdp.core.offload import OffloadMode, offload_groups
 from smsdp.core.unit import Unit
 from smsdp.core.unit_comm import bind_unit_comm
 from smsdp.tensor_parallel.pieces import convert_for_job, split_names
@@ -53,6 +57,7 @@ def wrap_module(
         if broadcast_init and rt.cluster.world_size > 1:
             broadcast_from_rank0(module, rt)
     if rt.topology.tp_degree > 1:
+        refuse_compiled_blocks(module, rt.topology.tp_degree)
         # on the meta device too: the pieces are cut from the replayed plain tensors
         module = convert_for_job(module, rt.groups.tp_group, rt.stats)
     tp_splits = split_names(module)
@@ -78,6 +83,9 @@ def wrap_module(
     if rt.params.activation_checkpointing:
         for unit in units[:-1]:
             set_activation_checkpointing(unit.module)
+    if rt.params.sdp_compile:
+        compile_unit_forwards(units)
+    offload_groups(units, OffloadMode(rt.params.sdp_offload), rt.device)
     comm = bind_unit_comm(rt)
     for unit in units:
         unit.comm = comm
@@ -107,6 +115,17 @@ def nothing_sharded_warning(units: list[Unit], policy: GroupPolicy) -> str | Non
         "so every rank holds the whole model; set sdp_param_persistence_threshold to at most "
         f"{largest} to shard the largest tensors"
     )
+
+
+def refuse_compiled_blocks(module: nn.Module, tp_degree: int) -> None:
+    """Tensor parallelism replaces blocks by their TP versions; a compiled wrapper would keep calling the old one."""
+    compiled = [name for name, sub in module.named_modules() if is_compiled(sub)]
+    if compiled:
+        raise ValueError(
+            f"tensor_parallel_degree={tp_degree}: {compiled[0]} was compiled before smp.DistributedModel, and "
+            "tensor parallelism replaces each block by its tensor-parallel version, which the compiled call would "
+            "not run; build the model without torch.compile (compiling units with tensor parallelism is not supported)"
+        )
 
 
 def broadcast_from_rank0(module: nn.Module, rt: World) -> None:

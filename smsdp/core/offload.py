@@ -1,0 +1,172 @@
+"""``sdp_offload``: the sharded groups' state in host memory, the optimizer stepping where it lives.
+
+Two modes (FSDP2's ``CPUOffloadPolicy`` is the first, DeepSpeed's ``offload_optimizer`` the second):
+
+* ``params``: each sharded group's master shard (fp32, or bf16 under ``sdp_pure_bf16``; an NF4 group's
+  bytes), its gradient and the optimizer state stay in host memory. The device holds a unit's shard
+  only while it is gathered: :meth:`ShardOffload.device_shard` copies it in when the unit's all-gather
+  is issued (by the prefetcher too, so the copy runs ahead with the unit), and it is dropped when the
+  gather is done.
+* ``optimizer``: the same in host memory, plus a device copy of each shard kept between steps
+  (refreshed only when the master has changed since: its version counter), so the gathers read the
+  device as without offload.
+
+Either way the reduce-scattered gradient is copied back as soon as its reduce-scatter is collected
+(:meth:`ShardOffload.queue_grad`) and added into the host gradient at the end of the backward, in the
+order the pieces came (the same additions as on the device: bit for bit on the CPU); the optimizer's
+parameters are views of the host masters, so ``optimizer.step()`` runs on the CPU. Parameters under
+``sdp_param_persistence_threshold`` (replicated, small) stay on the device.
+
+[Note: streams on a GPU]
+Host copies are pinned. A shard goes to the device on a copy stream, and the unit's all-gather is
+issued from a side stream that waits for that copy (:meth:`ShardOffload.gather_context`), so neither
+waits on the compute stream; the compute stream waits only for the gather, at the unit's forward. A
+gradient piece goes back on the copy stream after the compute stream's reduce-scatter wait, without
+blocking the host; the host adds it in at the end of the backward, after its event. On the CPU there
+are no streams: every copy is a real copy into a distinct buffer, so the same path runs in CI.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+class OffloadMode(enum.Enum):
+    NONE = "none"
+    OPTIMIZER = "optimizer"  # masters, gradients, optimizer state on the host; a device copy of the shard
+    PARAMS = "params"  # the same, and the shard copied to the device only for its all-gather
+
+
+class HostMemory:
+    """The job's host side: pinned buffers and the copy and gather streams (on a GPU)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.copy_stream = torch.cuda.Stream(device) if self.cuda else None
+        self.gather_stream = torch.cuda.Stream(device) if self.cuda else None
+
+    def empty(self, like: torch.Tensor) -> torch.Tensor:
+        """A host buffer shaped as ``like`` (pinned on a GPU machine)."""
+        return torch.empty(like.shape, dtype=like.dtype, device="cpu", pin_memory=self.cuda)
+
+    def to_host(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A host copy of ``tensor`` (synchronous: used when a group moves, not in a step)."""
+        host = self.empty(tensor)
+        host.copy_(tensor)
+        return host
+
+
+@dataclass
+class _QueuedGrad:
+    host: torch.Tensor  # the piece, in host memory once ``event`` is done
+    start: int
+    scale: float
+    event: Any = None  # a CUDA event on the copy stream, None on the CPU
+
+
+@dataclass
+class ShardOffload:
+    """One sharded group's device side of a host-resident shard (``smsdp.core.flat_param_group`` calls it)."""
+
+    memory: HostMemory
+    keep_device_copy: bool  # the optimizer mode's device copy, kept between steps
+    _device: torch.Tensor | None = None
+    _tag: tuple[int, int] | None = None  # (id, version) of the master the device copy was made from
+    _ready: Any = None  # CUDA event: the device copy is complete
+    _grads: list[_QueuedGrad] = field(default_factory=list)
+
+    # ---- the shard, host to device ---------------------------------------------------------
+
+    def device_shard(self, master: torch.Tensor) -> torch.Tensor:
+        """The shard on the device for a gather: copied in now (on the copy stream), or the kept copy
+        when the master has not changed since it was made."""
+        tag = (id(master), master._version)
+        if self._device is not None and self._tag == tag:
+            return self._device
+        stream = self.memory.copy_stream
+        if stream is None:
+            self._device = master.clone()  # CPU: a real copy into a buffer of its own
+        else:
+            with torch.cuda.stream(stream):
+                self._device = master.to(self.memory.device, non_blocking=True)
+                self._ready = torch.cuda.Event()
+                self._ready.record(stream)
+        self._tag = tag
+        return self._device
+
+    @contextlib.contextmanager
+    def gather_context(self) -> Iterator[None]:
+        """Issue the gather from the side stream, after the copy in (nothing on the CPU)."""
+        stream = self.memory.gather_stream
+        if stream is None or self._ready is None:
+            yield
+            return
+        stream.wait_stream(torch.cuda.current_stream(self.memory.device))  # the output buffer's allocation
+        stream.wait_event(self._ready)
+        with torch.cuda.stream(stream):
+            yield
+
+    def wait_ready(self) -> None:
+        """The current stream waits for the copy in (a gather issued on it, synchronously)."""
+        if self._ready is not None:
+            torch.cuda.current_stream(self.memory.device).wait_event(self._ready)
+
+    def release(self) -> None:
+        """The gather that read the device copy is done: drop it, unless it is kept between steps."""
+        self._ready = None
+        if not self.keep_device_copy:
+            self._device, self._tag = None, None
+
+    @property
+    def device_bytes(self) -> int:
+        return 0 if self._device is None else self._device.numel() * self._device.element_size()
+
+    # ---- gradients, device to host ---------------------------------------------------------
+
+    def queue_grad(self, piece: torch.Tensor, start: int, scale: float) -> None:
+        """Copy a reduce-scattered gradient piece to the host without blocking; added in by ``settle``."""
+        host = self.memory.empty(piece)
+        stream = self.memory.copy_stream
+        if stream is None:
+            host.copy_(piece)
+            self._grads.append(_QueuedGrad(host, start, scale))
+            return
+        stream.wait_stream(torch.cuda.current_stream(self.memory.device))
+        with torch.cuda.stream(stream):
+            host.copy_(piece, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(stream)
+        piece.record_stream(stream)
+        self._grads.append(_QueuedGrad(host, start, scale, event))
+
+    def take_queued(self) -> list[tuple[torch.Tensor, int, float]]:
+        """The queued pieces in the order they came, each complete in host memory."""
+        queued, self._grads = self._grads, []
+        for grad in queued:
+            if grad.event is not None:
+                grad.event.synchronize()
+        return [(g.host, g.start, g.scale) for g in queued]
+
+    def discard_queued(self) -> None:
+        self._grads = []
+
+
+def offload_groups(units: list[Any], mode: OffloadMode, device: torch.device) -> int:
+    """Move every sharded group of ``units`` to host memory; returns how many moved."""
+    if mode is OffloadMode.NONE:
+        return 0
+    memory = HostMemory(device)
+    moved = 0
+    for unit in units:
+        for group in unit.groups:
+            if group.sharded:
+                group.move_to_host(ShardOffload(memory, keep_device_copy=mode is OffloadMode.OPTIMIZER))
+                moved += 1
+    return moved
