@@ -100,10 +100,10 @@ def check_layout(environ: Mapping[str, str]) -> str:
             f"{CONFIG_ENV_VAR}' in mpi.custom_mpi_options; was that option removed?"
         )
     hosts = _hosts(environ)
-    rank, size = _int(environ, "OMPI_COMM_WORLD_RANK", 0), _int(environ, "OMPI_COMM_WORLD_SIZE", 1)
+    rank, size = _rank_and_size(environ)
     if size != config.world_size or len(hosts) != config.instance_count:
         raise EntryError(
-            f"mpirun started {size} processes on {len(hosts)} host(s) {hosts}, but the job "
+            f"{_launcher(environ)} started {size} processes on {len(hosts)} host(s) {hosts}, but the job "
             f"asks for {config.instance_count} x {config.processes_per_host} = {config.world_size}"
         )
     expected = hosts[rank // config.processes_per_host]
@@ -121,6 +121,17 @@ def check_layout(environ: Mapping[str, str]) -> str:
             "(SM_NUM_GPUS): lower mpi.processes_per_host"
         )
     return current
+
+
+def _rank_and_size(environ: Mapping[str, str]) -> tuple[int, int]:
+    """mpirun's (SMP v1, MPI) or torchrun's (SMP v2, SDK 3's Torchrun driver) rank and world size."""
+    if "OMPI_COMM_WORLD_SIZE" in environ:
+        return _int(environ, "OMPI_COMM_WORLD_RANK", 0), _int(environ, "OMPI_COMM_WORLD_SIZE", 1)
+    return _int(environ, "RANK", 0), _int(environ, "WORLD_SIZE", 1)
+
+
+def _launcher(environ: Mapping[str, str]) -> str:
+    return "mpirun" if "OMPI_COMM_WORLD_SIZE" in environ else "torchrun"
 
 
 def _host_from_resource_config(environ: Mapping[str, str]) -> dict[str, str]:
@@ -156,7 +167,10 @@ def _int(environ: Mapping[str, str], name: str, default: int) -> int:
 
 
 def _where(environ: Mapping[str, str]) -> str:
-    rank, size = environ.get("OMPI_COMM_WORLD_RANK", "0"), environ.get("OMPI_COMM_WORLD_SIZE", "1")
+    try:
+        rank, size = _rank_and_size(environ)
+    except EntryError:
+        rank, size = 0, 1
     host = environ.get("SM_CURRENT_HOST", "algo-1")
     return f"rank {rank} of {size} on {host}"
 
@@ -167,7 +181,7 @@ def _smsdp_location() -> str:
 
 
 def _fail(message: str, environ: Mapping[str, str]) -> int:
-    rank = environ.get("OMPI_COMM_WORLD_RANK", "0")
+    rank = environ.get("OMPI_COMM_WORLD_RANK", environ.get("RANK", "0"))
     print(f"[smsdp] rank {rank}: {message}", file=sys.stderr, flush=True)
     output_dir = failure_files.output_dir_of(environ)
     if output_dir is not None:

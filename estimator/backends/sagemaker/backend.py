@@ -9,10 +9,15 @@ dir and create the job, and returns its handle at once.
 
 from __future__ import annotations
 
+import importlib.util
+import tempfile
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
+from estimator.backends import BackendUnavailable
 from estimator.backends.base import AttachedJob, Backend
+from estimator.backends.sagemaker import sdk3_trainer
 from estimator.backends.sagemaker.attach import attach_job
 from estimator.backends.sagemaker.aws_session import (
     code_uri,
@@ -28,11 +33,12 @@ from estimator.backends.sagemaker.options import RemoteOptions
 from estimator.backends.sagemaker.preflight import check_before_upload, check_credentials
 from estimator.backends.sagemaker.request import SageMakerRequest
 from estimator.backends.sagemaker.sdk import submit_module
+from estimator.backends.sagemaker.sdk3_trainer import torchrun_request
 from estimator.backends.sagemaker.source_bundle import ENTRY_SCRIPT, plan_bundle
 from estimator.backends.sagemaker.training_request import ResolvedJob, create_training_job_request
 from estimator.spec import JobSpec
 from estimator.validation import problem
-from smsdp.config import ConfigError
+from smsdp.config import TORCHRUN, ConfigError
 
 
 class SageMakerBackend(Backend[SageMakerRequest]):
@@ -64,13 +70,19 @@ class SageMakerBackend(Backend[SageMakerRequest]):
             environment=environment,
             mpi=mpi,
         )
-        request = create_training_job_request(spec, options, resolved)
+        if spec.launcher == TORCHRUN:  # SMP v2, SDK 3's Torchrun: SDK 3's ModelTrainer starts it
+            request = torchrun_request(spec, options, resolved)
+        else:
+            request = create_training_job_request(spec, options, resolved)
         return SageMakerRequest(spec, options, resolved, bundle, request)
 
     def launch(self, request: SageMakerRequest) -> SageMakerJob:
         session = request.options.sagemaker_session or default_sagemaker_session(request.region)
         check_before_upload(request, session)
-        submit_module().submit(request, session)
+        if request.spec.launcher == TORCHRUN:
+            _submit_through_sdk3(request, session)
+        else:
+            submit_module().submit(request, session)
         return job_from_session(request.job_name, session)
 
     def attach(self, job_name: str, output_path: str | None = None, sagemaker_session: Any = None) -> AttachedJob:
@@ -87,6 +99,18 @@ class SageMakerBackend(Backend[SageMakerRequest]):
                 job_name,
             ) from None
         return attach_job(job_name, sagemaker_session)
+
+
+def _submit_through_sdk3(request: SageMakerRequest, session: Any) -> None:
+    if importlib.util.find_spec(sdk3_trainer.SDK3_TRAIN) is None:
+        raise BackendUnavailable(
+            "a torchrun job (SMP v2, Torchrun(...), torch_distributed) on SageMaker is started by SDK 3's "
+            "ModelTrainer, which is not installed: pip install 'sagemaker>=3' (or sagemaker-train); or launch "
+            "with mpirun: MPI(...) / distribution={'mpi': {...}}"
+        )
+    with tempfile.TemporaryDirectory(prefix=f"smsdp-{request.job_name}-") as staging:
+        code_dir = request.bundle.write_to(Path(staging) / "code")
+        sdk3_trainer.submit(request, session, str(code_dir))
 
 
 def _user_mpi_options(spec: JobSpec) -> str:
