@@ -1,14 +1,14 @@
 """smsdp vs FSDP2, DDP and the no-communication limit across real host boundaries.
 
 Hosts are network namespaces on this machine, each joined to a bridge by a veth pair
-shaped with ``tc tbf`` (``tests/netns_hosts.py``): the ranks of one host talk over that
+shaped with ``tc tbf`` (``bench/netns_hosts.py``): the ranks of one host talk over that
 namespace's loopback (fast, unshaped), ranks of different hosts through the shaped links,
 all gloo over TCP, so the inter-host / intra-host bandwidth ratio is real. This kernel
 has ``tbf`` but no ``netem``: no latency is added (the tables say whether netem exists).
 Needs root. One command, from the repository root::
 
-    .venv/bin/python bench/cluster.py                                  # every layout, link, precision
-    .venv/bin/python bench/cluster.py --layouts 2x2 --links 200mbit --precision fp32 --steps 3  # a look
+    .venv/bin/python -m bench.cluster                                  # every layout, link, precision
+    .venv/bin/python -m bench.cluster --layouts 2x2 --links 200mbit --precision fp32 --steps 3  # a look
 
 Per layout (``HOSTSxRANKS``) it makes the hosts once; per link setting it shapes the links,
 calibrates them (plain TCP intra- and inter-host, and gloo's collectives over the world,
@@ -26,7 +26,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -34,17 +33,15 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+from bench import netns_hosts
+from bench.cluster_tables import calibration_table, phase_table, speed_table, summarize, timer_table
+from bench.provenance import code_line, machine_line
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT))
-sys.path.insert(0, str(REPO_ROOT / "bench"))
-
-from cluster_tables import calibration_table, phase_table, speed_table, summarize, timer_table  # noqa: E402
-
-from tests import netns_hosts  # noqa: E402
-
-WORKER = REPO_ROOT / "bench" / "workers" / "cluster_worker.py"
-PROBE = REPO_ROOT / "bench" / "workers" / "tcp_probe.py"
+WORKER = ["-m", "bench.workers.cluster_worker"]
+PROBE = [str(REPO_ROOT / "bench" / "workers" / "tcp_probe.py")]  # the standard library only: run by path
 RESULTS = REPO_ROOT / "bench" / "results"
 DEFAULT_LINKS = "2gbit,500mbit,200mbit,100mbit"
 DEFAULT_LAYOUTS = "2x2,4x1,2x4"
@@ -52,10 +49,14 @@ DEFAULT_SYSTEMS = "span,span_flat_rs,host,host_late,hpz,int8,fsdp2_1d,fsdp2_hsdp
 MASTER_PORT = 29400
 
 
-def system_specs(names: list[str], hosts: int, per_host: int) -> list[dict]:
-    """The systems of one launch for this layout; those the layout cannot hold are left out."""
+def catalogue(hosts: int, per_host: int) -> dict[str, dict]:
+    """Every system a launch can hold, by name, for this layout."""
+    return {**smsdp_catalogue(hosts, per_host), **torch_catalogue(hosts, per_host)}
+
+
+def smsdp_catalogue(hosts: int, per_host: int) -> dict[str, dict]:
     world, k = hosts * per_host, per_host
-    catalogue = {
+    return {
         "span": {"system": "smsdp", "sdp": world, "label": f"smsdp spanning hosts (d={world})"},
         "span_declared": {
             "system": "smsdp",
@@ -112,18 +113,36 @@ def system_specs(names: list[str], hosts: int, per_host: int) -> list[dict]:
             "config": {"sdp_quantized_allgather": True, "sdp_quantized_gradients": True},
             "label": f"smsdp int8 all-gather + int8 gradients (d={world})",
         },
+    }
+
+
+def torch_catalogue(hosts: int, per_host: int) -> dict[str, dict]:
+    world, k = hosts * per_host, per_host
+    return {
         "fsdp2_1d": {"system": "fsdp2", "mesh": "1d", "label": f"FSDP2 1-D (fully_shard over {world})"},
         "fsdp2_hsdp": {"system": "fsdp2", "mesh": "hsdp", "label": f"FSDP2 HSDP ({hosts}x{k} mesh)"},
         "fsdp2_k": {"system": "fsdp2", "mesh": "1d", "reshard": k, "label": f"FSDP2 1-D, reshard_after_forward={k}"},
         "ddp": {"system": "ddp", "label": "DDP"},
         "nocomm": {"system": "nocomm", "label": "no-comm limit"},
     }
+
+
+def system_specs(names: list[str], hosts: int, per_host: int) -> list[dict]:
+    """The systems of one launch for this layout; those the layout cannot hold are left out."""
+    known = catalogue(hosts, per_host)
     specs = []
     for name in names:
-        if name not in catalogue:
-            raise SystemExit(f"unknown system {name!r}; known: {', '.join(catalogue)}")
-        spec = dict(catalogue[name], key=name, _hosts=hosts, _per_host=per_host)
-        one_host_group = k == 1 and name in ("host", "host_declared", "host_late", "hpz", "fsdp2_hsdp", "fsdp2_k")
+        if name not in known:
+            raise SystemExit(f"unknown system {name!r}; known: {', '.join(known)}")
+        spec = dict(known[name], key=name, _hosts=hosts, _per_host=per_host)
+        one_host_group = per_host == 1 and name in (
+            "host",
+            "host_declared",
+            "host_late",
+            "hpz",
+            "fsdp2_hsdp",
+            "fsdp2_k",
+        )
         if one_host_group or (hosts == 1 and name.startswith("span")):
             continue  # k=1: a host holds one rank, so a group inside it is a group of one
         specs.append(spec)
@@ -171,10 +190,15 @@ class Launcher:
             log_path = out / f"rank{rank}.log"
             logs.append(log_path)
             with open(log_path, "w") as log_file:
-                argv = [sys.executable, str(WORKER), "--out", str(out), *worker_args]
+                argv = [sys.executable, *WORKER, "--out", str(out), *worker_args]
                 procs.append(
                     self.bed.spawn(
-                        rank // self.per_host, argv, env=self.rank_env(rank), stdout=log_file, stderr=subprocess.STDOUT
+                        rank // self.per_host,
+                        argv,
+                        env=self.rank_env(rank),
+                        cwd=REPO_ROOT,
+                        stdout=log_file,
+                        stderr=subprocess.STDOUT,
                     )
                 )
         codes = _wait_or_fail_fast(procs, timeout)
@@ -212,14 +236,14 @@ def _wait_or_fail_fast(procs: list[subprocess.Popen], timeout: float) -> list[in
 def tcp_throughput(bed: netns_hosts.NamespacedHosts, src: int, dst: int, mbytes: float, port: int) -> dict:
     """A plain TCP transfer from host ``src`` to host ``dst`` (the same host: its loopback)."""
     ready = Path(tempfile.mkdtemp(prefix="smsdp-probe-")) / "ready"
-    server = bed.spawn(dst, [sys.executable, str(PROBE), "serve", str(port), str(ready)])
+    server = bed.spawn(dst, [sys.executable, *PROBE, "serve", str(port), str(ready)])
     try:
         deadline = time.monotonic() + 30
         while not ready.exists() and time.monotonic() < deadline and server.poll() is None:
             time.sleep(0.05)
         addr = "127.0.0.1" if src == dst else bed.hosts[dst].address
         before = bed.link_bytes(src)
-        result = bed.run(src, [sys.executable, str(PROBE), "send", addr, str(port), str(mbytes)], timeout=120)
+        result = bed.run(src, [sys.executable, *PROBE, "send", addr, str(port), str(mbytes)], timeout=120)
         after = bed.link_bytes(src)
         figures = json.loads(result.stdout.strip().splitlines()[-1])
         figures["link_tx"] = after[0] - before[0]
@@ -258,23 +282,9 @@ def calibrate(bed, launcher: Launcher, rate: str | None, args, log) -> dict:
 
 
 # --------------------------------------------------------------------------------------------
-def machine_line() -> str:
-    import torch
-
-    return (
-        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-        f"torch {torch.__version__}, gloo over TCP; netem {'available' if netns_hosts.netem_available() else 'absent'}"
-    )
-
-
-def code_line() -> str:
-    try:
-        commit = subprocess.run(
-            ["git", "-C", str(REPO_ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-        ).stdout.strip()
-    except OSError:
-        commit = "?"
-    return commit
+def machine() -> str:
+    netem = "available" if netns_hosts.netem_available() else "absent"
+    return machine_line(f"gloo over TCP; netem {netem}")
 
 
 def parse_layout(text: str) -> tuple[int, int]:
@@ -294,7 +304,7 @@ def run_layout(layout: str, args, log, report: dict) -> None:
             bed.shape(rate)
             log(f"[{layout}] link {rate or 'unshaped'}: calibrating")
             calibration = calibrate(bed, launcher, rate, args, log) if not args.no_calibration else None
-            entry = {"layout": layout, "rate": rate, "calibration": calibration, "runs": {}}
+            entry: dict[str, Any] = {"layout": layout, "rate": rate, "calibration": calibration, "runs": {}}
             report["settings"].append(entry)
             for precision in args.precision.split(","):
                 if args.rss and rate == entry_rates[0]:
@@ -397,17 +407,17 @@ def main() -> None:
         help="peak RSS of each system alone (short launches at the first link setting)",
     )
     args = p.parse_args()
-    log = start_bed_session("bench/cluster.py")
+    log = start_bed_session("bench.cluster")
     began = time.time()
-    report = {
+    report: dict[str, Any] = {
         "started": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "commit": code_line(),
-        "machine": machine_line(),
+        "machine": machine(),
         "argv": sys.argv,
         "settings": [],
     }
     print(
-        f"Run {report['started']} on commit {report['commit']}. Machine: {report['machine']}. "
+        f"Run {report['started']} on {report['commit']}. Machine: {report['machine']}. "
         f"GPT {args.layers} layers x d_model {args.width}, seq {args.seq}, batch {args.batch} per rank, "
         f"accumulation {args.accum}, AdamW, clip 1.0; warm-up {args.warmup} + {args.steps} timed steps per system, "
         f"{args.repeats} interleaved launch(es) per setting. Command: `{' '.join(sys.argv)}`",

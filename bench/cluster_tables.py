@@ -38,10 +38,11 @@ def smsdp_link_formula(layout: dict, hosts: int, per_host: int, b_c: int, b_r: i
     gathered = m * psi if reshard is not True else m * (2 * psi - kept)
     if reshard is False:
         gathered = m * psi
-    hierarchical = config.get("sdp_hierarchical_allgather", True) and n is not None and per_host > 1
-    all_gather = (n - 1) / n * gathered * b_c if hierarchical else _ring_cross(d) * gathered * b_c
+    hierarchical = config.get("sdp_hierarchical_allgather", True) and per_host > 1
+    cross = (n - 1) / n if n is not None and hierarchical else _ring_cross(d)
+    all_gather = cross * gathered * b_c
     if reshard not in (True, False):  # hpZ: the forward alone crosses hosts (hierarchical or flat)
-        all_gather = ((n - 1) / n if hierarchical else _ring_cross(d)) * m * psi * b_c
+        all_gather = cross * m * psi * b_c
     if config.get("sdp_hierarchical_reduce_scatter") and n is not None:
         reduce_scatter = (n - 1) / n * m * psi * b_r
     else:
@@ -77,8 +78,7 @@ def summarize(runs: list[dict], specs: list[dict], hosts: int, per_host: int) ->
     ok = [run for run in runs if "error" not in run]
     rows = []
     for spec in specs:
-        per_launch = [_one_launch(run, spec, hosts, per_host) for run in ok]
-        per_launch = [x for x in per_launch if x is not None]
+        per_launch = [x for x in (_one_launch(run, spec, hosts, per_host) for run in ok) if x is not None]
         if not per_launch:
             rows.append({"spec": spec, "error": "no launch finished"})
             continue

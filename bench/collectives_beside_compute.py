@@ -7,7 +7,7 @@ and nothing else running; this script times the same calls issued beside compute
 that is from what a training step sees (``bench/workers/beside_worker.py`` says what each column
 measures). Needs root, like ``bench/cluster.py``::
 
-    .venv/bin/python bench/collectives_beside_compute.py --layouts 2x2,2x4 --link 200mbit
+    .venv/bin/python -m bench.collectives_beside_compute --layouts 2x2,2x4 --link 200mbit
 """
 
 from __future__ import annotations
@@ -15,14 +15,9 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import cluster
-
-from tests import netns_hosts
+from bench import cluster, netns_hosts
+from bench.provenance import code_line
 
 GROUPS = {"host": "inside a host", "cross": "across hosts (one rank per host)"}
 
@@ -67,9 +62,9 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--timeout", type=float, default=600)
     args = p.parse_args()
-    log = cluster.start_bed_session("bench/collectives_beside_compute.py")
+    log = cluster.start_bed_session("bench.collectives_beside_compute")
 
-    print(f"Machine: {cluster.machine_line()}; commit {cluster.code_line()}. Command: `{' '.join(sys.argv)}`")
+    print(f"Machine: {cluster.machine()}; {code_line()}. Command: `{' '.join(sys.argv)}`")
     for layout in args.layouts.split(","):
         hosts, per_host = cluster.parse_layout(layout)
         with netns_hosts.NamespacedHosts(hosts) as bed:

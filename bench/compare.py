@@ -2,8 +2,8 @@
 
 One command, from the repository root::
 
-    .venv/bin/python bench/compare.py                 # fp32 and bf16 + the smsdp scaling table
-    .venv/bin/python bench/compare.py --precision fp32 --no-scaling --warmup 2 --steps 5   # quick
+    .venv/bin/python -m bench.compare                 # fp32 and bf16 + the smsdp scaling table
+    .venv/bin/python -m bench.compare --precision fp32 --no-scaling --warmup 2 --steps 5   # quick
 
 How it runs (every launch is ``mpirun -np 4`` of ``bench/workers/train_worker.py``:
 gloo, one thread per rank, ``OMP_NUM_THREADS=1``):
@@ -70,576 +70,44 @@ What the columns mean:
   far less.
 
 Results: Markdown on stdout (and ``bench/results/latest.md``), JSON in
-``bench/results/`` (gitignored).
+``bench/results/`` (gitignored). The systems and strategies compared are named in
+``bench/compare_systems.py``, the tables made in ``bench/compare_tables.py``.
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import contextlib
 import datetime
 import json
-import os
-import platform
-import shutil
-import signal
-import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT))  # run as `python bench/compare.py` from a checkout, installed or not
-
-from estimator.backends.local.mpirun import FAST_MPI_ENV, find_mpirun  # noqa: E402
-from estimator.backends.supervised.process_session import kill_session  # noqa: E402
-
-WORKER = REPO_ROOT / "bench" / "workers" / "train_worker.py"
-RESULTS = REPO_ROOT / "bench" / "results"
-NPROCS = 4
-SYSTEMS = ["smsdp", "fsdp2", "fsdp1", "ddp", "nocomm"]
-LABELS = {
-    "smsdp": "smsdp MiCS (d=2, r=2)",
-    "fsdp2": "FSDP2 HSDP (2x2 mesh)",
-    "fsdp1": "FSDP1 HYBRID_SHARD",
-    "ddp": "DDP",
-    "nocomm": "no-comm limit",
-    "ddp_accnorm": "DDP, accurate clip norm",
-    "ddp_f64sum": "DDP, float64 gradient sum",
-}
-# --strategies: name -> the smsdp and FSDP2 systems of train_worker.py compared, and the launch
-# they run in ("main": the interleaved launch of SYSTEMS; another name: a launch of its own).
-STRATEGIES = {
-    "default": {
-        "smsdp": "smsdp",
-        "fsdp2": "fsdp2",
-        "launch": "main",
-        "smsdp_label": "smsdp d=2 r=2, defaults",
-        "fsdp2_label": "FSDP2 HSDP 2x2, defaults",
-    },
-    "keep": {
-        "smsdp": "smsdp_keep",
-        "fsdp2": "fsdp2_keep",
-        "launch": "main",
-        "smsdp_label": "smsdp, sdp_reshard_after_forward=False",
-        "fsdp2_label": "FSDP2 HSDP, reshard_after_forward=False",
-    },
-    "rbf16": {
-        "smsdp": "smsdp_rbf16",
-        "fsdp2": "fsdp2_rbf16",
-        "launch": "main",
-        "smsdp_label": 'smsdp, sdp_reduce_dtype="bf16"',
-        "fsdp2_label": "FSDP2 HSDP, reduce_dtype=bf16",
-    },
-    "qwz": {
-        "smsdp": "smsdp_qwz",
-        "fsdp2": None,
-        "launch": "main",
-        "smsdp_label": "smsdp, sdp_quantized_allgather (int8)",
-        "fsdp2_label": None,
-    },
-    "qgz": {
-        "smsdp": "smsdp_qgz",
-        "fsdp2": None,
-        "launch": "main",
-        "smsdp_label": "smsdp, sdp_quantized_gradients (int8)",
-        "fsdp2_label": None,
-    },
-    "k2": {
-        "smsdp": "smsdp",
-        "fsdp2": "fsdp2_k2",
-        "launch": "k2",
-        "smsdp_label": "smsdp d=4, sdp_reshard_after_forward=2",
-        "fsdp2_label": "FSDP2 d=4, reshard_after_forward=2",
-    },
-}
-DEFAULT_STRATEGIES = "default,keep,rbf16,k2"
-# Launches other than "main": worker arguments and environment. The 2 simulated hosts make the
-# reshard groups {0,1} and {2,3} host-local, as hpZ means them, while the shard group spans both.
-STRATEGY_LAUNCHES = {
-    "k2": {
-        "args": ["--sdp", "4", "--smsdp-config", json.dumps({"sdp_reshard_after_forward": 2})],
-        "env": {"SMSDP_SIMULATED_HOSTS": "1", "SM_HOSTS": '["algo-1", "algo-2"]'},
-        "systems": ["smsdp", "fsdp2_k2", "ddp"],
-        "describe": "d=4 on 2 simulated hosts x 2 ranks",
-    },
-}
-# Targets of the issue, checked (not tuned for) in the strategy summary.
-TARGET_VS_FSDP2 = 1.4
-TARGET_KEEP_VS_DDP = 0.95
-# Loss references, launched with the systems of fp32 (the precision the 1e-6 target is set in),
-# left out of the speed and memory tables: see bench/workers/train_worker.py's DdpAccurateNorm.
-LOSS_REFERENCES = {"fp32": ["ddp_accnorm"]}
-MIB = 1024 * 1024
-
-MPI_ENV = {**FAST_MPI_ENV, "SMSDP_LOG_LEVEL": "WARNING"}
+from bench.compare_launch import RESULTS, exit_on_signals, run_config, summarize
+from bench.compare_systems import (
+    DEFAULT_STRATEGIES,
+    LOSS_REFERENCES,
+    NPROCS,
+    STRATEGIES,
+    STRATEGY_LAUNCHES,
+    SYSTEMS,
+    TARGET_KEEP_VS_DDP,
+    TARGET_VS_FSDP2,
+)
+from bench.compare_tables import (
+    loss_agreement,
+    main_table,
+    phase_table,
+    scaling_table,
+    strategy_pairs,
+    strategy_table,
+    target_lines,
+)
+from bench.provenance import code_line, machine_line
 
 
-# --------------------------------------------------------------------------------------------
-# Running one configuration
-# --------------------------------------------------------------------------------------------
-def _mpirun() -> str:
-    found = find_mpirun()
-    if not found:
-        raise SystemExit("mpirun not found next to this interpreter or on PATH")
-    return found
-
-
-def run_config(worker_args: list[str], timeout: float, log, env_extra: dict | None = None) -> dict:
-    """One ``mpirun -np 4`` of the worker; returns the per-rank results and the launch facts."""
-    out = Path(tempfile.mkdtemp(prefix="smsdp-bench-"))
-    argv = [
-        _mpirun(),
-        "-np",
-        str(NPROCS),
-        "--allow-run-as-root",
-        "--oversubscribe",
-        "--bind-to",
-        "none",
-        sys.executable,
-        str(WORKER),
-        "--out",
-        str(out),
-        *worker_args,
-    ]
-    env = dict(os.environ)
-    env.update(MPI_ENV)
-    env.update(env_extra or {})
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    load_before = os.getloadavg()[0]
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(
-        argv,
-        cwd=REPO_ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    _LAUNCHES.add(proc)
-    try:
-        output, _ = proc.communicate(timeout=timeout)
-        timed_out = False
-    except BaseException as exc:  # SIGTERM/SIGHUP (SystemExit, see main) or Ctrl-C: no launch outlives us
-        if not isinstance(exc, subprocess.TimeoutExpired):
-            _end_launches()
-            raise
-        timed_out = True
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                break
-            time.sleep(1)
-        output, _ = proc.communicate()
-    finally:
-        _LAUNCHES.discard(proc)
-    wall = time.perf_counter() - t0
-    ranks = []
-    for r in range(NPROCS):
-        path = out / f"result.rank{r}.json"
-        if path.exists():
-            ranks.append(json.loads(path.read_text()))
-    extras = {p.name: str(p) for p in out.iterdir() if p.name.startswith("rank0.")}
-    if len(ranks) != NPROCS or proc.returncode != 0:
-        why = "timed out" if timed_out else f"exit code {proc.returncode}"
-        log(f"  FAILED ({why}):\n{output[-3000:]}")
-        shutil.rmtree(out, ignore_errors=True) if not extras else None
-        return {"error": f"{why}: {output[-3000:]}", "argv": argv, "wall_s": wall}
-    if not extras:
-        shutil.rmtree(out, ignore_errors=True)
-    return {
-        "ranks": ranks,
-        "argv": argv,
-        "wall_s": wall,
-        "load_before": load_before,
-        "load_after": os.getloadavg()[0],
-        "files": extras,
-    }
-
-
-def summarize(run: dict, system: str | None = None) -> dict:
-    """The figures of one system of one launch, reduced over ranks."""
-    if "error" in run:
-        return {"error": run["error"]}
-    if system is None:
-        (system,) = run["ranks"][0]
-    ranks = [r[system] for r in run["ranks"]]
-    r0 = ranks[0]
-    step_s = max(r["median_step_s"] for r in ranks)  # the slowest rank sets the pace
-    tokens = r0["tokens_per_step_rank"] * r0["world"]
-    n_steps = len(r0["losses"])
-    losses = [statistics.fmean(r["losses"][i] for r in ranks) for i in range(n_steps)]
-    states = [r["model_state_bytes"] for r in ranks]
-    state_total = max(sum(s.values()) for s in states)
-    state = max(states, key=lambda s: sum(s.values()))
-    counted = r0["bytes_per_step_counted"]
-    computed = r0["bytes_per_step_computed"]
-    phases = {k: max(r["median_phase_s"].get(k, 0.0) for r in ranks) for k in r0["median_phase_s"]}
-    return {
-        "system": r0["system"],
-        "precision": r0["precision"],
-        "sdp": r0["sdp"],
-        "accum": r0["accum"],
-        "threshold": r0["threshold"],
-        "step_s": step_s,
-        "cpu_s": max(r["median_cpu_s"] for r in ranks),
-        "tokens_per_step": tokens,
-        "tokens_per_s": tokens / step_s,
-        "tflops": tokens / step_s * r0["flops_per_token"] / 1e12,
-        "peak_rss_mib": max(r["rss_peak_kib"] for r in ranks) / 1024,
-        "start_rss_mib": max(r["rss_start_kib"] for r in ranks) / 1024,
-        "model_state": state,
-        "model_state_total": state_total,
-        "bytes_per_step": computed if computed else counted,
-        "bytes_source": "computed" if computed else "counted",
-        "bytes_smsdp_stats": r0["bytes_per_step_smsdp"],
-        "counter_matches_comm_stats": (
-            None
-            if r0["bytes_per_step_smsdp"] is None
-            else abs(sum(counted.values()) - sum(r0["bytes_per_step_smsdp"].values()))
-            <= 1e-6 * max(1.0, sum(counted.values()))
-        ),
-        "layout": r0["smsdp_layout"],
-        "losses": losses,
-        "final_loss": losses[-1],
-        "phases_s": phases,
-        "setup_s": max(r.get("setup_s", 0.0) for r in ranks),
-        "wall_s": run["wall_s"],
-        "load_before": run["load_before"],
-        "load_after": run["load_after"],
-        "profile": r0.get("profile"),
-        "files": run.get("files"),
-        "interleaved": r0.get("interleaved"),
-        "timers_s": r0.get("timers_s"),
-        "per_rank": {
-            "median_step_s": [r["median_step_s"] for r in ranks],
-            "median_cpu_s": [r["median_cpu_s"] for r in ranks],
-            "timers_s": [r.get("timers_s") for r in ranks],
-        },
-    }
-
-
-# --------------------------------------------------------------------------------------------
-# Tables
-# --------------------------------------------------------------------------------------------
-def mib(n: float) -> str:
-    return f"{n / MIB:.2f}"
-
-
-def by_kind(bytes_per_step: dict) -> dict[str, str]:
-    """``{"all_gather": "12.50 (shard)", ...}`` in MiB, labels in parentheses."""
-    cells: dict[str, list[str]] = {}
-    for key in sorted(bytes_per_step, key=lambda k: -bytes_per_step[k]):
-        kind, _, label = key.partition(".")
-        value = bytes_per_step[key]
-        text = f"{mib(value)}" + (f" ({label})" if label else "")
-        if value < 0.005 * MIB:
-            text = f"{value:.0f} B" + (f" ({label})" if label else "")
-        cells.setdefault(kind, []).append(text)
-    return {k: " + ".join(v) for k, v in cells.items()}
-
-
-def main_table(rows: list[dict]) -> str:
-    head = (
-        "| system | precision | tokens/s | × smsdp | step (ms) | model TFLOP/s | peak RSS/rank (MiB) "
-        "| model state/rank (MiB): params + grads + optim = total | all-gather MiB/step | "
-        "reduce-scatter MiB/step | all-reduce MiB/step | bytes | final loss | load |"
-    )
-    lines = [head, "|" + "|".join(["---"] * 14) + "|"]
-    smsdp = {r["precision"]: r for r in rows if r.get("system") == "smsdp" and "error" not in r}
-    for r in rows:
-        if "error" in r:
-            lines.append(
-                f"| {LABELS.get(r.get('system'), r.get('system'))} | {r.get('precision')} | failed: "
-                f"{r['error'][:80]!r} |" + " |" * 11
-            )
-            continue
-        ref = smsdp.get(r["precision"])
-        ratio = f"{r['tokens_per_s'] / ref['tokens_per_s']:.2f}" if ref else "n/a"
-        s = r["model_state"]
-        kinds = by_kind(r["bytes_per_step"])
-        lines.append(
-            f"| {LABELS[r['system']]} | {r['precision']} | {r['tokens_per_s']:,.0f} | {ratio} | "
-            f"{r['step_s'] * 1e3:.0f} | {r['tflops']:.4f} | {r['peak_rss_mib']:.0f} | "
-            f"{mib(s['params'])} + {mib(s['grads'])} + {mib(s['optimizer'])} = {mib(r['model_state_total'])} | "
-            f"{kinds.get('all_gather', '0')} | {kinds.get('reduce_scatter', '0')} | "
-            f"{kinds.get('all_reduce', '0')} | {r['bytes_source'] if r['bytes_per_step'] else '-'} | "
-            f"{r['final_loss']:.4f} | {r['load_before']:.1f} |"
-        )
-    return "\n".join(lines)
-
-
-def phase_table(rows: list[dict]) -> str:
-    lines = [
-        "| system | precision | forward ms | backward ms | clip + optimizer + zero_grad ms | "
-        "step ms | × no-comm step | main-thread CPU ms: fwd / bwd / opt | process CPU ms/step/rank | "
-        "× no-comm CPU |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    nocomm = {r["precision"]: r for r in rows if r.get("system") == "nocomm" and "error" not in r}
-    for r in rows:
-        if "error" in r:
-            continue
-        p = r["phases_s"]
-        ref = nocomm.get(r["precision"])
-        rel = f"{r['step_s'] / ref['step_s']:.2f}" if ref else "n/a"
-        cpu_rel = f"{r['cpu_s'] / ref['cpu_s']:.2f}" if ref else "n/a"
-        lines.append(
-            f"| {LABELS[r['system']]} | {r['precision']} | {p.get('forward', 0) * 1e3:.0f} | "
-            f"{p.get('backward', 0) * 1e3:.0f} | {p.get('optimizer', 0) * 1e3:.0f} | "
-            f"{r['step_s'] * 1e3:.0f} | {rel} | {p.get('cpu:forward', 0) * 1e3:.0f} / "
-            f"{p.get('cpu:backward', 0) * 1e3:.0f} / {p.get('cpu:optimizer', 0) * 1e3:.0f} | "
-            f"{r['cpu_s'] * 1e3:.0f} | {cpu_rel} |"
-        )
-    return "\n".join(lines)
-
-
-def loss_agreement(rows: list[dict], references: tuple[str, ...] = ("ddp", "ddp_accnorm")) -> tuple[str, dict]:
-    """Per precision: each system's per-step mean loss against each reference's, max relative difference."""
-    head = "| precision | system |"
-    rule = "|---|---|"
-    for ref in references:
-        head += f" vs {LABELS[ref]}: first 5 steps | all steps | final step |"
-        rule += "---|---|---|"
-    lines = [head, rule]
-    figures = {}
-    for precision in sorted({r["precision"] for r in rows if "error" not in r}):
-        refs = {
-            name: next(
-                (r for r in rows if r.get("system") == name and r.get("precision") == precision and "error" not in r),
-                None,
-            )
-            for name in references
-        }
-        if all(ref is None for ref in refs.values()):
-            continue
-        for r in rows:
-            # nocomm trains each rank on its own batch only: its loss is not the global batch's.
-            if "error" in r or r["precision"] != precision or r["system"] in (references[0], "nocomm"):
-                continue
-            cells = []
-            for name, ref in refs.items():
-                if ref is None or ref is r:
-                    cells.append("n/a | n/a | n/a |" if ref is None else "– | – | – |")
-                    continue
-                rel = [abs(a - b) / abs(b) for a, b in zip(r["losses"], ref["losses"])]
-                figures[f"{precision}/{r['system']}/vs_{name}"] = {
-                    "first5": max(rel[:5]),
-                    "max": max(rel),
-                    "final": rel[-1],
-                    "per_step": rel,
-                }
-                cells.append(f"{max(rel[:5]):.1e} | {max(rel):.1e} | {rel[-1]:.1e} |")
-            lines.append(f"| {precision} | {LABELS[r['system']]} | " + " ".join(cells))
-    return "\n".join(lines), figures
-
-
-def formula_bytes(r: dict, world: int = NPROCS) -> dict[str, float]:
-    """docs/runtime.md's per-rank, per-step volume for an smsdp run (ring accounting), with
-    the root and the last unit gathered once per micro-step (kept from forward into backward)."""
-    layout = r["layout"]
-    d, m = layout["sdp"], r["accum"]
-    rr = world // d
-    psi, psi_p = layout["sharded_elements_padded"], layout["replicated_elements"]
-    b_c = 2 if r["precision"] == "bf16" else 4
-    b_r = 4  # smsdp reduces in fp32
-    return {
-        "all_gather": m * (d - 1) / d * (2 * psi - layout["kept_for_backward_padded"]) * b_c,
-        "reduce_scatter": m * (d - 1) / d * psi * b_r,
-        "all_reduce.replica": 2 * (rr - 1) / rr * psi / d * b_r,
-        "all_reduce.dp": 2 * (world - 1) / world * psi_p * b_r,
-    }
-
-
-def scaling_table(rows: list[dict]) -> str:
-    lines = [
-        "| d | r | accum | tokens/s | step (ms) | process CPU ms per 1k tokens per rank | "
-        "model state/rank (MiB) | all-gather MiB/step | "
-        "reduce-scatter MiB/step | all-reduce replica MiB/step | all-reduce dp MiB/step | "
-        "sent KiB/token | = formula (docs/runtime.md) | load |",
-        "|" + "|".join(["---"] * 14) + "|",
-    ]
-    for r in rows:
-        if "error" in r:
-            lines.append(f"| {r.get('sdp')} | | {r.get('accum')} | failed |" + " |" * 10)
-            continue
-        stats = r["bytes_smsdp_stats"] or {}
-        expected = formula_bytes(r)
-        ok = all(abs(stats.get(k, 0) - v) <= 1e-6 * max(v, 1) for k, v in expected.items())
-        d = r["layout"]["sdp"]
-        sent = sum(v for k, v in stats.items())
-        lines.append(
-            f"| {d} | {NPROCS // d} | {r['accum']} | {r['tokens_per_s']:,.0f} | {r['step_s'] * 1e3:.0f} | "
-            f"{r['cpu_s'] * 1e3 / (r['tokens_per_step'] / NPROCS / 1000):.0f} | "
-            f"{mib(r['model_state_total'])} | {mib(stats.get('all_gather', 0))} | "
-            f"{mib(stats.get('reduce_scatter', 0))} | {mib(stats.get('all_reduce.replica', 0))} | "
-            f"{mib(stats.get('all_reduce.dp', 0))} | {sent / r['tokens_per_step'] / 1024:.2f} | "
-            f"{'yes' if ok else 'NO'} | {r['load_before']:.1f} |"
-        )
-    return "\n".join(lines)
-
-
-def strategy_pairs(rows: list[dict], strategies: list[str]) -> list[dict]:
-    """Per precision and strategy: its smsdp row, the matching FSDP2 row and DDP of the same launch.
-
-    ``rows`` are summarized rows carrying ``launch`` (the launch they ran in) and ``system``
-    (the worker's system name). A pair's ratios are tokens/s quotients: both systems of a
-    pair shared one launch, so they saw the same data, weights and machine load.
-    """
-    index = {(r.get("precision"), r.get("launch"), r.get("system")): r for r in rows}
-    pairs = []
-    for precision in dict.fromkeys(r.get("precision") for r in rows):
-        for name in strategies:
-            spec = STRATEGIES[name]
-            launch = spec["launch"]
-            smsdp = index.get((precision, launch, spec["smsdp"]))
-            fsdp2 = index.get((precision, launch, spec["fsdp2"])) if spec["fsdp2"] else None
-            ddp = index.get((precision, launch, "ddp"))
-            if smsdp is None:
-                continue
-            pairs.append(
-                {
-                    "strategy": name,
-                    "precision": precision,
-                    "launch": launch,
-                    "smsdp": smsdp,
-                    "fsdp2": fsdp2,
-                    "ddp": ddp,
-                    "smsdp_vs_fsdp2": _ratio(smsdp, fsdp2),
-                    "smsdp_vs_ddp": _ratio(smsdp, ddp),
-                    "fsdp2_vs_ddp": _ratio(fsdp2, ddp),
-                }
-            )
-    return pairs
-
-
-def _ratio(a: dict | None, b: dict | None) -> float | None:
-    if a is None or b is None or "error" in a or "error" in b:
-        return None
-    return a["tokens_per_s"] / b["tokens_per_s"]
-
-
-def _x(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.2f}"
-
-
-def strategy_table(pairs: list[dict]) -> str:
-    """One smsdp row and its FSDP2 row per strategy; bytes are counted (as in the main table),
-    plus smsdp's own all-gather split, which names what the counter's group labels cannot."""
-    lines = [
-        "| strategy | precision | system | tokens/s | × matching FSDP2 | × DDP | step (ms) | "
-        "peak RSS/rank (MiB) | model state/rank (MiB) | all-gather MiB/step | reduce-scatter MiB/step | "
-        "all-reduce MiB/step | all-to-all MiB/step | smsdp all-gather split (smp.comm_stats) | "
-        "final loss | load |",
-        "|" + "|".join(["---"] * 16) + "|",
-    ]
-    for pair in pairs:
-        spec = STRATEGIES[pair["strategy"]]
-        for role, label, ratio in (
-            ("smsdp", spec["smsdp_label"], pair["smsdp_vs_fsdp2"]),
-            ("fsdp2", spec["fsdp2_label"], None),
-        ):
-            r = pair[role]
-            if label is None:
-                continue
-            head = f"| {pair['strategy']} | {pair['precision']} | {label} |"
-            if r is None or "error" in r:
-                why = "not run" if r is None else f"failed: {r['error'][:60]!r}"
-                lines.append(head + f" {why} |" + " |" * 12)
-                continue
-            vs_ddp = pair["smsdp_vs_ddp"] if role == "smsdp" else pair["fsdp2_vs_ddp"]
-            kinds = by_kind(r["bytes_per_step"])
-            split = by_kind(r["bytes_smsdp_stats"]).get("all_gather", "0") if r.get("bytes_smsdp_stats") else "–"
-            rss = r.get("peak_rss_mib", float("nan"))
-            lines.append(
-                head + f" {r['tokens_per_s']:,.0f} | {_x(ratio) if role == 'smsdp' else '1.00'} | {_x(vs_ddp)} | "
-                f"{r['step_s'] * 1e3:.0f} | {'n/a' if rss != rss else f'{rss:.0f}'} | {mib(r['model_state_total'])} | "
-                f"{kinds.get('all_gather', '0')} | {kinds.get('reduce_scatter', '0')} | "
-                f"{kinds.get('all_reduce', '0')} | {kinds.get('all_to_all', '0')} | {split} | "
-                f"{r['final_loss']:.4f} | {r['load_before']:.1f} |"
-            )
-    return "\n".join(lines)
-
-
-def target_lines(pairs: list[dict]) -> list[str]:
-    """The issue's targets, each stated as reached or not, with the measured ratio."""
-    out = []
-    for pair in pairs:
-        if pair["fsdp2"] is not None:
-            ratio = pair["smsdp_vs_fsdp2"]
-            verdict = "n/a" if ratio is None else ("reached" if ratio >= TARGET_VS_FSDP2 else "NOT reached")
-            out.append(
-                f"- {pair['precision']} {pair['strategy']}: smsdp / FSDP2 = {_x(ratio)} "
-                f"(target >= {TARGET_VS_FSDP2}): {verdict}"
-            )
-        if pair["strategy"] == "keep":
-            ratio = pair["smsdp_vs_ddp"]
-            verdict = "n/a" if ratio is None else ("reached" if ratio >= TARGET_KEEP_VS_DDP else "NOT reached")
-            out.append(
-                f"- {pair['precision']} keep: smsdp / DDP = {_x(ratio)} (target >= {TARGET_KEEP_VS_DDP}): {verdict}"
-            )
-    return out
-
-
-def code_line() -> str:
-    """The commit benchmarked, and whether smsdp/ had uncommitted changes (the runtime moves fast)."""
-
-    def git(*argv: str) -> str:
-        try:
-            return subprocess.run(
-                ["git", *argv], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10
-            ).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
-
-    head = git("rev-parse", "--short", "HEAD") or "unknown"
-    dirty = git("status", "--porcelain", "--", "smsdp")
-    return f"commit {head}" + (" with uncommitted changes in smsdp/" if dirty else "")
-
-
-def machine_line() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    import torch  # only for the version string; the parent never trains
-
-    return (
-        f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}, "
-        f"{NPROCS} ranks x 1 thread, gloo"
-    )
-
-
-# --------------------------------------------------------------------------------------------
-#: The mpirun launches running now (several at once for the peak-RSS launches, in threads).
-_LAUNCHES: set[subprocess.Popen] = set()
-
-
-def _end_launches() -> None:
-    """SIGKILL every running launch's whole session: mpirun and its ranks (each rank has a process group of its own)."""
-    for proc in list(_LAUNCHES):
-        kill_session(proc.pid, timeout=10)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=10)
-
-
-def _exit_on_signal(signum: int, frame) -> None:
-    _end_launches()  # here, in the main thread: a launch waited on in a worker thread would outlive SystemExit
-    raise SystemExit(128 + signum)
-
-
-def main() -> None:
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _exit_on_signal)
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--precision", default="fp32,bf16", help="comma-separated: fp32,bf16")
     p.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset of " + ",".join(SYSTEMS))
@@ -690,62 +158,58 @@ def main() -> None:
     )
     p.add_argument("--finetune-steps", type=int, default=8)
     p.add_argument("--out", default=str(RESULTS))
-    args = p.parse_args()
+    return p.parse_args(argv)
 
-    precisions = [x for x in args.precision.split(",") if x]
-    systems = [x for x in args.systems.split(",") if x]
-    strategies = [x for x in args.strategies.split(",") if x]
-    unknown = [x for x in strategies if x not in STRATEGIES]
-    if unknown:
-        raise SystemExit(f"unknown strategies {unknown}; choose from {','.join(STRATEGIES)}")
-    # Strategy systems of the main launch that the main table does not show: interleaved with
-    # SYSTEMS (so the pairs share their machine state) but reported in the strategy table only.
-    extras = [
-        name
-        for st in strategies
-        if STRATEGIES[st]["launch"] == "main"
-        for name in (STRATEGIES[st]["smsdp"], STRATEGIES[st]["fsdp2"], "ddp")
-        if name
-    ]
-    extras = [name for name in dict.fromkeys(extras) if name not in systems]
-    own_launches = list(
-        dict.fromkeys(STRATEGIES[st]["launch"] for st in strategies if STRATEGIES[st]["launch"] != "main")
-    )
-    started = datetime.datetime.now().astimezone()
-    t_start = time.perf_counter()
 
-    def log(msg: str) -> None:
-        print(msg, file=sys.stderr, flush=True)
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
 
-    common = ["--threshold", str(args.threshold)]
-    rows: list[dict] = []
-    reference_rows: list[dict] = []  # loss references: in the loss table only
-    extra_rows: list[dict] = []  # strategy systems outside SYSTEMS: in the strategy table only
 
-    def interleaved(
-        names: list[str], precision: str, launch: str, launch_args: list[str], env: dict | None
-    ) -> tuple[dict, list[dict]]:
+class Comparison:
+    """The launches of one run and the rows they gave: the main table's systems (``rows``), strategy
+    systems outside them (``extra_rows``), loss references (``reference_rows``), the scaling rows."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.precisions = [x for x in args.precision.split(",") if x]
+        self.systems = [x for x in args.systems.split(",") if x]
+        self.strategies = [x for x in args.strategies.split(",") if x]
+        unknown = [x for x in self.strategies if x not in STRATEGIES]
+        if unknown:
+            raise SystemExit(f"unknown strategies {unknown}; choose from {','.join(STRATEGIES)}")
+        # Strategy systems of the main launch that the main table does not show: interleaved with
+        # SYSTEMS (so the pairs share their machine state) but reported in the strategy table only.
+        extras = [
+            name
+            for st in self.strategies
+            if STRATEGIES[st]["launch"] == "main"
+            for name in (STRATEGIES[st]["smsdp"], STRATEGIES[st]["fsdp2"], "ddp")
+            if name
+        ]
+        self.extras = [name for name in dict.fromkeys(extras) if name not in self.systems]
+        self.own_launches = list(
+            dict.fromkeys(STRATEGIES[st]["launch"] for st in self.strategies if STRATEGIES[st]["launch"] != "main")
+        )
+        self.common = ["--threshold", str(args.threshold)]
+        self.rows: list[dict] = []
+        self.reference_rows: list[dict] = []
+        self.extra_rows: list[dict] = []
+        self.scaling_rows: list[dict] = []
+
+    def launch_args(self, names: list[str], precision: str, launch_args: list[str], warmup: int, steps: int):
+        return [
+            "--system", ",".join(names), "--precision", precision, *launch_args,
+            "--warmup", str(warmup), "--steps", str(steps), *self.common,
+        ]  # fmt: skip
+
+    def interleaved(self, names: list[str], precision: str, launch: str, launch_args: list[str], env) -> list[dict]:
+        args = self.args
         log(
             f"[bench] {precision} ({launch}): {', '.join(names)} interleaved (warm-up {args.warmup}, "
             f"timed {args.steps}) ..."
         )
-        run = run_config(
-            [
-                "--system",
-                ",".join(names),
-                "--precision",
-                precision,
-                *launch_args,
-                "--warmup",
-                str(args.warmup),
-                "--steps",
-                str(args.steps),
-                *common,
-            ],
-            args.timeout,
-            log,
-            env,
-        )
+        worker = self.launch_args(names, precision, launch_args, args.warmup, args.steps)
+        run = run_config(worker, args.timeout, log, env)
         out = []
         for system in names:
             row = summarize(run, system)
@@ -759,116 +223,87 @@ def main() -> None:
                 )
             out.append(row)
         log(f"  launch {run['wall_s']:.0f} s, load {run.get('load_before', 0):.1f} -> {run.get('load_after', 0):.1f}")
-        return run, out
+        return out
 
-    def peak_rss(targets: list[dict], precision: str, launch_args: list[str], env: dict | None) -> None:
+    def peak_rss(self, targets: list[dict], precision: str, launch_args: list[str], env) -> None:
         # Peak RSS is per process, so each system alone, a few steps. RSS does not depend on
         # CPU contention, so two of these launches run at a time.
+        args = self.args
         log(f"  peak RSS: each system alone ({args.memory_parallel} launches at a time) ...")
+
+        def alone(row: dict) -> dict:
+            worker = self.launch_args([row["system"]], precision, launch_args, 1, args.memory_steps)
+            return run_config(worker, args.timeout, log, env)
+
         with concurrent.futures.ThreadPoolExecutor(max_workers=args.memory_parallel) as pool:
-            solos = list(
-                pool.map(
-                    lambda row: run_config(
-                        [
-                            "--system",
-                            row["system"],
-                            "--precision",
-                            precision,
-                            *launch_args,
-                            "--warmup",
-                            "1",
-                            "--steps",
-                            str(args.memory_steps),
-                            *common,
-                        ],
-                        args.timeout,
-                        log,
-                        env,
-                    ),
-                    targets,
-                )
-            )
+            solos = list(pool.map(alone, targets))
         for row, solo in zip(targets, solos):
             if "error" in row or "error" in solo:
                 row["peak_rss_mib"] = float("nan")
                 continue
-            alone = summarize(solo, row["system"])
-            row["peak_rss_mib"], row["start_rss_mib"] = alone["peak_rss_mib"], alone["start_rss_mib"]
-            row["solo_model_state_total"] = alone["model_state_total"]
-            log(f"  {row['system']} alone: peak RSS {alone['peak_rss_mib']:.0f} MiB/rank")
+            figures = summarize(solo, row["system"])
+            row["peak_rss_mib"], row["start_rss_mib"] = figures["peak_rss_mib"], figures["start_rss_mib"]
+            row["solo_model_state_total"] = figures["model_state_total"]
+            log(f"  {row['system']} alone: peak RSS {figures['peak_rss_mib']:.0f} MiB/rank")
 
-    for precision in precisions:
-        # Speed: every system in ONE launch, steps interleaved, so all see the same machine load.
+    def run_precision(self, precision: str) -> None:
+        """Speed: every system in ONE launch, steps interleaved, so all see the same machine load."""
+        systems, extras = self.systems, self.extras
         references = [x for x in LOSS_REFERENCES.get(precision, []) if "ddp" in systems]
-        run, launched = interleaved(systems + extras + references, precision, "main", ["--sdp", "2"], None)
-        rows += launched[: len(systems)]
-        extra_rows += launched[len(systems) : len(systems) + len(extras)]
-        reference_rows += launched[len(systems) + len(extras) :]
-        peak_rss(launched[: len(systems) + len(extras)], precision, ["--sdp", "2"], None)
-        for launch in own_launches:
-            spec = STRATEGY_LAUNCHES[launch]
-            _, launched = interleaved(spec["systems"], precision, launch, spec["args"], spec["env"])
-            extra_rows += launched
-            # DDP's memory does not depend on d: its RSS is the main launch's.
-            peak_rss([r for r in launched if r["system"] != "ddp"], precision, spec["args"], spec["env"])
-            ddp_main = next(
-                (
-                    r
-                    for r in rows + extra_rows
-                    if r["system"] == "ddp" and r["precision"] == precision and r["launch"] == "main"
-                ),
-                None,
-            )
-            for r in launched:
-                if r["system"] == "ddp" and ddp_main is not None:
-                    r["peak_rss_mib"] = ddp_main.get("peak_rss_mib", float("nan"))
+        launched = self.interleaved(systems + extras + references, precision, "main", ["--sdp", "2"], None)
+        self.rows += launched[: len(systems)]
+        self.extra_rows += launched[len(systems) : len(systems) + len(extras)]
+        self.reference_rows += launched[len(systems) + len(extras) :]
+        self.peak_rss(launched[: len(systems) + len(extras)], precision, ["--sdp", "2"], None)
+        for launch in self.own_launches:
+            self.run_own_launch(launch, precision)
 
-    scaling_rows: list[dict] = []
-    if args.scaling:
+    def run_own_launch(self, launch: str, precision: str) -> None:
+        spec = STRATEGY_LAUNCHES[launch]
+        launched = self.interleaved(spec["systems"], precision, launch, spec["args"], spec["env"])
+        self.extra_rows += launched
+        # DDP's memory does not depend on d: its RSS is the main launch's.
+        self.peak_rss([r for r in launched if r["system"] != "ddp"], precision, spec["args"], spec["env"])
+        ddp_main = next(
+            (
+                r
+                for r in self.rows + self.extra_rows
+                if r["system"] == "ddp" and r["precision"] == precision and r["launch"] == "main"
+            ),
+            None,
+        )
+        for r in launched:
+            if r["system"] == "ddp" and ddp_main is not None:
+                r["peak_rss_mib"] = ddp_main.get("peak_rss_mib", float("nan"))
+
+    def run_scaling(self) -> None:
+        """smsdp alone at d = 1, 2, 4 with accumulation 1 and 4: separate launches."""
+        args = self.args
         for accum in (1, 4):
             for d in (1, 2, 4):
                 warmup = args.scaling_warmup if accum == 1 else max(1, args.scaling_warmup - 1)
                 steps = args.scaling_steps if accum == 1 else max(2, args.scaling_steps // 2)
                 log(f"[bench] scaling: smsdp d={d} accum={accum} (warm-up {warmup}, timed {steps}) ...")
-                run = run_config(
-                    [
-                        "--system",
-                        "smsdp",
-                        "--precision",
-                        args.scaling_precision,
-                        "--sdp",
-                        str(d),
-                        "--accum",
-                        str(accum),
-                        "--warmup",
-                        str(warmup),
-                        "--steps",
-                        str(steps),
-                        *common,
-                    ],
-                    args.timeout,
-                    log,
-                )
-                row = summarize(run)
+                launch_args = ["--sdp", str(d), "--accum", str(accum)]
+                worker = self.launch_args(["smsdp"], args.scaling_precision, launch_args, warmup, steps)
+                row = summarize(run_config(worker, args.timeout, log))
                 row.setdefault("sdp", d)
                 row.setdefault("accum", accum)
                 if "error" not in row:
                     log(f"  {row['tokens_per_s']:,.0f} tokens/s, step {row['step_s'] * 1e3:.0f} ms")
-                scaling_rows.append(row)
+                self.scaling_rows.append(row)
 
-    finetune_md = ""
-    if args.finetune:
-        from bench.lora_compare import finetune_section
 
-        log(f"[bench] fine-tuning: LoRA and QLoRA next to FSDP2 + peft (timed {args.finetune_steps}) ...")
-        finetune_md = finetune_section(args.finetune_steps, warmup=2)
+def machine() -> str:
+    return machine_line(f"{NPROCS} ranks x 1 thread, gloo")
 
-    elapsed = time.perf_counter() - t_start
-    loads = [r["load_before"] for r in rows + extra_rows + scaling_rows if "load_before" in r]
-    pairs = strategy_pairs(rows + extra_rows, strategies)
-    agreement_md, agreement = loss_agreement(rows + [r for r in reference_rows if "error" not in r])
-    md = [
-        f"Run {started:%Y-%m-%d %H:%M %Z} on {code_line()}, {elapsed:.0f} s in all. Machine: {machine_line()}. "
+
+def header(run: Comparison, started: datetime.datetime, elapsed: float) -> list[str]:
+    args = run.args
+    loads = [r["load_before"] for r in run.rows + run.extra_rows + run.scaling_rows if "load_before" in r]
+    sharding = "every parameter sharded, as FSDP does" if args.threshold == 0 else "tensors under it replicated"
+    return [
+        f"Run {started:%Y-%m-%d %H:%M %Z} on {code_line()}, {elapsed:.0f} s in all. Machine: {machine()}. "
         f"Load average (1 min) at the start of each launch: {min(loads, default=0):.1f} to "
         f"{max(loads, default=0):.1f} (2 cores: above ~4.5 means something else was running). "
         f"The systems of one precision ran in one launch, their steps interleaved (round robin, order "
@@ -877,16 +312,20 @@ def main() -> None:
         "",
         f"GPT 4 layers × d_model 256 × 4 heads, vocab 1024, seq 128, batch 4 per rank, 4 ranks, AdamW lr 1e-3, "
         f"clip 1.0; warm-up {args.warmup} + {args.steps} timed steps per system (median). smsdp persistence threshold "
-        f"{args.threshold} ({'every parameter sharded, as FSDP does' if args.threshold == 0 else 'tensors under it replicated'}).",
+        f"{args.threshold} ({sharding}).",
+    ]
+
+
+def speed_sections(run: Comparison, agreement_md: str) -> list[str]:
+    counted_equal = all(
+        r.get("counter_matches_comm_stats") for r in run.rows if r.get("system") == "smsdp" and "error" not in r
+    )
+    return [
         "",
-        main_table(rows),
+        main_table(run.rows),
         "",
         "smsdp's bytes as counted by the torch.distributed wrapper "
-        + (
-            "equal"
-            if all(r.get("counter_matches_comm_stats") for r in rows if r.get("system") == "smsdp" and "error" not in r)
-            else "DO NOT equal"
-        )
+        + ("equal" if counted_equal else "DO NOT equal")
         + " the runtime's own smp.comm_stats() per step.",
         "",
         "Time per phase (medians, slowest rank). Wall ms include time a rank waits or is descheduled; "
@@ -894,7 +333,7 @@ def main() -> None:
         "(moving bytes). With 4 ranks on 2 cores the step time is made of CPU time, so the CPU columns "
         "say where the work is, and contention from other jobs inflates them far less than wall time:",
         "",
-        phase_table(rows),
+        phase_table(run.rows),
         "",
         "Losses against DDP (per-step mean over ranks, relative difference). DDP clips with "
         "clip_grad_norm_, whose CPU vector_norm drifts by up to ~3e-5 on these tensors "
@@ -903,64 +342,100 @@ def main() -> None:
         "",
         agreement_md,
     ]
-    if pairs:
-        md += [
-            "",
-            "Strategies: each smsdp row against FSDP2 with the matching setting, both (and the DDP of "
-            "the × DDP column) in the same interleaved launch: "
-            + "; ".join(
-                [
-                    f"{st}: {'the launch above (d=2, r=2)' if STRATEGIES[st]['launch'] == 'main' else STRATEGY_LAUNCHES[STRATEGIES[st]['launch']]['describe']}"
-                    for st in strategies
-                ]
-            )
-            + ". Bytes counted by the torch.distributed wrapper; the "
-            "counter labels groups by their ranks, so under k2 `hpz/intra_host` is both smsdp's "
-            "backward gather inside a host and its hierarchical all-gather's intra-host stage, which "
-            "smsdp's own split tells apart:",
-            "",
-            strategy_table(pairs),
-            "",
-            f"Targets (smsdp >= {TARGET_VS_FSDP2}x FSDP2 at equal settings; >= {TARGET_KEEP_VS_DDP}x DDP with "
-            f"sdp_reshard_after_forward=False):",
-            "",
-            *target_lines(pairs),
-        ]
-    if scaling_rows:
-        md += [
-            "",
-            f"smsdp scaling ({args.scaling_precision}, 4 ranks, batch 4 per rank per micro-step; "
-            f"bytes from smp.comm_stats()):",
-            "",
-            scaling_table(scaling_rows),
-        ]
-    if finetune_md:
-        md += ["", finetune_md]
-    text = "\n".join(md)
-    print(text)
 
-    out = Path(args.out)
+
+def strategy_sections(strategies: list[str], pairs: list[dict]) -> list[str]:
+    if not pairs:
+        return []
+    where = "; ".join(
+        f"{st}: "
+        + (
+            "the launch above (d=2, r=2)"
+            if STRATEGIES[st]["launch"] == "main"
+            else STRATEGY_LAUNCHES[STRATEGIES[st]["launch"]]["describe"]
+        )
+        for st in strategies
+    )
+    return [
+        "",
+        "Strategies: each smsdp row against FSDP2 with the matching setting, both (and the DDP of "
+        "the × DDP column) in the same interleaved launch: "
+        + where
+        + ". Bytes counted by the torch.distributed wrapper; the "
+        "counter labels groups by their ranks, so under k2 `hpz/intra_host` is both smsdp's "
+        "backward gather inside a host and its hierarchical all-gather's intra-host stage, which "
+        "smsdp's own split tells apart:",
+        "",
+        strategy_table(pairs),
+        "",
+        f"Targets (smsdp >= {TARGET_VS_FSDP2}x FSDP2 at equal settings; >= {TARGET_KEEP_VS_DDP}x DDP with "
+        f"sdp_reshard_after_forward=False):",
+        "",
+        *target_lines(pairs),
+    ]
+
+
+def scaling_sections(run: Comparison) -> list[str]:
+    if not run.scaling_rows:
+        return []
+    return [
+        "",
+        f"smsdp scaling ({run.args.scaling_precision}, 4 ranks, batch 4 per rank per micro-step; "
+        f"bytes from smp.comm_stats()):",
+        "",
+        scaling_table(run.scaling_rows),
+    ]
+
+
+def save(run: Comparison, payload: dict, started: datetime.datetime) -> None:
+    out = Path(run.args.out)
     out.mkdir(parents=True, exist_ok=True)
     stamp = started.strftime("%Y%m%d-%H%M%S")
+    (out / f"compare-{stamp}.json").write_text(json.dumps(payload, indent=1, default=str))
+    (out / "latest.json").write_text(json.dumps(payload, indent=1, default=str))
+    (out / "latest.md").write_text(payload["markdown"] + "\n")
+    log(f"[bench] wrote {out / f'compare-{stamp}.json'} and {out / 'latest.md'}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    exit_on_signals()
+    run = Comparison(parse_args(argv))
+    args = run.args
+    started = datetime.datetime.now().astimezone()
+    t_start = time.perf_counter()
+    for precision in run.precisions:
+        run.run_precision(precision)
+    if args.scaling:
+        run.run_scaling()
+    finetune_md = ""
+    if args.finetune:
+        from bench.lora_compare import finetune_section
+
+        log(f"[bench] fine-tuning: LoRA and QLoRA next to FSDP2 + peft (timed {args.finetune_steps}) ...")
+        finetune_md = finetune_section(args.finetune_steps, warmup=2)
+    elapsed = time.perf_counter() - t_start
+    pairs = strategy_pairs(run.rows + run.extra_rows, run.strategies)
+    agreement_md, agreement = loss_agreement(run.rows + [r for r in run.reference_rows if "error" not in r])
+    md = header(run, started, elapsed) + speed_sections(run, agreement_md) + strategy_sections(run.strategies, pairs)
+    md += scaling_sections(run) + (["", finetune_md] if finetune_md else [])
+    text = "\n".join(md)
+    print(text)
     payload = {
         "started": started.isoformat(),
         "elapsed_s": elapsed,
-        "machine": machine_line(),
+        "machine": machine(),
         "code": code_line(),
         "args": vars(args),
-        "rows": rows,
-        "loss_references": reference_rows,
-        "scaling": scaling_rows,
-        "strategy_rows": extra_rows,
+        "rows": run.rows,
+        "loss_references": run.reference_rows,
+        "scaling": run.scaling_rows,
+        "strategy_rows": run.extra_rows,
         "strategies": [{k: v for k, v in pair.items() if k not in ("smsdp", "fsdp2", "ddp")} for pair in pairs],
         "loss_agreement": agreement,
         "finetune_markdown": finetune_md,
         "markdown": text,
     }
-    (out / f"compare-{stamp}.json").write_text(json.dumps(payload, indent=1, default=str))
-    (out / "latest.json").write_text(json.dumps(payload, indent=1, default=str))
-    (out / "latest.md").write_text(text + "\n")
-    log(f"[bench] wrote {out / f'compare-{stamp}.json'} and {out / 'latest.md'}")
+    save(run, payload, started)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """One GPU, d=1, a ~1.3 B-parameter GPT in bf16: smsdp vs PyTorch FSDP2 vs plain PyTorch.
 
-    python bench/gpu.py                  # on a CUDA machine; prints a Markdown table
-    python bench/gpu.py --smoke          # a tiny model on the CPU: runs every code path, measures nothing
+    python -m bench.gpu                  # on a CUDA machine; prints a Markdown table
+    python -m bench.gpu --smoke          # a tiny model on the CPU: runs every code path, measures nothing
 
 Each system trains in its own process (clean memory statistics, no state shared): the bundled
 GPT (24 layers, d_model 2048, 16 heads, vocab 50304, seq 2048), batch 4 sequences, AdamW, the
@@ -28,7 +28,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
 SYSTEMS = ("plain", "fsdp2", "smsdp")
 FULL = dict(n_layer=24, d_model=2048, n_head=16, vocab_size=50304, block_size=2048, batch=4, warmup=3, steps=10)
@@ -76,7 +75,7 @@ def _build(system: str, shape: dict, device):
         _init_single_process_group("nccl" if device.type == "cuda" else "gloo")
         mesh = init_device_mesh(device.type, (1,))
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        for block in module.transformer.h:
+        for block in module.get_submodule("transformer.h").children():
             fully_shard(block, mesh=mesh, mp_policy=policy)
         fully_shard(module, mesh=mesh, mp_policy=policy)
     opt = torch.optim.AdamW(module.parameters(), lr=1e-4)
@@ -153,7 +152,7 @@ def matmul_peak_tflops(n: int = 8192, iters: int = 20) -> float | None:
 
 def launch(system: str, smoke: bool) -> dict:
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "4")}
-    argv = [sys.executable, __file__, "--system", system] + (["--smoke"] if smoke else [])
+    argv = [sys.executable, "-m", "bench.gpu", "--system", system] + (["--smoke"] if smoke else [])
     done = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:
         raise SystemExit(f"{system} failed (exit {done.returncode}):\n{done.stderr[-4000:]}")

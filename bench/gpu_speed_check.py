@@ -5,16 +5,12 @@ What ``smsdp probe`` measures on a GPU (``smsdp.comm.probe.measure_blocks`` / ``
 with the bundled GPT's block), in a one-rank process group, printed beside the table's figure for
 the GPU found (H100 / A100). One command from the repository root, about a minute::
 
-    python bench/gpu_speed_check.py
+    python -m bench.gpu_speed_check
 """
 
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
 import torch.distributed as dist

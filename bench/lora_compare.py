@@ -15,7 +15,7 @@ see the same machine. Prints a Markdown table: tokens/s (median step of the slow
 the ratio to FSDP2, and the model state one rank holds after ``optimizer.step()``. Run it with
 nothing else on the machine; check the load it prints. About 1 to 2 minutes::
 
-    .venv/bin/python bench/lora_compare.py [--steps 8] [--warmup 2]
+    .venv/bin/python -m bench.lora_compare [--steps 8] [--warmup 2]
 
 A second launch-case does the same with smsdp's ``sdp_qlora`` (the frozen shards kept and
 all-gathered as torchao NF4 bytes) next to its own FSDP2 + peft run and FSDP2 + peft over
@@ -33,15 +33,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT))
-
-from tests.mpi_harness import run_cases  # noqa: E402
+from bench.mpi_harness import run_cases
 
 NPROCS = 4
 CASES = {
@@ -55,7 +51,7 @@ CASES = {
 
 
 def _save_base(directory: Path) -> None:
-    from tests.pretrained_models import LOAD_SIZES, hf_model
+    from bench.pretrained_models import LOAD_SIZES, hf_model
 
     hf_model("llama", LOAD_SIZES["llama"], seed=0).save_pretrained(directory)
 
@@ -73,7 +69,7 @@ def finetune_section(steps: int, warmup: int) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         _save_base(Path(tmp) / "llama")
         results = run_cases(
-            "bench/workers/lora_bench_worker.py",
+            "-m bench.workers.lora_bench_worker",
             list(CASES),
             NPROCS,
             env={DIR_ENV: str(Path(tmp) / "llama"), STEPS_ENV: str(steps), WARMUP_ENV: str(warmup)},

@@ -2,7 +2,7 @@
 
 One command, from the repository root (about 4 minutes)::
 
-    .venv/bin/python bench/loss_agreement.py
+    .venv/bin/python -m bench.loss_agreement
 
 Two ``mpirun -np 4`` launches of ``bench/workers/train_worker.py`` (the benchmark GPT, fp32,
 AdamW lr 1e-3, warm-up 5 + 20 steps, every system's steps interleaved in one process), one with
@@ -27,15 +27,44 @@ import argparse
 import datetime
 import sys
 import time
-from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT / "bench"))
-
-from compare import RESULTS, code_line, loss_agreement, machine_line, run_config, summarize  # noqa: E402
+from bench.compare import machine
+from bench.compare_launch import RESULTS, run_config, summarize
+from bench.compare_tables import loss_agreement
+from bench.provenance import code_line
 
 SYSTEMS = ["smsdp", "fsdp2", "fsdp1", "ddp", "ddp_accnorm", "ddp_f64sum"]
 TARGET = 1e-6
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def one_clip(clip: float, args: argparse.Namespace) -> tuple[list[str], str]:
+    """One launch of every system at this clip: its table, and the verdict line."""
+    log(f"[loss] clip {clip:g}: {', '.join(SYSTEMS)} interleaved ({args.warmup + args.steps} steps) ...")
+    worker = [
+        "--system", ",".join(SYSTEMS), "--precision", "fp32", "--sdp", "2", "--threshold", "0",
+        "--clip", str(clip), "--warmup", str(args.warmup), "--steps", str(args.steps),
+    ]  # fmt: skip
+    run = run_config(worker, args.timeout, log)
+    if "error" in run:
+        raise SystemExit(f"launch failed: {run['error']}")
+    rows = [summarize(run, name) for name in SYSTEMS]
+    references = ("ddp", "ddp_accnorm") if clip else ("ddp",)
+    table, figures = loss_agreement(rows, references)
+    title = f"Clipping at {clip:g} in every system" if clip else "No clipping"
+    section = [f"{title} (launch {run['wall_s']:.0f} s, load {run['load_before']:.1f}):", "", table, ""]
+    floor = figures["fp32/ddp_f64sum/vs_ddp"]["max"]
+    best_ref = references[-1]
+    smsdp = figures[f"fp32/smsdp/vs_{best_ref}"]["max"]
+    verdict = (
+        f"- {title.lower()}: smsdp within {smsdp:.1e} of {'DDP with the accurate clip norm' if clip else 'DDP'} "
+        f"over all {args.warmup + args.steps} steps ({'meets' if smsdp <= TARGET else 'misses'} {TARGET:g}); "
+        f"the gradient sum's order alone moves DDP by {floor:.1e}."
+    )
+    return section, verdict
 
 
 def main() -> None:
@@ -46,54 +75,15 @@ def main() -> None:
     args = p.parse_args()
     started = datetime.datetime.now().astimezone()
     t0 = time.perf_counter()
-
-    def log(msg: str) -> None:
-        print(msg, file=sys.stderr, flush=True)
-
-    sections = []
-    verdicts = []
+    sections, verdicts = [], []
     for clip in (1.0, 0.0):
-        log(f"[loss] clip {clip:g}: {', '.join(SYSTEMS)} interleaved ({args.warmup + args.steps} steps) ...")
-        run = run_config(
-            [
-                "--system",
-                ",".join(SYSTEMS),
-                "--precision",
-                "fp32",
-                "--sdp",
-                "2",
-                "--threshold",
-                "0",
-                "--clip",
-                str(clip),
-                "--warmup",
-                str(args.warmup),
-                "--steps",
-                str(args.steps),
-            ],
-            args.timeout,
-            log,
-        )
-        if "error" in run:
-            raise SystemExit(f"launch failed: {run['error']}")
-        rows = [summarize(run, name) for name in SYSTEMS]
-        references = ("ddp", "ddp_accnorm") if clip else ("ddp",)
-        table, figures = loss_agreement(rows, references)
-        title = f"Clipping at {clip:g} in every system" if clip else "No clipping"
-        sections += [f"{title} (launch {run['wall_s']:.0f} s, load {run['load_before']:.1f}):", "", table, ""]
-        floor = figures["fp32/ddp_f64sum/vs_ddp"]["max"]
-        best_ref = references[-1]
-        smsdp = figures[f"fp32/smsdp/vs_{best_ref}"]["max"]
-        verdicts.append(
-            f"- {title.lower()}: smsdp within {smsdp:.1e} of {'DDP with the accurate clip norm' if clip else 'DDP'} "
-            f"over all {args.warmup + args.steps} steps ({'meets' if smsdp <= TARGET else 'misses'} {TARGET:g}); "
-            f"the gradient sum's order alone moves DDP by {floor:.1e}."
-        )
-
+        section, verdict = one_clip(clip, args)
+        sections += section
+        verdicts.append(verdict)
     text = "\n".join(
         [
             f"Run {started:%Y-%m-%d %H:%M %Z} on {code_line()}, {time.perf_counter() - t0:.0f} s. "
-            f"Machine: {machine_line()}.",
+            f"Machine: {machine()}.",
             "",
             "GPT 4 layers × d_model 256, vocab 1024, seq 128, batch 4 per rank, 4 ranks, fp32, AdamW lr 1e-3; "
             "smsdp d=2 r=2 with every parameter sharded. Largest relative difference of the per-step loss:",

@@ -2,7 +2,7 @@
 activation checkpointing, with it, and with offloading too), measured as peak RSS per rank.
 Prints Markdown tables.
 
-    .venv/bin/python bench/memory.py            # about a minute on 2 cores
+    .venv/bin/python -m bench.memory            # about a minute on 2 cores
 
 Each configuration runs in its own ``mpirun`` (4 ranks, gloo, one thread each) so that
 ``ru_maxrss`` (the process's peak resident set) measures that configuration alone.
@@ -21,9 +21,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))  # run as `python bench/memory.py` from a checkout, installed or not
 MIB = 2**20
 
 
@@ -67,7 +67,7 @@ def construct(delayed: bool) -> dict:
 
 
 #: activation memory settings compared: name -> smp.init parameters
-ACTIVATION_MODES = {
+ACTIVATION_MODES: dict[str, dict[str, Any]] = {
     "none": {},
     "checkpointing": {"activation_checkpointing": True},
     "checkpointing + offloading (horizon 1)": {
@@ -91,7 +91,7 @@ def train(mode: str, steps: int = 6) -> dict:
     opt = smp.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=1e-4))
     gen = torch.Generator().manual_seed(smp.rank())
     times = []
-    before = None
+    before = 0
     for step in range(steps):
         x = torch.randint(0, 1024, (8, 513), generator=gen)
         start = time.perf_counter()
@@ -139,7 +139,8 @@ def launch(kind: str, arg: str) -> list[dict]:
         "--bind-to",
         "none",
         sys.executable,
-        __file__,
+        "-m",
+        "bench.memory",
         "--rank",
         kind,
         arg,

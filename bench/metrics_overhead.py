@@ -2,7 +2,7 @@
 
 One command, from the repository root (about 1 minute per job at low load; 6 jobs by default)::
 
-    .venv/bin/python bench/metrics_overhead.py
+    .venv/bin/python -m bench.metrics_overhead
 
 The job of ``smsdp run-example`` (the bundled GPT: 4 layers, d_model 256, seq 128, batch 4 per
 rank; 4 ranks on 2 simulated hosts, sharded degree 2) runs as local jobs, alternately with
@@ -39,7 +39,6 @@ import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT))
 
 SCRIPT = REPO_ROOT / "entrypoints" / "train_gpt.py"
 

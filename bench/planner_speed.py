@@ -1,6 +1,6 @@
 """The planner's step-time model against the namespaced test bed: predicted vs measured step time.
 
-Per link setting, on hosts made of network namespaces (``tests/netns_hosts.py``, as
+Per link setting, on hosts made of network namespaces (``bench/netns_hosts.py``, as
 ``bench/cluster.py``): shape the links, run ``entrypoints/probe.py`` (what ``smsdp probe``
 runs) on every rank to write a calibration file, launch ``bench/workers/cluster_worker.py``'s
 interleaved training of each system (``--repeats`` launches), then predict each system's step
@@ -9,7 +9,7 @@ the launches' slowest-rank medians, [min-max]) and their ratio, and whether the 
 among the smsdp configurations is the measured fastest. Needs root. Everything made is removed
 at the end (also on failure or Ctrl-C)::
 
-    .venv/bin/python bench/planner_speed.py --links 500mbit,200mbit,100mbit --repeats 3
+    .venv/bin/python -m bench.planner_speed --links 500mbit,200mbit,100mbit --repeats 3
 """
 
 from __future__ import annotations
@@ -23,20 +23,17 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
+
+from bench import cluster, netns_hosts
+from bench.provenance import code_line
+from smsdp.config import RuntimeConfig, SMPParameters
+from smsdp.planner import ModelSpec
+from smsdp.planner.calibration import Rates
+from smsdp.planner.schedule import CommMode, System
+from smsdp.planner.speed import predict
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT))
-sys.path.insert(0, str(REPO_ROOT / "bench"))
-
-import cluster  # noqa: E402
-
-from smsdp.config import RuntimeConfig, SMPParameters  # noqa: E402
-from smsdp.planner import ModelSpec  # noqa: E402
-from smsdp.planner.calibration import Rates  # noqa: E402
-from smsdp.planner.schedule import CommMode, System  # noqa: E402
-from smsdp.planner.speed import predict  # noqa: E402
-from tests import netns_hosts  # noqa: E402
-
 PROBE = REPO_ROOT / "entrypoints" / "probe.py"
 SYSTEMS = "span,span_flat_rs,host,host_late,hpz,int8,fsdp2_1d,fsdp2_hsdp,fsdp2_k,ddp"
 SMSDP_KEYS = ("span", "span_flat_rs", "host", "host_late", "hpz", "int8")
@@ -66,7 +63,7 @@ def bed_systems(hosts: int, per_host: int) -> dict[str, tuple[RuntimeConfig, Sys
     On CPU, FSDP2's collectives block the caller (no streams): no overlap."""
     world = hosts * per_host
     span, host = bed_runtime(hosts, per_host, world), bed_runtime(hosts, per_host, per_host)
-    fsdp = {"kind": "fsdp2", "world": world, "world_hosts": hosts, "comm": CommMode.BLOCKING}
+    fsdp: dict[str, Any] = {"kind": "fsdp2", "world": world, "world_hosts": hosts, "comm": CommMode.BLOCKING}
     systems = {
         "span": (span, None, "early"),
         "span_flat_rs": (bed_runtime(hosts, per_host, world, sdp_hierarchical_reduce_scatter=False), None, "early"),
@@ -255,7 +252,7 @@ def pooled_table(pooled: dict[tuple[str, str], dict]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--layout", default="2x2")
     p.add_argument("--links", default="500mbit,200mbit,100mbit")
@@ -280,17 +277,46 @@ def main() -> None:
     )
     args = p.parse_args()
     args.accum, args.precision = 1, "fp32"
+    return args
+
+
+def one_setting(bed, launcher, rate: str, specs: list[dict], calibration: Path, args, log) -> dict:
+    """Shape the links, probe them, train every system ``--repeats`` times; print the table."""
+    hosts, per_host = bed.count, launcher.per_host
+    bed.shape(rate)
+    log(f"link {rate}: smsdp probe")
+    rates = run_probe(bed, launcher, calibration, args, log)
+    runs = []
+    for i in range(args.repeats):
+        log(f"link {rate}: launch {i + 1} of {args.repeats}")
+        run = launcher.launch(cluster.worker_args(args, specs, "fp32"), timeout=args.timeout)
+        if "error" in run:
+            log(f"  FAILED: {run['error']}\n{run['logs']}")
+        runs.append(run)
+    pred, (meas, phases) = predictions(rates, args, hosts, per_host), measured(runs, specs)
+    print(table(rate, pred, meas, phases, specs, [r["load"] for r in runs]), flush=True)
+    return {
+        "rate": rate,
+        "calibration": rates.to_dict(),
+        "predicted": pred,
+        "measured_s": meas,
+        "phases": phases,
+        "loads": [r["load"] for r in runs],
+    }
+
+
+def main() -> None:
+    args = parse_args()
     if args.from_json:
         reprint(args)
         return
-    log = cluster.start_bed_session("bench/planner_speed.py")
-
+    log = cluster.start_bed_session("bench.planner_speed")
     hosts, per_host = cluster.parse_layout(args.layout)
     specs = cluster.system_specs(args.systems.split(","), hosts, per_host)
     print(
-        f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {cluster.machine_line()}. Layout {args.layout}, "
-        f"GPT {args.layers} x {args.width}, seq {args.seq}, batch {args.batch} per rank, fp32, warm-up {args.warmup} + "
-        f"{args.steps} steps, {args.repeats} launch(es). Command: `{' '.join(sys.argv)}`",
+        f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {code_line()}, {cluster.machine()}. "
+        f"Layout {args.layout}, GPT {args.layers} x {args.width}, seq {args.seq}, batch {args.batch} per rank, fp32, "
+        f"warm-up {args.warmup} + {args.steps} steps, {args.repeats} launch(es). Command: `{' '.join(sys.argv)}`",
         flush=True,
     )
     report: dict = {"argv": sys.argv, "layout": args.layout, "systems": args.systems, "settings": []}
@@ -299,28 +325,8 @@ def main() -> None:
         with netns_hosts.NamespacedHosts(hosts) as bed:
             launcher = cluster.Launcher(bed, per_host, log)
             for rate in args.links.split(","):
-                bed.shape(rate)
-                log(f"link {rate}: smsdp probe")
-                rates = run_probe(bed, launcher, work / f"calibration-{rate}.json", args, log)
-                runs = []
-                for i in range(args.repeats):
-                    log(f"link {rate}: launch {i + 1} of {args.repeats}")
-                    run = launcher.launch(cluster.worker_args(args, specs, "fp32"), timeout=args.timeout)
-                    if "error" in run:
-                        log(f"  FAILED: {run['error']}\n{run['logs']}")
-                    runs.append(run)
-                pred, (meas, phases) = predictions(rates, args, hosts, per_host), measured(runs, specs)
-                print(table(rate, pred, meas, phases, specs, [r["load"] for r in runs]), flush=True)
-                report["settings"].append(
-                    {
-                        "rate": rate,
-                        "calibration": rates.to_dict(),
-                        "predicted": pred,
-                        "measured_s": meas,
-                        "phases": phases,
-                        "loads": [r["load"] for r in runs],
-                    }
-                )
+                setting = one_setting(bed, launcher, rate, specs, work / f"calibration-{rate}.json", args, log)
+                report["settings"].append(setting)
     finally:
         if args.json:
             Path(args.json).write_text(json.dumps(report, indent=1))

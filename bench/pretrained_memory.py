@@ -1,30 +1,25 @@
 """Peak resident memory per rank of a sharded pretrained load, with and without glibc's mmap threshold fixed.
 
-Makes the Llama and GPT-2 checkpoints of ``tests/pretrained_models.py`` (about 50 MB of fp32
-each), then runs the load cases of ``tests/distributed/pretrained_worker.py`` (4 ranks under
+Makes the Llama and GPT-2 checkpoints of ``bench/pretrained_models.py`` (about 50 MB of fp32
+each), then runs the load cases of ``bench/workers/pretrained_loads.py`` (4 ranks under
 mpirun) twice: with ``MALLOC_MMAP_THRESHOLD_=131072``, as ``tests/distributed/test_pretrained.py``
 runs them, and with glibc's default (dynamic) threshold. Prints one Markdown table: per case the
 sizes, the bound the test asserts (full / d + largest unit + 8 MiB) and each rank's peak over the
 wrap and the load, under both settings, and the peak of a load alone. About 2 to 4 minutes::
 
-    .venv/bin/python bench/pretrained_memory.py
+    .venv/bin/python -m bench.pretrained_memory
 """
 
 from __future__ import annotations
 
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT))
-
-from tests.distributed.pretrained_worker import DIRS_ENV, LOADS  # noqa: E402
-from tests.distributed.test_pretrained import ALLOCATOR_ENV, ALLOWANCE_BYTES  # noqa: E402
-from tests.mpi_harness import run_cases  # noqa: E402
-from tests.pretrained_models import LOAD_SIZES, hf_model, save_variants  # noqa: E402
+from bench.mpi_harness import run_cases
+from bench.pretrained_models import LOAD_SIZES, hf_model, save_variants
+from bench.workers.pretrained_loads import ALLOCATOR_ENV, ALLOWANCE_BYTES, DIRS_ENV, LOADS
 
 MIB = 2**20
 CASES = [f"load:{m}:{v}:{t}:{d}" for m, v, t, d in LOADS]
@@ -32,7 +27,7 @@ CASES = [f"load:{m}:{v}:{t}:{d}" for m, v, t, d in LOADS]
 
 def run(dirs: dict[str, str], env: dict[str, str], out: Path) -> dict:
     results = run_cases(
-        "tests/distributed/pretrained_worker.py",
+        "-m bench.workers.pretrained_loads",
         CASES,
         4,
         env={DIRS_ENV: json.dumps(dirs), **env},

@@ -1,7 +1,7 @@
 """Where smsdp spends a step, and what changing one setting buys (4 ranks, same GPT as compare.py).
 
-    .venv/bin/python bench/profile_smsdp.py                  # breakdown fp32 + bf16, cProfile, A/B
-    .venv/bin/python bench/profile_smsdp.py --no-ab --no-cprofile
+    .venv/bin/python -m bench.profile_smsdp                  # breakdown fp32 + bf16, cProfile, A/B
+    .venv/bin/python -m bench.profile_smsdp --no-ab --no-cprofile
 
 1. Breakdown: smsdp (d=2, r=2) with exclusive timers around its runtime methods
    (``bench/workers/smsdp_timers.py``): milliseconds per step per category,
@@ -26,10 +26,11 @@ import json
 import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from compare import RESULTS, code_line, machine_line, run_config, summarize
+from bench.compare import machine
+from bench.compare_launch import RESULTS, run_config, summarize
+from bench.provenance import code_line
 
 ORDER = [
     "model compute (autograd fwd+bwd, rest of step)",
@@ -211,7 +212,8 @@ def main() -> None:
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    sections, payload = [f"Profile of {code_line()}; {machine_line()}."], {"code": code_line()}
+    sections = [f"Profile of {code_line()}; {machine()}."]
+    payload: dict[str, Any] = {"code": code_line()}
     for precision in [x for x in args.precision.split(",") if x]:
         text, data = breakdown(precision, args.warmup, args.steps, args.timeout)
         sections.append(text)

@@ -9,21 +9,16 @@ the validation loss at the end and its distance from fp32's, the model state one
 the planner's formula, and the time per step (one launch, cases one after the other: a
 comparison of losses, not of speed). About 1 to 3 minutes::
 
-    .venv/bin/python bench/pure_bf16.py            # PURE_BF16_STEPS / PURE_BF16_LR to change them
+    .venv/bin/python -m bench.pure_bf16            # PURE_BF16_STEPS / PURE_BF16_LR to change them
 """
 
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 import time
-from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT))
-
-from tests.mpi_harness import run_cases  # noqa: E402
+from bench.mpi_harness import run_cases
 
 VARIANTS = {
     "fp32": "fp32 masters, fp32 compute, AdamW (fp32 state)",
@@ -37,7 +32,7 @@ def main() -> None:
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
-        results = run_cases("bench/workers/pure_bf16_worker.py", list(VARIANTS), 2, timeout=1200, out_dir=tmp)
+        results = run_cases("-m bench.workers.pure_bf16_worker", list(VARIANTS), 2, timeout=1200, out_dir=tmp)
         ranks = {v: results[v] for v in VARIANTS}
     fp32_val = ranks["fp32"][0]["val_loss"]
     steps = len(ranks["fp32"][0]["losses"])

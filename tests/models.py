@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bench import token_batches
 from entrypoints.gpt import GPT, GPTConfig
 from entrypoints.gpt_tensor_parallel import register_tensor_parallel
 
@@ -258,13 +259,8 @@ def encoder_decoder_tiny(
 
 
 def lm_batch(batch_size: int, seq_len: int = SEQ_LEN, vocab_size: int = VOCAB_SIZE, seed: int = 0):
-    """``(x, y)`` int64 ``(batch_size, seq_len)``: random tokens, ``y`` = ``x`` shifted by one.
-
-    A private generator: drawing a batch never moves the global RNG.
-    """
-    gen = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(0, vocab_size, (batch_size, seq_len + 1), generator=gen)
-    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+    """``bench/token_batches.py``'s random-token batch, at these models' sequence length and vocabulary."""
+    return token_batches.lm_batch(batch_size, seq_len, vocab_size, seed)
 
 
 class ModelCase(NamedTuple):

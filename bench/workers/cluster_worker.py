@@ -34,18 +34,18 @@ import datetime
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 import torch
 import torch.distributed as dist
-import train_worker as tw  # installs the byte counter before anything imports smsdp
-from comm_counter import diff
 
-COUNTER = tw.COUNTER
+from bench.workers import train_systems as ts
+from bench.workers.comm_counter import diff
+from bench.workers.train_worker import COUNTER, rss_kib  # installs the byte counter before anything imports smsdp
+from entrypoints.data import TokenDataset
+from entrypoints.gpt import GPTConfig
+
 TIMERS = None  # smsdp_timers.Timers under --timers: each smsdp step's categories join its phases as "t:<category>"
 LINK = "/sys/class/net/eth0/statistics/{}_bytes"
 
@@ -86,7 +86,7 @@ def join(place: Place) -> None:
 
 def all_groups(place: Place) -> dict[str, dist.ProcessGroup | None]:
     """The world, and (created by every rank in one order) the host and cross groups this rank is in."""
-    groups = {"world": None}
+    groups: dict[str, dist.ProcessGroup | None] = {"world": None}
     for h in range(place.hosts):
         ranks = list(range(h * place.per_host, (h + 1) * place.per_host))
         g = dist.new_group(ranks) if 1 < place.per_host < place.world else None
@@ -179,7 +179,7 @@ EFFECTIVE_SETTINGS = (
 )
 
 
-class BedSmsdp(tw.Smsdp):
+class BedSmsdp(ts.Smsdp):
     """smsdp with its own runtime: degree and settings of this system only."""
 
     def __init__(self, args, spec: dict):
@@ -200,7 +200,7 @@ class BedSmsdp(tw.Smsdp):
         )
         self.rt = runtime_state.get()
         declare = {"backward_passes_per_step": args.accum} if spec.get("declare") else {}
-        self.model = smp.DistributedModel(tw.build_gpt(), **declare)
+        self.model = smp.DistributedModel(ts.build_gpt(), **declare)
         self.opt = smp.DistributedOptimizer(torch.optim.AdamW(self.model.parameters(), lr=args.lr), model=self.model)
         groups = list(self.model.flat_groups())
         root, last_block = self.model.units[-1], self.model.units[-2]
@@ -243,20 +243,22 @@ def fsdp2_layout(model, shard_size: int) -> dict:
     }
 
 
-def make_system(spec: dict, args, place: Place) -> tw.System:
+def make_system(spec: dict, args, place: Place) -> ts.System:
     kind = spec["system"]
+    system: ts.System
     if kind == "smsdp":
         system = BedSmsdp(args, spec)
     elif kind == "fsdp2":
         local_args = copy.copy(args)
         local_args.sdp = place.world if spec["mesh"] == "1d" else place.per_host
         variant = f"k{spec['reshard']}" if spec.get("reshard") else ""
-        system = tw.Fsdp2(local_args, place.world, variant)
-        system.layout = fsdp2_layout(system.model, local_args.sdp)
+        fsdp2 = ts.Fsdp2(local_args, place.world, variant)
+        fsdp2.layout = fsdp2_layout(fsdp2.model, local_args.sdp)
+        system = fsdp2
     elif kind == "ddp":
-        system = tw.Ddp(args, place.world)
+        system = ts.Ddp(args, place.world)
     elif kind == "nocomm":
-        system = tw.NoComm(args, place.world)
+        system = ts.NoComm(args, place.world)
     else:
         raise SystemExit(f"unknown system {kind!r}")
     system.label = spec["label"]
@@ -264,7 +266,7 @@ def make_system(spec: dict, args, place: Place) -> tw.System:
 
 
 def train(args, place: Place) -> dict:
-    tw.MODEL = tw.GPTConfig(vocab_size=1024, block_size=args.seq, n_layer=args.layers, n_head=4, d_model=args.width)
+    ts.MODEL = GPTConfig(vocab_size=1024, block_size=args.seq, n_layer=args.layers, n_head=4, d_model=args.width)
     specs = json.loads(args.systems)
     barrier = _barrier_link_bytes(place)
     systems = []
@@ -275,7 +277,7 @@ def train(args, place: Place) -> dict:
         system.record = {"times": [], "cpu": [], "losses": [], "phases": [], "bytes": {}, "link_model": {}}
         system.record.update({"smsdp_bytes": {}, "link_tx": [], "link_rx": []})
         systems.append(system)
-    data = tw.TokenDataset(seq_len=args.seq)
+    data = TokenDataset(seq_len=args.seq)
     local0 = place.local == 0
     for step in range(args.warmup + args.steps):
         batches = [
@@ -377,7 +379,7 @@ def main() -> None:
     join(place)
     t0 = time.time()
     if args.mode == "beside":
-        import beside_worker
+        from bench.workers import beside_worker
 
         groups = all_groups(place)
         result = beside_worker.measure(groups, args.mib, args.repeat, args.width, args.seq, args.batch)
@@ -386,12 +388,12 @@ def main() -> None:
     else:
         if args.timers:
             global TIMERS
-            import smsdp_timers
+            from bench.workers import smsdp_timers
 
             TIMERS = smsdp_timers.install()
         result = train(args, place)
     result.update({"rank": place.rank, "host": place.host, "local": place.local, "wall_s": time.time() - t0})
-    result["rss_peak_kib"] = tw.rss_kib()
+    result["rss_peak_kib"] = rss_kib()
     (Path(args.out) / f"result.rank{place.rank}.json").write_text(json.dumps(result))
     dist.barrier()
     dist.destroy_process_group()

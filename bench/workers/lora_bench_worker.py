@@ -15,15 +15,13 @@ rank's, per step), the first and last losses, and the model state it holds after
 from __future__ import annotations
 
 import os
-import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
+from bench.mpi_harness import init_gloo_from_env, worker_main
+from bench.token_batches import lm_batch
 from bench.workers.comm_counter import CommCounter, diff
 
 COUNTER = CommCounter()
@@ -32,8 +30,6 @@ if __name__ == "__main__":  # a rank: wrap torch.distributed before smsdp.comm.c
 
 import smsdp as smp  # noqa: E402
 from smsdp.comm import world as runtime_state  # noqa: E402
-from tests.models import lm_batch  # noqa: E402
-from tests.mpi_harness import init_gloo_from_env, worker_main  # noqa: E402
 
 DIR_ENV = "SMSDP_LORA_BENCH_DIR"
 LORA = dict(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=["q_proj", "v_proj"])
@@ -62,7 +58,7 @@ def _smsdp(path: str):
     smp.load_pretrained(dm, path)
     opt = smp.DistributedOptimizer(torch.optim.AdamW(list(dm.parameters()), lr=1e-3))
 
-    def step(x: torch.Tensor) -> float:
+    def step(x: torch.Tensor) -> tuple[float, dict]:
         loss = dm(input_ids=x, labels=x).loss
         dm.backward(loss)
         opt.step()
@@ -114,7 +110,7 @@ def _fsdp2(path: str, nf4: bool = False):
     fully_shard(model, mesh=mesh)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
 
-    def step(x: torch.Tensor) -> float:
+    def step(x: torch.Tensor) -> tuple[float, dict]:
         loss = model(input_ids=x, labels=x).loss
         loss.backward()
         opt.step()

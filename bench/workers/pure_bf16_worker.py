@@ -10,23 +10,20 @@ the time per step.
 
 from __future__ import annotations
 
+import functools
 import os
-import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
 import smsdp as smp
+from bench.mpi_harness import init_gloo_from_env, worker_main
 from entrypoints.data import TokenDataset
 from entrypoints.gpt import GPT, GPTConfig
 from smsdp.comm import world as runtime_state
 from smsdp.core.spec_from_module import spec_from_module
 from smsdp.planner import memory
-from tests.mpi_harness import init_gloo_from_env, worker_main
 
 STEPS = int(os.environ.get("PURE_BF16_STEPS", "200"))
 LR = float(os.environ.get("PURE_BF16_LR", "6e-4"))
@@ -96,4 +93,4 @@ def case(variant: str) -> dict:
 
 if __name__ == "__main__":
     variants = ["fp32", "bf16", "pure_bf16", "pure_bf16_kahan"]
-    worker_main({v: (lambda v=v: case(v)) for v in variants}, setup=init_gloo_from_env)
+    worker_main({v: functools.partial(case, v) for v in variants}, setup=init_gloo_from_env)

@@ -44,6 +44,7 @@ class Timers:
         self.cpu: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)
         self._stack: list[list[float]] = []
+        self.wrapped: list[str] = []  # the runtime's methods install() found and wrapped
 
     def reset(self) -> dict[str, float]:
         """This step's figures: ``{label: wall s}`` plus ``{"cpu:" + label: main-thread CPU s}``."""
@@ -83,7 +84,6 @@ def install() -> Timers:
     from smsdp.smp.distributed_optimizer import DistributedOptimizer
 
     t = Timers()
-    t.wrapped = []
 
     def wrap(cls, attr: str, name) -> None:
         if hasattr(cls, attr):
@@ -110,7 +110,7 @@ def install() -> Timers:
         wrap(dm, hook, HOOKS)
     if hasattr(dm, "_make_post_backward"):
         make = dm._make_post_backward
-        dm._make_post_backward = lambda self, unit, group: t.wrap(make(self, unit, group), HOOKS)
+        dm._make_post_backward = lambda self, unit, group: t.wrap(make(self, unit, group), HOOKS)  # type: ignore[method-assign]
     wrap(Unit, "_reduce_grad", "reduce-scatter issue")
     wrap(Unit, "complete_reduces", "reduce-scatter wait + accumulate")
     wrap(Unit, "_start_group_sync", "replica/dp all-reduce issue")

@@ -2,31 +2,14 @@
 
 Started by ``bench/compare.py`` and ``bench/profile_smsdp.py`` (by hand too)::
 
-    mpirun -np 4 python bench/workers/train_worker.py --system smsdp --precision fp32 --out DIR
-    mpirun -np 4 python bench/workers/train_worker.py --system smsdp,fsdp2,fsdp1,ddp,nocomm --out DIR
+    mpirun -np 4 python -m bench.workers.train_worker --system smsdp --precision fp32 --out DIR
+    mpirun -np 4 python -m bench.workers.train_worker --system smsdp,fsdp2,fsdp1,ddp,nocomm --out DIR
 
 With several systems, all are built in the one process and their steps are
 interleaved (round robin, order rotated every step, a barrier before each
 system's step), so every system sees the same machine load: the way to compare
 speed on a shared machine. Peak RSS is then the process's, so memory is
-measured in a launch of one system alone.
-
-Systems, all training the same GPT on the same data from the same initial weights,
-AdamW and global-norm clipping at 1.0 everywhere (smsdp's default
-``sdp_gradient_clipping``; ``--clip 0`` turns it off in every system):
-
-- ``smsdp``     ``smp.DistributedModel(gpt, backward_passes_per_step=accum)`` (as the bundled
-                training script) / ``smp.DistributedOptimizer`` (MiCS, d x r)
-- ``fsdp2``     ``fully_shard`` per Block + root on a 2-D mesh (replicate r x shard d) = HSDP
-- ``fsdp1``     ``FullyShardedDataParallel(HYBRID_SHARD)`` on the same 2-D mesh, one unit per Block
-- ``ddp``       ``DistributedDataParallel`` (gradient_as_bucket_view=True)
-- ``ddp_accnorm`` / ``ddp_f64sum``  loss references only: DDP with an accurately summed clip
-                norm / with its gradient all-reduce summed in float64 (see their classes)
-- ``nocomm``    the same per-rank forward/backward/AdamW with no collectives at all
-
-bf16: smsdp ``"bf16": True``; FSDP2 ``MixedPrecisionPolicy(param_dtype=bf16,
-reduce_dtype=fp32)``; FSDP1 ``MixedPrecision(param_dtype=bf16, reduce_dtype=fp32,
-buffer_dtype=bf16)``; DDP and nocomm ``torch.autocast("cpu", bf16)`` with fp32 weights.
+measured in a launch of one system alone. The systems are ``train_systems.py``'s.
 
 Each rank writes ``OUT/result.rank<r>.json``: ``{system: result}``.
 """
@@ -34,34 +17,26 @@ Each rank writes ``OUT/result.rank<r>.json``: ``{system: result}``.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import json
 import os
 import resource
 import statistics
-import sys
 import time
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import torch
+import torch.distributed as dist
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from comm_counter import CommCounter, ddp_bytes_per_step, diff  # noqa: E402
+from bench.workers.comm_counter import CommCounter, diff
+from bench.workers.train_systems import MODEL, SYSTEMS, System, make_system
+from entrypoints.data import TokenDataset
+from entrypoints.gpt import GPT
 
-# The counter must wrap torch.distributed before smsdp.comm.collectives binds its functions.
+# The counter must wrap torch.distributed before smsdp.comm.collectives binds its functions
+# (train_systems imports smsdp only when an smsdp system is built).
 COUNTER = CommCounter()
 COUNTER.install()
-
-from entrypoints.data import TokenDataset  # noqa: E402
-from entrypoints.gpt import GPT, Block, GPTConfig  # noqa: E402
-
-MODEL = GPTConfig(vocab_size=1024, block_size=128, n_layer=4, n_head=4, d_model=256)
-SEED = 1234
 
 
 def rank_and_world() -> tuple[int, int]:
@@ -77,398 +52,6 @@ def current_rss_kib() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
 
 
-def build_gpt() -> GPT:
-    torch.manual_seed(SEED)
-    return GPT(MODEL)
-
-
-def local_bytes(t: torch.Tensor | None) -> int:
-    if t is None:
-        return 0
-    if hasattr(t, "to_local"):  # DTensor: what this rank holds
-        t = t.to_local()
-    return t.numel() * t.element_size()
-
-
-def optimizer_state_bytes(opt: torch.optim.Optimizer) -> int:
-    """Bytes of the optimizer's tensors (exp_avg, exp_avg_sq), scalar step counters excluded."""
-    return sum(
-        local_bytes(v) for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor) and v.dim() > 0
-    )
-
-
-# --------------------------------------------------------------------------------------------
-# Systems: each returns (train_step(batches) -> loss float, model_state() -> dict, describe)
-# --------------------------------------------------------------------------------------------
-class System:
-    """One training system; ``phase(name)`` adds wall time to this step's phase totals."""
-
-    name = "?"
-    phases: dict[str, float]
-    measure = False  # set for the last step: model-state bytes are read then (outside the timings' interest)
-    timers = None  # smsdp_timers.Timers under --profile timers
-
-    @contextlib.contextmanager
-    def phase(self, name: str):
-        """Wall time under ``name`` and main-thread CPU time under ``"cpu:" + name``."""
-        t0, c0 = time.perf_counter(), time.thread_time()
-        try:
-            yield
-        finally:
-            self.phases[name] = self.phases.get(name, 0.0) + time.perf_counter() - t0
-            key = "cpu:" + name
-            self.phases[key] = self.phases.get(key, 0.0) + time.thread_time() - c0
-
-    def step(self, batches) -> float:
-        raise NotImplementedError
-
-    def model_state(self) -> dict:
-        raise NotImplementedError
-
-    def smsdp_stats(self) -> dict | None:
-        return None
-
-
-# Strategies compare.py sets against FSDP2 with the matching setting: each is read by
-# DistributedModel when it is built, so it can differ between models of one runtime.
-CONFIG_VARIANTS = {
-    "keep": {"sdp_reshard_after_forward": False},
-    "rbf16": {"sdp_reduce_dtype": "bf16"},
-    "qwz": {"sdp_quantized_allgather": True},
-    "qgz": {"sdp_quantized_gradients": True},
-}
-
-
-class Smsdp(System):
-    """smsdp; ``variant`` builds a second model in the same runtime with one setting changed.
-
-    Variants exist so that an A/B comparison runs in one process, interleaved step by step
-    (the same machine noise for both). smp.init() is global and happens once, with the base
-    settings; a variant changes, from the outside, only what it names:
-
-    - ``agflat``: during its own steps the all-gather strategy is told ``ddp_dist_backend="gloo"``,
-      so it takes the fallback (the backend's own all-gather) instead of the SMDDP-style path;
-    - ``thr<N>``: its DistributedModel is built while the runtime's config says
-      ``sdp_param_persistence_threshold=N``;
-    - ``latesync``: ``backward_passes_per_step`` not declared: the runtime guesses the
-      step-ending backward from the step before (``smsdp.core.accumulation``), so only the first
-      step's replica all-reduce waits for ``step()`` (the name is older than the guess);
-    - ``keep`` / ``rbf16`` / ``qwz`` / ``qgz``: built while the config says
-      ``sdp_reshard_after_forward=False`` / ``sdp_reduce_dtype="bf16"`` /
-      ``sdp_quantized_allgather`` / ``sdp_quantized_gradients`` (see ``CONFIG_VARIANTS``).
-      The model reads these when it is built, so one runtime serves every variant.
-    """
-
-    name = "smsdp"
-
-    def __init__(self, args, variant: str = ""):
-        import smsdp as smp
-        from smsdp.comm import world as runtime_state
-
-        self.smp = smp
-        self.variant = variant
-        if args.profile == "timers":
-            import smsdp_timers
-
-            self.timers = smsdp_timers.install()
-        smp.init(
-            {
-                "ddp": True,
-                "sharded_data_parallel_degree": args.sdp,
-                "sdp_param_persistence_threshold": args.threshold,
-                "sdp_gradient_clipping": args.clip,
-                "bf16": args.precision == "bf16",
-                **json.loads(args.smsdp_config),
-            }
-        )
-        self.rt = runtime_state.get()
-        base_config = self.rt.config
-        update = dict(CONFIG_VARIANTS.get(variant, {}))
-        if variant.startswith("thr"):
-            update["sdp_param_persistence_threshold"] = int(float(variant[3:]))
-        if update:
-            params = base_config.parameters.model_copy(update=update)
-            self.rt.config = base_config.model_copy(update={"parameters": params})
-        # Declared as the bundled training script does: the step-ending backward then starts
-        # each unit's replica all-reduce as soon as its reduce-scatter is done.
-        declare = {} if variant == "latesync" else {"backward_passes_per_step": args.accum}
-        try:
-            self.model = smp.DistributedModel(build_gpt(), **declare)
-        finally:
-            self.rt.config = base_config
-        self.opt = smp.DistributedOptimizer(torch.optim.AdamW(self.model.parameters(), lr=args.lr), model=self.model)
-        self._settings = None
-        if variant == "agflat":
-            from dataclasses import replace
-
-            self._settings = replace(self.rt.all_gather.settings, ddp_dist_backend="gloo")
-        elif variant not in ("", "latesync", *CONFIG_VARIANTS) and not variant.startswith("thr"):
-            raise SystemExit(f"unknown smsdp variant {variant!r}")
-        if self.timers is not None:
-            import smsdp_timers
-
-            smsdp_timers.wrap_inner_optimizer(self.timers, self.opt.optimizer)
-        self._last_state = None
-        groups = list(self.model.flat_groups())
-        root, last_block = self.model.units[-1], self.model.units[-2]  # the GPT's forward ends with its last block
-        self.layout = {
-            "kept_for_backward_padded": sum(g.padded_numel for u in (root, last_block) for g in u.groups if g.sharded),
-            "sharded_elements_padded": sum(g.padded_numel for g in groups if g.sharded),
-            "replicated_elements": sum(g.numel for g in groups if not g.sharded),
-            "sdp": smp.sdp_size(),
-            "rdp": smp.rdp_size(),
-        }
-
-    @contextlib.contextmanager
-    def _variant_settings(self):
-        if self._settings is None:
-            yield
-            return
-        strategy = self.rt.all_gather
-        saved, strategy.settings = strategy.settings, self._settings
-        try:
-            yield
-        finally:
-            strategy.settings = saved
-
-    def step(self, batches) -> float:
-        with self._variant_settings():
-            return self._step(batches)
-
-    def _step(self, batches) -> float:
-        total = 0.0
-        accum = len(batches)
-        for x, y in batches:
-            with self.phase("forward"):
-                loss = self.model(x, y).loss / accum
-            with self.phase("backward"):
-                self.model.backward(loss)
-            total += loss.item()
-        with self.phase("optimizer"):
-            self.opt.step()
-        if self.measure:
-            self._last_state = {**self.model.model_state_bytes(), "optimizer": self.opt.optimizer_state_bytes()}
-        with self.phase("optimizer"):
-            self.opt.zero_grad()
-        return total
-
-    def model_state(self) -> dict:
-        return self._last_state
-
-    def smsdp_stats(self) -> dict:
-        return self.smp.comm_stats()
-
-
-class _TorchSystem(System):
-    """Shared step for the PyTorch systems: plain backward, clip, AdamW."""
-
-    autocast = False
-
-    def __init__(self, args):
-        self.precision = args.precision
-        self.clip = args.clip
-        self._last_state = None
-
-    def _forward(self, x, y):
-        if self.autocast and self.precision == "bf16":
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                return self.model(x, y).loss
-        return self.model(x, y).loss
-
-    def _clip(self):
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
-
-    def step(self, batches) -> float:
-        total = 0.0
-        accum = len(batches)
-        for i, (x, y) in enumerate(batches):
-            with self._no_sync(i < accum - 1):
-                with self.phase("forward"):
-                    loss = self._forward(x, y) / accum
-                with self.phase("backward"):
-                    loss.backward()
-            total += loss.item()
-        with self.phase("optimizer"):
-            if self.clip > 0:
-                self._clip()
-            self.opt.step()
-        if self.measure:
-            self._last_state = self._measure_state()
-        with self.phase("optimizer"):
-            self.opt.zero_grad(set_to_none=True)
-        return total
-
-    def _no_sync(self, skip: bool):
-        return contextlib.nullcontext()
-
-    def _measure_state(self) -> dict:
-        params = sum(local_bytes(p) for p in self.model.parameters())
-        grads = sum(local_bytes(p.grad) for p in self.model.parameters())
-        return {"params": params, "grads": grads, "optimizer": optimizer_state_bytes(self.opt)}
-
-    def model_state(self) -> dict:
-        return self._last_state
-
-
-def hsdp_mesh(args, world):
-    from torch.distributed.device_mesh import init_device_mesh
-
-    return init_device_mesh("cpu", (world // args.sdp, args.sdp), mesh_dim_names=("replicate", "shard"))
-
-
-class Fsdp2(_TorchSystem):
-    """``variant``: the FSDP2 setting matching an smsdp strategy of compare.py.
-
-    ``keep``: ``reshard_after_forward=False``; ``rbf16``: ``reduce_dtype=bf16``; ``k<N>``:
-    ``reshard_after_forward=N``. At ``--sdp`` = world the mesh is 1-D (plain FSDP): FSDP2 wants
-    its int reshard on a shard-only mesh, and a replicate dimension of 1 would be HSDP in name only.
-    """
-
-    name = "fsdp2"
-
-    def __init__(self, args, world, variant: str = ""):
-        super().__init__(args)
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-        mesh = (
-            init_device_mesh("cpu", (world,), mesh_dim_names=("shard",))
-            if args.sdp == world
-            else hsdp_mesh(args, world)
-        )
-        reduce_dtype = torch.bfloat16 if variant == "rbf16" else torch.float32
-        mp = (
-            MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce_dtype)
-            if args.precision == "bf16"
-            else MixedPrecisionPolicy(reduce_dtype=reduce_dtype if variant else None)
-        )
-        if variant == "keep":
-            reshard = False
-        elif variant.startswith("k") and variant[1:].isdigit():
-            reshard = int(variant[1:])
-        elif variant in ("", "rbf16"):
-            reshard = None  # FSDP2's default: True for the blocks
-        else:
-            raise SystemExit(f"unknown fsdp2 variant {variant!r}")
-        model = build_gpt()
-        for block in model.transformer.h:
-            fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
-        # The root keeps FSDP2's default (None: not resharded after forward, as its docs advise)
-        # in every variant; True here would make FSDP2 gather the root twice, which smsdp never does.
-        fully_shard(model, mesh=mesh, mp_policy=mp)
-        self.model = model
-        self.opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
-
-    def _no_sync(self, skip: bool):
-        self.model.set_requires_gradient_sync(not skip)
-        return contextlib.nullcontext()
-
-
-class Fsdp1(_TorchSystem):
-    name = "fsdp1"
-
-    def __init__(self, args, world):
-        super().__init__(args)
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-        from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
-        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-
-        mp = (
-            MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, buffer_dtype=torch.bfloat16)
-            if args.precision == "bf16"
-            else None
-        )
-        self.model = FSDP(
-            build_gpt(),
-            sharding_strategy=ShardingStrategy.HYBRID_SHARD,
-            device_mesh=hsdp_mesh(args, world),
-            auto_wrap_policy=ModuleWrapPolicy({Block}),
-            mixed_precision=mp,
-            device_id=torch.device("cpu"),
-        )
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=args.lr)
-
-    def _clip(self):
-        self.model.clip_grad_norm_(self.clip)
-
-    def _no_sync(self, skip: bool):
-        return self.model.no_sync() if skip else contextlib.nullcontext()
-
-
-class Ddp(_TorchSystem):
-    name = "ddp"
-    autocast = True
-
-    def __init__(self, args, world):
-        super().__init__(args)
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
-        self.model = DDP(build_gpt(), gradient_as_bucket_view=True)
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=args.lr)
-        n = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
-        self.computed_bytes = ddp_bytes_per_step(n, 4, world)
-
-    def _no_sync(self, skip: bool):
-        return self.model.no_sync() if skip else contextlib.nullcontext()
-
-
-class DdpAccurateNorm(Ddp):
-    """DDP whose clipping sums the squares with ``torch.sum`` (cascade), as smsdp does.
-
-    ``clip_grad_norm_`` takes its norms from ``torch.linalg.vector_norm``, which on CPU
-    drifts by 10-300 ulps on this GPT's tensors (pytorch/pytorch#169237): every clipped step
-    of plain DDP is then scaled by a factor off by up to ~3e-5. This reference is DDP with
-    only that one computation made accurate; the same formula, clamp and multiply follow.
-    """
-
-    name = "ddp_accnorm"
-
-    def _clip(self):
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        total = torch.zeros((), dtype=torch.float32)
-        for g in grads:
-            total += g.pow(2).sum()
-        coef = torch.clamp(self.clip / (total.sqrt() + 1e-6), max=1.0)
-        torch._foreach_mul_(grads, coef)
-
-
-class DdpWideSum(Ddp):
-    """DDP whose gradient all-reduce sums in float64: a second, equally valid reduction order.
-
-    How far it drifts from plain DDP is the reference's own rounding noise: two correct
-    data-parallel runs that differ only in the order of the gradient sum.
-    """
-
-    name = "ddp_f64sum"
-
-    def __init__(self, args, world):
-        super().__init__(args, world)
-        self.model.register_comm_hook(dist.group.WORLD, _f64_allreduce_hook)
-
-
-def _f64_allreduce_hook(group, bucket):
-    grads = bucket.buffer()
-    wide = grads.to(torch.float64).div_(dist.get_world_size(group))
-    work = dist.all_reduce(wide, group=group, async_op=True)
-
-    def narrow(fut):
-        grads.copy_(wide)
-        return grads
-
-    return work.get_future().then(narrow)
-
-
-class NoComm(_TorchSystem):
-    name = "nocomm"
-    autocast = True
-
-    def __init__(self, args, world):
-        super().__init__(args)
-        self.model = build_gpt()
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=args.lr)
-
-
-# --------------------------------------------------------------------------------------------
 def init_process_group(out: Path, rank: int, world: int) -> None:
     dist.init_process_group(
         "gloo",
@@ -479,28 +62,7 @@ def init_process_group(out: Path, rank: int, world: int) -> None:
     )
 
 
-SYSTEMS = ["smsdp", "fsdp2", "fsdp1", "ddp", "nocomm"]
-
-
-def make_system(name: str, args, world: int) -> System:
-    if name == "smsdp" or name.startswith("smsdp_"):
-        system = Smsdp(args, name.partition("_")[2])
-    elif name.startswith("fsdp2_"):
-        system = Fsdp2(args, world, name.partition("_")[2])
-    else:
-        system = {
-            "fsdp2": Fsdp2,
-            "fsdp1": Fsdp1,
-            "ddp": Ddp,
-            "ddp_accnorm": DdpAccurateNorm,
-            "ddp_f64sum": DdpWideSum,
-            "nocomm": NoComm,
-        }[name](args, world)
-    system.label = name
-    return system
-
-
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser()
     p.add_argument(
         "--system",
@@ -522,17 +84,14 @@ def main() -> None:
     p.add_argument("--profile", default="none", choices=["none", "cprofile", "torch", "timers"])
     p.add_argument("--out", required=True)
     args = p.parse_args()
-    names = [n for n in args.system.split(",") if n]
-    if args.profile != "none" and len(names) > 1:
+    if args.profile != "none" and "," in args.system.strip(","):
         raise SystemExit("--profile needs a single --system")
+    return args
 
-    torch.set_num_threads(1)
-    out = Path(args.out)
-    rank, world = rank_and_world()
-    rss_start = current_rss_kib()
-    init_process_group(out, rank, world)
-    # Name the groups so the byte counts read "shard"/"replica"/"world" (HSDP/MiCS layout:
-    # shard groups are consecutive blocks of d ranks, replicas are ranks d apart).
+
+def name_groups(args: argparse.Namespace, rank: int, world: int) -> None:
+    """Name the groups so the byte counts read "shard"/"replica"/"world" (HSDP/MiCS layout:
+    shard groups are consecutive blocks of d ranks, replicas are ranks d apart)."""
     d = args.sdp
     COUNTER.name_group(range(world), "world")
     if 1 < d < world:
@@ -550,6 +109,8 @@ def main() -> None:
         # simulated hosts, smsdp's intra-host stage: the counter sees ranks, so one label says both.
         COUNTER.name_group(range(rank // k * k, rank // k * k + k), "hpz/intra_host")
 
+
+def build_systems(names: list[str], args: argparse.Namespace, world: int) -> list[System]:
     systems = []
     for name in names:
         t_setup = time.perf_counter()
@@ -566,49 +127,55 @@ def main() -> None:
             "smsdp_bytes": {},
         }
         systems.append(system)
+    return systems
 
+
+def one_step(system: System, batches, args: argparse.Namespace, step: int, interleaved: bool) -> None:
+    """One timed step of ``system``, with the bytes it sent (after the warm-up) and its phases."""
+    rec = system.record
+    system.phases = {}
+    system.measure = step == args.warmup + args.steps - 1
+    if system.timers is not None:
+        system.timers.reset()
+    if interleaved:
+        dist.barrier()  # each system's step starts with the ranks aligned (not timed)
+    before, before_smsdp = COUNTER.snapshot(), system.smsdp_stats()
+    t0, c0, m0 = time.perf_counter(), time.process_time(), time.thread_time()
+    loss = system.step(batches)
+    rec["times"].append(time.perf_counter() - t0)
+    rec["cpu"].append(time.process_time() - c0)
+    rec["main_cpu"].append(time.thread_time() - m0)
+    if step >= args.warmup:
+        for key, value in diff(COUNTER.snapshot(), before).items():
+            rec["bytes"][key] = rec["bytes"].get(key, 0) + value / args.steps
+        if before_smsdp is not None:
+            for key, value in diff(system.smsdp_stats() or {}, before_smsdp).items():
+                rec["smsdp_bytes"][key] = rec["smsdp_bytes"].get(key, 0) + value / args.steps
+    if system.timers is not None:
+        rec["timers"].append(system.timers.reset())
+    rec["phases"].append(system.phases)
+    rec["losses"].append(loss)
+
+
+def train(systems: list[System], args: argparse.Namespace, rank: int, world: int, out: Path) -> str | None:
+    """Every step of every system, interleaved; the profile's text (rank 0, ``--profile``)."""
     data = TokenDataset(seq_len=MODEL.block_size)
-
-    def batches_for(step: int):
-        return [
+    profiler = None
+    for step in range(args.warmup + args.steps):
+        batches = [
             data.batches(step * args.accum + m, dp_rank=rank, dp_size=world, batch_size=args.batch, seed=0)
             for m in range(args.accum)
         ]
-
-    total_steps = args.warmup + args.steps
-    profiler = None
-    for step in range(total_steps):
-        batches = batches_for(step)
         if step == args.warmup:
             profiler = start_profile(args.profile, rank)
         k = step % len(systems)
         for system in systems[k:] + systems[:k]:
-            rec = system.record
-            system.phases = {}
-            system.measure = step == total_steps - 1
-            if system.timers is not None:
-                system.timers.reset()
-            if len(systems) > 1:
-                dist.barrier()  # each system's step starts with the ranks aligned (not timed)
-            before, before_smsdp = COUNTER.snapshot(), system.smsdp_stats()
-            t0, c0, m0 = time.perf_counter(), time.process_time(), time.thread_time()
-            loss = system.step(batches)
-            rec["times"].append(time.perf_counter() - t0)
-            rec["cpu"].append(time.process_time() - c0)
-            rec["main_cpu"].append(time.thread_time() - m0)
-            if step >= args.warmup:
-                for key, value in diff(COUNTER.snapshot(), before).items():
-                    rec["bytes"][key] = rec["bytes"].get(key, 0) + value / args.steps
-                if before_smsdp is not None:
-                    for key, value in diff(system.smsdp_stats(), before_smsdp).items():
-                        rec["smsdp_bytes"][key] = rec["smsdp_bytes"].get(key, 0) + value / args.steps
-            if system.timers is not None:
-                rec["timers"].append(system.timers.reset())
-            rec["phases"].append(system.phases)
-            rec["losses"].append(loss)
-    profile_text = stop_profile(profiler, args.profile, rank, out, args.steps)
+            one_step(system, batches, args, step, len(systems) > 1)
+    return stop_profile(profiler, args.profile, rank, out, args.steps)
 
-    common = {
+
+def launch_facts(args: argparse.Namespace, systems: list[System], rank: int, world: int) -> dict:
+    return {
         "precision": args.precision,
         "rank": rank,
         "world": world,
@@ -622,35 +189,45 @@ def main() -> None:
         "steps": args.steps,
         "interleaved": [s.label for s in systems] if len(systems) > 1 else None,
         "tokens_per_step_rank": args.batch * args.accum * MODEL.block_size,
-        "rss_start_kib": rss_start,
         "rss_peak_kib": rss_kib(),  # of the whole process: meaningful per system only in a solo launch
         "flops_per_token": GPT.flops_per_token(_meta_gpt()),
         "torch": torch.__version__,
-        "profile": profile_text,
     }
-    results = {}
-    for system in systems:
-        rec, w = system.record, args.warmup
-        results[system.label] = {
-            **common,
-            "system": system.label,
-            "step_times_s": rec["times"],
-            "median_step_s": statistics.median(rec["times"][w:]),
-            "cpu_times_s": rec["cpu"],
-            "median_cpu_s": statistics.median(rec["cpu"][w:]),
-            "median_main_thread_cpu_s": statistics.median(rec["main_cpu"][w:]),
-            "median_phase_s": {
-                k: statistics.median(ph.get(k, 0.0) for ph in rec["phases"][w:]) for k in rec["phases"][-1]
-            },
-            "losses": rec["losses"],
-            "setup_s": system.setup_s,
-            "model_state_bytes": system.model_state(),
-            "bytes_per_step_counted": rec["bytes"],
-            "bytes_per_step_smsdp": rec["smsdp_bytes"] if system.smsdp_stats() is not None else None,
-            "bytes_per_step_computed": getattr(system, "computed_bytes", None),
-            "smsdp_layout": getattr(system, "layout", None),
-            "timers_s": _median_timers(rec["timers"][w:]) if rec["timers"] else None,
-        }
+
+
+def system_result(system: System, warmup: int) -> dict:
+    rec, w = system.record, warmup
+    return {
+        "system": system.label,
+        "step_times_s": rec["times"],
+        "median_step_s": statistics.median(rec["times"][w:]),
+        "cpu_times_s": rec["cpu"],
+        "median_cpu_s": statistics.median(rec["cpu"][w:]),
+        "median_main_thread_cpu_s": statistics.median(rec["main_cpu"][w:]),
+        "median_phase_s": {k: statistics.median(ph.get(k, 0.0) for ph in rec["phases"][w:]) for k in rec["phases"][-1]},
+        "losses": rec["losses"],
+        "setup_s": system.setup_s,
+        "model_state_bytes": system.model_state(),
+        "bytes_per_step_counted": rec["bytes"],
+        "bytes_per_step_smsdp": rec["smsdp_bytes"] if system.smsdp_stats() is not None else None,
+        "bytes_per_step_computed": getattr(system, "computed_bytes", None),
+        "smsdp_layout": getattr(system, "layout", None),
+        "timers_s": _median_timers(rec["timers"][w:]) if rec["timers"] else None,
+    }
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_num_threads(1)
+    out = Path(args.out)
+    rank, world = rank_and_world()
+    rss_start = current_rss_kib()
+    init_process_group(out, rank, world)
+    name_groups(args, rank, world)
+    systems = build_systems([n for n in args.system.split(",") if n], args, world)
+    profile_text = train(systems, args, rank, world, out)
+    common = {**launch_facts(args, systems, rank, world), "rss_start_kib": rss_start, "profile": profile_text}
+    results = {system.label: {**common, **system_result(system, args.warmup)} for system in systems}
     (out / f"result.rank{rank}.json").write_text(json.dumps(results))
     dist.barrier()
     dist.destroy_process_group()
@@ -678,9 +255,9 @@ def start_profile(kind: str, rank: int):
         prof = cProfile.Profile()
         prof.enable()
         return prof
-    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=False)
-    prof.__enter__()
-    return prof
+    torch_prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=False)
+    torch_prof.__enter__()
+    return torch_prof
 
 
 def stop_profile(prof, kind: str, rank: int, out: Path, steps: int) -> str | None:

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.pretrained_models import TINY_SIZES, hf_model
 from tests.distributed.lora_worker import DIR_ENV, STEPS
 from tests.mpi_harness import requires_mpi, run_cases
-from tests.pretrained_models import TINY_SIZES, hf_model
 
 pytestmark = [pytest.mark.distributed, requires_mpi]
 

@@ -1,7 +1,7 @@
 """Bytes on a host's link, read at the link, equal the formula of docs/runtime.md.
 
 Two hosts, each a network namespace with 2 ranks, joined by a bridge; host 1's link is
-shaped with ``tc tbf`` (``tests/netns_hosts.py``). Every rank is started in its host the
+shaped with ``tc tbf`` (``bench/netns_hosts.py``). Every rank is started in its host the
 way a job starts it: ``python -m entrypoints.launcher SCRIPT`` with torchrun's variables
 (``MASTER_ADDR`` = host 0's address), the job's ``SMSDP_CONFIG`` and the SageMaker host
 variables; gloo goes over TCP, so what ranks of different hosts send each other crosses
@@ -26,7 +26,7 @@ import sys
 
 import pytest
 
-from tests import netns_hosts
+from bench import netns_hosts
 from tests.conftest import REPO_ROOT
 
 pytestmark = [

@@ -1,7 +1,7 @@
 """The planner's predicted step time against a measured one, on namespaced hosts (one setting).
 
 Two hosts of two ranks (network namespaces, links shaped to 200 Mbit/s with ``tc tbf``,
-``tests/netns_hosts.py``): the probe ``smsdp probe`` runs (``entrypoints/probe.py``) writes a
+``bench/netns_hosts.py``): the probe ``smsdp probe`` runs (``entrypoints/probe.py``) writes a
 calibration on this bed, smsdp with its shard group spanning both hosts trains a few steps
 (``bench/workers/cluster_worker.py``), and the step time the planner predicts from that
 calibration alone (``smsdp.planner.speed``) is within 20% of the measured one. The whole table
@@ -13,21 +13,15 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 
 import pytest
 
-from tests import netns_hosts
-from tests.conftest import REPO_ROOT
+from bench import cluster, netns_hosts, planner_speed
 
 pytestmark = [
     pytest.mark.distributed,
     pytest.mark.skipif(netns_hosts.missing_reason() is not None, reason=str(netns_hosts.missing_reason())),
 ]
-
-sys.path.insert(0, str(REPO_ROOT / "bench"))
-import cluster  # noqa: E402
-import planner_speed  # noqa: E402
 
 RATE = "200mbit"
 TOLERANCE = 0.20

@@ -18,24 +18,14 @@ import sys
 import pytest
 import torch
 
-from tests.distributed.pretrained_worker import BROKEN, DIRS_ENV, EXPORTS, LOADS
+from bench.pretrained_models import LOAD_SIZES, TINY_SIZES, hf_model, save_variants
+from bench.workers.pretrained_loads import ALLOCATOR_ENV, ALLOWANCE_BYTES, DIRS_ENV, LOADS
+from tests.distributed.pretrained_worker import BROKEN, EXPORTS
 from tests.mpi_harness import requires_mpi, run_cases
-from tests.pretrained_models import LOAD_SIZES, TINY_SIZES, hf_model, save_variants
 
 pytestmark = [pytest.mark.distributed, requires_mpi]
 
 LOAD_CASES = [f"load:{m}:{v}:{t}:{d}" for m, v, t, d in LOADS]
-# What a rank holds over its shards and one unit, measured at 2 to 4 MiB: the replay's scratch
-# buffer (the largest parameter whose default init is overwritten), one box's read buffer and
-# file pages, the first-use imports of the load path.
-ALLOWANCE_BYTES = 8 * 2**20
-# glibc's dynamic mmap threshold: once a buffer above 128 KiB is freed, glibc raises the threshold to
-# its size (up to 32 MiB) and serves later buffers of that size from its heap, where freed memory
-# stays resident. These units are 6 to 7 MiB, under that cap, and with the default the peaks were
-# up to 29 MiB higher, different on each rank (bench/pretrained_memory.py prints both). A fixed
-# threshold makes resident memory follow the bytes the runtime holds, which is what the bound is
-# about; a job can set it too (docs/pretrained.md).
-ALLOCATOR_ENV = {"MALLOC_MMAP_THRESHOLD_": str(128 * 1024)}
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,8 @@ import tarfile
 import pytest
 import torch
 
+from bench.pretrained_models import hf_model
 from tests.mpi_harness import requires_mpi
-from tests.pretrained_models import hf_model
 
 pytestmark = [pytest.mark.integration, requires_mpi, pytest.mark.timeout(240)]
 

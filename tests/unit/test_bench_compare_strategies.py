@@ -2,20 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
 
 import pytest
 
-from tests.conftest import REPO_ROOT
-
-
-@pytest.fixture(scope="module")
-def compare():
-    spec = importlib.util.spec_from_file_location("bench_compare", REPO_ROOT / "bench" / "compare.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from bench import compare_systems
+from bench.compare_tables import strategy_pairs, strategy_table, target_lines
 
 
 def row(system: str, tokens_per_s: float, launch: str = "main", precision: str = "fp32", **extra) -> dict:
@@ -60,8 +52,8 @@ def rows() -> list[dict]:
     ]
 
 
-def test_pairs_take_fsdp2_and_ddp_from_the_same_launch(compare):
-    pairs = {p["strategy"]: p for p in compare.strategy_pairs(rows(), ["default", "keep", "qgz", "k2", "rbf16"])}
+def test_pairs_take_fsdp2_and_ddp_from_the_same_launch():
+    pairs = {p["strategy"]: p for p in strategy_pairs(rows(), ["default", "keep", "qgz", "k2", "rbf16"])}
     assert "rbf16" not in pairs  # not run: no row, no pair
     assert pairs["default"]["smsdp_vs_fsdp2"] == pytest.approx(1.5)
     assert pairs["keep"]["smsdp_vs_ddp"] == pytest.approx(0.98)
@@ -73,8 +65,8 @@ def test_pairs_take_fsdp2_and_ddp_from_the_same_launch(compare):
     assert pairs["qgz"]["fsdp2"] is None and pairs["qgz"]["smsdp_vs_fsdp2"] is None
 
 
-def test_table_has_one_smsdp_and_one_fsdp2_row_per_pair(compare):
-    table = compare.strategy_table(compare.strategy_pairs(rows(), ["default", "keep", "qgz", "k2"]))
+def test_table_has_one_smsdp_and_one_fsdp2_row_per_pair():
+    table = strategy_table(strategy_pairs(rows(), ["default", "keep", "qgz", "k2"]))
     lines = table.splitlines()
     assert len(lines) == 2 + 2 + 2 + 1 + 2  # header, rule; qgz has no FSDP2 row
     assert all(line.count("|") == lines[0].count("|") for line in lines)
@@ -88,19 +80,19 @@ def test_table_has_one_smsdp_and_one_fsdp2_row_per_pair(compare):
     assert "4.00 (hpz) + 3.00 (inter_host)" in k2
 
 
-def test_failed_and_missing_rows_render_without_ratios(compare):
+def test_failed_and_missing_rows_render_without_ratios():
     broken = rows()
     broken[1] = {"system": "fsdp2", "precision": "fp32", "launch": "main", "error": "timed out: ..."}
-    pairs = compare.strategy_pairs(broken, ["default"])
+    pairs = strategy_pairs(broken, ["default"])
     assert pairs[0]["smsdp_vs_fsdp2"] is None
-    table = compare.strategy_table(pairs)
+    table = strategy_table(pairs)
     assert "failed: 'timed out" in table
     assert "| 4,500 | n/a |" in table
-    assert compare.target_lines(pairs) == ["- fp32 default: smsdp / FSDP2 = n/a (target >= 1.4): n/a"]
+    assert target_lines(pairs) == ["- fp32 default: smsdp / FSDP2 = n/a (target >= 1.4): n/a"]
 
 
-def test_targets_say_reached_or_not(compare):
-    lines = compare.target_lines(compare.strategy_pairs(rows(), ["default", "keep", "k2"]))
+def test_targets_say_reached_or_not():
+    lines = target_lines(strategy_pairs(rows(), ["default", "keep", "k2"]))
     assert lines == [
         "- fp32 default: smsdp / FSDP2 = 1.50 (target >= 1.4): reached",
         "- fp32 keep: smsdp / FSDP2 = 1.40 (target >= 1.4): reached",
@@ -109,16 +101,16 @@ def test_targets_say_reached_or_not(compare):
     ]
 
 
-def test_nan_rss_is_shown_as_not_available(compare):
+def test_nan_rss_is_shown_as_not_available():
     data = rows()
     data[0]["peak_rss_mib"] = math.nan
-    table = compare.strategy_table(compare.strategy_pairs(data, ["default"]))
+    table = strategy_table(strategy_pairs(data, ["default"]))
     assert "| n/a | 26.00 |" in table
 
 
-def test_every_strategy_names_worker_systems_and_a_known_launch(compare):
-    for name, spec in compare.STRATEGIES.items():
+def test_every_strategy_names_worker_systems_and_a_known_launch():
+    for name, spec in compare_systems.STRATEGIES.items():
         assert spec["smsdp"].startswith("smsdp"), name
-        assert spec["launch"] == "main" or spec["launch"] in compare.STRATEGY_LAUNCHES, name
+        assert spec["launch"] == "main" or spec["launch"] in compare_systems.STRATEGY_LAUNCHES, name
         assert (spec["fsdp2"] is None) == (spec["fsdp2_label"] is None), name
-    assert set(compare.DEFAULT_STRATEGIES.split(",")) <= set(compare.STRATEGIES)
+    assert set(compare_systems.DEFAULT_STRATEGIES.split(",")) <= set(compare_systems.STRATEGIES)

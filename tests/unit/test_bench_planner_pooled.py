@@ -6,12 +6,9 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 
+from bench import planner_speed
 from tests.conftest import REPO_ROOT
-
-sys.path.insert(0, str(REPO_ROOT / "bench"))
-import planner_speed
 
 RUNS = [
     REPO_ROOT / "docs" / "planner_speed_bed_run10.json",

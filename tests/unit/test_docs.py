@@ -121,7 +121,7 @@ def _rule(command: str) -> str | None:
     if re.match(r"\.venv/bin/python -m pytest\b", command):
         paths = [word for word in shlex.split(command, comments=True)[3:] if not word.startswith("-")]
         return "collect" if paths else "help"
-    if re.match(r"\.venv/bin/python bench/\w+\.py\b", command):
+    if re.match(r"\.venv/bin/python -m bench\.\w+\b", command):
         return "help"  # minutes each
     if re.match(r"(\.venv/bin/)?smsdp (plan|dry-run|jobs)\b", command):
         return "as written"

@@ -1,4 +1,4 @@
-"""How the namespaced test bed's scripts take Ctrl-C and SIGTERM (``tests/netns_hosts.py``): the first
+"""How the namespaced test bed's scripts take Ctrl-C and SIGTERM (``bench/netns_hosts.py``): the first
 one unwinds (so that what they made is removed), and no later one cuts that cleanup short."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests import netns_hosts
+from bench import netns_hosts
 
 
 @pytest.fixture

@@ -48,10 +48,9 @@ def hf_model(kind: str, sizes: dict, seed: int):
 
     torch.manual_seed(seed)
     if kind == "llama":
-        config = LlamaConfig(**sizes, bos_token_id=0, eos_token_id=0, tie_word_embeddings=False, use_cache=False)
-        return LlamaForCausalLM(config)
-    config = GPT2Config(**sizes, bos_token_id=0, eos_token_id=0, use_cache=False)
-    return GPT2LMHeadModel(config)
+        llama = LlamaConfig(**sizes, bos_token_id=0, eos_token_id=0, tie_word_embeddings=False, use_cache=False)
+        return LlamaForCausalLM(llama)
+    return GPT2LMHeadModel(GPT2Config(**sizes, bos_token_id=0, eos_token_id=0, use_cache=False))
 
 
 def save_variants(model, root: Path, name: str, shard_size: str = SHARD_SIZE) -> dict[str, str]:

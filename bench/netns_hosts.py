@@ -228,7 +228,7 @@ def netem_available() -> bool:
 
 def remove_stale() -> list[str]:
     """Remove the namespaces and bridges of earlier runs whose recording process is gone."""
-    removed = []
+    removed: list[str] = []
     if not STATE_DIR.is_dir():
         return removed
     for path in STATE_DIR.iterdir():
