@@ -21,7 +21,7 @@ from estimator.backends.slurm.job import SlurmJob
 from estimator.backends.slurm.job_files import BATCH_SCRIPT, JOB_ID_FILE, LAUNCH_ARGV_VARIABLE, SLURM_OUTPUT
 from estimator.backends.slurm.options import OWNED_SBATCH_VARIABLES, SLURM, gpus_per_node, sbatch_lines
 from estimator.backends.slurm.request import SlurmRequest
-from estimator.backends.slurm.srun import srun_argv
+from estimator.backends.slurm.srun import srun_argv, torchrun_srun_argv
 from estimator.backends.supervised.attach import estimator_kwargs, find_job_dir
 from estimator.backends.supervised.container_env import (
     container_env,
@@ -34,6 +34,7 @@ from estimator.backends.supervised.launch import create_job_dir
 from estimator.backends.supervised.layout import OWN_SECTION, describe_spec, job_root, plan_job_dir, source_root
 from estimator.spec import JobSpec
 from estimator.validation import problem
+from smsdp.config import TORCHRUN
 from smsdp.config.cluster import SIMULATED_HOSTS_ENV
 
 SUPERVISOR_MODULE = "estimator.backends.slurm.supervisor"
@@ -58,12 +59,9 @@ class SlurmBackend(Backend[SlurmRequest]):
         env = {name: value for name, value in env.items() if name not in _PER_NODE}
         options: dict[str, str | bool] = dict(spec.backend_options.get("slurm_options") or {})
         runtime = spec.runtime
-        srun = srun_argv(
-            runtime.instance_count,
-            runtime.processes_per_host,
-            root,
-            [spec.code.entry_point, *hyperparameter_args(dict(spec.hyperparameters))],
-        )
+        script_argv = [spec.code.entry_point, *hyperparameter_args(dict(spec.hyperparameters))]
+        launch = torchrun_srun_argv if spec.launcher == TORCHRUN else srun_argv
+        srun = launch(runtime.instance_count, runtime.processes_per_host, root, script_argv)
         description = describe_spec(spec, srun, env, backend=SLURM)  # job.json: secrets scrubbed
         description[OWN_SECTION]["SlurmOptions"] = options
         return SlurmRequest(

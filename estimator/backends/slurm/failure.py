@@ -12,6 +12,7 @@ from estimator.backends.slurm.scheduler import SlurmJobState, run
 from estimator.backends.slurm.srun import ranks_that_died
 from estimator.backends.supervised import failure
 from estimator.backends.supervised.job_dir import JobDir
+from estimator.backends.supervised.torchrun import death_sentence
 
 __all__ = ["NODE_LOST", "lost_a_node", "node_failure_reason", "slurm_failure_reason"]
 
@@ -40,9 +41,28 @@ def down_nodes() -> list[str]:
     return out.split()
 
 
-def slurm_failure_reason(job: JobDir, exit_code: int | None, log_lines: list[str] | None = None) -> str:
-    """The first failing rank: its traceback, else the rank srun saw die (and where), else the shared rules."""
-    return failure.failure_reason(job, exit_code, "srun", _death_sentence, log_lines)
+def slurm_failure_reason(
+    job: JobDir, exit_code: int | None, log_lines: list[str] | None = None, torchrun: bool = False
+) -> str:
+    """The first failing rank: its traceback, else the rank srun saw die (and where), else the shared rules.
+
+    ``torchrun``: srun's tasks are the nodes' torchrun agents, so a rank that died is the one torchrun names."""
+    died = _torchrun_or_srun_death if torchrun else _death_sentence
+    return failure.failure_reason(job, exit_code, "srun", died, log_lines)
+
+
+def _torchrun_or_srun_death(job: JobDir, log_lines: list[str] | None) -> str | None:
+    return death_sentence(job, log_lines) or _node_death(job, log_lines)
+
+
+def _node_death(job: JobDir, log_lines: list[str] | None) -> str | None:
+    """A node's torchrun that srun saw die outside Python (its task is the node)."""
+    if log_lines is None:
+        log_lines = job.log_file.read_text(errors="replace").splitlines() if job.log_file.is_file() else []
+    for task, node, how in ranks_that_died("\n".join(log_lines)):
+        if "Exited with exit code" not in how:
+            return f"the torchrun of host {task + 1} on Slurm node {node}: {how} (srun's word)"
+    return None
 
 
 def _death_sentence(job: JobDir, log_lines: list[str] | None) -> str | None:

@@ -22,6 +22,9 @@ from pathlib import Path
 import estimator.backends.slurm.task_guard as task_guard
 from estimator.backends.supervised.container_env import LAUNCHER_MODULE
 from estimator.backends.supervised.rank_tags import LineTagger
+from estimator.backends.supervised.torchrun import LOG_SUBDIR, TorchrunTagger
+
+TORCHRUN_NODE_MODULE = "estimator.backends.slurm.torchrun_node"
 
 SRUN_PREFIX = "[srun] "
 _LABEL_RE = re.compile(r"^\s*(?P<rank>\d+): ?")
@@ -34,12 +37,21 @@ GUARD = str(Path(task_guard.__file__).resolve())
 _START, _END = task_guard.LINE_START.decode(), task_guard.LINE_END.decode()
 
 
-def srun_argv(instance_count: int, processes_per_host: int, job_dir: Path, script_argv: Sequence[str]) -> list[str]:
+def srun_argv(
+    instance_count: int,
+    processes_per_host: int,
+    job_dir: Path,
+    script_argv: Sequence[str],
+    module: str = LAUNCHER_MODULE,
+    cpus_per_task: int = 1,
+) -> list[str]:
+    """One task per rank running ``module`` (the launcher); a torchrun job: one per node (``torchrun_srun_argv``)."""
     return [
         "srun",
         f"--nodes={instance_count}",
         f"--ntasks={instance_count * processes_per_host}",
         f"--ntasks-per-node={processes_per_host}",
+        *([f"--cpus-per-task={cpus_per_task}"] if cpus_per_task > 1 else []),
         "--distribution=block",
         "--mpi=none",
         "--kill-on-bad-exit=1",
@@ -51,9 +63,17 @@ def srun_argv(instance_count: int, processes_per_host: int, job_dir: Path, scrip
         str(job_dir),
         sys.executable,
         "-m",
-        LAUNCHER_MODULE,
+        module,
         *script_argv,
     ]
+
+
+def torchrun_srun_argv(
+    instance_count: int, processes_per_host: int, job_dir: Path, script_argv: Sequence[str]
+) -> list[str]:
+    """A torchrun job: one task per node (its guard, then torchrun for the node's ranks)."""
+    node_argv = [str(processes_per_host), str(job_dir / "logs" / LOG_SUBDIR), *script_argv]
+    return srun_argv(instance_count, 1, job_dir, node_argv, TORCHRUN_NODE_MODULE, cpus_per_task=processes_per_host)
 
 
 @dataclass(frozen=True)
@@ -96,6 +116,15 @@ class SrunTagger(LineTagger):
     def _line(self, rank: int, text: str) -> str:
         # Pieces may split a UTF-8 character: they arrive decoded with surrogateescape and are joined first.
         return self.prefix(rank) + text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+@dataclass(frozen=True)
+class SrunTorchrunTagger(SrunTagger):
+    """A torchrun job's lines: srun labels each with its task (the node), torchrun with the local rank."""
+
+    def _line(self, rank: int, text: str) -> str:
+        text = text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+        return "\n".join(TorchrunTagger(self.hosts, self.processes_per_host).retag_on(rank, text))
 
 
 def ranks_that_died(log_text: str) -> list[tuple[int, str, str]]:

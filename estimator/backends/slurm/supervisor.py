@@ -54,15 +54,17 @@ from estimator.backends.slurm.job_files import (
     rank_records,
     request,
 )
-from estimator.backends.slurm.srun import SrunTagger
+from estimator.backends.slurm.srun import SrunTagger, SrunTorchrunTagger
 from estimator.backends.slurm.task_guard import ATTEMPT_VARIABLE
 from estimator.backends.supervised.container_env import visible_gpu_count
-from estimator.backends.supervised.job_dir import JobDir, write_job_text
+from estimator.backends.supervised.job_dir import JobDir, read_json, write_job_text
+from estimator.backends.supervised.layout import OWN_SECTION
 from estimator.backends.supervised.process_session import JobProcesses
 from estimator.backends.supervised.status import SecondaryStatus
 from estimator.backends.supervised.status_writer import note
 from estimator.backends.supervised.supervisor import Supervisor, run_supervisor
 from estimator.job import JobStatus
+from smsdp.config import TORCHRUN
 
 MODULE = "estimator.backends.slurm.supervisor"
 POLL_S = 0.2
@@ -80,6 +82,9 @@ class SlurmSupervisor(Supervisor):
 
     def __init__(self, job: JobDir):
         super().__init__(job, argv=_launch_argv())
+        self.torchrun = read_json(job.description_file)[OWN_SECTION].get("Launcher") == TORCHRUN
+        #: srun's tasks, each under a guard: one per rank, or one per node (its torchrun) for a torchrun job.
+        self.tasks = len(self.hosts) if self.torchrun else self.world_size
         self.job_id = os.environ.get("SLURM_JOB_ID", "")
         self.unconfirmed: dict[int, dict] = {}  # ranks a stop could not confirm ended: rank -> started record
         self.asked = False  # the stop came from stop() (the stop file), not from Slurm or a node's loss
@@ -98,7 +103,7 @@ class SlurmSupervisor(Supervisor):
             (self.job.root / HEARTBEAT_FILE).unlink(missing_ok=True)  # gone: the supervisor has ended
 
     def tagger(self) -> SrunTagger:
-        return SrunTagger(self.hosts, self.processes_per_host)
+        return (SrunTorchrunTagger if self.torchrun else SrunTagger)(self.hosts, self.processes_per_host)
 
     def attempt_environment(self, env: dict[str, str]) -> dict[str, str]:
         # Each attempt's ranks meet afresh, and their guards record their ends under this attempt.
@@ -116,7 +121,7 @@ class SlurmSupervisor(Supervisor):
         killed = False
         while proc.poll() is None:
             ended = rank_records(self.job.root, self.attempts.number, "ended")
-            if len(ended) >= self.world_size:
+            if len(ended) >= self.tasks:
                 all_ended_at = all_ended_at or time.monotonic()
                 if time.monotonic() - all_ended_at > SRUN_EXIT_GRACE_S:
                     proc.kill()
@@ -228,7 +233,7 @@ class SlurmSupervisor(Supervisor):
     # ---------------------------------------------------------------- end
 
     def failure_reason(self, exit_code: int, log_lines: list[str] | None) -> str:
-        return slurm_failure_reason(self.job, exit_code, log_lines)
+        return slurm_failure_reason(self.job, exit_code, log_lines, torchrun=self.torchrun)
 
     def ended_by_scheduler(self, exit_code: int) -> tuple[JobStatus, str, str] | None:
         """A job Slurm ended because a node failed fails naming the node (a stop that stop() asked is a stop)."""
