@@ -1,7 +1,7 @@
 """The step-time model's compute side on one GPU: a transformer block's achieved bf16 rate against
 the hardware table's assumption (peak x ``ACHIEVED_FRACTION_OF_PEAK``).
 
-What ``smsdp probe`` measures on a GPU (``smsdp.comm.probe.measure_blocks`` / ``measure_matmul``
+What ``smsdp probe`` measures on a GPU (``smsdp.probe.compute.measure_blocks`` / ``measure_matmul``
 with the bundled GPT's block), in a one-rank process group, printed beside the table's figure for
 the GPU found (H100 / A100). One command from the repository root, about a minute::
 
@@ -16,8 +16,9 @@ import torch
 import torch.distributed as dist
 
 from entrypoints.probe import GPU_BLOCKS, GPU_SHAPES, make_block
-from smsdp.comm.probe import measure_blocks, measure_matmul, measure_optimizer
 from smsdp.planner.hardware import ACHIEVED_FRACTION_OF_PEAK
+from smsdp.probe.compute import measure_blocks, measure_matmul
+from smsdp.probe.optimizer import measure_optimizer
 
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
 

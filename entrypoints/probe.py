@@ -3,7 +3,7 @@
 Run on every rank by any backend (``smsdp probe`` uses the Estimator's local backend; on
 Slurm or SageMaker it is this entry point), or directly under torchrun-style variables.
 Rank 0 writes ``--out`` (default ``$SM_MODEL_DIR/calibration.json``), which
-``smsdp plan --calibration FILE`` reads. What is measured: ``smsdp.comm.probe``.
+``smsdp plan --calibration FILE`` reads. What is measured: ``smsdp.probe.run``.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ if (_REPO_ROOT / "smsdp").is_dir() and str(_REPO_ROOT) not in sys.path:
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from smsdp.comm.probe import probe  # noqa: E402
 from smsdp.planner.calibration import Rates  # noqa: E402
+from smsdp.probe.run import probe  # noqa: E402
 
 CPU_SHAPES = ((128, 256, 1024), (256, 512, 2048))  # small: a probe on a shared CPU stays short
 GPU_SHAPES = ((2048, 4096, 16384), (8192, 8192, 8192), (16384, 12288, 49152))

@@ -5,7 +5,7 @@
         --output-path /shared/smsdp-jobs --slurm-option partition=gpu --slurm-option gres=gpu:8
     smsdp plan --instance-type local --instance-count 2 --processes-per-host 2 ... --calibration calibration.json
 
-The job is ``entrypoints/probe.py`` (``smsdp.comm.probe``: collective latency and bandwidth
+The job is ``entrypoints/probe.py`` (``smsdp.probe.run``: collective latency and bandwidth
 inside a host, over all hosts and per local rank across hosts; a transformer block's and
 AdamW's rates), run through the Estimator on the backend ``--instance-type`` picks, like any
 job: ``local`` here, ``slurm`` through sbatch (``--output-path`` on a file system every node

@@ -26,7 +26,7 @@ PACKAGE = "smsdp"
 LAYERS = [
     ["smp"],
     ["pretrained"],
-    ["core", "checkpoint"],
+    ["core", "checkpoint", "probe"],
     ["tensor_parallel", "planner"],
     ["comm"],
     ["config"],

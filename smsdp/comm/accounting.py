@@ -80,6 +80,14 @@ def ring_bytes(kind: CollectiveKind, nbytes: int, group_size: int) -> Number:
     return quotient if remainder == 0 else numerator / group_size
 
 
+def bus_factor(kind: str, ranks: int) -> float:
+    """Bus bytes per byte of payload (nccl-tests' ``busbw``): ``2(n-1)/n`` for an all-reduce, ``(n-1)/n``
+    for the others (all-gather, reduce-scatter, all-to-all) by their names as strings (``"all_reduce"``)."""
+    if kind == CollectiveKind.ALL_REDUCE.value:
+        return 2.0 * (ranks - 1) / ranks
+    return (ranks - 1) / ranks
+
+
 @dataclass
 class CollectiveCounter:
     bytes_sent: Number = 0

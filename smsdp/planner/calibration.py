@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from smsdp.comm.accounting import bus_factor
 from smsdp.util.atomic_files import write_text_atomically
 
 FORMAT = "smsdp-calibration/1"
@@ -283,12 +284,6 @@ class Rates:
 
 def ring_steps(kind: str, ranks: int) -> int:
     return 2 * (ranks - 1) if kind == "all_reduce" else ranks - 1
-
-
-def bus_factor(kind: str, ranks: int) -> float:
-    if kind == "all_reduce":
-        return 2.0 * (ranks - 1) / ranks
-    return (ranks - 1) / ranks
 
 
 def _link_cost(entry: Any, where: str) -> LinkCost:

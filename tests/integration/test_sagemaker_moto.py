@@ -240,7 +240,7 @@ def test_smsdp_probe_on_an_ml_instance_type_is_a_sagemaker_job_of_the_probe_scri
     body = boto3.client("s3", region_name=REGION).get_object(Bucket=BUCKET, Key=source)["Body"].read()
     with tarfile.open(fileobj=io.BytesIO(body), mode="r:gz") as tar:
         assert "main('probe.py', sys.argv[1:])" in tar.extractfile("smsdp_entry.py").read().decode()
-        assert {"probe.py", "smsdp/comm/probe.py"} <= set(tar.getnames())
+        assert {"probe.py", "smsdp/probe/run.py", "smsdp/comm/link_probe.py"} <= set(tar.getnames())
 
 
 def _objects(bucket: str) -> list[str]:
