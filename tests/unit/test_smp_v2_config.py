@@ -7,6 +7,8 @@ is torchrun for ``torch_distributed`` and stays mpirun for the SMP v1 configs of
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from smsdp.config import MPIRUN, TORCHRUN, ConfigError, RuntimeConfig, SMPParameters, resolve_job
@@ -156,6 +158,18 @@ def test_the_smp_v1_docs_configs_still_launch_with_mpirun_unchanged():
 def test_the_planner_takes_smp_v2_keys():
     model = ModelSpec.gpt(2, 64, 2, 32, 256)
     v2 = plan(model, batch_size=2, instance_count=2, processes_per_host=2, parameters={"hybrid_shard_degree": 0})
-    v1 = plan(model, batch_size=2, instance_count=2, processes_per_host=2, parameters={"sharded_data_parallel_degree": 4})
+    v1 = plan(
+        model,
+        batch_size=2,
+        instance_count=2,
+        processes_per_host=2,
+        parameters={"sharded_data_parallel_degree": 4, "sdp_param_persistence_threshold": 0},
+    )
     assert v2.runtime.parameters.sharded_data_parallel_degree == 4
     assert v2.memory == v1.memory
+
+
+def test_the_docs_table_is_the_key_table():
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "sdk3.md").read_text()
+    for key in KEYS:
+        assert f"| `{key.key}` | {key.smp_v2} | {key.smsdp} |" in doc, key.key
