@@ -19,6 +19,7 @@ import signal
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NoReturn
 
 from estimator.cli_values import key_value, scalar
 from estimator.example import EXAMPLE_ENTRY_POINT as EXAMPLE_SCRIPT
@@ -222,8 +223,15 @@ MEASURE_COMMANDS: list[Command] = [
 ]
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a usage error said in one line (the usage itself is ``--help``'s)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="smsdp", description=__doc__.split("\n\n")[0])
+    parser = _Parser(prog="smsdp", description=__doc__.split("\n\n")[0])
     subcommands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in [*COMMANDS, *MEASURE_COMMANDS, *(Command(*job_command) for job_command in JOB_COMMANDS)]:
         sub = subcommands.add_parser(command.name, help=command.help, description=command.help)
@@ -233,7 +241,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a usage error (2, said in one line): an exit status either way
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     try:
         return args.handler(args)
     except ConfigError as exc:

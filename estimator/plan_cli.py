@@ -16,9 +16,10 @@ import json
 import sys
 from typing import Any
 
+from estimator.cli_values import real_number, whole_number
 from estimator.planning import gpt_from_hyperparameters
 from smsdp.config.instance_types import LOCAL, lookup
-from smsdp.planner import Assumptions, ModelSpec, plan
+from smsdp.planner import Assumptions, ModelSpec, limits, plan
 from smsdp.planner.hardware import GiB
 
 PRESETS = {
@@ -43,14 +44,18 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
 def _model_arguments(parser: argparse.ArgumentParser) -> None:
     model = parser.add_argument_group("model (one of --model, --layers/--hidden/..., --params)")
     model.add_argument("--model", choices=sorted(PRESETS), help="a preset GPT")
-    model.add_argument("--layers", type=int, help="transformer blocks")
-    model.add_argument("--hidden", type=int, help="d_model")
-    model.add_argument("--heads", type=int)
-    model.add_argument("--vocab", type=int, default=50257, help="vocabulary (default 50257)")
-    model.add_argument("--seq-len", type=int, default=2048, help="sequence length (default 2048)")
+    model.add_argument("--layers", type=whole_number(1, limits.MAX_LAYERS), help="transformer blocks")
+    model.add_argument("--hidden", type=whole_number(1, limits.MAX_HIDDEN), help="d_model")
+    model.add_argument("--heads", type=whole_number(1, limits.MAX_HEADS))
+    model.add_argument(
+        "--vocab", type=whole_number(1, limits.MAX_VOCAB), default=50257, help="vocabulary (default 50257)"
+    )
+    model.add_argument(
+        "--seq-len", type=whole_number(1, limits.MAX_SEQ_LEN), default=2048, help="sequence length (default 2048)"
+    )
     model.add_argument(
         "--params",
-        type=float,
+        type=whole_number(1, limits.MAX_PARAMS),
         help="parameter count only, e.g. 175e9 (no activations unless --layers/--hidden/--heads are given too)",
     )
     model.add_argument("--untied", action="store_true", help="separate LM head (GPT)")
@@ -58,39 +63,58 @@ def _model_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _training_arguments(parser: argparse.ArgumentParser) -> None:
     train = parser.add_argument_group("training")
-    train.add_argument("--batch-size", type=int, default=1, help="sequences per GPU per micro-step (default 1)")
-    train.add_argument("--grad-accum", type=int, default=1, help="micro-steps per optimizer step (default 1)")
+    train.add_argument(
+        "--batch-size",
+        type=whole_number(1, limits.MAX_BATCH),
+        default=1,
+        help="sequences per GPU per micro-step (default 1)",
+    )
+    train.add_argument(
+        "--grad-accum",
+        type=whole_number(1, limits.MAX_GRAD_ACCUM),
+        default=1,
+        help="micro-steps per optimizer step (default 1)",
+    )
     train.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="bf16", help="default bf16")
     train.add_argument("--optimizer", choices=["adamw", "adam", "sgd_momentum", "sgd"], default="adamw")
     train.add_argument("--activation-checkpointing", action="store_true", help="checkpoint every block")
     train.add_argument("--offload-activations", action="store_true")
-    train.add_argument("--activation-loading-horizon", type=int, default=4)
+    train.add_argument("--activation-loading-horizon", type=whole_number(0, limits.MAX_LAYERS), default=4)
     train.add_argument("--dropout", action="store_true", help="the model uses dropout (adds masks)")
 
 
 def _cluster_arguments(parser: argparse.ArgumentParser) -> None:
     cluster = parser.add_argument_group("cluster and SMP parameters")
     cluster.add_argument("--instance-type", default="ml.p4d.24xlarge", help="default ml.p4d.24xlarge")
-    cluster.add_argument("--instance-count", type=int, default=1)
-    cluster.add_argument("--processes-per-host", type=int, default=None, help="default: one per GPU")
+    ranks = whole_number(1, limits.MAX_WORLD_SIZE)
+    cluster.add_argument("--instance-count", type=ranks, default=1)
+    cluster.add_argument("--processes-per-host", type=ranks, default=None, help="default: one per GPU")
     cluster.add_argument(
-        "--sharded-degree", type=int, default=None, help="sharded_data_parallel_degree (default: the whole cluster)"
+        "--sharded-degree", type=ranks, default=None, help="sharded_data_parallel_degree (default: the whole cluster)"
     )
     cluster.add_argument(
-        "--persistence-threshold", type=float, default=1e6, help="sdp_param_persistence_threshold (default 1e6)"
+        "--persistence-threshold",
+        type=whole_number(0, limits.MAX_ELEMENTS),
+        default=int(1e6),
+        help="sdp_param_persistence_threshold (default 1e6)",
     )
-    cluster.add_argument("--max-live-parameters", type=float, default=1e9, help="sdp_max_live_parameters")
+    cluster.add_argument(
+        "--max-live-parameters",
+        type=whole_number(1, limits.MAX_ELEMENTS),
+        default=int(1e9),
+        help="sdp_max_live_parameters",
+    )
     for way in ("forward", "backward"):
         cluster.add_argument(
             f"--{way}-prefetch",
-            type=int,
+            type=int,  # the config says what a depth may be
             default=1,
             metavar="N",
             help=f"sdp_{way}_prefetch: units gathered ahead in {way} (default 1; 0: on demand)",
         )
     cluster.add_argument(
         "--tensor-parallel-degree",
-        type=int,
+        type=ranks,
         default=1,
         help="tensor_parallel_degree (default 1); --batch-size is then per TP group",
     )
@@ -115,7 +139,7 @@ def _reshard_arguments(cluster: argparse._ArgumentGroup) -> None:
     )
     reshard.add_argument(
         "--reshard-after-forward",
-        type=int,
+        type=whole_number(1, limits.MAX_WORLD_SIZE),
         metavar="K",
         default=None,
         help="sdp_reshard_after_forward=K (hpZ): keep 1/K of each unit after its forward and "
@@ -127,13 +151,21 @@ def _assumption_arguments(parser: argparse.ArgumentParser) -> None:
     assume = parser.add_argument_group("assumptions (docs/planner.md)")
     assume.add_argument(
         "--achieved-fraction",
-        type=float,
+        type=real_number(0, 1, low_open=True),
         default=None,
         help="fraction of the dense peak the matmuls sustain (default 0.5)",
     )
-    assume.add_argument("--safety-margin", type=float, default=None, help="fraction kept free (default 0.10)")
-    assume.add_argument("--memory-gib", type=float, default=None, help="device memory per rank to plan for")
-    assume.add_argument("--overhead-gib", type=float, default=None, help="framework overhead per rank")
+    assume.add_argument(
+        "--safety-margin",
+        type=real_number(0, 1, high_open=True),
+        default=None,
+        help="fraction kept free (default 0.10)",
+    )
+    gib = limits.MAX_MEMORY_BYTES // GiB
+    assume.add_argument(
+        "--memory-gib", type=real_number(0, gib, low_open=True), default=None, help="device memory per rank to plan for"
+    )
+    assume.add_argument("--overhead-gib", type=real_number(0, gib), default=None, help="framework overhead per rank")
     assume.add_argument(
         "--hold-reduce-inputs",
         action="store_true",
@@ -186,7 +218,7 @@ def assumptions_from_args(args: argparse.Namespace) -> Assumptions:
     if args.safety_margin is not None:
         values["safety_margin"] = args.safety_margin
     if args.memory_gib is not None:
-        values["memory_budget_bytes"] = int(args.memory_gib * GiB)
+        values["memory_budget_bytes"] = max(1, int(args.memory_gib * GiB))  # a sliver of a byte is one byte
     if args.overhead_gib is not None:
         values["framework_overhead_bytes"] = int(args.overhead_gib * GiB)
     if args.hold_reduce_inputs:
@@ -245,8 +277,8 @@ def _parameters_from_args(args: argparse.Namespace, ppn: int) -> dict[str, Any]:
         "activation_checkpointing": args.activation_checkpointing,
         "offload_activations": args.offload_activations,
         "activation_loading_horizon": args.activation_loading_horizon,
-        "sdp_param_persistence_threshold": int(args.persistence_threshold),
-        "sdp_max_live_parameters": int(args.max_live_parameters),
+        "sdp_param_persistence_threshold": args.persistence_threshold,
+        "sdp_max_live_parameters": args.max_live_parameters,
         "sdp_forward_prefetch": args.forward_prefetch,
         "sdp_backward_prefetch": args.backward_prefetch,
         "sdp_hierarchical_allgather": not args.no_hierarchical_allgather,

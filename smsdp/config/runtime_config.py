@@ -30,6 +30,9 @@ from smsdp.config.topology import Topology, TopologyError, TopologyProblem
 from smsdp.config.validation import ConfigModel, Number, WholeNumber, plain
 
 CONFIG_ENV_VAR = "SMSDP_CONFIG"
+MAX_WORLD_SIZE = 32768
+"""The most ranks a job may have: every rank (and the client) builds every group of the world, so a
+world of millions is refused before it is built, not found out by the memory it takes."""
 """Environment variable that carries ``RuntimeConfig.to_env_value()`` to every rank."""
 
 
@@ -62,6 +65,9 @@ def with_world(parameters: SMPParameters, world_size: int) -> SMPParameters:
 def build_topology(parameters: SMPParameters, words: JobWords) -> Topology:
     """The job's ``Topology``, validated; a ConfigError naming the config's fields if it does not fit."""
     ppn = words.processes_per_host
+    if words.instance_count * ppn > MAX_WORLD_SIZE:
+        rule = f"gives a {words.shape()}, above the {MAX_WORLD_SIZE} ranks smsdp supports; use fewer instances"
+        raise ConfigError.from_problems([ConfigProblem(("instance_count",), rule, words.instance_count)])
     try:
         return Topology(
             world_size=words.instance_count * ppn,

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import lru_cache
 
 from smsdp.config.topology import Topology, TopologyError
 from smsdp.planner.quantized import QuantizedBytes
@@ -92,6 +93,7 @@ class GroupSpan:
     hierarchical_ok: bool
 
 
+@lru_cache(maxsize=256)  # a walk over every group; a plan's searches ask about the same few shapes often
 def group_span(world: int, processes_per_host: int, sdp_degree: int, tp_degree: int = 1) -> GroupSpan:
     """From the real topology (``smsdp.config.topology``): how many hosts each group spans."""
     topo = Topology(world, processes_per_host, tp_degree, sdp_degree)

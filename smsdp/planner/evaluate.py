@@ -8,6 +8,7 @@ together for one configuration. The searches over degrees and batch sizes
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from smsdp.config import ConfigError, RuntimeConfig, SMPParameters
@@ -29,7 +30,8 @@ def compute_bytes(p: SMPParameters) -> int:
 def shard_degrees(runtime: RuntimeConfig) -> list[int]:
     """The sharded degrees the runtime accepts for this cluster: the divisors of the data-parallel size."""
     rdp = runtime.topology.dp_size
-    return [k for k in range(1, rdp + 1) if rdp % k == 0]
+    small = [k for k in range(1, math.isqrt(rdp) + 1) if rdp % k == 0]
+    return small + [rdp // k for k in reversed(small) if k * k != rdp]
 
 
 def with_parameters(runtime: RuntimeConfig, instance_count: int | None = None, **params: Any) -> RuntimeConfig:

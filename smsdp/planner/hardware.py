@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass
 
 from smsdp.config.instance_types import LOCAL, InstanceType, lookup
+from smsdp.planner.limits import MAX_MEMORY_BYTES, check_whole_number
 
 GiB = 1024**3
 MiB = 1024**2
@@ -85,6 +86,10 @@ class Assumptions:
             raise ValueError(f"link_efficiency={self.link_efficiency} must be in (0, 1]")
         if self.pending_reduce_units is not None and self.pending_reduce_units < 1:
             raise ValueError(f"pending_reduce_units={self.pending_reduce_units} must be >= 1 or None")
+        # 0 is no budget, not "unset" (None is), and a negative overhead would make room that is not there
+        for name, low in (("memory_budget_bytes", 1), ("framework_overhead_bytes", 0)):
+            if getattr(self, name) is not None:
+                check_whole_number(name, getattr(self, name), low, MAX_MEMORY_BYTES)
 
 
 @dataclass(frozen=True)
@@ -161,7 +166,9 @@ class Hardware:
 
     def budget_bytes(self, assumptions: Assumptions) -> int:
         """What a rank may use: device memory (or the override) less the safety margin."""
-        memory = assumptions.memory_budget_bytes or self.device_memory_bytes
+        memory = (
+            self.device_memory_bytes if assumptions.memory_budget_bytes is None else assumptions.memory_budget_bytes
+        )
         return int(memory * (1.0 - assumptions.safety_margin))
 
 

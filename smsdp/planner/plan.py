@@ -26,6 +26,7 @@ from smsdp.planner import memory as mem
 from smsdp.planner.calibration import Rates
 from smsdp.planner.evaluate import evaluate
 from smsdp.planner.hardware import Assumptions
+from smsdp.planner.limits import MAX_BATCH, MAX_GRAD_ACCUM, MAX_WORLD_SIZE, check_whole_number
 from smsdp.planner.model_spec import ModelSpec
 from smsdp.planner.options import option_speeds
 from smsdp.planner.ranking import rank
@@ -59,6 +60,9 @@ def plan(
     combinations raise the same ``ConfigError`` the Estimator would. ``calibration``: the rates
     ``smsdp probe`` measured (a file or ``Rates``) for the step-time model; without one, a GPU
     instance type's hardware-table figures."""
+    check_whole_number("instance_count", instance_count, 1, MAX_WORLD_SIZE)
+    if processes_per_host is not None:
+        check_whole_number("processes_per_host", processes_per_host, 1, MAX_WORLD_SIZE)
     runtime = _runtime(runtime, distribution, parameters, instance_type, instance_count, processes_per_host)
     return plan_runtime(
         model,
@@ -151,9 +155,8 @@ def _runtime(
 
 
 def _check_inputs(runtime: RuntimeConfig, batch_size: int, grad_accum: int, optimizer: str) -> None:
-    for name, value in (("batch_size", batch_size), ("grad_accum", grad_accum)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}={value!r} must be a whole number >= 1")
+    check_whole_number("batch_size", batch_size, 1, MAX_BATCH)
+    check_whole_number("grad_accum", grad_accum, 1, MAX_GRAD_ACCUM)
     if optimizer not in mem.OPTIMIZER_BYTES_PER_ELEMENT:
         known = ", ".join(sorted(mem.OPTIMIZER_BYTES_PER_ELEMENT))
         raise ValueError(f"optimizer={optimizer!r} is not one the planner knows; use one of {known}")

@@ -26,15 +26,19 @@ from smsdp.config.parameters import SMPParameters, reshard_degree
 from smsdp.planner.memory import GroupLayout, UnitSizes, kept_for_backward_elems
 from smsdp.planner.model_spec import ROOT
 
+#: ``(elements, count)``: ``count`` codec calls of ``elements`` elements each.
+Calls = tuple[tuple[int, int], ...]
+
 
 @dataclass(frozen=True)
 class CodecCalls:
     """One unit's int8 collective in one micro-step: the bytes of its packed all-gather output
-    (or all-to-all input) and the elements of each pack and unpack call it makes."""
+    (or all-to-all input) and the pack and unpack calls it makes, as ``(elements, count)`` pairs
+    (a group's buckets are all one width but the last: two pairs, however many buckets)."""
 
     wire_bytes: float = 0.0
-    encode: tuple[int, ...] = ()
-    decode: tuple[int, ...] = ()
+    encode: Calls = ()
+    decode: Calls = ()
 
 
 @dataclass(frozen=True)
@@ -65,7 +69,7 @@ def quantized_bytes(groups: list[GroupLayout], sizes: UnitSizes, p: SMPParameter
     if p.sdp_quantized_gradients:
         columns = max(1, p.sdp_reduce_bucket_size // d)
         reduce = float(
-            sum((d - 1) * packed_nbytes(m, block) for g in sharded if g.trainable for m in _chunks(g, columns))
+            sum((d - 1) * packed_nbytes(m, block) * n for g in sharded if g.trainable for m, n in _chunks(g, columns))
         )
     return QuantizedBytes(gather, reduce)
 
@@ -74,21 +78,27 @@ def gather_calls(groups: list[GroupLayout], d: int, block: int) -> CodecCalls:
     """A unit's int8 all-gather (``groups``: its flat groups): each rank packs its shard of every
     sharded group and unpacks the ``d`` shards it receives."""
     shards = tuple(g.shard for g in groups if g.sharded and not g.nf4)
-    return CodecCalls(float(sum(d * packed_nbytes(s, block) for s in shards)), shards, shards * d)
+    return CodecCalls(
+        float(sum(d * packed_nbytes(s, block) for s in shards)),
+        tuple((s, 1) for s in shards),
+        tuple((s, d) for s in shards),
+    )
 
 
 def reduce_calls(groups: list[GroupLayout], d: int, block: int, bucket_size: int) -> CodecCalls:
     """A unit's int8 reduce-scatter: per bucket of ``sdp_reduce_bucket_size / d`` columns, each rank
     packs the ``d`` chunks of its gradient and unpacks into its sum the ``d`` chunks it receives."""
     columns = max(1, bucket_size // d)
-    chunks = tuple(m for g in groups if g.sharded and g.trainable and not g.nf4 for m in _chunks(g, columns))
-    return CodecCalls(float(sum(d * packed_nbytes(m, block) for m in chunks)), chunks * d, chunks * d)
+    chunks = tuple(c for g in groups if g.sharded and g.trainable and not g.nf4 for c in _chunks(g, columns))
+    calls = tuple((m, n * d) for m, n in chunks)
+    return CodecCalls(float(sum(d * packed_nbytes(m, block) * n for m, n in chunks)), calls, calls)
 
 
-def _chunks(g: GroupLayout, columns: int) -> list[int]:
-    """The bucket widths of a group's reduce-scatter (``Unit._reduce_grad`` cuts the shard columns)."""
+def _chunks(g: GroupLayout, columns: int) -> Calls:
+    """The bucket widths of a group's reduce-scatter (``Unit._reduce_grad`` cuts the shard columns):
+    ``(columns, full buckets)`` and the narrower last one, counted, never listed one by one."""
     full, rest = divmod(g.shard, columns)
-    return [columns] * full + ([rest] if rest else [])
+    return tuple((m, n) for m, n in ((columns, full), (rest, 1)) if m and n)
 
 
 def _units_kept_for_backward(sizes: UnitSizes, p: SMPParameters) -> set[int]:

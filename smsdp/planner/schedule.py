@@ -35,6 +35,7 @@ after its reduce-scatter; ``reshard_after_forward=k`` gathers each unit's backwa
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -215,19 +216,16 @@ def simulate(
 ) -> StepPrediction:
     """``units`` in forward order; ``root`` holds the root unit (embedding, final norm, LM head)."""
     tl = Timeline(rates, system.comm)
-    for m in range(micro_steps):
-        boundary = m == micro_steps - 1
-        start = tl.compute
-        if system.kind == "ddp":
-            for u in (root, *units):
-                tl.run(u.forward_s)
-            tl.phases["forward"] = tl.compute - start
-            _ddp_backward(tl, system, units, root)
-        else:
-            _sharded_forward(tl, system, units, root)
-            tl.phases["forward"] = tl.compute - start
-            _sharded_backward(tl, system, units, root, boundary)
-        tl.phases["backward"] = tl.compute - start - tl.phases["forward"]
+    for m in range(micro_steps - 1):
+        before = (tl.compute, tl.compute_busy, tl.comm_busy)
+        _micro_step(tl, system, units, root, boundary=False)
+        if tl.link <= tl.compute:
+            # Nothing is left in flight, as at the start: every later micro-step before the last runs
+            # exactly as this one did, so they are counted, not run (a plan's work does not grow with
+            # its accumulation).
+            _repeat(tl, before, micro_steps - 2 - m)
+            break
+    _micro_step(tl, system, units, root, boundary=True)
     before_step = tl.compute
     tl.wait(tl.link)  # step() waits for every collective still running (the replica all-reduces)
     if system.kind != "ddp" and system.d > 1:  # the gradients' global norm: one all-reduce over the world
@@ -235,6 +233,30 @@ def simulate(
     tl.run(optimizer_s)
     tl.phases["optimizer"] = tl.compute - before_step
     return StepPrediction(tl.compute, tl.compute_busy, tl.comm_busy, dict(tl.phases))
+
+
+def _micro_step(tl: Timeline, system: System, units: list[UnitWork], root: UnitWork, boundary: bool) -> None:
+    start = tl.compute
+    if system.kind == "ddp":
+        for u in (root, *units):
+            tl.run(u.forward_s)
+        tl.phases["forward"] = tl.compute - start
+        _ddp_backward(tl, system, units, root)
+    else:
+        _sharded_forward(tl, system, units, root)
+        tl.phases["forward"] = tl.compute - start
+        _sharded_backward(tl, system, units, root, boundary)
+    tl.phases["backward"] = tl.compute - start - tl.phases["forward"]
+
+
+def _repeat(tl: Timeline, before: tuple[float, float, float], times: int) -> None:
+    """The micro-step just run, ``times`` more times (it started and ended with nothing in flight)."""
+    compute, compute_busy, comm_busy = before
+    shift = (tl.compute - compute) * times
+    tl.compute_busy += (tl.compute_busy - compute_busy) * times
+    tl.comm_busy += (tl.comm_busy - comm_busy) * times
+    tl.queues = {link: end + shift for link, end in tl.queues.items()}
+    tl.compute += shift
 
 
 # ------------------------------------------------------------------------------- collectives
@@ -303,11 +325,7 @@ def _sharded_forward(tl: Timeline, system: System, units: list[UnitWork], root: 
     gathers = [unit_gather(system, u) for u in units]
     issued: dict[int, float] = {}
     depth = 0 if system.comm is CommMode.BLOCKING else system.forward_prefetch
-
-    def prefetch(upto: int) -> None:
-        for j in range(upto):
-            if j < len(units) and j not in issued:
-                issued[j] = tl.start(gathers[j])
+    prefetch = _prefetcher(tl, gathers, issued)
 
     prefetch(depth)
     for i, unit in enumerate(units):
@@ -317,6 +335,23 @@ def _sharded_forward(tl: Timeline, system: System, units: list[UnitWork], root: 
         prefetch(i + 1 + depth)
         tl.run(unit.forward_s)
     tl.run(root.forward_s)
+
+
+def _prefetcher(tl: Timeline, gathers: list[Collective], issued: dict[int, float]) -> Callable[[int], None]:
+    """``prefetch(upto)``: start every gather before position ``upto`` not started yet. Once called,
+    every one before ``upto`` is started, so the next call resumes there (one pass over the units
+    in all, not one per unit: a scan from the first made a plan quadratic in the layer count)."""
+    start = 0
+
+    def prefetch(upto: int) -> None:
+        nonlocal start
+        stop = min(upto, len(gathers))
+        for j in range(start, stop):
+            if j not in issued:
+                issued[j] = tl.start(gathers[j])
+        start = max(start, stop)
+
+    return prefetch
 
 
 def _backward_gathers(system: System, units: list[UnitWork]) -> list[Collective]:
@@ -344,11 +379,7 @@ def _sharded_backward(tl: Timeline, system: System, units: list[UnitWork], root:
     gathers = _backward_gathers(system, units)
     issued: dict[int, float] = {}
     depth = 0 if system.comm is CommMode.BLOCKING else system.backward_prefetch
-
-    def prefetch(upto: int) -> None:
-        for j in range(min(upto, len(order))):
-            if j not in issued:
-                issued[j] = tl.start(gathers[j])
+    prefetch = _prefetcher(tl, gathers, issued)
 
     pending: list[_Reduce] = []
     prefetch(depth)

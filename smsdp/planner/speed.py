@@ -148,6 +148,9 @@ def unit_work(
     """(blocks in forward order, root, one rank's optimizer seconds) at the system's degree."""
     groups = mem.layout(model, system.d, persistence_threshold)
     sizes = mem.unit_sizes(groups)
+    groups_of: dict[int, list[mem.GroupLayout]] = {}  # by unit, once: not a scan of every group per unit
+    for g in groups:
+        groups_of.setdefault(g.unit, []).append(g)
     shape = model.shape
     tokens = batch * (shape.seq_len if shape else 1)
     forward_rate, backward_rate = rates.block_rates(tokens, shape.d_model) if shape else rates.block_rates(tokens, 8192)
@@ -159,7 +162,7 @@ def unit_work(
         flops = (2.0 * matmul_params + per_token_extra) * tokens
         forward = flops / forward_rate
         return UnitWork(
-            **_int8_work(system, rates, groups, unit, quantization_block, bucket_size),
+            **_int8_work(system, rates, groups_of.get(unit, []), quantization_block, bucket_size),
             gather_bytes=sizes.gathered.get(unit, 0) * compute_bytes,
             reduce_bytes=sizes.trainable_sharded.get(unit, 0) * reduce_bytes,
             forward_s=forward,
@@ -179,19 +182,19 @@ def unit_work(
 
 
 def _int8_work(
-    system: System, rates: Rates, groups: list[mem.GroupLayout], unit: int, block: int, bucket_size: int
+    system: System, rates: Rates, groups: list[mem.GroupLayout], block: int, bucket_size: int
 ) -> dict[str, float]:
-    """The int8 collectives' packed bytes and codec seconds of ``unit`` (``UnitWork``'s fields)."""
+    """The int8 collectives' packed bytes and codec seconds of one unit (``groups``: its flat groups;
+    ``UnitWork``'s fields)."""
     out: dict[str, float] = {}
     if not (system.quantized_gather or system.quantized_reduce):
         return out
-    groups = [g for g in groups if g.unit == unit]
     if rates.codec is None:
         raise ValueError(f"{rates.source}: no int8 codec rates (rerun `smsdp probe`)")
     codec = rates.codec
 
-    def seconds(op: str, calls: tuple[int, ...]) -> float:
-        return sum(codec[op].seconds(n) for n in calls)
+    def seconds(op: str, calls: quantized.Calls) -> float:
+        return sum(codec[op].seconds(elements) * count for elements, count in calls)
 
     if system.quantized_gather:
         g = quantized.gather_calls(groups, system.d, block)

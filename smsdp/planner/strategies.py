@@ -44,7 +44,10 @@ def strategy_runtimes(runtime: RuntimeConfig) -> list[tuple[bool | int, RuntimeC
     """True, False, then each ``k`` the runtime accepts at ``runtime``'s sharded degree, with the
     configuration each makes."""
     d = runtime.parameters.sharded_data_parallel_degree
-    candidates = ((setting, _runtime_with(runtime, setting, d)) for setting in (True, False, *range(2, d)))
+    # A k's groups lie on one host, so k ranks fit on one: only k up to processes_per_host can be
+    # accepted (trying every k below d made a plan quadratic in the cluster size).
+    ks = (k for k in range(2, min(d, runtime.processes_per_host + 1)) if d % k == 0)
+    candidates = ((setting, _runtime_with(runtime, setting, d)) for setting in (True, False, *ks))
     return [(setting, built) for setting, built in candidates if built is not None]
 
 
