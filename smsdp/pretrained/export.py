@@ -16,10 +16,12 @@ ones. The other replicas hold the same values and take no part.
 
 [Note: nothing half-written]
 Rank 0 writes into a hidden staging directory beside ``path``, fsyncs every
-file, and only then renames it to ``path`` (an existing ``path`` is replaced
-only with ``overwrite=True``: renamed aside first, deleted after). A failure on
-any rank removes the staging directory and raises on every rank; ``path`` is
-then as it was.
+file, and only then publishes them: a new or empty ``path`` by renaming the
+staging directory to it; an existing one only with ``overwrite=True``, with
+transformers' rules (files the export does not write are kept, its stale weight
+files removed; ``smsdp.pretrained.export_target``, [Note: an export's target
+directory]). A failure on any rank removes the staging directory and raises on
+every rank; ``path`` is then as it was.
 
 [Note: adapters]
 What is written is an ``ExportSpec``: which parameters, under which names,
@@ -37,9 +39,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,7 +52,8 @@ from smsdp.checkpoint.agree import agree as agree_on
 from smsdp.checkpoint.agree import rank
 from smsdp.checkpoint.files import CheckpointError
 from smsdp.comm import world
-from smsdp.pretrained.directory import CONFIG_FILE, INDEX_FILE, PretrainedError
+from smsdp.pretrained.directory import CONFIG_FILE, INDEX_FILE, SINGLE_FILE, PretrainedError
+from smsdp.pretrained.export_target import Staging, occupied, publish, target_directory
 from smsdp.pretrained.names import TensorNames
 from smsdp.tensor_parallel.split_params import gather_full, split_of
 from smsdp.util.atomic_files import fsync_directory, fsync_file
@@ -73,6 +74,21 @@ class ExportSpec:
     single_file: str | None = None  # every tensor in this one file; None: one file per unit + index
     buffers: bool = True  # the persistent buffers, in the last unit's file
 
+    def __post_init__(self) -> None:  # the one home of the dtype rule: save_pretrained's and save_adapter's
+        problem = export_dtype_problem(self.dtype)
+        if problem:
+            raise PretrainedError(problem)
+
+
+def export_dtype_problem(dtype: object) -> str | None:
+    """Why the tensors cannot be written in ``dtype``, or None: a cast into an integer or bool dtype would
+    write truncated or garbage weights that loaders take without a word."""
+    if not isinstance(dtype, torch.dtype):
+        return f"dtype={dtype!r} is not a torch.dtype; pass torch.float32, torch.bfloat16 or torch.float16"
+    if not dtype.is_floating_point:
+        return f"dtype={dtype}: export in a floating-point dtype (torch.float32, torch.bfloat16 or torch.float16)"
+    return None
+
 
 @dataclass
 class ExportReport:
@@ -85,9 +101,7 @@ class ExportReport:
 
 def hf_model_spec(module: Any, names: TensorNames, dtype: torch.dtype = torch.float32) -> ExportSpec:
     """The whole model as ``from_pretrained`` reads it: every parameter and persistent buffer."""
-    if not dtype.is_floating_point:
-        raise PretrainedError(f"dtype={dtype}: export in a floating-point dtype (float32, bfloat16, float16)")
-    config = dict(names.config_for(module))
+    config = dict(names.config_for(module))  # ExportSpec refuses a dtype that is not a float
     config["dtype"] = str(dtype).removeprefix("torch.")
     config.pop("torch_dtype", None)
     text = json.dumps(config, indent=2, sort_keys=True) + "\n"
@@ -123,12 +137,10 @@ def save_pretrained(
         spec = hf_model_spec(module, names.adapted_to(module) if names is not None else TensorNames.of(module), dtype)
     plans = _plan(model, spec)  # the same on every rank: nothing has been gathered yet
     what = f"save_pretrained({target})"
-    occupied = rank() == 0 and target.exists() and not (overwrite or _is_empty_dir(target))
-    _agree(
-        f"{target} exists and is not an empty directory; pass overwrite=True to replace it" if occupied else None, what
-    )
+    directory, refused = _target_on_rank0(target, overwrite)
+    _agree(refused, what)
     report = ExportReport(target)
-    writer = _Writer(target, spec, report) if rank() == 0 else None
+    writer = _Writer(directory, spec, report) if directory is not None else None
     error = None
     try:
         _gather_units(spec, plans, writer)
@@ -141,6 +153,22 @@ def save_pretrained(
     if rank() == 0:
         logger.info("save_pretrained: %d tensors in %d file(s) in %s", report.tensors, len(report.files), target)
     return report
+
+
+def _target_on_rank0(target: Path, overwrite: bool) -> tuple[Path | None, str | None]:
+    """Rank 0: the directory to write (symlinks followed), or why not; other ranks: (None, None)."""
+    if rank() != 0:
+        return None, None
+    try:
+        directory = target_directory(target)
+    except PretrainedError as exc:
+        return None, str(exc)
+    if occupied(directory) and not overwrite:
+        return None, (
+            f"{target} exists and is not an empty directory; pass overwrite=True to write into it "
+            "(the files the export does not write are kept)"
+        )
+    return directory, None
 
 
 @dataclass
@@ -229,11 +257,15 @@ class _Writer:
 
     def __init__(self, target: Path, spec: ExportSpec, report: ExportReport):
         self.target, self.spec, self.report = target, spec, report
-        self.staging = target.parent / f".{target.name}.partial-{uuid.uuid4().hex[:12]}"
         self.weight_map: dict[str, str] = {}
         self.pending: dict[str, torch.Tensor] = {}
+        self.written: list[str] = []  # in the order they are published: weights, index, the rest
         self.error: str | None = None
-        self._attempt(self.staging.mkdir, parents=True)
+        self._staging: Staging | None = None
+        self._attempt(self._make_staging)
+
+    def _make_staging(self) -> None:
+        self._staging = Staging(self.target)
 
     def _attempt(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
         if self.error is not None:
@@ -247,51 +279,47 @@ class _Writer:
         self.pending.update(tensors)
         self.weight_map.update(dict.fromkeys(tensors, file))
         if self.spec.single_file is None or last:
-            self._attempt(self._write_file, self.staging / file, self.pending)
+            self._attempt(self._write_file, file, self.pending)
             self.pending = {}
 
-    def _write_file(self, file: Path, tensors: dict[str, torch.Tensor]) -> None:
+    def _write_file(self, name: str, tensors: dict[str, torch.Tensor]) -> None:
+        assert self._staging is not None
+        file = self._staging.path / name
         save_file(tensors, str(file), metadata={"format": "pt"})
         fsync_file(file)
-        self.report.files.append(file.name)
+        self.written.append(name)
+        self.report.files.append(name)
         self.report.tensors += len(tensors)
         self.report.bytes_written += sum(t.numel() * t.element_size() for t in tensors.values())
 
     def _write_index_and_extras(self) -> None:
-        files = dict(self.spec.extra_files)
+        assert self._staging is not None
+        files = {}
         if self.spec.single_file is None:
             index = {
                 "metadata": {"total_size": self.report.bytes_written},
                 "weight_map": dict(sorted(self.weight_map.items())),
             }
             files[INDEX_FILE] = (json.dumps(index, indent=2) + "\n").encode()
+        files.update(self.spec.extra_files)
         for name, contents in files.items():
-            (self.staging / name).write_bytes(contents)
-            fsync_file(self.staging / name)
-        fsync_directory(self.staging)
+            (self._staging.path / name).write_bytes(contents)
+            fsync_file(self._staging.path / name)
+            self.written.append(name)
+        fsync_directory(self._staging.path)
+
+    def _publish(self, overwrite: bool) -> None:
+        assert self._staging is not None
+        weights = self.spec.single_file or SINGLE_FILE
+        stale = publish(self._staging.path, self.target, self.written, weights, overwrite)
+        if stale:
+            logger.info("save_pretrained: removed stale weight files from %s: %s", self.target, ", ".join(stale))
 
     def finish(self, overwrite: bool, error: str | None) -> str | None:
-        """Publish the staging directory at the target, or remove it; returns the error, if any."""
+        """Publish the files at the target (see [Note: an export's target directory]); returns the error, if any."""
         self.error = self.error or error
         self._attempt(self._write_index_and_extras)
-        self._attempt(_publish, self.staging, self.target, overwrite)
-        if self.staging.exists():
-            shutil.rmtree(self.staging, ignore_errors=True)
+        self._attempt(self._publish, overwrite)
+        if self._staging is not None:
+            self._staging.__exit__(None, None, None)  # removed, whether or not it was published
         return self.error
-
-
-def _publish(staging: Path, target: Path, overwrite: bool) -> None:
-    aside = None
-    if target.exists() and not _is_empty_dir(target):
-        if not overwrite:  # it appeared while we wrote
-            raise FileExistsError(f"{target} appeared during the export; nothing was replaced")
-        aside = target.parent / f".{target.name}.replaced-{uuid.uuid4().hex[:12]}"
-        os.replace(target, aside)
-    os.replace(staging, target)
-    fsync_directory(target.parent)
-    if aside is not None:
-        shutil.rmtree(aside, ignore_errors=True)
-
-
-def _is_empty_dir(path: Path) -> bool:
-    return path.is_dir() and not any(path.iterdir())

@@ -156,5 +156,65 @@ def fingerprint_case() -> dict:
     return result
 
 
+def _listing(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir())
+
+
+def _lay_out_overwritten(target: Path) -> None:
+    """A model directory as a user has it: files the export does not write, and stale ones it does."""
+    target.mkdir()
+    for name in ("tokenizer.json", "README.md", "generation_config.json", "config.json"):
+        (target / name).write_text(f"old {name}\n")
+    for name in ("model-00001-of-00009.safetensors", "model-00009-of-00009.safetensors", "model.safetensors"):
+        (target / name).write_bytes(b"stale weights")
+    (target / "model.safetensors.index.json").write_text("{}")
+    (target / "notes").mkdir()
+
+
+def _exports_onto(model, out: Path) -> dict:
+    """save_pretrained(overwrite=True) onto a directory, a symlink to one and a file; what each left."""
+    result: dict = {}
+    target, real, link, file = out / "overwritten", out / "real", out / "link", out / "a-file"
+
+    def lay_out() -> None:
+        _lay_out_overwritten(target)
+        _lay_out_overwritten(real)
+        link.symlink_to(real)
+        file.write_text("mine\n")
+        (out / ".overwritten.partial-0123456789ab").mkdir()  # what a crashed export left
+        (out / ".overwritten.partial-0123456789ab" / "model-00001-of-00003.safetensors").write_bytes(b"half")
+
+    _on_rank0(lay_out)
+    report = smp.save_pretrained(model, target, overwrite=True)
+    result["written"] = report.files
+    result["overwritten"] = _listing(target)
+    kept = target / "tokenizer.json"
+    result["kept_text"] = kept.read_text() if kept.exists() else None
+    smp.save_pretrained(model, link, overwrite=True)
+    result["link_is_link"] = link.is_symlink()
+    result["through_link"] = _listing(real)
+    result["onto_file"] = _error(lambda: smp.save_pretrained(model, file, overwrite=True))
+    result["file_after"] = file.read_text() if file.is_file() else f"replaced: {_listing(file)}"
+    result["beside"] = sorted(p.name for p in out.iterdir() if p.name.startswith("."))
+    return result
+
+
+def exports_case() -> dict:
+    root, out = _root(), Path(os.environ[OUT_ENV]) / "exports"
+    _on_rank0(lambda: out.mkdir())
+    model = _model(str(root / "base"))
+    result = _exports_onto(model, out)
+    for dtype in (torch.int8, torch.uint8, torch.int64, torch.bool):
+        target = out / f"adapter-{str(dtype)[6:]}"
+        result[f"adapter {dtype}"] = _error(
+            lambda target=target, dtype=dtype: smp.save_adapter(model, target, dtype=dtype)
+        )
+        result[f"adapter {dtype} made"] = target.exists()
+    adapter = out / "adapter"
+    smp.save_adapter(model, adapter, dtype=torch.bfloat16)
+    result["adapter"] = _listing(adapter)
+    return result
+
+
 if __name__ == "__main__":
-    worker_main({"fingerprint": fingerprint_case}, setup=init_gloo_from_env)
+    worker_main({"fingerprint": fingerprint_case, "exports": exports_case}, setup=init_gloo_from_env)

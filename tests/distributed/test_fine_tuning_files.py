@@ -54,7 +54,7 @@ def base_dirs(tmp_path_factory) -> Path:
 def results(base_dirs, tmp_path_factory):
     return run_cases(
         "tests/distributed/fine_tuning_files_worker.py",
-        ["fingerprint"],
+        ["fingerprint", "exports"],
         nprocs=2,
         env={DIR_ENV: str(base_dirs)},
         timeout=300,
@@ -94,3 +94,34 @@ def test_a_base_changed_anywhere_is_refused_on_resume(results):
         accepted = [name for name, error in changes.items() if error is None or "files differ" not in error]
         assert accepted == [], {name: changes[name] for name in accepted}
         assert rank["unchanged_scratch"] is None  # each change undone: accepted again
+
+
+# ---- exports: transformers' overwrite rules, the dtype rule --------------------------------------------------
+
+
+def test_overwriting_keeps_the_files_the_export_does_not_write_and_removes_its_stale_weights(results):
+    export = results["exports"][0]
+    written = export["written"]
+    assert written and all(name.startswith("model-") and "-of-" in name for name in written)
+    expected = {"README.md", "generation_config.json", "tokenizer.json", "notes", "config.json"}
+    expected |= {"model.safetensors.index.json", *written}
+    assert set(export["overwritten"]) == expected  # old shards and the stale single file gone
+    assert export["kept_text"] == "old tokenizer.json\n"
+
+
+def test_overwriting_through_a_symlink_writes_where_it_points_and_onto_a_file_is_refused(results):
+    for rank in results["exports"]:
+        assert rank["link_is_link"]
+        assert "tokenizer.json" in rank["through_link"] and "model.safetensors" not in rank["through_link"]
+        assert "it is a file, not a directory" in (rank["onto_file"] or ""), rank["onto_file"]
+        assert rank["file_after"] == "mine\n"
+        assert rank["beside"] == []  # no staging, no replaced copy, and the crashed export's staging removed
+
+
+def test_an_adapter_in_an_integer_or_bool_dtype_is_refused_as_save_pretrained_refuses_it(results):
+    for rank in results["exports"]:
+        for dtype in ("torch.int8", "torch.uint8", "torch.int64", "torch.bool"):
+            error = rank[f"adapter {dtype}"] or ""
+            assert "PretrainedError" in error and "floating-point" in error, (dtype, error)
+            assert rank[f"adapter {dtype} made"] is False
+        assert rank["adapter"] == ["adapter_config.json", "adapter_model.safetensors"]
