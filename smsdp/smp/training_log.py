@@ -31,6 +31,7 @@ import torch.distributed as dist
 
 from smsdp.comm import world
 from smsdp.config.topology import Topology
+from smsdp.core.compile_units import compile_counts, dynamo_loaded
 from smsdp.smp import api
 from smsdp.smp.comm_groups import barrier
 from smsdp.tensor_parallel.batch import batch_arithmetic
@@ -43,7 +44,7 @@ __all__ = ["TrainingLog"]
 class TrainingLog:
     """Progress lines, the per-step metrics table and TensorBoard, and ``summary.json`` of one run.
 
-    ``batch_size`` is per rank and micro-step; ``tokens_per_step`` (the whole job's, for tokens/s
+    Made after ``smp.init()``, on every rank. ``batch_size`` is per rank and micro-step; ``tokens_per_step`` (the whole job's, for tokens/s
     and TFLOP/s) multiplies it by ``seq_len``, ``grad_accum`` and the data-parallel size.
     ``output_dir`` (default ``$SM_OUTPUT_DATA_DIR``, else ``output``) gets ``metrics.csv`` and
     ``summary.json``; ``tensorboard_dir`` (default ``$SMSDP_TENSORBOARD_DIR``, else
@@ -134,14 +135,17 @@ class TrainingLog:
 
     def finish(self, **fields: Any) -> dict[str, Any]:
         """End the run: close, then rank 0 writes ``summary.json`` (the run's figures and ``fields``,
-        e.g. ``model_dir=``) and says where; every rank calls it and returns the summary."""
+        e.g. ``model_dir=``) and prints ``saved <its path>``; every rank calls it and returns the summary."""
         self.close()
         summary = self._logger.summary(
             sharded_degree=api.sdp_size(), comm_bytes=api.comm_stats(), total_time_s=api.seconds_since_init()
         )
+        if dynamo_loaded():  # torch.compile ran in this job (docs/runtime.md, "torch.compile")
+            summary["compile"] = compile_counts()
+            self.info(_compile_line(summary["compile"]))
         summary.update(fields)
         if api.rank() == 0:
-            self.info(f"summary in {write_summary(self.output_dir, **summary)}")
+            self.info(f"saved {write_summary(self.output_dir, **summary)}")
         barrier()  # nobody leaves (and tears the group down) before rank 0 has written
         return summary
 
@@ -187,6 +191,14 @@ def topology_text(topology: Topology) -> str:
     ):
         lines.append(f"{name}s: " + " ".join("(" + ",".join(map(str, g)) + ")" for g in groups))
     return "\n".join(lines)
+
+
+def _compile_line(counts: Mapping[str, float]) -> str:
+    """What torch.compile did on rank 0: its compile time and graphs (dynamo's own counters)."""
+    return (
+        f"torch.compile: {counts['compile_seconds']:.1f} s compiling, {counts['graphs']} graphs, "
+        f"{counts['graph_breaks']} graph breaks"
+    )
 
 
 def _fenced(text: str) -> str:

@@ -132,7 +132,7 @@ def test_training_log_reports_the_global_batch_once_and_save_model_writes_plain_
     assert "eval step 4/4 val_loss=1.5000" in "\n".join(lines)
     out = Path(got[0]["out"])
     summary = json.loads((out / "summary.json").read_text())
-    assert lines[-1] == f"[smsdp] summary in {out / 'summary.json'}"
+    assert lines[-1] == f"[smsdp] saved {out / 'summary.json'}"
     assert (summary["steps"], summary["world_size"], summary["sharded_degree"]) == (4, 4, 2)
     assert summary["tokens_per_step"] == 192 and summary["val_loss"] == pytest.approx(1.5)
     assert summary["comm_bytes"]["all_gather"] > 0 and summary["total_time_s"] >= summary["wall_time_s"] > 0

@@ -27,6 +27,7 @@ TINY = {
     "vocab_size": 256,
     "log_interval": 1,
     "dropout": 0.1,
+    "lr_decay_steps": 6,  # the same schedule in the 4-step and the 6-step jobs (the warm-up ends in between)
 }
 TWO_HOSTS_SHARDED = {
     "smdistributed": {

@@ -36,6 +36,8 @@ JOB = "gpt-obs"
 STEPS, PRINT_EVERY = 8, 4
 VOCAB = 1024  # the bundled script's default
 TINY = {"n_layer": 2, "d_model": 64, "seq_len": 32, "batch_size": 2, "eval_batches": 1, "vocab_size": VOCAB}
+# The schedule held flat at the script's --lr (its warm-up and decay: tests/unit/test_bundled_scripts.py)
+CONSTANT_LR = {"lr": 3e-4, "warmup_steps": 0, "min_lr": 3e-4}
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
@@ -49,7 +51,7 @@ def gpt(tmp_path_factory):
         example_source_dir(),
         instance_count=1,
         distribution=example_distribution(processes_per_host=2, sharded_degree=2),
-        hyperparameters={"max_steps": STEPS, "log_interval": PRINT_EVERY, **TINY},
+        hyperparameters={"max_steps": STEPS, "log_interval": PRINT_EVERY, **TINY, **CONSTANT_LR},
         output_path=str(jobs_dir),
         tensorboard_output_config={"S3OutputPath": str(tensorboard)},
     )

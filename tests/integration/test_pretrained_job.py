@@ -1,6 +1,6 @@
-"""The bundled script fine-tunes a Hugging Face GPT-2 handed to the job as the ``model`` channel.
+"""The bundled ``finetune_gpt.py`` fine-tunes a Hugging Face GPT-2 handed to the job as the ``model`` channel.
 
-One local job (2 ranks, sharded degree 2) through ``smsdp run-example``:
+One local job (2 ranks, sharded degree 2) through ``smsdp run-example --entry-point finetune_gpt.py``:
 ``fit({"model": "file://gpt2-dir/"})`` → ``$SM_CHANNEL_MODEL`` → ``--pretrained_dir`` →
 ``smp.load_pretrained`` → 2 steps → ``--export_hf true`` writes ``model/hf/``. With ``lr=0`` the
 steps change nothing, so the exported tensors must be the saved GPT-2's, bit for bit: the
@@ -27,11 +27,13 @@ def test_the_bundled_gpt_starts_from_a_pretrained_channel_and_exports_for_from_p
     from safetensors.torch import load_file
 
     from estimator.cli import main
+    from estimator.example import example_source_dir
 
     pretrained = tmp_path / "gpt2"
     hf_model("gpt2", GPT2, seed=5).save_pretrained(pretrained)
     hyper = ["seq_len=32", "batch_size=2", "eval_batches=1", "lr=0", "export_hf=true"]
-    argv = ["run-example", "--max-steps", "2", "--instance-count", "1", "--processes-per-host", "2"]
+    argv = ["run-example", "--entry-point", "finetune_gpt.py", "--source-dir", example_source_dir()]
+    argv += ["--max-steps", "2", "--instance-count", "1", "--processes-per-host", "2"]
     argv += ["--output-path", str(tmp_path), "--job-name", "ft"]
     argv += [arg for h in hyper for arg in ("-H", h)] + ["--input", f"model={pretrained.as_uri()}"]
     assert main(argv) == 0, capsys.readouterr().out

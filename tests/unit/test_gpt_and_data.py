@@ -426,3 +426,11 @@ def test_training_script_runs_as_one_plain_process(tmp_path):
     model.load_state_dict(torch.load(tmp_path / "model" / "model.pt"))
     assert summary["model_params"] == model.num_params()
     assert sorted(os.listdir(tmp_path / "model")) == ["config.json", "model.pt"]  # no temp files
+
+    # every step ran at the schedule's learning rate (3 steps: all inside the default warm-up)
+    from entrypoints.train_gpt import learning_rate, parse_args
+    from smsdp.util.metrics_table import parse_table
+
+    rows = parse_table((tmp_path / "output" / "metrics.csv").read_text())
+    expected = [learning_rate(step, parse_args(args)) for step in (1, 2, 3)]
+    assert [row["lr"] for row in rows] == pytest.approx(expected, rel=1e-12) and expected[0] < expected[-1]

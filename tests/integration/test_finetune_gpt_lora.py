@@ -1,6 +1,6 @@
 """LoRA fine-tuning through ``Estimator.fit()``, as the README shows it, and the adapter loaded back with peft.
 
-One local job (1 host, 2 ranks, sharded degree 2) of the bundled script: a GPT-2 saved with
+One local job (1 host, 2 ranks, sharded degree 2) of the bundled ``finetune_gpt.py``: a GPT-2 saved with
 ``save_pretrained`` in the ``model`` channel, ``lora_rank=4``: the base is read sharded and frozen,
 peft's adapters train for 3 steps, ``export_adapter=true`` writes ``model/adapter/``. Here, without
 smsdp: the adapter loaded by ``peft.PeftModel.from_pretrained`` onto the GPT, and onto the GPT-2
@@ -37,7 +37,7 @@ def test_lora_fine_tuning_through_fit_exports_an_adapter_that_peft_loads(tmp_pat
     hf_model("gpt2", GPT2, seed=5).save_pretrained(pretrained)
     parameters = {"ddp": True, "sharded_data_parallel_degree": 2, "sdp_param_persistence_threshold": 100}
     est = Estimator(
-        entry_point="train_gpt.py",
+        entry_point="finetune_gpt.py",
         source_dir=example_source_dir(),
         instance_type="local",
         instance_count=1,
