@@ -44,8 +44,9 @@ __all__ = ["TrainingLog"]
 class TrainingLog:
     """Progress lines, the per-step metrics table and TensorBoard, and ``summary.json`` of one run.
 
-    Made after ``smp.init()``, on every rank. ``batch_size`` is per rank and micro-step; ``tokens_per_step`` (the whole job's, for tokens/s
-    and TFLOP/s) multiplies it by ``seq_len``, ``grad_accum`` and the data-parallel size.
+    Made after ``smp.init()``, on every rank. ``batch_size`` is per rank and micro-step;
+    ``tokens_per_step`` (the whole job's, for tokens/s and TFLOP/s) multiplies it by ``seq_len``,
+    ``grad_accum`` and the data-parallel size.
     ``output_dir`` (default ``$SM_OUTPUT_DATA_DIR``, else ``output``) gets ``metrics.csv`` and
     ``summary.json``; ``tensorboard_dir`` (default ``$SMSDP_TENSORBOARD_DIR``, else
     ``$SM_OUTPUT_DIR/tensorboard``) the events; ``step_metrics=False`` writes neither table nor
