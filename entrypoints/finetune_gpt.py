@@ -82,7 +82,11 @@ def finetune_args(argv=None) -> argparse.Namespace:
 
 def pretrained_config(args: argparse.Namespace) -> GPTConfig:
     """The GPT that the pretrained directory's config.json describes."""
-    hf_config = json.loads((Path(args.pretrained_dir) / "config.json").read_text())
+    path = Path(args.pretrained_dir) / "config.json"
+    try:
+        hf_config = json.loads(path.read_text())
+    except ValueError as error:
+        raise ValueError(f"{path} is not JSON ({error}): give the directory save_pretrained wrote") from None
     config = config_from_hf_gpt2(hf_config, dropout=args.dropout)
     if args.seq_len > config.block_size:
         raise ValueError(f"--seq_len {args.seq_len} exceeds the pretrained model's n_positions {config.block_size}")

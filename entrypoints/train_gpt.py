@@ -83,8 +83,8 @@ def parse_args(argv=None, parser: argparse.ArgumentParser | None = None) -> argp
     args = p.parse_args(argv)
     if args.vocab_size < 256:
         p.error(f"--vocab_size {args.vocab_size} is below the 256 byte tokens; use 256 or more")
-    if args.warmup_steps < 0 or (args.lr_decay_steps is not None and args.lr_decay_steps < 1):
-        p.error(f"--warmup_steps {args.warmup_steps} must be >= 0, --lr_decay_steps {args.lr_decay_steps} >= 1")
+    if args.warmup_steps < 0 or (args.lr_decay_steps is not None and args.lr_decay_steps <= args.warmup_steps):
+        p.error(f"--warmup_steps {args.warmup_steps} must be >= 0 and below --lr_decay_steps {args.lr_decay_steps}")
     return args
 
 

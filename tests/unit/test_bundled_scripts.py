@@ -133,7 +133,7 @@ def test_learning_rate_is_nanogpts_warmup_and_cosine_decay():
     [
         (["--vocab_size", "100"], "--vocab_size 100 is below the 256 byte tokens"),
         (["--warmup_steps", "-1"], "--warmup_steps -1 must be >= 0"),
-        (["--lr_decay_steps", "0"], "--lr_decay_steps 0 >= 1"),
+        (["--lr_decay_steps", "5"], "--warmup_steps 5 must be >= 0 and below --lr_decay_steps 5"),
     ],
 )
 def test_train_gpt_refuses_bad_hyperparameters_before_anything_runs(argv, message, capsys):
@@ -175,3 +175,11 @@ def test_finetune_gpt_takes_train_gpts_hyperparameters_and_the_model_channel(tmp
     args = finetune_args(["--lora_rank", "8", "--export_adapter", "true", "--warmup_steps", "2"])
     assert (args.pretrained_dir, args.lora_rank, args.export_adapter, args.warmup_steps) == (str(tmp_path), 8, True, 2)
     assert set(vars(parse_args([]))) < set(vars(args))
+
+
+def test_finetune_gpt_names_a_config_that_is_not_json(tmp_path):
+    from entrypoints.finetune_gpt import finetune_args, pretrained_config
+
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"config.json is not JSON .*: give the directory save_pretrained wrote"):
+        pretrained_config(finetune_args(["--pretrained_dir", str(tmp_path)]))
