@@ -23,6 +23,7 @@ from estimator.backends import (
     rules_owning,
 )
 from estimator.naming import base_name_for
+from estimator.planning import is_bundled_script, read_bundled_hyperparameters
 from estimator.source_tree import scan_source_dir
 from estimator.spec import FILE_SCHEME, S3_SCHEME, CheckpointSpec, CodeSpec, Hyperparameter
 from estimator.tensor_parallel_check import check_tensor_parallel_job
@@ -166,8 +167,9 @@ def resolve_arguments(args: EstimatorArguments) -> ResolvedArguments:
         lambda: check_backend_options(args.instance_type, args.remote_options),
         *(_option_check(name, value, args.instance_type) for name, value in args.backend_arguments.items()),
         lambda: _tensorboard_output(args),
+        lambda: _bundled_hyperparameters(args),
     )
-    *own, tensorboard = own
+    *own, tensorboard, _ = own
     _check_code_tree(code, job.runtime, hps, exclude=[Path(output), _local_dir(checkpoint_uri)])
     runtime = job.runtime
     if timeout_s is not None:
@@ -200,6 +202,22 @@ def resolve_arguments(args: EstimatorArguments) -> ResolvedArguments:
 def _tensorboard_output(args: EstimatorArguments) -> Any:
     remote = not isinstance(args.instance_type, str) or backend_name_for(args.instance_type) == SAGEMAKER
     return check_tensorboard_output_config(args.remote_options.get(TENSORBOARD_ARGUMENT), remote)
+
+
+def _bundled_hyperparameters(args: EstimatorArguments) -> None:
+    """The bundled ``train_gpt.py``'s model and batch hyperparameters, as the script and the planner
+    read them: refused here with the other problems, not at ``fit()``'s memory check or the job's start."""
+    if args.hyperparameters is not None and not isinstance(args.hyperparameters, Mapping):
+        return  # check_hyperparameters says what it must be
+    try:
+        script = check_code(args.entry_point, args.source_dir).script_path
+    except ConfigError:
+        return  # check_code says what is wrong with it
+    if is_bundled_script(script):
+        usable = {k: v for k, v in (args.hyperparameters or {}).items() if isinstance(v, (str, int, float))}
+        problems = read_bundled_hyperparameters(usable)[1]
+        if problems:
+            raise ConfigError.from_problems(problems)
 
 
 def _option_check(name: str, value: Any, instance_type: str) -> Any:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NoReturn
 
-from estimator.cli_values import key_value, scalar
+from estimator.cli_values import key_value, scalar, whole_number
 from estimator.example import EXAMPLE_ENTRY_POINT as EXAMPLE_SCRIPT
 from estimator.example import example_distribution, example_source_dir
 from estimator.job_commands import JOB_COMMANDS
@@ -30,6 +30,7 @@ from smsdp.config import ConfigError, ConfigProblem
 
 EXIT_OK, EXIT_JOB_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 EXAMPLE_MAX_STEPS = 30
+MAX_STEPS = 2**31 - 1  # what every training script's int holds
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     )
     job.add_argument(
         "--max-steps",
-        type=int,
+        type=whole_number(1, MAX_STEPS),
         default=None,
         help="hyperparameter max_steps (default 30 for the "
         "bundled script, with log_interval max_steps/10; none for your own script)",

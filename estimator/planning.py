@@ -20,8 +20,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from smsdp.config import RuntimeConfig
-from smsdp.planner import Assumptions, DoesNotFitError, ModelSpec, Plan, plan_runtime
+from smsdp.config import ConfigError, ConfigProblem, RuntimeConfig
+from smsdp.planner import Assumptions, DoesNotFitError, ModelSpec, Plan, limits, plan_runtime
 
 BUNDLED_SCRIPT = "train_gpt.py"
 BUNDLED_BATCH_DEFAULTS = {"batch_size": 4, "grad_accum": 1}
@@ -37,15 +37,12 @@ BUNDLED_GPT_DEFAULTS: dict[str, Any] = {
 """``entrypoints/train_gpt.py``'s model hyperparameters and their defaults (kept in sync by a test)."""
 
 
-def gpt_from_hyperparameters(hyperparameters: dict[str, Any]) -> ModelSpec:
-    """The bundled ``train_gpt.py`` model for these hyperparameters (its argparse defaults otherwise)."""
-    values = {}
-    for key, default in BUNDLED_GPT_DEFAULTS.items():
-        raw = hyperparameters.get(key, default)
-        try:
-            values[key] = type(default)(raw)
-        except (TypeError, ValueError):
-            raise ValueError(f"hyperparameter {key}={raw!r} is not a {type(default).__name__}") from None
+def gpt_from_hyperparameters(hyperparameters: Mapping[str, Any]) -> ModelSpec:
+    """The bundled ``train_gpt.py`` model for these hyperparameters (its argparse defaults otherwise);
+    ``ConfigError`` naming every hyperparameter the script would refuse or the planner cannot build."""
+    values, problems = read_bundled_hyperparameters(hyperparameters)
+    if problems:
+        raise ConfigError.from_problems(problems)
     return ModelSpec.gpt(
         values["n_layer"],
         values["d_model"],
@@ -55,6 +52,56 @@ def gpt_from_hyperparameters(hyperparameters: dict[str, Any]) -> ModelSpec:
         dropout=values["dropout"] > 0,
         name="bundled GPT (train_gpt.py)",
     )
+
+
+#: The range of each of those hyperparameters: the script's own (``vocab_size`` >= 256 byte tokens, a
+#: dropout probability) and the planner's bounds (smsdp.planner.limits).
+BUNDLED_RANGES: dict[str, tuple[float, float]] = {
+    "n_layer": (1, limits.MAX_LAYERS),
+    "d_model": (1, limits.MAX_HIDDEN),
+    "n_head": (1, limits.MAX_HEADS),
+    "vocab_size": (256, limits.MAX_VOCAB),
+    "seq_len": (1, limits.MAX_SEQ_LEN),
+    "dropout": (0.0, 1.0),
+    "batch_size": (1, limits.MAX_BATCH),
+    "grad_accum": (1, limits.MAX_GRAD_ACCUM),
+}
+
+
+def read_bundled_hyperparameters(hyperparameters: Mapping[str, Any]) -> tuple[dict[str, Any], list[ConfigProblem]]:
+    """The model and batch hyperparameters as ``train_gpt.py`` will read them, and every problem with them.
+
+    A value travels as ``--name str(value)`` and the script's argparse converts it with ``int`` or
+    ``float``: ``2.5``, ``2.0``, ``True`` and ``"abc"`` are no whole number there, so not here either
+    (``int(2.5)`` would plan a model of 2 layers for a job that then fails at its start).
+    """
+    values: dict[str, Any] = {}
+    problems: list[ConfigProblem] = []
+    for key, default in {**BUNDLED_GPT_DEFAULTS, **BUNDLED_BATCH_DEFAULTS}.items():
+        raw = hyperparameters.get(key, default)
+        value, rule = _as_the_script_reads(raw, type(default), *BUNDLED_RANGES[key])
+        if rule:
+            problems.append(ConfigProblem(("hyperparameters", key), rule, raw))
+        values[key] = value
+    if not problems and values["d_model"] % values["n_head"]:
+        rule = f"does not divide d_model={values['d_model']} (each head gets d_model / n_head); use a divisor of it"
+        problems.append(ConfigProblem(("hyperparameters", "n_head"), rule, hyperparameters.get("n_head", 4)))
+    return values, problems
+
+
+def _as_the_script_reads(raw: Any, convert: type, low: float, high: float) -> tuple[Any, str | None]:
+    what = "a whole number" if convert is int else "a number"
+    usage = f"must be {what} from {low:,} to {high:,}"
+    try:
+        value = raw if convert is int and type(raw) is int else convert(str(raw))
+    except ValueError:
+        return (
+            None,
+            f"is not {what}: {BUNDLED_SCRIPT} reads it with {convert.__name__}(), as its argparse does; {usage}",
+        )
+    if not (low <= value <= high):  # NaN fails this too
+        return None, usage
+    return value, None
 
 
 @dataclass(frozen=True)
@@ -102,9 +149,9 @@ def plan_for_job(
         from smsdp.core.spec_from_module import spec_from_module
 
         model = spec_from_module(model)
-    defaults = {key: _int_hp(hyperparameters, key, value) for key, value in BUNDLED_BATCH_DEFAULTS.items()}
-    batch = request.batch_size or (defaults["batch_size"] if bundled else 1)
-    accum = request.grad_accum or (defaults["grad_accum"] if bundled else 1)
+    defaults = read_bundled_hyperparameters(hyperparameters)[0] if bundled else {}
+    batch = request.batch_size or defaults.get("batch_size") or 1
+    accum = request.grad_accum or defaults.get("grad_accum") or 1
     note = None
     if bundled and runtime.parameters.delayed_parameter_initialization and not _builds_in_model_creation(script):
         # The switch acts only on models built inside smp.model_creation(); this script builds eagerly.
@@ -147,11 +194,3 @@ def _builds_in_model_creation(script: Path | None) -> bool:
     except OSError:
         return False
     return "model_creation(" in text or "delay_param_initialization(" in text
-
-
-def _int_hp(hyperparameters: Mapping[str, Any], key: str, default: int) -> int:
-    value = hyperparameters.get(key, default)
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"hyperparameter {key}={value!r} is not a whole number") from None

@@ -74,6 +74,9 @@ def _check_bundled_gpt(t: int, hyperparameters: Mapping[str, Any]) -> None:
 
     try:
         spec = gpt_from_hyperparameters(dict(hyperparameters))
+    except ConfigError:
+        return  # the hyperparameters' own problems, reported by their check (estimator.arguments)
+    try:
         tp_piece(spec, t)
     except ValueError as error:
         raise ConfigError.from_problems(

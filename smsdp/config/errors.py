@@ -47,10 +47,16 @@ class ConfigProblem:
         return ".".join(str(part) for part in self.path)
 
     def render(self) -> str:
-        path = self.dotted_path
+        path = printable(self.dotted_path)  # a name holding a newline or a \r must not split the line
         if self.value is NO_VALUE:
             return f"{path}: {self.rule}" if path else self.rule
         return f"{path}={_short_repr(self.value)} {self.rule}"
+
+
+def printable(text: str) -> str:
+    """``text`` with control characters (a newline, ``\r``, an escape sequence's ESC) written as
+    Python escapes, so that it prints as what it is, on one line."""
+    return "".join(repr(c)[1:-1] if not c.isprintable() and c != " " else c for c in text)
 
 
 def _short_repr(value: Any, limit: int = 120) -> str:
