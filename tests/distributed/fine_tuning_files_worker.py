@@ -128,6 +128,7 @@ def fingerprint_case() -> dict:
     model = _model(str(root / "copy"))
     changed = root / "copy" / "model.safetensors"
     middle = tensor_offsets(changed)["model.layers.0.self_attn.q_proj.weight"]
+    dist.barrier()
     _on_rank0(lambda: flip(changed, sum(middle) // 2))  # the files change after load_pretrained read them
     smp.save_checkpoint(str(ckpt), "t", partial=True, model=model, optimizer=None)
     result: dict = {"over_replaced_copy": _resume(ckpt, "t", str(root / "copy"))}
@@ -142,7 +143,9 @@ def fingerprint_case() -> dict:
     result["t2_over_other_path"] = _resume(ckpt, "t2", str(root / "other-path"), reused)
     scratch = root / "scratch"
     changes: dict[str, str | None] = {}
-    for name, offset in _variants(scratch / "model.safetensors").items():
+    variants = _variants(scratch / "model.safetensors")
+    dist.barrier()  # every rank has read the offsets before rank 0 changes a byte
+    for name, offset in variants.items():
         _on_rank0(lambda offset=offset: flip(scratch / "model.safetensors", offset))
         changes[name] = _resume(ckpt, "t", str(scratch), reused)
         _on_rank0(lambda offset=offset: flip(scratch / "model.safetensors", offset))

@@ -3,6 +3,9 @@
 The QLoRA frozen base's fingerprint is taken from the files ``smp.load_pretrained`` read, while it reads
 them, over every byte: a base changed anywhere after loading is refused on resume, the same files at
 another path are accepted, and a base directory removed after loading does not stop later saves.
+``overwrite=True`` follows transformers (files the export does not write kept, stale weights removed,
+a symlink followed, a file refused, a killed export's staging removed), and ``smp.save_adapter`` takes
+save_pretrained's dtype rule.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.pretrained_models import TINY_SIZES, hf_model
 from tests.distributed.fine_tuning_files_worker import DIR_ENV, PAD_NAMES
 from tests.mpi_harness import requires_mpi, run_cases
 
@@ -20,27 +24,15 @@ pytestmark = [pytest.mark.distributed, requires_mpi]
 pytest.importorskip("peft")
 pytest.importorskip("torchao")
 
-TINY_LLAMA = dict(
-    vocab_size=96,
-    hidden_size=32,
-    intermediate_size=48,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=32,
-)
 PAD_ELEMENTS = 5 << 16  # 1.25 MiB of fp32 at each end of the file
 
 
 @pytest.fixture(scope="module")
 def base_dirs(tmp_path_factory) -> Path:
     from safetensors.torch import load_file, save_file
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     root = tmp_path_factory.mktemp("fine_tuning_files")
-    torch.manual_seed(4)
-    config = LlamaConfig(**TINY_LLAMA, bos_token_id=0, eos_token_id=0, tie_word_embeddings=False, use_cache=False)
-    LlamaForCausalLM(config).save_pretrained(root / "base")
+    hf_model("llama", TINY_SIZES["llama"], seed=4).save_pretrained(root / "base")
     weights = root / "base" / "model.safetensors"
     tensors = load_file(weights)
     tensors.update({name: torch.full((PAD_ELEMENTS,), 0.5) for name in PAD_NAMES})
