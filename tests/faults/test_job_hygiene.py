@@ -39,6 +39,9 @@ SECRETS = {
     "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
     "AWS_ACCESS_KEY_ID": "AKIAIOSFODNN7EXAMPLE",
 }
+#: Short secrets, secret by name only (issue 35): a hyperparameter, and MySQL's variable.
+SECRET_HYPERPARAMETERS = {"db_pass": "pw1"}
+SECRETS["MYSQL_PWD"] = "my5ql"
 LEAKS = [*SECRETS.values(), "pw-Xy7q92zz"]
 
 
@@ -53,10 +56,11 @@ def job(tmp_path_factory):
             "leaky.py",
             source_dir=str(SCRIPTS),
             output_path=str(jobs),
-            hyperparameters=HOSTILE,
+            hyperparameters={**HOSTILE, **SECRET_HYPERPARAMETERS},
             environment={
                 "HF_TOKEN": SECRETS["HF_TOKEN"],
                 "DATABASE_URL": SECRETS["DATABASE_URL"],
+                "MYSQL_PWD": SECRETS["MYSQL_PWD"],
                 "PLAIN": "plain-visible-value",
             },
             distribution={
@@ -77,7 +81,8 @@ def job(tmp_path_factory):
 def test_hostile_arguments_arrive_verbatim_and_no_shell_ran(job):
     _, job_dir, _ = job
     argv = json.loads((job_dir / "output" / "data" / "argv.json").read_text())
-    assert argv == [word for name, value in HOSTILE.items() for word in (f"--{name}", value)]
+    given = {**HOSTILE, **SECRET_HYPERPARAMETERS}
+    assert argv == [word for name, value in given.items() for word in (f"--{name}", value)]
     assert not list(job_dir.parent.rglob("PWNED*")) and not list(Path.cwd().glob("PWNED*"))
 
 
@@ -85,7 +90,8 @@ def test_the_script_saw_the_secrets_but_the_job_kept_none(job):
     est, job_dir, error = job
     log = est.latest_job.logs()
     assert "PLAIN=plain-visible-value" in log  # the scrubbing is targeted, and the script did print
-    assert f"HF_TOKEN={REDACTED}" in log and f"WANDB_API_KEY={REDACTED}" in log
+    assert f"HF_TOKEN={REDACTED}" in log and f"WANDB_API_KEY={REDACTED}" in log and f"MYSQL_PWD={REDACTED}" in log
+    assert f"'--db_pass', '{REDACTED}'" in log  # the script printed its argv
     reason = est.latest_job.describe()["FailureReason"]
     assert reason.startswith("rank 0: Traceback") and f"could not log in with token {REDACTED}" in reason
     for text in (log, reason, str(error)):
@@ -94,6 +100,10 @@ def test_the_script_saw_the_secrets_but_the_job_kept_none(job):
         if path.is_file() and not path.is_symlink():
             data = path.read_bytes()
             assert not [s for s in LEAKS if s.encode() in data], path
+            if path.name != "argv.json":  # the script's own file, with its own argv in it
+                assert b"pw1" not in data, path
+    contract = json.loads((job_dir / "input" / "config" / "hyperparameters.json").read_text())
+    assert contract["db_pass"] == f'"{REDACTED}"' and contract["uni"] == json.dumps(HOSTILE["uni"])
 
 
 def test_the_job_directory_is_the_owners_alone(job):

@@ -8,6 +8,7 @@ itself still gets the real values (tests/faults/test_job_hygiene.py runs one).
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import types
 from pathlib import Path
@@ -159,3 +160,111 @@ def test_sagemaker_dry_run_holds_no_secret(src):
         assert not leaked(text), [v for v in ALL_VALUES if v in text]
     sent = request.create_training_job  # what goes to SageMaker keeps the real values
     assert sent["Environment"]["HF_TOKEN"] == SECRETS["HF_TOKEN"]
+
+
+# ---------------------------------------------------------------- the common spellings, any length (issue 35)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "DB_PASS",
+        "REDIS_PASS",
+        "MYSQL_PWD",  # MySQL's documented variable
+        "SIGNING_KEY",
+        "ENCRYPTION_KEY",
+        "API_KEY",
+        "db_pass",
+        "dbPassword",
+        "apiKey",
+        "HFTOKEN",
+        "GOOGLE_APPLICATION_CREDENTIALS",
+        "SSH_PASSPHRASE",
+        "PRIVATE_KEY_PEM",
+    ],
+)
+def test_the_common_spellings_of_a_secret_name_are_secret(name):
+    assert is_secret(name) and redact_env({name: "x"}) == {name: REDACTED}
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["max_tokens", "key_dim", "tokenizer_name", "eos_token_id", "PWD", "OLDPWD", "num_passes", "bypass", "author"],
+)
+def test_names_that_only_look_secret_keep_their_values(name):
+    """The rule cuts names into words: a count of tokens, a key dimension, a token's id in the
+    vocabulary and the shell's working directory are no secret, and their values stay readable."""
+    assert not is_secret(name) and redact_env({name: "512"}) == {name: "512"}
+    assert Scrubber().tree({name: 512}) == {name: 512}
+
+
+SHORT_HPS = {"token": "abc", "db_pass": "pw", "max_tokens": 512}
+SHORT_ENV = {"DB_PASSWORD": "abc12", "MYSQL_PWD": "x1", "SIGNING_KEY": "sig-key-0123"}
+
+
+def test_short_secret_values_are_redacted_in_every_view_of_the_dry_run(src, tmp_path):
+    est = Estimator(
+        "train.py", str(src), output_path=str(tmp_path / "jobs"), hyperparameters=SHORT_HPS, environment=SHORT_ENV
+    )
+    request = est.dry_run(job_name="j")
+    shown = str(request) + request.command_line() + json.dumps(request.to_dict()) + json.dumps(request.description)
+    for value in ("abc12", "sig-key-0123"):
+        assert value not in shown
+    assert not re.search(r"\babc\b", shown) and '"512"' in shown
+    env = request.to_dict()["env"]
+    assert json.loads(env["SM_HPS"]) == {"db_pass": REDACTED, "max_tokens": 512, "token": REDACTED}
+    words = json.loads(env["SM_USER_ARGS"])
+    assert words[words.index("--db_pass") + 1] == REDACTED and env["MYSQL_PWD"] == REDACTED
+    written = request.to_dict()["config_files"]["input/config/hyperparameters.json"]
+    assert written["db_pass"] == REDACTED and written["max_tokens"] == "512"
+    described = request.description
+    assert described["HyperParameters"]["db_pass"] == REDACTED and described["Environment"]["MYSQL_PWD"] == REDACTED
+    assert described["Smsdp"]["Argv"][described["Smsdp"]["Argv"].index("--db_pass") + 1] == REDACTED
+    # the job itself gets every real value
+    assert request.env["SM_HP_DB_PASS"] == "pw" and request.env["MYSQL_PWD"] == "x1"
+    assert request.job_dir.config_files["input/config/hyperparameters.json"]["db_pass"] == '"pw"'
+
+
+def test_the_log_scrubber_blanks_short_secrets_as_words_only():
+    scrub = Scrubber.from_environment(
+        {"DB_PASSWORD": "abc12", "HF_HUB_DISABLE_IMPLICIT_TOKEN": "1", "X_TOKEN": "true", "SM_HP_TOKEN": "abc"}
+    )
+    line = "login abc12 failed; abc123 is not it; step 1/30 use_cache=true; token 'abc' abcdef"
+    assert (
+        scrub(line) == f"login {REDACTED} failed; abc123 is not it; step 1/30 use_cache=true; token '{REDACTED}' abcdef"
+    )
+
+
+def test_a_jobs_hyperparameters_file_keeps_no_secret_once_it_ended(src, tmp_path):
+    """While the job runs the file is the script's input; once it ended (here its supervisor died, as
+    `describe()` finds out), the secret values are blanked, and attach asks for them again."""
+    from estimator.backends.local.backend import LocalBackend
+    from estimator.backends.local.job import LocalJob
+    from estimator.backends.supervised.job_dir import write_json_atomically
+    from estimator.backends.supervised.status import StatusRecord, utcnow, write_status
+    from estimator.job import JobStatus
+
+    hps = {**SHORT_HPS, "signing_key": "sig-key-0123"}
+    est = Estimator("train.py", str(src), output_path=str(tmp_path / "jobs"), hyperparameters=hps)
+    request = LocalBackend().dry_run(est.job_spec(job_name="ended"))
+    paths = request.job_dir.create()
+    now = utcnow()
+    write_json_atomically(paths.description_file, {**request.description, "TrainingStartTime": now})
+    write_status(paths.status_file, StatusRecord.starting())
+    paths.pid_file.write_text(str(2**22 + 12345))  # no such process: the supervisor is gone
+    contract = paths.config / "hyperparameters.json"
+    assert json.loads(contract.read_text())["db_pass"] == '"pw"'  # the job reads the real value
+    assert LocalJob(paths.root).status() is JobStatus.FAILED
+    after = json.loads(contract.read_text())
+    assert after == {
+        "db_pass": f'"{REDACTED}"',
+        "max_tokens": "512",
+        "signing_key": f'"{REDACTED}"',
+        "token": f'"{REDACTED}"',
+    }
+    for value in (b"sig-key-0123", b'"pw"', b'"abc"'):
+        assert not [p for p in paths.root.rglob("*") if p.is_file() and value in p.read_bytes()]
+    again = Estimator.attach("ended", output_path=str(tmp_path / "jobs"))
+    assert again.hyperparameters()["max_tokens"] == 512
+    with pytest.raises(ConfigError, match="hyperparameters.db_pass: held a secret of job ended"):
+        again.dry_run()

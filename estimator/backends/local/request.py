@@ -10,8 +10,9 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from estimator.backends.supervised.hyperparameters_file import HYPERPARAMETERS_FILE
 from estimator.backends.supervised.job_dir import JobDirPlan
-from estimator.redact import Scrubber, redact_argv, redact_env
+from estimator.redact import Scrubber, redact_argv, redact_env, redact_hyperparameters
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,8 @@ class LocalRequest:
                     "  environment (added to this process's, exported to every rank):",
                     *env_lines,
                     "  hyperparameters.json:",
-                    "    " + json.dumps(dict(self.job_dir.config_files.get("input/config/hyperparameters.json", {}))),
+                    "    "
+                    + json.dumps(redact_hyperparameters(self.job_dir.config_files.get(HYPERPARAMETERS_FILE, {}))),
                 ]
             )
         )

@@ -5,23 +5,26 @@ way: the directory is under ``output_path`` (or, without one, under
 ``./smsdp-jobs`` or an output path a job was started in before), and its
 ``job.json`` says which backend ran it and how to build its Estimator again.
 
-The job directory keeps no secret value (``job.json`` has them redacted), with
-one exception that is the container contract itself: ``hyperparameters.json``,
-the script's input, holds the real hyperparameters, and attach takes them from
-there. A secret ``environment`` value (or one in ``custom_mpi_options``) is
-nowhere: the arguments come back with it ``missing``, and re-running the job
-asks for it again rather than running with ``********``.
+The job directory keeps no secret value (``job.json`` has them redacted), except,
+while the job runs, the container contract itself: ``hyperparameters.json``, the
+script's input, holds the real hyperparameters until the job ends
+(``hyperparameters_file.py``), and attach takes them from there. A secret
+``environment`` value (or one in ``custom_mpi_options``), or a secret
+hyperparameter of a job that ended, is nowhere: the arguments come back with it
+``missing``, and re-running the job asks for it again rather than running with
+``********``.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from estimator.backends.supervised.hyperparameters_file import decoded
 from estimator.backends.supervised.job_dir import JobDir, read_json
 from estimator.backends.supervised.known_paths import check_local_output_path, places_to_look
 from estimator.backends.supervised.layout import OWN_SECTION
+from estimator.redact import REDACTED
 from estimator.validation import problem
 from smsdp.config.instance_types import LOCAL
 
@@ -50,12 +53,13 @@ def estimator_kwargs(root: Path) -> tuple[dict[str, Any], tuple[str, ...]]:
     """The Estimator arguments of the job in ``root`` (the code that ran, even if the original moved),
     and those the job directory holds only redacted (``environment['HF_TOKEN']``)."""
     own = read_json(JobDir(root).description_file)[OWN_SECTION]
-    hyperparameters = _contract_hyperparameters(JobDir(root))
+    hyperparameters = decoded(JobDir(root))
     redacted = tuple(own.get("Redacted", ()))
     if hyperparameters is None:
         hyperparameters = own["HyperParameters"]
-    else:
-        redacted = tuple(name for name in redacted if not name.startswith("hyperparameters["))
+    else:  # still there unless the job ended and its secrets were blanked
+        kept = {f"hyperparameters[{name!r}]" for name, value in hyperparameters.items() if value != REDACTED}
+        redacted = tuple(name for name in redacted if name not in kept)
     kwargs = {
         "entry_point": own["EntryPoint"],
         "source_dir": str(JobDir(root).code),
@@ -73,15 +77,6 @@ def estimator_kwargs(root: Path) -> tuple[dict[str, Any], tuple[str, ...]]:
     }
     kwargs.update(_tensorboard_output(read_json(JobDir(root).description_file)))
     return kwargs, redacted
-
-
-def _contract_hyperparameters(job: JobDir) -> dict[str, Any] | None:
-    """hyperparameters.json, decoded (every value is JSON, as SageMaker writes it); None if unreadable."""
-    try:
-        encoded = read_json(job.config / "hyperparameters.json")
-        return {name: json.loads(value) for name, value in encoded.items()}
-    except (OSError, ValueError, TypeError, AttributeError):
-        return None
 
 
 def _tensorboard_output(description: dict[str, Any]) -> dict[str, Any]:

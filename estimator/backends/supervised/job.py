@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from estimator.backends.supervised.hyperparameters_file import blank_secrets
 from estimator.backends.supervised.job_dir import JobDir, read_json
 from estimator.backends.supervised.layout import OWN_SECTION
 from estimator.backends.supervised.log_follower import LogFollower
@@ -71,6 +72,7 @@ class SupervisedJob(Job):
         if record.status.is_terminal:
             return record
         record = self._ended_without_supervisor(record)
+        blank_secrets(self.paths)  # what the supervisor would have done at the end
         with contextlib.suppress(OSError):  # a full or read-only disk: the answer stands, it is only not kept
             write_status(self.paths.status_file, record)
         return record

@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from estimator.backends.supervised.container_env import encoded_hyperparameters, host_names
+from estimator.backends.supervised.hyperparameters_file import HYPERPARAMETERS_FILE
 from estimator.backends.supervised.job_dir import JobDirPlan
 from estimator.naming import JobNameTakenError
-from estimator.redact import Scrubber, redact_env
+from estimator.redact import Scrubber, redact_argv, redact_env
 from estimator.spec import FILE_SCHEME, S3_SCHEME, JobSpec
 from estimator.tensorboard_output import ARGUMENT as TENSORBOARD_ARGUMENT
 from estimator.tensorboard_output import file_uri
@@ -91,7 +92,7 @@ def checkpoint_source(spec: JobSpec) -> Path | None:
 def config_files(spec: JobSpec) -> dict[str, Any]:
     hosts = host_names(spec.runtime.instance_count)
     return {
-        "input/config/hyperparameters.json": encoded_hyperparameters(dict(spec.hyperparameters)),
+        HYPERPARAMETERS_FILE: encoded_hyperparameters(dict(spec.hyperparameters)),
         "input/config/resourceconfig.json": {
             "current_host": hosts[0],
             "hosts": hosts,
@@ -176,7 +177,7 @@ def _own_section(spec: JobSpec, argv: list[str], backend: str) -> dict[str, Any]
     return {
         "Backend": backend,
         "Launcher": spec.launcher,
-        "Argv": argv,
+        "Argv": redact_argv(argv),  # the supervisor gets the real one another way
         "Hosts": host_names(spec.runtime.instance_count),
         "ProcessesPerHost": spec.runtime.processes_per_host,
         "InstanceCount": spec.runtime.instance_count,

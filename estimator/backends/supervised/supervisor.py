@@ -17,7 +17,8 @@ them, when an attempt is over, and how a rank's death reads. The shared part
 - restarts a failed attempt up to ``RetryStrategy.MaximumRetryAttempts``
   times (``retry.py``): the script resumes from its newest checkpoint,
 - packs ``model/`` into ``output/model.tar.gz`` (Completed or Stopped jobs),
-- writes the final status with the first failing rank's traceback.
+- writes the final status with the first failing rank's traceback, after blanking the secret
+  values of ``hyperparameters.json`` (``hyperparameters_file.py``).
 
 Every write it makes may fail (a full or read-only disk) without it losing
 control of the job: status writes are retried after releasing a reserve file
@@ -39,6 +40,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
+from estimator.backends.supervised.hyperparameters_file import blank_secrets
 from estimator.backends.supervised.job_dir import JobDir, read_json
 from estimator.backends.supervised.layout import OWN_SECTION
 from estimator.backends.supervised.log_pump import LogPump
@@ -226,6 +228,9 @@ class Supervisor(abc.ABC):
         with self._lock:
             self._finished = True
         self.attempts.scrub_failure_files(self.scrub)
+        blanked = blank_secrets(self.job)  # no attempt is left to read them
+        if blanked:
+            note(f"[smsdp] {blanked}")
         ended = self.ended_by_scheduler(exit_code)
         if ended is not None:
             status, secondary, reason = ended
@@ -300,6 +305,7 @@ def run_supervisor(make: Callable[[JobDir], Supervisor], module: str, argv: list
             record = read_status(job.status_file) if job.status_file.exists() else StatusRecord.starting()
         except (OSError, ValueError):
             record = StatusRecord.starting()
+        blank_secrets(job)
         writer = StatusWriter(job, record=record)
         writer.write(JobStatus.FAILED, SecondaryStatus.FAILED, failure_reason=reason)
         writer.release()
