@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from estimator.metrics import Rows
-from smsdp.util.atomic_files import write_bytes_atomically
+from smsdp.util.atomic_files import resolve_target, write_bytes_atomically
 
 INSTALL_HINT = "loss curves need matplotlib: pip install matplotlib (or 'smsdp[plots]')"
 SMOOTHING_STEPS = 10  # tokens/s per step is noisy: the solid line is its running mean
@@ -85,6 +85,7 @@ def save_png(figure: Any, path: str | os.PathLike) -> Path:
     """Write the figure as a PNG at ``path`` (directories made) through the one atomic writer; returns the
     file written. A target that is not a regular file (a device, a FIFO, a directory) raises
     ``WriteTargetError``; a symlink to a file is written through."""
+    resolve_target(path)  # a refused target is refused before the figure is drawn
     data = png_bytes(figure)  # drawn before the target is touched: a drawing error leaves nothing
     return write_bytes_atomically(path, data, make_parents=True)
 
