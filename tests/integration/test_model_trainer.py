@@ -13,13 +13,16 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import re
+import signal
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from estimator import Estimator, JobStatus
+from estimator import Estimator, JobFailedError, JobStatus
 from estimator.backends.local.mpirun import find_mpirun
 from estimator.example import example_source_dir
 from estimator.jobs_listing import list_jobs
@@ -28,6 +31,7 @@ from estimator.jobs_listing import list_jobs
 from estimator.train import ModelTrainer
 from estimator.train.configs import Compute, SourceCode, StoppingCondition
 from estimator.train.distributed import SMP, Torchrun
+from tests.conftest import USER_SCRIPTS, processes_in
 
 pytestmark = [
     pytest.mark.integration,
@@ -130,3 +134,64 @@ def test_the_trainers_job_is_an_ordinary_job(jobs):
     (listed,) = [entry for entry in list_jobs(str(out)) if entry.name == name]
     assert listed.status == "Completed" and listed.final_loss is not None
     assert len(trainer.latest_job.metrics()) == 3  # the per-step table, as for an Estimator's job
+
+
+# --------------------------------------------------------------------- torchrun's failures, as mpirun's
+
+
+def _allreduce_trainer(jobs_dir: Path, **hyperparameters) -> ModelTrainer:
+    return ModelTrainer(
+        source_code=SourceCode(source_dir=str(USER_SCRIPTS), entry_script="allreduce.py"),
+        compute=Compute(instance_type="local", instance_count=2),
+        distributed=Torchrun(process_count_per_node=2),
+        hyperparameters=hyperparameters,
+        local_container_root=str(jobs_dir),
+    )
+
+
+def test_a_failing_rank_ends_a_torchrun_job_with_its_traceback(tmp_path):
+    trainer = _allreduce_trainer(tmp_path, fail_rank=2, sleep=60)
+    began = time.monotonic()
+    with pytest.raises(JobFailedError):
+        _quiet(lambda: trainer.train(logs=False))
+    elapsed = time.monotonic() - began
+    reason = trainer.latest_job.describe()["FailureReason"]
+    assert reason.startswith("rank 2: Traceback") and reason.rstrip().endswith("ValueError: boom on rank 2")
+    assert elapsed < 60, f"a failing rank took {elapsed:.1f} s to end the torchrun job"  # not the 60 s sleep
+    assert processes_in(tmp_path / trainer.latest_job.name) == []
+
+
+def _wait_until_every_rank_runs(job) -> None:
+    deadline = time.monotonic() + 90
+    while job.logs().count(": sum 6") < 4:  # every rank is inside the script
+        assert time.monotonic() < deadline, job.logs()
+        time.sleep(0.2)
+
+
+def test_a_rank_killed_in_a_torchrun_job_is_named_and_stop_stops_one(tmp_path):
+    killed = _allreduce_trainer(tmp_path, sleep=120)
+    stopped = _allreduce_trainer(tmp_path, sleep=120)
+    job, other = killed.train(wait=False), stopped.train(wait=False)
+    _wait_until_every_rank_runs(job)
+    (victim,) = [p for p in processes_in(tmp_path / job.name) if _rank_of(p) == 3]
+    os.kill(victim, signal.SIGKILL)
+    with pytest.raises(JobFailedError):
+        job.wait(logs=False, timeout=60)
+    assert job.describe()["FailureReason"].startswith("rank 3: killed by signal 9 (SIGKILL)")
+    _wait_until_every_rank_runs(other)
+    other.stop()
+    assert other.wait(logs=False, timeout=60) is JobStatus.STOPPED
+    assert processes_in(tmp_path / job.name) == [] and processes_in(tmp_path / other.name) == []
+
+
+def _rank_of(pid: int) -> int | None:
+    """The world rank of a torchrun worker running the launcher (None for the agent and others)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    if b"entrypoints.launcher" not in cmdline or b"torch.distributed.run" in cmdline:
+        return None
+    ranks = [int(entry[5:]) for entry in environ if entry.startswith(b"RANK=")]
+    return ranks[0] if ranks else None

@@ -13,7 +13,6 @@ from estimator.backends.local.rank_tags import MPIRUN_PREFIX
 from estimator.backends.supervised import failure
 from estimator.backends.supervised.job_dir import JobDir
 
-_LOG_SCAN_BYTES = 256 * 1024
 # Open MPI 5 (prterun) on a rank that died; its messages wrap lines, hence \s+.
 _SIGNALLED_RE = re.compile(
     r"process\s+rank\s+(\d+)\s+with\s+PID\s+\d+\s+on\s+node\s+\S+\s+exited\s+on\s+signal\s+(\d+)(?:\s+\(([^)]*)\))?"
@@ -57,11 +56,4 @@ def rank_died_outside_python(job: JobDir, log_lines: list[str] | None = None) ->
 
 def _log_end(job: JobDir, lines: list[str] | None = None) -> str:
     """mpirun's own lines at the end of the log, without their ``[mpirun] `` prefix."""
-    if lines is None:
-        if not job.log_file.is_file():
-            return ""
-        with open(job.log_file, "rb") as f:
-            size = f.seek(0, 2)
-            f.seek(max(0, size - _LOG_SCAN_BYTES))
-            lines = f.read().decode(errors="replace").splitlines()
-    return "\n".join(line[len(MPIRUN_PREFIX) :] for line in lines if line.startswith(MPIRUN_PREFIX))
+    return failure.launcher_lines(job, MPIRUN_PREFIX, lines)

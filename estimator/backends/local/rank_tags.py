@@ -21,14 +21,4 @@ MPIRUN_PREFIX = "[mpirun] "
 @dataclass(frozen=True)
 class RankTagger(LineTagger):
     def retag(self, raw_line: str) -> list[str]:
-        raw_line = raw_line.rstrip("\r\n")
-        matches = list(TAG_RE.finditer(raw_line))
-        if not matches:
-            return [MPIRUN_PREFIX + raw_line] if raw_line.strip() else []
-        lines = []
-        if raw_line[: matches[0].start()].strip():
-            lines.append(MPIRUN_PREFIX + raw_line[: matches[0].start()])
-        for match, following in zip(matches, [*matches[1:], None]):
-            end = following.start() if following else len(raw_line)
-            lines.append(self.prefix(int(match["rank"])) + raw_line[match.end() : end])
-        return lines
+        return self.split_tagged(raw_line, TAG_RE, MPIRUN_PREFIX, lambda match: int(match["rank"]))

@@ -28,6 +28,7 @@ from estimator.backends.supervised.layout import OWN_SECTION
 from smsdp.util import failure_files
 
 LOG_TAIL_LINES = 30
+LOG_SCAN_BYTES = 256 * 1024  # how much of the log's end is searched for the launcher's report
 
 #: The sentence naming a rank that died outside Python, from the launcher's own words; None if none did.
 RankDeath = Callable[[JobDir, "list[str] | None"], "str | None"]
@@ -85,6 +86,19 @@ def earliest_rank_file(job: JobDir) -> tuple[int, Path] | None:
         return None
     _, rank, path = min(found)
     return rank, path
+
+
+def launcher_lines(job: JobDir, prefix: str, lines: list[str] | None = None) -> str:
+    """The launcher's own lines (the log's lines that start with ``prefix``) at the end of the log, unprefixed;
+    ``lines``: the end of the output, when the log file could not hold it."""
+    if lines is None:
+        if not job.log_file.is_file():
+            return ""
+        with open(job.log_file, "rb") as f:
+            size = f.seek(0, 2)
+            f.seek(max(0, size - LOG_SCAN_BYTES))
+            lines = f.read().decode(errors="replace").splitlines()
+    return "\n".join(line[len(prefix) :] for line in lines if line.startswith(prefix))
 
 
 def log_tail(job: JobDir, count: int = LOG_TAIL_LINES, lines: list[str] | None = None) -> str:

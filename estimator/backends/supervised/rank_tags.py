@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 PREFIX_RE = re.compile(r"^\[(?P<host>[^\s\]]+) rank(?P<rank>\d+)\] ")
@@ -25,6 +26,24 @@ class LineTagger(abc.ABC):
     def prefix(self, rank: int) -> str:
         host_index = min(rank // self.processes_per_host, len(self.hosts) - 1)
         return f"[{self.hosts[host_index]} rank{rank}] "
+
+    def split_tagged(
+        self, raw_line: str, tag: re.Pattern[str], launcher_prefix: str, rank_of: Callable[[re.Match[str]], int]
+    ) -> list[str]:
+        """One line of a launcher that tags its ranks' lines with ``tag`` (``rank_of`` reads the rank from it):
+        untagged text is the launcher's own; a line holding several tags (a rank's last output without a
+        newline ran into the next) is split at each."""
+        raw_line = raw_line.rstrip("\r\n")
+        matches = list(tag.finditer(raw_line))
+        if not matches:
+            return [launcher_prefix + raw_line] if raw_line.strip() else []
+        lines = []
+        if raw_line[: matches[0].start()].strip():
+            lines.append(launcher_prefix + raw_line[: matches[0].start()])
+        for match, following in zip(matches, [*matches[1:], None]):
+            end = following.start() if following else len(raw_line)
+            lines.append(self.prefix(rank_of(match)) + raw_line[match.end() : end])
+        return lines
 
     @abc.abstractmethod
     def retag(self, raw_line: str) -> list[str]:

@@ -78,23 +78,17 @@ class TorchrunTagger(LineTagger):
         return self.retag_on(self.node, raw_line)
 
     def retag_on(self, node: int, raw_line: str) -> list[str]:
-        raw_line = raw_line.rstrip("\r\n")
-        matches = list(_TAG_RE.finditer(raw_line))
-        if not matches:
-            return [TORCHRUN_PREFIX + raw_line] if raw_line.strip() else []
-        lines = []
-        if raw_line[: matches[0].start()].strip():
-            lines.append(TORCHRUN_PREFIX + raw_line[: matches[0].start()])
-        for match, following in zip(matches, [*matches[1:], None]):
-            end = following.start() if following else len(raw_line)
-            rank = node * self.processes_per_host + int(match["local"])
-            lines.append(self.prefix(rank) + raw_line[match.end() : end])
-        return lines
+        first = node * self.processes_per_host
+        return self.split_tagged(raw_line, _TAG_RE, TORCHRUN_PREFIX, lambda match: first + int(match["local"]))
 
 
 def rank_died(log_text: str, reported: set[int]) -> tuple[int, str] | None:
-    """(rank, how) of the first rank torchrun reports dead by a signal or a non-zero exit, with no failure file."""
-    for match in _ROOT_CAUSE_RE.finditer(log_text):
+    """(rank, how) of the rank torchrun reports dead by a signal or a non-zero exit, with no failure file.
+
+    Its report lists the ranks it then ended itself (SIGTERM) under "Failures", before the
+    "Root Cause (first observed failure)": only the root cause is read, when there is one."""
+    root_cause = log_text.rfind("Root Cause")
+    for match in _ROOT_CAUSE_RE.finditer(log_text[max(root_cause, 0) :]):
         rank, code = int(match["rank"]), int(match["code"])
         if rank in reported or code == 0:
             continue
@@ -108,12 +102,9 @@ def rank_died(log_text: str, reported: set[int]) -> tuple[int, str] | None:
     return None
 
 
-_LOG_SCAN_BYTES = 256 * 1024
-
-
 def death_sentence(job: JobDir, log_lines: list[str] | None) -> str | None:
     """``failure.RankDeath`` in torchrun's words: the rank its closing report names, when it left no traceback."""
-    died = rank_died(_launcher_text(job, log_lines), failure.reported_ranks(job))
+    died = rank_died(failure.launcher_lines(job, TORCHRUN_PREFIX, log_lines), failure.reported_ranks(job))
     if died is None:
         return None
     rank, how = died
@@ -121,15 +112,3 @@ def death_sentence(job: JobDir, log_lines: list[str] | None) -> str | None:
         f"rank {rank}: {how}, without a Python traceback (the other ranks' errors, if any, "
         f"are the consequence); the end of the log:\n{failure.log_tail(job, lines=log_lines)}"
     )
-
-
-def _launcher_text(job: JobDir, lines: list[str] | None) -> str:
-    """torchrun's own lines at the end of the log, without their prefix."""
-    if lines is None:
-        if not job.log_file.is_file():
-            return ""
-        with open(job.log_file, "rb") as f:
-            size = f.seek(0, 2)
-            f.seek(max(0, size - _LOG_SCAN_BYTES))
-            lines = f.read().decode(errors="replace").splitlines()
-    return "\n".join(line[len(TORCHRUN_PREFIX) :] for line in lines if line.startswith(TORCHRUN_PREFIX))
