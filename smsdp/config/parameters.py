@@ -295,8 +295,9 @@ def _compile_problems(p: SMPParameters) -> list[ConfigProblem]:
         problems.append(ConfigProblem(("sdp_compile",), rule, True))
     if p.offload_activations:
         rule = (
-            "cannot compile a unit whose saved activations go to host memory (offload_activations=True: a "
-            "saved-tensor hook torch.compile does not trace); set offload_activations or sdp_compile to False"
+            "cannot compile a unit whose saved activations go to host memory (offload_activations=True: "
+            "torch.compile does not trace its saved-tensor hooks and would leave every unit eager); "
+            "set offload_activations or sdp_compile to False"
         )
         problems.append(ConfigProblem(("sdp_compile",), rule, True))
     return problems

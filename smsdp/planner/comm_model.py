@@ -300,6 +300,8 @@ def step_time(
     overlap: bool,
     early_boundary_sync: bool = False,
     tp_degree: int = 1,
+    host_copy_s: float = 0.0,
+    host_optimizer_s: float = 0.0,
 ) -> StepTime:
     """``step = m * max(compute, in-group comm) + exposed boundary comm`` (``+`` instead of ``max``
     without overlap).
@@ -318,6 +320,10 @@ def step_time(
     (``tokens_per_rank_per_micro_step`` is the group's) and each does ``1/t`` of its FLOPs;
     the activation all-reduces sit between the layers that need them, so they add to the
     micro-step without overlap.
+
+    ``sdp_offload`` (``smsdp.planner.offload``): the host-device copies of a step, ``host_copy_s``, run
+    on a stream of their own beside compute and the in-group collectives (a third term of the ``max``,
+    per micro-step); the optimizer step on the CPU, ``host_optimizer_s``, comes after the backward.
     """
     m = micro_steps
     compute = (flops_per_token + recompute_flops_per_token) * tokens_per_rank_per_micro_step / tp_degree
@@ -326,7 +332,8 @@ def step_time(
     tensor_parallel = seconds["tensor_parallel"] / m
     in_group = (seconds["all_gather"] + seconds["reduce_scatter"]) / m
     boundary = seconds["replica_all_reduce"] + seconds["persistent_all_reduce"]
-    micro = (max(compute, in_group) if overlap else compute + in_group) + tensor_parallel
+    copies = host_copy_s / m
+    micro = (max(compute, in_group, copies) if overlap else compute + in_group + copies) + tensor_parallel
     exposed = boundary
     if early_boundary_sync:
         backward_share = 0.75 if recompute_flops_per_token else 2.0 / 3.0
@@ -336,7 +343,7 @@ def step_time(
         in_group_comm_s=m * in_group,
         boundary_comm_s=boundary,
         exposed_boundary_s=exposed,
-        step_s=m * micro + exposed,
+        step_s=m * micro + exposed + host_optimizer_s,
         tokens_per_step=tokens_per_rank_per_micro_step * m * world // tp_degree,
         model_flops_per_token=flops_per_token,
         peak_flops=peak_flops,

@@ -12,7 +12,7 @@ import math
 from typing import Any
 
 from smsdp.config import ConfigError, RuntimeConfig, SMPParameters
-from smsdp.planner import comm_model
+from smsdp.planner import comm_model, offload
 from smsdp.planner import memory as mem
 from smsdp.planner.hardware import Assumptions, Hardware
 from smsdp.planner.model_spec import ModelSpec
@@ -60,6 +60,7 @@ def evaluate(
     act_detail = _activations(model, p, batch, c, warnings)
     comm = _comm(model, runtime, groups, sizes, batch, accum)
     memory = _memory(model, p, groups, sizes, optimizer, hardware, assumptions, comm, act_detail)
+    host = _host(p, groups, sizes, optimizer, hardware, assumptions, accum) if p.sdp_offload != "none" else None
     return Plan(
         model=model,
         runtime=runtime,
@@ -71,11 +72,12 @@ def evaluate(
         memory=memory,
         budget_bytes=hardware.budget_bytes(assumptions),
         comm=comm,
-        time=_step_time(model, p, hardware, comm, batch, accum, runtime.world_size, assumptions, warnings),
+        time=_step_time(model, p, hardware, comm, batch, accum, runtime.world_size, assumptions, warnings, host),
         recommendation=NO_RECOMMENDATION,
         warnings=tuple(warnings),
         activation_detail=act_detail,
         prefetches_next_unit=memory.unsharded_params > mem.unsharded_in_flight_bytes(sizes, c, max_live=0),
+        host=host,
     )
 
 
@@ -127,11 +129,13 @@ def _memory(
     act_detail: mem.Activations | None,
 ) -> mem.MemoryBreakdown:
     c = compute_bytes(p)
-    master = 2 if p.sdp_pure_bf16 else 4
-    per_element = mem.OPTIMIZER_BYTES_PER_ELEMENT[optimizer]
-    if p.sdp_pure_bf16 and not optimizer.endswith("_bf16"):
-        per_element //= 2  # torch.optim keeps its state in the parameters' dtype: bf16 here
+    master, per_element = _state_bytes(p, optimizer)
     state = mem.model_state(groups, c, per_element, master_bytes=master)
+    built = state
+    offloaded = p.sdp_offload != "none"
+    if offloaded:
+        state, host_state = offload.split_state(groups, per_element, master)
+        built = offload.built_state(groups, state, master)
     # The runtime collects earlier units' reduce-scatters at each unit's post-backward.
     pending = assumptions.pending_reduce_units or 2
     in_flight = mem.unsharded_in_flight_bytes(
@@ -160,10 +164,37 @@ def _memory(
         framework_overhead=hardware.overhead_bytes(assumptions),
         optimizer_step_temp=mem.optimizer_step_temp_bytes(groups, foreach=hardware.is_gpu),
         construction=mem.construction_bytes(
-            model.num_params, state, sizes, p.delayed_parameter_initialization, hardware.is_gpu
+            model.num_params, built, sizes, p.delayed_parameter_initialization, hardware.is_gpu
         ),
         kept_slices=c * mem.kept_slice_elems(sizes, p),
+        offload_copies=offload.device_copy_bytes(groups, p, master) if offloaded else 0,
+        host_shared=host_state.total if offloaded and not hardware.is_gpu else 0,
     )
+
+
+def _state_bytes(p: SMPParameters, optimizer: str) -> tuple[int, int]:
+    """(bytes of a master element, of the optimizer state per trainable element)."""
+    per_element = mem.OPTIMIZER_BYTES_PER_ELEMENT[optimizer]
+    if p.sdp_pure_bf16 and not optimizer.endswith("_bf16"):
+        per_element //= 2  # torch.optim keeps its state in the parameters' dtype: bf16 here
+    return (2 if p.sdp_pure_bf16 else 4), per_element
+
+
+def _host(
+    p: SMPParameters,
+    groups: list[mem.GroupLayout],
+    sizes: mem.UnitSizes,
+    optimizer: str,
+    hardware: Hardware,
+    assumptions: Assumptions,
+    accum: int,
+) -> offload.HostOffload:
+    """What sdp_offload keeps in host memory, and its copies (``smsdp.planner.offload``)."""
+    master, per_element = _state_bytes(p, optimizer)
+    _, host_state = offload.split_state(groups, per_element, master)
+    copies = offload.copy_bytes_per_step(groups, sizes, p, accum, master)
+    budget = hardware.host_budget_bytes(assumptions)
+    return offload.host_offload(groups, p, host_state, copies, assumptions, budget, hardware.is_gpu)
 
 
 def _activations(model: ModelSpec, p: SMPParameters, batch: int, c: int, warnings: list[str]) -> mem.Activations | None:
@@ -201,6 +232,7 @@ def _step_time(
     world: int,
     assumptions: Assumptions,
     warnings: list[str],
+    host: offload.HostOffload | None = None,
 ) -> comm_model.StepTime | None:
     """The step-time model on GPUs with a tensor-core peak for the compute dtype; None otherwise."""
     peak = hardware.peak_flops.get(p.compute_dtype_name, 0.0)
@@ -225,6 +257,8 @@ def _step_time(
         overlap=assumptions.overlap_in_group_comm,
         early_boundary_sync=assumptions.early_replica_sync,
         tp_degree=p.tensor_parallel_degree,
+        host_copy_s=0.0 if host is None else host.copy_s,
+        host_optimizer_s=0.0 if host is None else host.cpu_optimizer_s,
     )
     if model.shape is None:
         warnings.append("step time per token of an unknown sequence length: tokens = batch x 1")

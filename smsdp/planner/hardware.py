@@ -45,6 +45,15 @@ and EFA is typically 70-85% of nominal)."""
 FP32_PEAK_FRACTION = 0.5
 """fp32 training runs on TF32 tensor cores at half the bf16 dense peak (A100: 156 of 312 TFLOP/s)."""
 
+HOST_DEVICE_BYTES_PER_S = 20e9
+"""``sdp_offload``'s copies between pinned host memory and one GPU, each direction: PCIe gen4 x16 is
+32 GB/s nominal, and a large pinned copy reaches about two thirds of it (gen5 on H100 hosts doubles both)."""
+
+CPU_OPTIMIZER_ELEMENTS_PER_S = 2e8
+"""``sdp_offload``'s optimizer step on the CPU, per rank: ``torch.optim.AdamW`` (foreach) over fp32 host
+shards, memory-bound at about 16 bytes read and written per element on a process's share of the host's
+cores; ``smsdp probe`` measures the rate of the machine it runs on (``optimizer_elements_per_s``)."""
+
 
 @dataclass(frozen=True)
 class Assumptions:
@@ -76,6 +85,8 @@ class Assumptions:
     pending_reduce_units: int | None = 2
     memory_budget_bytes: int | None = None
     """Override the device memory per rank (before the safety margin), e.g. to test a small budget."""
+    host_device_bytes_per_s: float = HOST_DEVICE_BYTES_PER_S
+    cpu_optimizer_elements_per_s: float = CPU_OPTIMIZER_ELEMENTS_PER_S
 
     def __post_init__(self) -> None:
         if not 0 <= self.safety_margin < 1:
@@ -84,6 +95,9 @@ class Assumptions:
             raise ValueError(f"achieved_fraction_of_peak={self.achieved_fraction_of_peak} must be in (0, 1]")
         if not 0 < self.link_efficiency <= 1:
             raise ValueError(f"link_efficiency={self.link_efficiency} must be in (0, 1]")
+        for rate in ("host_device_bytes_per_s", "cpu_optimizer_elements_per_s"):
+            if not getattr(self, rate) > 0:
+                raise ValueError(f"{rate}={getattr(self, rate)} must be > 0")
         if self.pending_reduce_units is not None and self.pending_reduce_units < 1:
             raise ValueError(f"pending_reduce_units={self.pending_reduce_units} must be >= 1 or None")
         # 0 is no budget, not "unset" (None is), and a negative overhead would make room that is not there
@@ -108,6 +122,8 @@ class Hardware:
     inter_bytes_per_s: float
     """Per GPU, across hosts: the host's network shared by its ranks, after LINK_EFFICIENCY."""
     note: str = ""
+    host_memory_bytes: int = 0
+    """Host RAM per process (the instance's shared by its processes); on a CPU, the device memory itself."""
 
     @classmethod
     def for_instance(
@@ -125,6 +141,7 @@ class Hardware:
                 intra_bytes_per_s=0.0,
                 inter_bytes_per_s=0.0,
                 note=f"{ram / GiB:.1f} GiB RAM shared by {ranks_on_machine} rank(s) (all simulated hosts run here)",
+                host_memory_bytes=ram // max(1, ranks_on_machine),
             )
         it = lookup(instance_type)
         return cls.from_instance_type(it, processes_per_host, eff)
@@ -140,6 +157,7 @@ class Hardware:
                 peak_flops={},
                 intra_bytes_per_s=0.0,
                 inter_bytes_per_s=0.0,
+                host_memory_bytes=int(it.memory_gib * GiB) // max(1, processes_per_host),
             )
         peak = {
             "float16": it.gpu_fp16_tflops * 1e12,
@@ -157,12 +175,17 @@ class Hardware:
             peak_flops=peak,
             intra_bytes_per_s=intra,
             inter_bytes_per_s=inter,
+            host_memory_bytes=int(it.memory_gib * GiB) // max(1, processes_per_host),
         )
 
     def overhead_bytes(self, assumptions: Assumptions) -> int:
         if assumptions.framework_overhead_bytes is not None:
             return assumptions.framework_overhead_bytes
         return GPU_FRAMEWORK_OVERHEAD_BYTES if self.is_gpu else CPU_FRAMEWORK_OVERHEAD_BYTES
+
+    def host_budget_bytes(self, assumptions: Assumptions) -> int:
+        """Host RAM a process may use for what ``sdp_offload`` moves there, less the safety margin."""
+        return int(self.host_memory_bytes * (1.0 - assumptions.safety_margin))
 
     def budget_bytes(self, assumptions: Assumptions) -> int:
         """What a rank may use: device memory (or the override) less the safety margin."""

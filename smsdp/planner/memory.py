@@ -451,6 +451,8 @@ class MemoryBreakdown:
     optimizer_step_temp: int
     construction: int
     kept_slices: int = 0  # sdp_reshard_after_forward=k: 1/k of each unit, from its forward to its backward
+    offload_copies: int = 0  # sdp_offload: shard copies on the device (smsdp.planner.offload)
+    host_shared: int = 0  # sdp_offload on a CPU rank: the offloaded state, in this same memory
 
     @property
     def model_state(self) -> int:
@@ -466,11 +468,14 @@ class MemoryBreakdown:
             + (self.activations or 0)
             + self.communication_buffers
             + self.framework_overhead
+            + self.offload_copies
+            + self.host_shared
         )
 
     @property
     def step_phase(self) -> int:
-        return self.model_state + self.optimizer_step_temp + self.framework_overhead
+        offloaded = self.offload_copies + self.host_shared
+        return self.model_state + self.optimizer_step_temp + self.framework_overhead + offloaded
 
     @property
     def construction_phase(self) -> int:

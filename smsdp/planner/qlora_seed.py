@@ -1,7 +1,8 @@
 """A Llama with peft's LoRA adapters, for the planner, and the QLoRA seed case.
 
-python -m smsdp.planner.qlora_seed            # Llama-2 70B QLoRA on 2 ranks of 24 GB: does it fit?
-python -m smsdp.planner.qlora_seed --full     # and the plan in full
+python -m smsdp.planner.qlora_seed            # Llama-2 70B QLoRA on 2 ranks of 24 GB: does it fit, without
+                                              # offload and with sdp_offload="params"?
+python -m smsdp.planner.qlora_seed --full     # and the plans in full
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 
 from smsdp.planner.model_spec import ROOT, ModelSpec, ParamTensor, TransformerShape
 from smsdp.planner.plan import plan
+from smsdp.planner.result import Plan
 
 
 @dataclass(frozen=True)
@@ -62,35 +64,60 @@ def llama_lora(shape: LlamaShape, rank: int, targets: tuple[str, ...] = LORA_TAR
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Llama-2 70B, LoRA r=16 on every projection, NF4 base, on ranks of 24 GB (ml.g5.2xlarge, default 2)."""
+    """Llama-2 70B, LoRA r=16 on every projection, NF4 base, on ranks of 24 GB (ml.g5.2xlarge, default 2),
+    without offload and with the parameter shards in host memory (sdp_offload="params", FSDP2's CPUOffloadPolicy)."""
     parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("--full", action="store_true", help="print the whole plan")
+    parser.add_argument("--full", action="store_true", help="print the whole plans")
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--ranks", type=int, default=2, help="ml.g5.2xlarge instances (one 24 GB A10G each) = d")
     args = parser.parse_args(argv)
     shape = LlamaShape(**{**LLAMA2_70B.__dict__, "seq_len": args.seq_len})
-    result = plan(
-        llama_lora(shape, 16, name=f"Llama-2 70B + LoRA r=16 (s={args.seq_len})"),
+    model = llama_lora(shape, 16, name=f"Llama-2 70B + LoRA r=16 (s={args.seq_len})")
+    fits = False
+    for offload in ("none", "params"):
+        result = seed_plan(model, args.ranks, offload)
+        print(verdict(result, args.ranks))
+        if args.full:
+            print(result)
+        fits = result.fits
+    return 0 if fits else 1
+
+
+def seed_plan(model: ModelSpec, ranks: int, offload: str) -> Plan:
+    """The seed's configuration: sdp_qlora, bf16, activation checkpointing, delayed initialization."""
+    return plan(
+        model,
         instance_type="ml.g5.2xlarge",
-        instance_count=args.ranks,
+        instance_count=ranks,
         parameters={
-            "sharded_data_parallel_degree": args.ranks,
+            "sharded_data_parallel_degree": ranks,
             "bf16": True,
             "sdp_qlora": True,
             "activation_checkpointing": True,
             "delayed_parameter_initialization": True,
+            "sdp_offload": offload,
         },
         recommend=False,
     )
+
+
+def verdict(result: Plan, ranks: int) -> str:
+    """One line: fits or not, the device peak against its budget, and the host side when offloaded."""
     gib = 2**30
-    print(
-        f"{result.model.name} under sdp_qlora, {args.ranks} x ml.g5.2xlarge (24 GB each), d={args.ranks}: "
-        f"{'fits' if result.fits else 'does not fit'}: peak {result.memory.peak / gib:.2f} GiB of "
-        f"{result.budget_bytes / gib:.2f} GiB; parameters {result.memory.parameters / gib:.2f} GiB per rank"
+    memory, host = result.memory, result.host
+    offload = "" if host is None else f", sdp_offload={host.mode!r}"
+    line = (
+        f"{result.model.name} under sdp_qlora{offload}, {ranks} x ml.g5.2xlarge (24 GB each), d={ranks}: "
+        f"{'fits' if result.fits else 'does not fit'}: device peak {memory.peak / gib:.2f} GiB "
+        f"({memory.peak_phase}) of {result.budget_bytes / gib:.2f} GiB; "
     )
-    if args.full:
-        print(result)
-    return 0 if result.fits else 1
+    if host is None:
+        return line + f"parameters {memory.parameters / gib:.2f} GiB per rank on the device"
+    return line + (
+        f"parameters {memory.parameters / gib:.2f} GiB on the device, host {host.need_bytes / gib:.2f} GiB "
+        f"(NF4 base and masters {host.state.params / gib:.2f} GiB + process {host.overhead_bytes / gib:.2f} GiB) "
+        f"of {host.budget_bytes / gib:.2f} GiB host RAM"
+    )
 
 
 if __name__ == "__main__":

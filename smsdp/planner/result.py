@@ -19,6 +19,7 @@ from smsdp.planner import memory as mem
 from smsdp.planner.alternatives import Candidate, OptionSpeed
 from smsdp.planner.hardware import Assumptions, GiB, Hardware
 from smsdp.planner.model_spec import ModelSpec
+from smsdp.planner.offload import HostOffload
 from smsdp.planner.render import comm_lines, precision_name, speed_lines, table, time_lines
 from smsdp.planner.speed import Speed
 
@@ -32,12 +33,16 @@ class DoesNotFitError(ConfigError):
 
     def __init__(self, plan: Plan):
         self.plan = plan
-        rule = (
+        need = (
             f"needs {gib(plan.memory.peak)} per {plan.device_word} at its peak "
-            f"({plan.memory.peak_phase}) but {gib(plan.budget_bytes)} is available "
-            f"({plan.budget_note}); {plan.recommendation.summary()} "
-            "(or pass check_memory=False to fit() to launch anyway)"
+            f"({plan.memory.peak_phase}) but {gib(plan.budget_bytes)} is available ({plan.budget_note})"
         )
+        if plan.host is not None and not plan.host.fits:
+            need = (
+                f"needs {gib(plan.host.need_bytes)} of host memory per process (sdp_offload={plan.host.mode!r}) "
+                f"but {gib(plan.host.budget_bytes)} is available (the instance's RAM per process less the margin)"
+            )
+        rule = f"{need}; {plan.recommendation.summary()} (or pass check_memory=False to fit() to launch anyway)"
         problem = ConfigProblem(("memory",), rule)
         super().__init__(f"{problem.render()}\n\n{plan}", [problem])
 
@@ -134,10 +139,11 @@ class Plan:
     speed: Speed | None = None  # the step-time model (smsdp.planner.speed); None without rates
     ranking: tuple[Candidate, ...] = ()  # every fitting degree x strategy, fastest first (recommend=True)
     options: tuple[OptionSpeed, ...] = ()  # int8, reduce dtype, hierarchical reduce-scatter changed (recommend=True)
+    host: HostOffload | None = None  # sdp_offload: what host memory holds per rank (smsdp.planner.offload)
 
     @property
     def fits(self) -> bool:
-        return self.memory.peak <= self.budget_bytes
+        return self.memory.peak <= self.budget_bytes and (self.host is None or self.host.fits)
 
     @property
     def headroom_bytes(self) -> int:
@@ -182,6 +188,7 @@ class Plan:
             "optimizer": self.optimizer,
             "precision": precision_name(self.runtime.parameters),
             "memory": {**_memory_dict(self.memory), "budget": self.budget_bytes, "fits": self.fits},
+            **({"host_offload": self.host.to_dict()} if self.host is not None else {}),
             "communication_per_step": _comm_dict(self.comm),
             "recommendation": asdict(self.recommendation),
             "strategies": [s.to_dict() for s in self.strategies],
@@ -337,6 +344,8 @@ def _memory_lines(plan: Plan) -> list[str]:
         ["activations", size(m.activations), act_note],
         ["communication buffers", size(m.communication_buffers), "all-gather staging"],
         ["framework overhead", size(m.framework_overhead), "CUDA context, NCCL" if hw.is_gpu else "python + torch"],
+        *([["offloaded shards on the device", size(m.offload_copies), "sdp_offload's copies in"]] if plan.host else []),
+        *([["offloaded state (host = this memory)", size(m.host_shared), "sdp_offload"]] if m.host_shared else []),
         [f"peak ({m.peak_phase})", size(m.peak), ""],
         ["available", size(plan.budget_bytes), plan.budget_note],
     ]
@@ -347,8 +356,25 @@ def _memory_lines(plan: Plan) -> list[str]:
         else f"DOES NOT FIT: {size(-plan.headroom_bytes)} {unit_name} over"
     )
     lines += [f"  -> {verdict}", ""]
+    return lines + _host_lines(plan)
 
-    return lines
+
+def _host_lines(plan: Plan) -> list[str]:
+    """sdp_offload: the host memory per rank against the instance's RAM, and the copies per step."""
+    host = plan.host
+    if host is None:
+        return []
+    state = host.state
+    where = "in this rank's memory above" if host.shared_with_device else f"of {gib(host.budget_bytes)} host RAM"
+    verdict = "fits" if host.fits else "DOES NOT FIT"
+    return [
+        f"host memory per rank (sdp_offload={host.mode!r}): {gib(host.need_bytes)} {where}: {verdict}",
+        f"  masters {gib(state.params)}, gradients {gib(state.grads)}, optimizer state {gib(state.optimizer)}, "
+        f"process {gib(host.overhead_bytes)}; device shard copies {gib(plan.memory.offload_copies)}",
+        f"  per step: {gib(host.h2d_bytes_per_step)} host to device, {gib(host.d2h_bytes_per_step)} back; "
+        f"{host.copy_s:.3f} s of copies, {host.cpu_optimizer_s:.3f} s of optimizer step on the CPU",
+        "",
+    ]
 
 
 def _kept_note(p: SMPParameters) -> str:

@@ -1,0 +1,155 @@
+"""``sdp_offload`` in a plan: what leaves the device, what host memory holds, what crosses PCIe per step.
+
+As the runtime does it (``smsdp/core/offload.py``): every sharded group keeps its master shard, its
+gradient and its optimizer state in host memory; replicated groups (under
+``sdp_param_persistence_threshold``) stay on the device with theirs. On the device, besides the gathered
+buffers, the shard copies: under "optimizer" every sharded group's shard, kept between steps; under
+"params" only the shards of the units whose gather is in flight, at most the running unit and the ones
+prefetched with it (``1 + max(sdp_forward_prefetch, sdp_backward_prefetch)`` of the largest unit's).
+
+Per step, host to device: under "params" a unit's shard at each of its all-gathers from the shard (not
+from kept ``1/k`` slices); under "optimizer" every shard once (the masters change at the step). Device
+to host: each reduce-scattered gradient shard, every micro-step. The copies run on their own stream beside
+compute (``smsdp.planner.comm_model.step_time``); the optimizer step over the host shards runs on the
+CPU, after the backward, at ``Assumptions.cpu_optimizer_elements_per_s``.
+
+Host memory per rank is checked against the instance's RAM (``smsdp.config.instance_types``) shared by
+its processes, less the safety margin and ``HOST_PROCESS_OVERHEAD_BYTES`` per process. On a CPU
+(``instance_type="local"``), host and device are the same memory: the offloaded bytes count there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from smsdp.config.parameters import SMPParameters, reshard_degree
+from smsdp.config.shard_layout import nf4_shard_bytes
+from smsdp.planner import memory as mem
+from smsdp.planner.hardware import Assumptions, GiB
+from smsdp.planner.qlora import kept_units
+
+HOST_PROCESS_OVERHEAD_BYTES = 3 * GiB
+"""Host memory one GPU training process takes besides what it offloads: the interpreter with torch, the
+CUDA runtime and libraries mapped into it, the pinned staging of the copies and the data loader."""
+
+
+@dataclass(frozen=True)
+class HostOffload:
+    """The host side of an offloaded plan, per rank."""
+
+    mode: str  # "optimizer" | "params"
+    state: mem.ModelState  # the sharded groups' masters, gradients, optimizer state, in host memory
+    overhead_bytes: int  # the process's own host memory
+    budget_bytes: int  # the instance's RAM per process, less the safety margin
+    h2d_bytes_per_step: float
+    d2h_bytes_per_step: float
+    copy_s: float  # both directions, per step, at Assumptions.host_device_bytes_per_s
+    cpu_optimizer_s: float  # the optimizer step over the host shards
+    shared_with_device: bool = False  # a CPU rank: host and device memory are one
+
+    @property
+    def need_bytes(self) -> int:
+        return self.state.total + self.overhead_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.need_bytes <= self.budget_bytes
+
+    def to_dict(self) -> dict[str, float | int | str | bool]:
+        return {
+            "mode": self.mode,
+            "params": self.state.params,
+            "grads": self.state.grads,
+            "optimizer_state": self.state.optimizer,
+            "process_overhead": self.overhead_bytes,
+            "need": self.need_bytes,
+            "budget": self.budget_bytes,
+            "fits": self.fits,
+            "host_to_device_bytes_per_step": self.h2d_bytes_per_step,
+            "device_to_host_bytes_per_step": self.d2h_bytes_per_step,
+            "copy_s": self.copy_s,
+            "cpu_optimizer_s": self.cpu_optimizer_s,
+        }
+
+
+def split_state(
+    groups: list[mem.GroupLayout], optimizer_bytes: float, master_bytes: int, sdp_rank: int = 0
+) -> tuple[mem.ModelState, mem.ModelState]:
+    """(device, host) model state of one rank: the sharded groups' state goes to the host."""
+    device = mem.model_state([g for g in groups if not g.sharded], 0, optimizer_bytes, sdp_rank, master_bytes)
+    host = mem.model_state([g for g in groups if g.sharded], 0, optimizer_bytes, sdp_rank, master_bytes)
+    return device, host
+
+
+def shard_bytes(group: mem.GroupLayout, master_bytes: int) -> int:
+    """One rank's shard of a sharded group in host memory: the master, or an NF4 group's bytes."""
+    return nf4_shard_bytes(group.shard, master_bytes) if group.nf4 else master_bytes * group.shard
+
+
+def built_state(groups: list[mem.GroupLayout], device: mem.ModelState, master_bytes: int) -> mem.ModelState:
+    """What the device holds while the model is built: its own state and the one sharded group being
+    built, which moves to host memory at once (``smsdp.core.cutting.make_groups``)."""
+    largest = max((shard_bytes(g, master_bytes) for g in groups if g.sharded), default=0)
+    return mem.ModelState(device.params + largest, device.grads, device.optimizer)
+
+
+def device_copy_bytes(groups: list[mem.GroupLayout], p: SMPParameters, master_bytes: int) -> int:
+    """The shard copies on the device at once (see the module docstring)."""
+    per_unit: dict[int, int] = {}
+    for g in groups:
+        if g.sharded:
+            per_unit[g.unit] = per_unit.get(g.unit, 0) + shard_bytes(g, master_bytes)
+    if p.sdp_offload == "optimizer":
+        return sum(per_unit.values())
+    depth = max(p.sdp_forward_prefetch, p.sdp_backward_prefetch)
+    return (1 + depth) * max(per_unit.values(), default=0)
+
+
+def copy_bytes_per_step(
+    groups: list[mem.GroupLayout], sizes: mem.UnitSizes, p: SMPParameters, micro_steps: int, master_bytes: int
+) -> tuple[float, float]:
+    """(host to device, device to host) bytes per optimizer step on one rank, in the steady state.
+
+    "params": a group's shard at each all-gather from it: once per micro-step for the units kept gathered
+    into the backward (``smsdp.planner.qlora.kept_units``) and for those whose backward regathers from
+    ``1/k`` slices (not an NF4 group's), twice for the others. "optimizer": every shard once.
+    """
+    sharded = [g for g in groups if g.sharded]
+    if p.sdp_offload == "optimizer":
+        h2d = float(sum(shard_bytes(g, master_bytes) for g in sharded))
+    else:
+        kept, slices = kept_units(sizes, p), reshard_degree(p) is not None
+        h2d = float(
+            micro_steps
+            * sum(
+                (1 if g.unit in kept or (slices and not g.nf4) else 2) * shard_bytes(g, master_bytes) for g in sharded
+            )
+        )
+    reduce = 2 if p.sdp_reduce_dtype == "bf16" else 4
+    d2h = float(micro_steps * sum(reduce * g.shard for g in sharded if g.trainable))
+    return h2d, d2h
+
+
+def host_offload(
+    groups: list[mem.GroupLayout],
+    p: SMPParameters,
+    host_state: mem.ModelState,
+    copies: tuple[float, float],
+    assumptions: Assumptions,
+    host_budget_bytes: int,
+    is_gpu: bool,
+) -> HostOffload:
+    """The host side of one rank's plan."""
+    h2d, d2h = copies
+    local = sum(g.local_unpadded(0) for g in groups if g.sharded and g.trainable)
+    return HostOffload(
+        mode=p.sdp_offload,
+        state=host_state,
+        overhead_bytes=HOST_PROCESS_OVERHEAD_BYTES if is_gpu else 0,
+        budget_bytes=host_budget_bytes,
+        h2d_bytes_per_step=h2d,
+        d2h_bytes_per_step=d2h,
+        copy_s=(h2d + d2h) / assumptions.host_device_bytes_per_s if is_gpu else 0.0,
+        cpu_optimizer_s=local / assumptions.cpu_optimizer_elements_per_s,
+        shared_with_device=not is_gpu,
+    )
