@@ -23,6 +23,7 @@ from typing import Any
 from estimator.backends import BackendUnavailable
 from estimator.job import Job, JobStatus
 from estimator.jobs_listing import find_job, format_listing, list_jobs
+from estimator.terminal_text import for_terminal
 
 EXIT_OK, EXIT_NOT_COMPLETED, EXIT_NOT_FOUND, EXIT_INTERRUPTED = 0, 1, 2, 130
 EXIT_USAGE = 2  # a value refused before anything is written, as cli.main's usage errors
@@ -42,7 +43,7 @@ def _found(run: Callable[[argparse.Namespace, Job], int]) -> Callable[[argparse.
         try:
             job = find_job(args.job, args.output_path)
         except (LookupError, ValueError) as exc:  # ConfigError is a ValueError
-            print(f"smsdp: no job {args.job!r}: {exc}", file=sys.stderr)
+            print(f"smsdp: no job {args.job!r}: {for_terminal(str(exc), one_line=True)}", file=sys.stderr)
             return EXIT_NOT_FOUND
         return run(args, job)
 
@@ -68,7 +69,7 @@ def jobs(args: argparse.Namespace) -> int:
     elif not listings:
         print("no jobs under " + (args.output_path or "./smsdp-jobs"))
     else:
-        print(format_listing(listings))
+        print(for_terminal(format_listing(listings)))
     return EXIT_OK
 
 
@@ -83,7 +84,7 @@ def add_logs_arguments(parser: argparse.ArgumentParser) -> None:
 
 def logs(args: argparse.Namespace, job: Job) -> int:
     if not args.follow:
-        sys.stdout.write(job.logs())
+        sys.stdout.write(for_terminal(job.logs()))  # a rank's escape sequences shown, never run
         return EXIT_OK
     reader = job.log_reader()
     poll_s = getattr(job, "poll_s", FOLLOW_POLL_S)
@@ -91,7 +92,7 @@ def logs(args: argparse.Namespace, job: Job) -> int:
         while True:
             status = job.status()  # before reading: the lines written before it ended are drained below
             for line in reader.read_new():
-                print(line, flush=True)
+                print(for_terminal(line, one_line=True), flush=True)
             if status.is_terminal:
                 break
             time.sleep(poll_s)

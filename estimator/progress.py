@@ -12,6 +12,7 @@ import sys
 from collections.abc import Mapping
 from typing import TextIO
 
+from estimator.terminal_text import for_terminal
 from smsdp.util.metric_format import parse_progress_line
 
 BAR_WIDTH = 24
@@ -71,7 +72,7 @@ class ProgressDisplay:
     def _print_line(self, line: str) -> None:
         if self._bar:  # clear the bar, print the line, redraw the bar below it
             self.stream.write("\r" + " " * len(self._bar) + "\r")
-        self.stream.write(line + "\n")
+        self.stream.write(for_terminal(line, one_line=True) + "\n")  # a rank's escape sequences shown, never run
         if self._bar:
             self.stream.write(self._bar)
         self.stream.flush()

@@ -16,6 +16,7 @@ from typing import Any
 
 from estimator.backends.base import AttachedJob, Backend, JobRules
 from estimator.backends.supervised.attach import find_job_dir, recorded_backend
+from estimator.validation import check_job_name
 from smsdp.config import ConfigError
 from smsdp.config.instance_types import LOCAL
 
@@ -125,8 +126,10 @@ def attach(job_name: str, output_path: str | None = None, sagemaker_session: Any
     A local ``output_path`` is the only place looked in. Without one, job directories are
     looked for in ``./smsdp-jobs`` and every output path a job was started in before; a
     name that is no job there (or an ``s3://`` output_path, or a ``sagemaker_session``) is
-    looked up on SageMaker. A name found nowhere raises ``LookupError`` naming every place.
+    looked up on SageMaker. A name found nowhere raises ``LookupError`` naming every place; what is
+    no job name (a path, ``..``) ``ConfigError`` saying what one is, before anything is looked up.
     """
+    check_job_name(job_name)
     if sagemaker_session is not None or (isinstance(output_path, str) and output_path.startswith("s3://")):
         remote: Any = backend_named(SAGEMAKER)  # its attach also takes the session
         attached: AttachedJob = remote.attach(job_name, output_path, sagemaker_session=sagemaker_session)

@@ -3,13 +3,18 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 
 import pytest
 
+from estimator import Estimator
 from estimator.cli import COMMANDS, build_parser, main
 from estimator.jobs_listing import list_jobs
+from estimator.progress import ProgressDisplay
+from smsdp.config import ConfigError
+from tests.job_dirs import completed_job
 
 
 def test_the_job_commands_come_after_the_others():
@@ -51,3 +56,38 @@ def test_an_unknown_job_exits_2_naming_where_it_looked(tmp_path, capsys):
     for command in (["logs", "nope"], ["describe", "nope"], ["plot", "nope", "-o", str(tmp_path / "x.png")]):
         assert main([*command, "--output-path", str(tmp_path)]) == 2
         assert "no job 'nope'" in capsys.readouterr().err and not (tmp_path / "x.png").exists()
+
+
+# ---------------------------------------------------------------- names, not paths; output shown, never run
+
+
+@pytest.mark.parametrize("how", ["relative", "absolute", "dotted", "parent"])
+def test_a_job_is_looked_up_by_its_name_never_by_a_path(how, tmp_path, capsys):
+    """Creation refuses these names; lookups found a job through them (and `describe ..` said its
+    creation was interrupted)."""
+    job = completed_job(tmp_path, "j1")
+    other = tmp_path / "other"
+    other.mkdir()
+    name = {"relative": "../jobs/j1", "absolute": str(job.job_dir), "dotted": "j1/../j1", "parent": ".."}[how]
+    where = str(other) if how == "relative" else str(tmp_path / "jobs")
+    for command in ("describe", "logs"):
+        assert main([command, name, "--output-path", where]) == 2
+        (line,) = capsys.readouterr().err.splitlines()
+        assert f"no job {name!r}: job_name={name!r} must be 1-63 letters, digits or '-'" in line, line
+    with pytest.raises(ConfigError, match="must be 1-63 letters, digits or '-'"):
+        Estimator.attach(name, output_path=where)
+
+
+def test_a_ranks_escape_sequences_are_printed_escaped(tmp_path, capsys):
+    hostile = "\x1b[2J\x1b]0;pwned\x07 cleared\rover"
+    job = completed_job(tmp_path, "loud", log=f"[algo-1 rank0] {hostile}\n[algo-1 rank0] tab\there\n")
+    jobs = str(tmp_path / "jobs")
+    for follow in ([], ["--follow"]):
+        assert main(["logs", "loud", "--output-path", jobs, *follow]) == 0
+        out = capsys.readouterr().out
+        assert "\x1b" not in out and "\x07" not in out and "\r" not in out
+        assert "[algo-1 rank0] \\x1b[2J\\x1b]0;pwned\\x07 cleared" in out and "tab\there" in out  # \r: a line end
+    shown = io.StringIO()
+    ProgressDisplay(shown, live=False).feed(f"[algo-1 rank0] {hostile}")  # fit()'s streamed lines
+    assert shown.getvalue() == "[algo-1 rank0] \\x1b[2J\\x1b]0;pwned\\x07 cleared\\rover\n"
+    assert job.logs().count("\x1b") == 2  # the file keeps what the rank wrote

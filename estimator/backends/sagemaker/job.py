@@ -13,6 +13,7 @@ from typing import Any
 from estimator.backends.sagemaker.cloudwatch_logs import TrainingJobLogs
 from estimator.job import Job, JobFailedError, JobStatus
 from estimator.progress import ProgressDisplay
+from estimator.terminal_text import for_terminal
 
 #: mpirun's ``--tag-output`` prefix, as the SageMaker training toolkit runs it: ``[1,3]<stdout>:``.
 RANK_TAG_RE = re.compile(r"^\[\d+,(?P<rank>\d+)\]<(?:stdout|stderr)>: ?")
@@ -76,7 +77,7 @@ class SageMakerJob(Job):
             time.sleep(self.poll_s)
         if display is not None:
             display.close()
-            print(format_summary(described), flush=True)
+            print(for_terminal(format_summary(described)), flush=True)
         if status is JobStatus.FAILED:
             raise JobFailedError(self.name, described.get("FailureReason"))
         return status

@@ -25,12 +25,14 @@ from estimator.backends.supervised.job_dir import JobDir, read_json
 from estimator.backends.supervised.known_paths import check_local_output_path, places_to_look
 from estimator.backends.supervised.layout import OWN_SECTION
 from estimator.redact import REDACTED
-from estimator.validation import problem
+from estimator.validation import check_job_name, problem
 from smsdp.config.instance_types import LOCAL
 
 
 def find_job_dir(job_name: str, output_path: str | None = None) -> Path:
-    """The job directory of ``job_name``; ``ConfigError`` naming every place looked in."""
+    """The job directory of ``job_name``; ``ConfigError`` naming every place looked in. A name, never a
+    path: ``../jobs/j1``, ``/abs/j1`` or ``..`` would find directories no job of this name made."""
+    check_job_name(job_name)
     places = [Path(check_local_output_path(output_path))] if output_path is not None else places_to_look()
     found = [place / job_name for place in places if JobDir(place / job_name).description_file.is_file()]
     if not found:

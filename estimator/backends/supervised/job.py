@@ -27,6 +27,7 @@ from estimator.backends.supervised.status import StatusRecord, read_status, writ
 from estimator.backends.supervised.summary import format_summary
 from estimator.job import Job, JobFailedError, JobStatus
 from estimator.progress import ProgressDisplay
+from estimator.terminal_text import for_terminal
 from smsdp.util.metrics_table import METRICS_FILENAME
 
 POLL_S = 0.1
@@ -177,7 +178,7 @@ class SupervisedJob(Job):
             last = (described.get("SecondaryStatusTransitions") or [{}])[-1]
             said = last.get("StatusMessage") if last.get("Status") == described["SecondaryStatus"] else None
             note = described.get("FailureReason") or said
-            print(format_summary(self.name, status, wall, self.paths, note))
+            print(for_terminal(format_summary(self.name, status, wall, self.paths, note)))
             sys.stdout.flush()
         if status is JobStatus.FAILED:
             raise JobFailedError(self.name, described.get("FailureReason"))
