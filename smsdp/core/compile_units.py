@@ -15,11 +15,12 @@ A user meets torch.compile three ways (docs/runtime.md, "torch.compile"):
    calls the other units.
 
 [Note: hooks outside compile, made lazily]
-Importing ``torch._dynamo`` costs about half a second per process, which a job that never compiles must
-not pay. So the hooks are plain until dynamo is loaded: at wrapping (a compiled block, ``sdp_compile``, or
-any earlier ``torch.compile``), or later, when ``torch.compile(model)`` builds its ``OptimizedModule``,
-which reads ``model.forward`` (:class:`forward_outside_compile` moves the hooks then), and at the latest
-at the next eager forward.
+``torch.compiler.disable`` needs ``torch._dynamo`` (about half a second to import), which smsdp does not
+import itself: torch.optim's first optimizer loads it, and so does any ``torch.compile``. So the hooks
+are plain until dynamo is loaded: at wrapping (a compiled block, ``sdp_compile``, any earlier
+``torch.compile``), or later, when ``torch.compile(model)`` builds its ``OptimizedModule``, which reads
+``model.forward`` (:class:`forward_outside_compile` moves the hooks then), and at the latest at the
+next eager forward. Disabled, a hook costs one more call that switches dynamo's frame hook off and on.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from torch import nn
 from smsdp.config.shard_layout import is_sharded
 from smsdp.core.compile_units import compiled_inner
 from smsdp.core.flat_param_group import FlatParamGroup, ParamInfo
+from smsdp.core.offload import OffloadPolicy
 from smsdp.core.unit import Unit
 from smsdp.tensor_parallel.pieces import is_tp_split
 
@@ -63,6 +64,7 @@ class GroupPolicy:
     device: torch.device
     master_dtype: torch.dtype = torch.float32  # bf16 under sdp_pure_bf16
     nf4: bool = False  # sdp_qlora: sharded frozen groups keep NF4 bytes
+    offload: OffloadPolicy | None = None  # sdp_offload: each sharded group moves to host memory once built
 
 
 def build_units(root: nn.Module, unit_modules: list[tuple[str, nn.Module]], policy: GroupPolicy) -> list[Unit]:
@@ -122,17 +124,18 @@ def make_groups(unit_name: str, infos: list[ParamInfo], policy: GroupPolicy) -> 
         buckets[(sharded, info.original.requires_grad, is_tp_split(info.original))].append(info)
     groups = []
     for (sharded, trainable, _tp_split), members in sorted(buckets.items(), reverse=True):
-        groups.append(
-            FlatParamGroup.build(
-                unit_name,
-                members,
-                trainable=trainable,
-                shard_degree=policy.shard_degree if sharded else 1,
-                shard_rank=policy.shard_rank if sharded else 0,
-                compute_dtype=policy.compute_dtype,
-                device=policy.device,
-                master_dtype=policy.master_dtype,
-                nf4=policy.nf4,
-            )
+        group = FlatParamGroup.build(
+            unit_name,
+            members,
+            trainable=trainable,
+            shard_degree=policy.shard_degree if sharded else 1,
+            shard_rank=policy.shard_rank if sharded else 0,
+            compute_dtype=policy.compute_dtype,
+            device=policy.device,
+            master_dtype=policy.master_dtype,
+            nf4=policy.nf4,
         )
+        if sharded and policy.offload is not None:  # now: the device never holds more than this group's shard
+            group.move_to_host(policy.offload.for_group())
+        groups.append(group)
     return groups

@@ -81,6 +81,8 @@ class ShardOffload:
     _tag: tuple[int, int] | None = None  # (id, version) of the master the device copy was made from
     _ready: Any = None  # CUDA event: the device copy is complete
     _grads: list[_QueuedGrad] = field(default_factory=list)
+    copies_in: int = 0  # shard copies made host to device (a test reads them)
+    copies_out: int = 0  # gradient pieces copied device to host
 
     # ---- the shard, host to device ---------------------------------------------------------
 
@@ -99,6 +101,7 @@ class ShardOffload:
                 self._ready = torch.cuda.Event()
                 self._ready.record(stream)
         self._tag = tag
+        self.copies_in += 1
         return self._device
 
     @contextlib.contextmanager
@@ -133,6 +136,7 @@ class ShardOffload:
     def queue_grad(self, piece: torch.Tensor, start: int, scale: float) -> None:
         """Copy a reduce-scattered gradient piece to the host without blocking; added in by ``settle``."""
         host = self.memory.empty(piece)
+        self.copies_out += 1
         stream = self.memory.copy_stream
         if stream is None:
             host.copy_(piece)
@@ -158,15 +162,18 @@ class ShardOffload:
         self._grads = []
 
 
-def offload_groups(units: list[Any], mode: OffloadMode, device: torch.device) -> int:
-    """Move every sharded group of ``units`` to host memory; returns how many moved."""
-    if mode is OffloadMode.NONE:
-        return 0
-    memory = HostMemory(device)
-    moved = 0
-    for unit in units:
-        for group in unit.groups:
-            if group.sharded:
-                group.move_to_host(ShardOffload(memory, keep_device_copy=mode is OffloadMode.OPTIMIZER))
-                moved += 1
-    return moved
+@dataclass(frozen=True)
+class OffloadPolicy:
+    """How the groups of one model are offloaded: the mode and the model's host side."""
+
+    mode: OffloadMode
+    memory: HostMemory
+
+    def for_group(self) -> ShardOffload:
+        return ShardOffload(self.memory, keep_device_copy=self.mode is OffloadMode.OPTIMIZER)
+
+
+def offload_policy(setting: str, device: torch.device) -> OffloadPolicy | None:
+    """``sdp_offload``'s policy for one model (its copy streams), or None when nothing is offloaded."""
+    mode = OffloadMode(setting)
+    return None if mode is OffloadMode.NONE else OffloadPolicy(mode, HostMemory(device))

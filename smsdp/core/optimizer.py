@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from smsdp.comm import world
 from smsdp.core.flat_param_group import FlatParamGroup
+from smsdp.core.held_bytes import host_bytes
 from smsdp.core.loss_scaler import DynamicLossScaler, LossScaler
 from smsdp.core.optimizer_params import remap_to_shards
 from smsdp.core.state_dicts import check_optimizer_state_shard, local_optimizer_state
@@ -201,6 +202,10 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self.optimizer.load_state_dict(state["optimizer"])
         if self.loss_scaler is not None and "loss_scaler" in state:
             self.loss_scaler.load_state_dict(state["loss_scaler"])
+
+    def host_state_bytes(self) -> dict[str, int]:
+        """Bytes ``sdp_offload`` keeps in host memory on this rank (``smsdp.core.held_bytes.host_bytes``)."""
+        return host_bytes(self.model.flat_groups(), self.optimizer.state)
 
     def optimizer_state_bytes(self) -> int:
         return sum(

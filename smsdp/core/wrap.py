@@ -6,9 +6,9 @@ values; at ``tensor_parallel_degree > 1`` it becomes this TP rank's version
 cut into units whose parameters become flat groups (``smsdp.core.cutting``, or
 ``smsdp.core.delayed_materialize`` for a model built on the meta device); the
 units get activation checkpointing when asked for, their forwards compiled under
-``sdp_compile`` (``smsdp.core.compile_units``), their sharded groups moved to host
-memory under ``sdp_offload`` (``smsdp.core.offload``) and the collectives of this
-rank's groups (``smsdp.core.unit_comm``). A sharded job that shards nothing is said at
+``sdp_compile`` (``smsdp.core.compile_units``) and the collectives of this rank's
+groups (``smsdp.core.unit_comm``). Under ``sdp_offload`` each sharded group moves to
+host memory as soon as it is built (``smsdp.core.offload``). A sharded job that shards nothing is said at
 this point, once (:func:`nothing_sharded_warning`).
 """
 
@@ -29,7 +29,7 @@ from smsdp.core.compile_units import compile_unit_forwards, is_compiled
 from smsdp.core.cutting import GroupPolicy, build_units, find_unit_modules
 from smsdp.core.delayed_materialize import materialize_units
 from smsdp.core.nf4_shard import require_torchao
-from smsdp.core.offload import OffloadMode, offload_groups
+from smsdp.core.offload import offload_policy
 from smsdp.core.unit import Unit
 from smsdp.core.unit_comm import bind_unit_comm
 from smsdp.tensor_parallel.pieces import convert_for_job, split_names
@@ -72,6 +72,7 @@ def wrap_module(
         device=rt.device,
         master_dtype=rt.master_dtype,
         nf4=rt.params.sdp_qlora,
+        offload=offload_policy(rt.params.sdp_offload, rt.device),
     )
     if policy.nf4:
         require_torchao()  # before any group is built: the error names pip install torchao
@@ -85,7 +86,6 @@ def wrap_module(
             set_activation_checkpointing(unit.module)
     if rt.params.sdp_compile:
         compile_unit_forwards(units)
-    offload_groups(units, OffloadMode(rt.params.sdp_offload), rt.device)
     comm = bind_unit_comm(rt)
     for unit in units:
         unit.comm = comm

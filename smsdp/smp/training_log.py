@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 from smsdp.comm import world
 from smsdp.config.topology import Topology
-from smsdp.core.compile_units import compile_counts, dynamo_loaded
+from smsdp.core.compile_units import compile_counts
 from smsdp.smp import api
 from smsdp.smp.comm_groups import barrier
 from smsdp.tensor_parallel.batch import batch_arithmetic
@@ -141,9 +141,10 @@ class TrainingLog:
         summary = self._logger.summary(
             sharded_degree=api.sdp_size(), comm_bytes=api.comm_stats(), total_time_s=api.seconds_since_init()
         )
-        if dynamo_loaded():  # torch.compile ran in this job (docs/runtime.md, "torch.compile")
-            summary["compile"] = compile_counts()
-            self.info(_compile_line(summary["compile"]))
+        counts = compile_counts()
+        if counts["frames"]:  # torch.compile compiled something in this job (docs/runtime.md, "torch.compile")
+            summary["compile"] = counts
+            self.info(_compile_line(counts))
         summary.update(fields)
         if api.rank() == 0:
             self.info(f"saved {write_summary(self.output_dir, **summary)}")

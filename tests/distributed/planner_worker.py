@@ -45,6 +45,17 @@ CASES = {
         4,
         {"sharded_data_parallel_degree": 2, "sdp_param_persistence_threshold": 10_000, "bf16": True},
     ),
+    # sdp_offload: the sharded groups' masters, gradients and AdamW state in host memory
+    "bench_offload_params": (
+        BENCH,
+        4,
+        {"sharded_data_parallel_degree": 2, "sdp_param_persistence_threshold": 10_000, "sdp_offload": "params"},
+    ),
+    "equivalence_offload_optimizer_d4": (
+        EQUIVALENCE,
+        2,
+        {"sharded_data_parallel_degree": 4, "sdp_param_persistence_threshold": 100, "sdp_offload": "optimizer"},
+    ),
     "bench_tp2_d2": (
         BENCH,
         4,
@@ -80,8 +91,10 @@ def run(name: str) -> dict:
         loss = model(tokens[:, :-1], tokens[:, 1:]).loss
         copies = model.compute_copy_bytes()  # the end of the forward: what is kept for the backward
         model.backward(loss)
+        host_after_backward = opt.host_state_bytes()
         opt.step()
         state = {**model.model_state_bytes(), "optimizer": opt.optimizer_state_bytes()}
+        host_at_step = opt.host_state_bytes()
         opt.zero_grad()
         gathered = sum(v for key, v in smp.comm_stats().items() if key.startswith("all_gather")) - sum(
             v for key, v in before.items() if key.startswith("all_gather")
@@ -90,6 +103,8 @@ def run(name: str) -> dict:
         "compute_copies_after_forward": copies,
         "all_gather_bytes_last_step": gathered,
         "model_state": state,
+        # sdp_offload: what host memory held after the backward and after the step (its largest)
+        "host_state": [host_after_backward, host_at_step],
         "sdp_rank": smp.sdp_rank(),
         "tp_rank": smp.tp_rank(),
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,

@@ -14,6 +14,7 @@ import pytest
 
 from smsdp.planner import ModelSpec, plan
 from smsdp.planner import memory as mem
+from smsdp.planner.offload import split_state
 from smsdp.planner.tensor_parallel import tp_piece
 from tests.distributed.planner_worker import CASES, MEASURED_STEADY
 from tests.mpi_harness import requires_mpi, run_cases
@@ -21,6 +22,7 @@ from tests.mpi_harness import requires_mpi, run_cases
 pytestmark = [pytest.mark.distributed, requires_mpi]
 
 SIMULATED_HOSTS = {"SMSDP_SIMULATED_HOSTS": "1", "SM_HOSTS": '["algo-1", "algo-2"]'}
+OFFLOADED = [case for case, (_, _, params) in CASES.items() if params.get("sdp_offload", "none") != "none"]
 
 
 def _shape(config) -> dict:
@@ -82,7 +84,7 @@ def test_each_rank_holds_exactly_the_predicted_model_state(results, case):
 def test_per_gpu_model_state_within_ten_percent(results, case):
     p = _plan(case)
     measured = max(sum(r["model_state"].values()) for r in results[case])
-    predicted = p.memory.model_state
+    predicted = p.memory.model_state + (p.host.state.total if p.host is not None else 0)  # device + offloaded
     assert abs(predicted - measured) <= 0.10 * measured, (case, predicted, measured)
 
 
@@ -110,3 +112,27 @@ def test_kept_copies_and_gathered_bytes_are_exactly_the_planned_ones(results, ca
             == 4 * (sum(sizes.gathered.values()) - mem.kept_for_backward_elems(sizes, params)) // k
             > 0
         )
+
+
+@pytest.mark.parametrize("case", OFFLOADED)
+def test_offloaded_host_state_is_the_planned_one_and_its_peak_within_ten_percent(results, case):
+    """sdp_offload: what each rank's host memory holds after the backward (masters, gradients) and after
+    the step (and the optimizer state) is the planner's host state, shard rank by shard rank; the peak
+    of the two over the ranks is within 10% of the plan's (here: to the byte)."""
+    p = _plan(case)
+    params = p.runtime.parameters
+    groups = mem.layout(p.model, params.sharded_data_parallel_degree, params.sdp_param_persistence_threshold)
+    peaks = []
+    for rank, result in enumerate(results[case]):
+        _, host = split_state(groups, 8, 4, sdp_rank=result["sdp_rank"])
+        after_backward, at_step = result["host_state"]
+        assert (after_backward["params"], after_backward["grads"], after_backward["optimizer"]) == (
+            host.params,
+            host.grads,
+            0,  # AdamW's state is made at the first step
+        ), f"rank {rank}"
+        assert (at_step["params"], at_step["grads"], at_step["optimizer"]) == (host.params, host.grads, host.optimizer)
+        peaks.append(max(sum(v for k, v in h.items() if k != "device_copies") for h in result["host_state"]))
+    assert p.host is not None and p.host.state.total == max(peaks)
+    assert abs(p.host.state.total - max(peaks)) <= 0.10 * max(peaks)
+    assert p.memory.parameters < sum(results[case][0]["model_state"].values())  # the device keeps less
