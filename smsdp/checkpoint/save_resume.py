@@ -30,11 +30,12 @@ atomic renames, the newest pointer, pruning).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -204,21 +205,33 @@ def _save_partial(root: Path, tag: str, model: Any, optimizer: Any, user_content
                 _torch_save_durable(user_content, staging / USER_CONTENT_FILE)
         fsync_directory(staging)
 
-    agree.run(f"writing checkpoint {tag!r}", write_small_files)
+    with _removed_on_failure(staging, rank):
+        agree.run(f"writing checkpoint {tag!r}", write_small_files)
+        # Every file is checksummed by one rank (round robin), and the marker records them all.
+        names = agree.broadcast(
+            agree.run(f"listing checkpoint {tag!r}", lambda: files.data_files(staging) if rank == 0 else None)
+        )
+        mine = agree.run(
+            f"checksumming checkpoint {tag!r}",
+            lambda: {name: files.digest(staging / name) for name in names[rank::world]},
+        )
+        digests = {k: v for part in agree.all_gather(mine) for k, v in part.items()}
+        agree.run(
+            f"committing checkpoint {tag!r}",
+            lambda: _commit_partial(root, staging, tag, token, digests, keep) if rank == 0 else None,
+        )
 
-    # Every file is checksummed by one rank (round robin), and the marker records them all.
-    names = agree.broadcast(
-        agree.run(f"listing checkpoint {tag!r}", lambda: files.data_files(staging) if rank == 0 else None)
-    )
-    mine = agree.run(
-        f"checksumming checkpoint {tag!r}",
-        lambda: {name: files.digest(staging / name) for name in names[rank::world]},
-    )
-    digests = {k: v for part in agree.all_gather(mine) for k, v in part.items()}
-    agree.run(
-        f"committing checkpoint {tag!r}",
-        lambda: _commit_partial(root, staging, tag, token, digests, keep) if rank == 0 else None,
-    )
+
+@contextlib.contextmanager
+def _removed_on_failure(staging: Path, rank: int) -> Iterator[None]:
+    """A failure every rank agreed on (a ``CheckpointError``) leaves no staging directory: nobody writes
+    there any more. A rank that dies or raises alone leaves it, marked incomplete, for a later save."""
+    try:
+        yield
+    except CheckpointError:
+        if rank == 0:
+            shutil.rmtree(staging, ignore_errors=True)
+        raise
 
 
 def _commit_partial(root: Path, staging: Path, tag: str, token: str, digests: dict, keep: int | None) -> None:

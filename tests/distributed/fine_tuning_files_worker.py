@@ -137,6 +137,10 @@ def fingerprint_case() -> dict:
     result["save_without_the_base_dir"] = _error(
         lambda: smp.save_checkpoint(str(ckpt), "t2", partial=True, model=loaded_then_gone, optimizer=None)
     )
+    result["unpicklable_content"] = _error(  # fails on rank 0 after the shards are written
+        lambda: smp.save_checkpoint(str(ckpt), "t3", partial=True, model=model, user_content=lambda: None)
+    )
+    dist.barrier()  # rank 0 cleans up after raising: look once it has
     result["ckpt_entries"] = sorted(p.name for p in ckpt.iterdir())
     reused = _model(None)
     result["over_other_path"] = _resume(ckpt, "t", str(root / "other-path"), reused)

@@ -74,8 +74,13 @@ def test_a_base_directory_removed_after_loading_does_not_stop_later_saves(result
     for rank in results["fingerprint"]:
         assert rank["save_without_the_base_dir"] is None
         assert rank["t2_over_other_path"] is None
-        assert [e for e in rank["ckpt_entries"] if "inprogress" in e or "replaced" in e] == []
         assert {"t_partial", "t2_partial"} <= set(rank["ckpt_entries"])
+
+
+def test_a_save_that_fails_on_every_rank_leaves_no_staging_directory(results):
+    for rank in results["fingerprint"]:
+        assert "CheckpointError: writing checkpoint 't3'" in (rank["unpicklable_content"] or ""), rank
+        assert [e for e in rank["ckpt_entries"] if "inprogress" in e or "replaced" in e or "t3" in e] == []
 
 
 def test_a_base_changed_anywhere_is_refused_on_resume(results):
