@@ -161,9 +161,10 @@ def _target_on_rank0(target: Path, overwrite: bool) -> tuple[Path | None, str | 
         return None, None
     try:
         directory = target_directory(target)
-    except PretrainedError as exc:
+        busy = occupied(directory)
+    except (PretrainedError, OSError) as exc:  # said on every rank, not raised on this one alone
         return None, str(exc)
-    if occupied(directory) and not overwrite:
+    if busy and not overwrite:
         return None, (
             f"{target} exists and is not an empty directory; pass overwrite=True to write into it "
             "(the files the export does not write are kept)"
