@@ -17,12 +17,15 @@ import argparse
 import json
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 from estimator.backends import BackendUnavailable
+from estimator.backends.supervised.status import StatusFileError
 from estimator.job import Job, JobStatus
 from estimator.jobs_listing import find_job, format_listing, list_jobs
+from estimator.metrics import MetricsTableWarning
 from estimator.terminal_text import for_terminal
 
 EXIT_OK, EXIT_NOT_COMPLETED, EXIT_NOT_FOUND, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -47,7 +50,35 @@ def _found(run: Callable[[argparse.Namespace, Job], int]) -> Callable[[argparse.
             return EXIT_NOT_FOUND
         return run(args, job)
 
-    return command
+    return _tolerant(command)
+
+
+def _tolerant(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """``command``, saying in one line each what it could not read of a job's files: a damaged
+    metrics table's rows (warnings, the rest is used), or a file it cannot do without (exit 1)."""
+
+    def tolerant(args: argparse.Namespace) -> int:
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always", MetricsTableWarning)
+            try:
+                return command(args)
+            except (ValueError, KeyError, TypeError, OSError) as exc:  # status.json missing, cut, a newer one's
+                what = str(exc) if isinstance(exc, (StatusFileError, OSError)) else f"{type(exc).__name__}: {exc}"
+                named = getattr(args, "job", None) or ", ".join(getattr(args, "jobs", None) or [])
+                print(
+                    f"smsdp: cannot read {f'job {named}' if named else 'the jobs'}: {_one_line(what)}", file=sys.stderr
+                )
+                return EXIT_NOT_COMPLETED
+            finally:
+                for warning in said:
+                    print(f"smsdp: warning: {_one_line(str(warning.message))}", file=sys.stderr)
+
+    return tolerant
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    text = for_terminal(text, one_line=True)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 # --------------------------------------------------------------------------- jobs
@@ -166,7 +197,7 @@ JOB_COMMANDS: list[tuple[str, str, Callable[[argparse.ArgumentParser], None], Ca
         "jobs",
         "list the jobs under an output path: name, backend, status, start, duration, final loss",
         add_jobs_arguments,
-        jobs,
+        _tolerant(jobs),
     ),
     ("logs", "print a job's log; with --follow, until the job ends", add_logs_arguments, _found(logs)),
     (
@@ -175,5 +206,10 @@ JOB_COMMANDS: list[tuple[str, str, Callable[[argparse.ArgumentParser], None], Ca
         add_describe_arguments,
         _found(describe),
     ),
-    ("plot", "write a PNG of loss and tokens/s against step for one job or several", add_plot_arguments, plot),
+    (
+        "plot",
+        "write a PNG of loss and tokens/s against step for one job or several",
+        add_plot_arguments,
+        _tolerant(plot),
+    ),
 ]

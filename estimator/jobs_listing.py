@@ -8,6 +8,7 @@ SageMaker training jobs whose output is there (``backends.sagemaker.listing``).
 
 from __future__ import annotations
 
+import csv
 import datetime
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -19,8 +20,10 @@ from estimator.backends.sagemaker.listing import training_jobs_under
 from estimator.backends.supervised.attach import recorded_backend
 from estimator.backends.supervised.job_dir import JobDir
 from estimator.backends.supervised.known_paths import check_local_output_path
+from estimator.backends.supervised.status import StatusFileError
 from estimator.job import Job
 from estimator.metrics import final_loss
+from estimator.terminal_text import for_terminal
 
 
 @dataclass(frozen=True)
@@ -66,11 +69,17 @@ def list_jobs(output_path: str | None = None) -> list[JobListing]:
 
 
 def listing(root: Path) -> JobListing:
-    """The job in ``root``; one whose files cannot be read is listed as such, not left out."""
+    """The job in ``root``; one whose files cannot be read is listed as such (one line naming the file
+    and the problem), not left out, and never the end of the listing."""
     try:
         return _listing(root)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        return JobListing(root.name, "?", f"unreadable: {type(exc).__name__}: {exc}", None, None, None)
+    except (StatusFileError, OSError) as exc:
+        why = str(exc)
+    except (ValueError, KeyError, TypeError, csv.Error) as exc:
+        why = f"{JobDir(root).description_file}: {type(exc).__name__}: {exc}"
+    why = for_terminal(why, one_line=True)
+    shown = why if len(why) <= 300 else why[:297] + "..."
+    return JobListing(root.name, "?", f"unreadable: {shown}", None, None, None)
 
 
 def sagemaker_listing(described: dict) -> JobListing:

@@ -15,12 +15,13 @@ list of dicts itself.
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from smsdp.util.metric_format import parse_progress_line
-from smsdp.util.metrics_table import COLUMNS, parse_table
+from smsdp.util.metrics_table import COLUMNS, read_table
 
 Rows = list[dict[str, Any]]
 
@@ -28,13 +29,29 @@ Rows = list[dict[str, Any]]
 _OTHER_RANK = re.compile(r"^\[(?:algo-\d+ rank(?P<local>\d+)|\d+,(?P<mpi>\d+)\]<std(?:out|err)>:)")
 
 
+class MetricsTableWarning(UserWarning):
+    """Part of a job's metrics table could not be read (one line: the file and what was wrong)."""
+
+
 def rows_from_table(path: Path) -> Rows | None:
-    """The table's complete rows (one per step, the newest attempt's where steps repeat); None without a file."""
+    """The table's complete rows (one per step, the newest attempt's where steps repeat); None without a
+    readable file. What could not be read is left out, row by row, and said in one ``MetricsTableWarning``."""
     try:
         text = path.read_text(errors="replace")
     except FileNotFoundError:
         return None
-    return _one_per_step(parse_table(text))
+    except OSError as exc:  # a directory, no permission, an I/O error: the log's progress lines instead
+        warnings.warn(
+            f"{path}: cannot be read ({exc.strerror or exc}); using the log's progress lines",
+            MetricsTableWarning,
+            stacklevel=2,
+        )
+        return None
+    read = read_table(text)
+    if read.problems:
+        more = f" (and {len(read.problems) - 1} more)" if len(read.problems) > 1 else ""
+        warnings.warn(f"{path}: {read.problems[0]}{more}", MetricsTableWarning, stacklevel=2)
+    return _one_per_step(read.rows)
 
 
 def rows_from_log(lines: Iterable[str]) -> Rows:

@@ -18,14 +18,18 @@ ring accounting of ``smp.comm_stats()``). A figure the job does not have is empt
 Rows are appended whole and flushed together at each printed step, so a reader of a
 running job sees complete rows; a last line without its newline is still being
 written and is skipped.
+
+Reading is tolerant row by row (``read_table``): whatever a crash, a full disk or another
+program left in the file (a hole of NUL bytes, a cell that is no number, a line of megabytes, a
+row cut short) costs that row or that cell, named in one line, never the rest of the table.
 """
 
 from __future__ import annotations
 
 import csv
-import io
 import math
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
@@ -37,6 +41,7 @@ __all__ = [
     "format_header",
     "format_rows",
     "parse_table",
+    "read_table",
 ]
 
 METRICS_FILENAME = "metrics.csv"  # beside summary.json, in SM_OUTPUT_DATA_DIR
@@ -61,6 +66,8 @@ COLUMNS = (
     *(f"{kind}_bytes" for kind in COMM_KINDS),
 )
 _INTEGERS = {"step", *(f"{kind}_bytes" for kind in COMM_KINDS)}
+#: A row is a few hundred characters: a longer line is no row (and csv refuses cells over 128 KiB).
+MAX_ROW_CHARS = 64 * 1024
 
 
 def format_header() -> str:
@@ -87,11 +94,66 @@ def _value(name: str, text: str) -> int | float | None:
     return int(number) if name in _INTEGERS and number.is_integer() else number
 
 
-def parse_table(text: str) -> list[dict[str, int | float | None]]:
-    """The complete rows of a metrics table's text (a partly written last line is left out).
+Row = dict[str, int | float | None]
 
-    Columns come from the file's header, so a table written by another version reads too.
-    """
-    complete = text[: text.rfind("\n") + 1]
-    reader = csv.DictReader(io.StringIO(complete))
-    return [{name: _value(name, cell or "") for name, cell in row.items() if name is not None} for row in reader]
+
+@dataclass(frozen=True)
+class TableRead:
+    """A table's rows, and one line per problem met on the way (``line 7: loss='abc' is not a number``)."""
+
+    rows: list[Row] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+def read_table(text: str) -> TableRead:
+    """The complete rows of a metrics table's text (a partly written last line is left out), and
+    what was wrong with the others. Columns come from the file's header, so a table written by
+    another version reads too."""
+    lines = text[: text.rfind("\n") + 1].split("\n")[:-1]
+    read = TableRead()
+    header: list[str] | None = None
+    for number, line in enumerate(lines, start=1):
+        cells = _cells(number, line, read.problems)
+        if cells is None:
+            continue
+        if header is None:
+            header = cells
+        elif len(cells) != len(header):
+            read.problems.append(f"line {number}: {len(cells)} cells for {len(header)} columns; skipped")
+        else:
+            read.rows.append(_row(number, header, cells, read.problems))
+    return read
+
+
+def parse_table(text: str) -> list[Row]:
+    """``read_table(text).rows``."""
+    return read_table(text).rows
+
+
+def _cells(number: int, line: str, problems: list[str]) -> list[str] | None:
+    """The cells of one line; None for a line that holds none (noted unless blank)."""
+    if "\x00" in line:  # a crash's hole of zero bytes before (or instead of) a row
+        problems.append(f"line {number}: {line.count(chr(0)):,} NUL bytes (what a crash leaves) left out")
+        line = line.replace("\x00", "")
+    if not line.strip():
+        return None
+    if len(line) > MAX_ROW_CHARS:
+        problems.append(f"line {number}: {len(line):,} characters, no row of this table; skipped")
+        return None
+    try:
+        return next(csv.reader([line]))
+    except csv.Error as exc:
+        problems.append(f"line {number}: not CSV ({exc}); skipped")
+        return None
+
+
+def _row(number: int, header: list[str], cells: list[str], problems: list[str]) -> Row:
+    row: Row = {}
+    for name, cell in zip(header, cells):
+        try:
+            row[name] = _value(name, cell)
+        except ValueError:
+            shown = cell if len(cell) <= 20 else cell[:17] + "..."
+            problems.append(f"line {number}: {name}={shown!r} is not a number; left empty")
+            row[name] = None
+    return row

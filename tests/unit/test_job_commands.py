@@ -36,7 +36,8 @@ def test_a_job_directory_that_cannot_be_read_is_listed_as_such(tmp_path):
     (tmp_path / "broken" / "job.json").write_text("{")  # a disk that filled up mid-write, say
     (tmp_path / "half-made").mkdir()  # no job.json: an interrupted creation, not a job
     (listed,) = list_jobs(str(tmp_path))
-    assert listed.name == "broken" and listed.status.startswith("unreadable: JSONDecodeError")
+    assert listed.name == "broken"
+    assert listed.status.startswith(f"unreadable: {tmp_path / 'broken' / 'job.json'}: JSONDecodeError"), listed.status
 
 
 def test_listing_sagemaker_jobs_without_a_region_says_what_to_set(tmp_path, monkeypatch, capsys):

@@ -74,7 +74,14 @@ class StatusRecord:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> StatusRecord:
-        return cls(**{**data, "status": JobStatus(data["status"]), "attempts": tuple(data.get("attempts", ()))})
+        """A record from its JSON; fields this version does not know (a newer smsdp's) are ignored."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        kept = {key: value for key, value in data.items() if key in known}
+        return cls(**{**kept, "status": JobStatus(data["status"]), "attempts": tuple(data.get("attempts", ()))})
+
+
+class StatusFileError(ValueError):
+    """A job's status.json is missing or unreadable: one line naming the file and what is wrong."""
 
 
 def write_status(path: Path, record: StatusRecord) -> None:
@@ -82,4 +89,16 @@ def write_status(path: Path, record: StatusRecord) -> None:
 
 
 def read_status(path: Path) -> StatusRecord:
-    return StatusRecord.from_json(read_json(path))
+    """The record in ``path``; ``StatusFileError`` (a ``ValueError``) saying what is wrong with the file."""
+    try:
+        data = read_json(path)
+    except FileNotFoundError:
+        raise StatusFileError(f"{path} is missing: the job's status is unknown") from None
+    except OSError as exc:
+        raise StatusFileError(f"{path} cannot be read: {exc.strerror or exc}") from None
+    except ValueError as exc:  # a truncated or overwritten file
+        raise StatusFileError(f"{path} is not whole JSON ({exc})") from None
+    try:
+        return StatusRecord.from_json(data)
+    except (TypeError, KeyError, ValueError, AttributeError) as exc:
+        raise StatusFileError(f"{path} is no status record ({type(exc).__name__}: {exc})") from None
