@@ -57,9 +57,11 @@ def test_import_contracts():
     assert "0 broken" in result.stdout
 
 
-@pytest.mark.parametrize("package", MYPY_PACKAGES)
-def test_types(package):
-    assert_passes(run(tool("mypy"), "-p", package))
+def test_types():
+    """One mypy run for every package: what they share (smsdp under estimator and bench) is checked once
+    (cold, as in a fresh clone: 42 s of CPU here, against 76 s for three runs)."""
+    packages = [arg for package in MYPY_PACKAGES for arg in ("-p", package)]
+    assert_passes(run(tool("mypy"), *packages))
 
 
 def test_no_circle_private_import_or_dodging_import():
