@@ -43,8 +43,9 @@ def root() -> Path:
     return Path(os.environ["SMSDP_CKPT_ROOT"])
 
 
-def build(sdp: int, cfg: GPTConfig = MODEL, pure_bf16: bool = False):
-    """``pure_bf16``: bf16 masters and smp.KahanAdamW, whose compensation buffers a resume must bring back."""
+def build(sdp: int, cfg: GPTConfig = MODEL, pure_bf16: bool = False, offload: str = "none"):
+    """``pure_bf16``: bf16 masters and smp.KahanAdamW, whose compensation buffers a resume must bring back;
+    ``offload``: sdp_offload."""
     runtime_state.reset_for_tests()
     smp.init(
         {
@@ -52,6 +53,7 @@ def build(sdp: int, cfg: GPTConfig = MODEL, pure_bf16: bool = False):
             "sharded_data_parallel_degree": sdp,
             "sdp_gradient_clipping": 1.0,
             "sdp_param_persistence_threshold": PERSISTENCE,
+            "sdp_offload": offload,
             **({"bf16": True, "sdp_pure_bf16": True} if pure_bf16 else {}),
         }
     )
@@ -102,6 +104,14 @@ def first_half() -> dict:
     smp.save_checkpoint(
         root() / "main", tag=f"step{HALF}", partial=False, model=model, user_content={"step": HALF, "full": True}
     )
+    return {"losses": losses, "params": model.state_dict()}
+
+
+def offload_first_half() -> dict:
+    """first_half with the masters, gradients and AdamW state in host memory (sdp_offload)."""
+    model, opt = build(sdp=2, offload="params")
+    losses = train(model, opt, range(HALF))
+    smp.save_checkpoint(root() / "offload", tag=f"step{HALF}", model=model, optimizer=opt, user_content={"step": HALF})
     return {"losses": losses, "params": model.state_dict()}
 
 
@@ -166,8 +176,8 @@ def crash() -> dict:
 
 
 # ---- the RESUME launch -----------------------------------------------------------------------
-def resume(sdp: int, where: str = "main") -> dict:
-    model, opt = build(sdp=sdp)
+def resume(sdp: int, where: str = "main", offload: str = "none") -> dict:
+    model, opt = build(sdp=sdp, offload=offload)
     content = smp.resume_from_checkpoint(root() / where)
     first = content["step"]
     losses = train(model, opt, range(first, STEPS))
@@ -262,6 +272,11 @@ CASES = {
     "resume_d4": lambda: resume(sdp=4),
     "resume_d1": lambda: resume(sdp=1),
     "resume_after_crash": lambda: resume(sdp=2, where="killed"),
+    "offload_first_half": offload_first_half,
+    # an offloaded checkpoint resumed offloaded and not, and a checkpoint saved without offload resumed offloaded
+    "offload_resume": lambda: resume(sdp=2, where="offload", offload="params"),
+    "offload_resume_plain": lambda: resume(sdp=2, where="offload"),
+    "plain_resume_offloaded": lambda: resume(sdp=2, offload="optimizer"),
     "crashed_tag": crashed_tag,
     "wrong_model": wrong_model,
     "corrupted_newest": corrupted_newest,

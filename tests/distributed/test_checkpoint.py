@@ -24,7 +24,9 @@ pytestmark = [pytest.mark.distributed, requires_mpi]
 WORKER = "tests/distributed/checkpoint_worker.py"
 NPROCS = 4
 HOSTS = {"SMSDP_SIMULATED_HOSTS": "1", "SM_HOSTS": '["algo-1", "algo-2"]'}
-SAVE_CASES = ["straight", "first_half", "prune", "bf16_straight", "bf16_first_half", "crash"]  # "crash" ends it
+SAVE_CASES = ["straight", "first_half", "offload_first_half", "prune", "bf16_straight", "bf16_first_half", "crash"]
+# ("crash" ends the save launch)
+OFFLOAD_RESUMES = ["offload_resume", "offload_resume_plain", "plain_resume_offloaded"]
 RESUME_CASES = [
     "resume_d2",
     "resume_d4",
@@ -37,6 +39,7 @@ RESUME_CASES = [
     "other_world",
     "optimizer_switches",
     "bf16_resume",
+    *OFFLOAD_RESUMES,
 ]
 HALF = 5
 RESHARD_RTOL = 1e-6
@@ -86,6 +89,18 @@ def test_resume_is_bit_identical(saved, resumed, case):
         assert list(res["params"]) == list(straight["params"])
         for name, expected in straight["params"].items():
             assert torch.equal(res["params"][name], expected), f"rank {rank}: {name} differs"
+
+
+def test_offloaded_training_saves_and_resumes_bit_identically(saved, resumed):
+    """sdp_offload changes no bit: the offloaded first half is the reference's, and its checkpoint resumed in
+    a new job offloaded or not, or the plain checkpoint resumed offloaded, ends with the reference's bits."""
+    for rank, (straight, half) in enumerate(zip(saved["straight"], saved["offload_first_half"])):
+        assert half["losses"] == straight["losses"][:HALF], f"rank {rank}"
+    for case in OFFLOAD_RESUMES:
+        for rank, (straight, res) in enumerate(zip(saved["straight"], resumed[case])):
+            assert res["losses"] == straight["losses"][HALF:], f"{case} rank {rank}"
+            for name, expected in straight["params"].items():
+                assert torch.equal(res["params"][name], expected), f"{case} rank {rank}: {name} differs"
 
 
 @pytest.mark.parametrize("case,layout", [("resume_d4", (4, 1)), ("resume_d1", (1, 4))])
