@@ -24,6 +24,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from bench.provenance import code_line, machine_line
 from smsdp.pretrained.fingerprint import PIECE_BYTES, BaseFile, combine, hash_pieces, pieces
 
 WRITE_BYTES = 64 << 20
@@ -73,6 +74,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         files = write_base(Path(tmp), total, args.files)
         print(f"fingerprint of a {args.gib:g} GiB base in {args.files} file(s), pieces of {PIECE_BYTES >> 20} MiB")
+        print(f"{code_line()}; {machine_line('one process per rank, started together')}")
         print(f"load at start: {uptime}\n")
         print("| ranks per host | wall s | GiB/s per host | page cache |")
         print("|---|---|---|---|")
