@@ -1,6 +1,6 @@
 """What the QLoRA frozen base's fingerprint costs ``smp.load_pretrained``: every byte of the base hashed.
 
-One command, from the repository root (about 10 s for the default 1 GiB on a quiet machine)::
+One command, from the repository root (33 s for the default 1 GiB at load average 14, writing it included)::
 
     .venv/bin/python -m bench.fingerprint_cost --gib 1 --ranks 1 2 4
 
