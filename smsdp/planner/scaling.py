@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from smsdp.planner.hardware import Assumptions
 from smsdp.planner.model_spec import ModelSpec
 from smsdp.planner.plan import Plan, plan
+from smsdp.util.atomic_files import atomic_writer
 
 INSTANCE = "ml.p4d.24xlarge"
 GPUS = (16, 32, 64, 128, 256, 512)
@@ -160,7 +161,8 @@ def plot(rows: list[ScalingRow], path: str) -> None:
         "bf16, activation checkpointing"
     )
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with atomic_writer(path) as handle:  # the one writer: never replaces a device or directory
+        fig.savefig(handle, format="png", dpi=110)
     plt.close(fig)
 
 

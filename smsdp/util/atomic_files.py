@@ -75,7 +75,7 @@ def _temporary_in(directory: Path, name: str, mode: int) -> tuple[int, Path]:
         except FileExistsError:
             continue
         return fd, candidate
-    raise WriteTargetError(f"cannot make a temporary file in {directory}")  # pragma: no cover
+    raise WriteTargetError(f"cannot make a temporary file in {str(directory)!r}")  # pragma: no cover
 
 
 def fsync_file(path: str | os.PathLike[str]) -> None:
@@ -127,7 +127,7 @@ def atomic_writer(
         fd, tmp = _temporary_in(target.parent, target.name, mode)
     except FileNotFoundError as err:
         raise WriteTargetError(
-            f"cannot write {os.fspath(path)!r}: the directory {target.parent} does not exist"
+            f"cannot write {os.fspath(path)!r}: the directory {str(target.parent)!r} does not exist"
         ) from err
     except OSError as err:
         raise WriteTargetError(f"cannot write {os.fspath(path)!r}: {err.strerror or err}") from err
