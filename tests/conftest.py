@@ -6,8 +6,10 @@ process behind, which ``processes_in`` lets a test check.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -50,3 +52,70 @@ def processes_in(directory: Path) -> list[int]:
         if state != "Z" and (cwd.startswith(marker) or marker in cmdline):
             found.append(int(proc.name))
     return found
+
+
+# ---------------------------------------------------------------- the quick tier and the split over workers
+
+#: ``pytest -m quick``, the inner loop (under 2 minutes on 2 cores): every test of tests/unit but
+#: these slow ones, and one launch per runtime feature (QUICK_LAUNCHES). Node-id prefixes.
+SLOW_UNIT_TESTS = (
+    "tests/unit/test_code_checks.py",  # mypy over every package: 40 s of CPU from a fresh clone
+    "tests/unit/test_docs.py::test_command_runs",  # a process per documented command
+    "tests/unit/test_docs.py::test_python_example_runs",  # every doc's examples, moto and the planner
+    "tests/unit/test_docs.py::test_printed_output_is_what_the_example_prints",  # the same examples' output
+)
+QUICK_LAUNCHES = ()
+
+#: Files whose tests share a session-scoped fixture or a machine-wide resource run in one pytest-xdist
+#: worker, one after the other; every other file is a unit of its own, so that its module-scoped launch
+#: runs once. Path prefix -> group.
+SHARED_GROUPS = {
+    # one mpirun of equivalence_worker.py serves both (tests/distributed/conftest.py)
+    "tests/distributed/test_equivalence.py": "equivalence-launch",
+    "tests/distributed/test_compile_offload.py": "equivalence-launch",
+    # hosts as network namespaces: the session's Slurm cluster and the test beds never overlap
+    "tests/slurm/": "network-namespaces",
+    "tests/distributed/test_multihost_link.py": "network-namespaces",
+    "tests/distributed/test_planner_speed_bed.py": "network-namespaces",
+}
+#: The order work is handed out in: the longest first, so that no worker is left with a long file
+#: at the end while the other idles (unit tests, many and short, fill the gaps last).
+FIRST = ("tests/slurm/", "tests/distributed/", "tests/faults/", "tests/integration/", "tests/unit/test_code_checks.py")
+
+
+def work_unit(nodeid: str) -> str:
+    """What one worker runs as a whole: the test's file, or the group it shares a fixture with."""
+    path = nodeid.split("::", 1)[0]
+    return next((group for prefix, group in SHARED_GROUPS.items() if path.startswith(prefix)), path)
+
+
+def _rank(item: pytest.Item) -> int:
+    return next((i for i, prefix in enumerate(FIRST) if item.nodeid.startswith(prefix)), len(FIRST))
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items.sort(key=_rank)  # stable: each file's tests stay together and in order
+    for item in items:
+        nodeid = item.nodeid
+        quick = (
+            not nodeid.startswith(SLOW_UNIT_TESTS)
+            if nodeid.startswith("tests/unit/")
+            else nodeid.startswith(QUICK_LAUNCHES)
+        )
+        if quick:
+            item.add_marker(pytest.mark.quick)
+
+
+if importlib.util.find_spec("xdist") is not None:  # the hook exists only with pytest-xdist (the dev extra)
+
+    def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+        """``-n 2``: whole work units (``work_unit``) to each worker, in the order collected."""
+        from xdist.scheduler import LoadScopeScheduling
+
+        class ByWorkUnit(LoadScopeScheduling):
+            def _split_scope(self, nodeid: str) -> str:
+                return work_unit(nodeid)
+
+        config.option.loadscopereorder = False  # keep FIRST's order, not the largest count of tests first
+        return ByWorkUnit(config, log)

@@ -1,4 +1,4 @@
-"""LoRA fine-tuning through ``Estimator.fit()``, as the README shows it, and the adapter loaded back with peft.
+"""LoRA fine-tuning through ``Estimator.fit()``, as docs/pretrained.md shows it, and the adapter loaded back with peft.
 
 One local job (1 host, 2 ranks, sharded degree 2) of the bundled ``finetune_gpt.py``: a GPT-2 saved with
 ``save_pretrained`` in the ``model`` channel, ``lora_rank=4``: the base is read sharded and frozen,

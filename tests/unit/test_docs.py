@@ -164,6 +164,27 @@ def test_command_runs(block: Block, command: str):
         )
 
 
+README_MAX_LINES = 200
+
+
+def test_the_readme_stays_short():
+    lines = len((REPO_ROOT / "README.md").read_text().splitlines())
+    assert lines <= README_MAX_LINES, (
+        f"README.md is {lines} lines, over {README_MAX_LINES}: move the detail into docs/ (benchmark output into "
+        "bench/README.md) and link it"
+    )
+
+
+def test_the_readmes_test_command_is_the_one_ci_runs():
+    readme = [
+        command for block in blocks(REPO_ROOT / "README.md") if block.lang == "bash" for command in commands(block)
+    ]
+    [test_command] = [
+        command for command in readme if "-m pytest -q" in command and "bash scripts/bootstrap" in command
+    ]
+    assert f"\n{test_command}\n" in (REPO_ROOT / ".ci" / "run").read_text()
+
+
 def test_every_doc_file_is_read():
     assert {p.name for p in DOC_FILES} >= {"README.md", "architecture.md", "planner.md", "benchmarks.md"}
     assert all(Path(p).is_file() for p in DOC_FILES)
