@@ -16,7 +16,7 @@ from typing import Any
 # The config's bound (every rank builds every group of the world), here beside the planner's own.
 from smsdp.config.runtime_config import MAX_WORLD_SIZE as MAX_WORLD_SIZE
 
-MAX_LAYERS = 1024
+MAX_LAYERS = 512
 MAX_HIDDEN = 1 << 17
 MAX_HEADS = MAX_HIDDEN
 MAX_FFN_MULT = 64

@@ -47,25 +47,25 @@ def test_huge_numbers_are_refused_before_any_work(argv, option, capsys):
 def test_a_world_of_millions_is_refused_before_it_is_built(capsys):
     """The world's groups are built for every configuration: 10^8 hosts is a bound, not an OOM kill."""
     with bounded(seconds=5, megabytes=500):
-        with pytest.raises(ConfigError, match="above the 32768 ranks smsdp supports"):
+        with pytest.raises(ConfigError, match="above the 16384 ranks smsdp supports"):
             resolve_job({"mpi": {"enabled": True, "processes_per_host": 8}}, instance_count=100_000_000)
-        with pytest.raises(ConfigError, match="instance_count=1000 gives a world size 30000000"):
-            plan(ModelSpec.from_param_count(1e9), instance_count=1000, processes_per_host=30_000)
-        with pytest.raises(ValueError, match="instance_count=100000000 must be a whole number from 1 to 32768"):
+        with pytest.raises(ConfigError, match="instance_count=1000 gives a world size 10000000"):
+            plan(ModelSpec.from_param_count(1e9), instance_count=1000, processes_per_host=10_000)
+        with pytest.raises(ValueError, match="instance_count=100000000 must be a whole number from 1 to 16384"):
             plan(ModelSpec.from_param_count(1e9), instance_count=100_000_000)
-    code, said = run_cli(["plan", "--params", "1e9", "--instance-count", "32768"], capsys)
-    assert code == 2 and "world size 262144 = 32768 instances x 8 processes per host" in said, said
+    code, said = run_cli(["plan", "--params", "1e9", "--instance-count", "16384"], capsys)
+    assert code == 2 and "world size 131072 = 16384 instances x 8 processes per host" in said, said
 
 
 def test_the_planner_refuses_shapes_past_its_bounds_before_building_them():
     with bounded(seconds=5, megabytes=500):
-        with pytest.raises(ValueError, match="n_layer=100000000 must be a whole number from 1 to 1024"):
+        with pytest.raises(ValueError, match="n_layer=100000000 must be a whole number from 1 to 512"):
             ModelSpec.gpt(100_000_000, 64, 4, 100, 16)
         with pytest.raises(ValueError, match=r"num_params=1e\+30 must be a whole number from 1 to 1e\+15"):
             ModelSpec.from_param_count(1e30)
         with pytest.raises(ValueError, match="num_params=nan"):
             ModelSpec.from_param_count(float("nan"))
-        with pytest.raises(ValueError, match="n_layers=0 must be a whole number from 1 to 1024"):
+        with pytest.raises(ValueError, match="n_layers=0 must be a whole number from 1 to 512"):
             ModelSpec.from_param_count(1e9, n_layers=0)
 
 

@@ -112,7 +112,7 @@ def test_plan_refuses_sharded_degree_zero_as_it_refuses_minus_two(capsys):
     for degree in ("0", "-2"):
         assert main(["plan", "--params", "1e9", "--sharded-degree", degree]) == 2
         said = capsys.readouterr().err
-        assert f"argument --sharded-degree: must be a whole number from 1 to 32,768, got '{degree}'" in said, said
+        assert f"argument --sharded-degree: must be a whole number from 1 to 16,384, got '{degree}'" in said, said
 
 
 def test_plan_as_a_subprocess():
