@@ -64,7 +64,7 @@ class GroupPolicy:
     device: torch.device
     master_dtype: torch.dtype = torch.float32  # bf16 under sdp_pure_bf16
     nf4: bool = False  # sdp_qlora: sharded frozen groups keep NF4 bytes
-    offload: OffloadPolicy | None = None  # sdp_offload: each sharded group moves to host memory once built
+    offload: OffloadPolicy | None = None  # sdp_offload: each group moves to host memory once built
 
 
 def build_units(root: nn.Module, unit_modules: list[tuple[str, nn.Module]], policy: GroupPolicy) -> list[Unit]:
@@ -135,7 +135,7 @@ def make_groups(unit_name: str, infos: list[ParamInfo], policy: GroupPolicy) -> 
             master_dtype=policy.master_dtype,
             nf4=policy.nf4,
         )
-        if sharded and policy.offload is not None:  # now: the device never holds more than this group's shard
+        if policy.offload is not None:  # now: the device never holds more than this group's shard
             group.move_to_host(policy.offload.for_group())
         groups.append(group)
     return groups

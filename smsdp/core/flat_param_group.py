@@ -223,7 +223,7 @@ class FlatParamGroup:
 
     def _make_buffers(self) -> None:
         needs_cast = self.compute_dtype != self.master_dtype
-        if not self.sharded and not needs_cast:
+        if not self.sharded and not needs_cast and self.offload is None:
             self.unsharded = self.master  # replicated fp32: compute straight from the master
         else:
             self.unsharded = torch.empty(self.padded_numel, dtype=self.compute_dtype, device=self.device)
@@ -233,11 +233,14 @@ class FlatParamGroup:
         self.flat_param.data = self.unsharded
 
     def move_to_host(self, offload: ShardOffload) -> None:
-        """Keep the master shard (and so the optimizer's parameters and the gradient) in host memory."""
+        """Keep the master shard (and so the optimizer's parameters and the gradient) in host memory; a
+        replicated group computes from a device buffer filled from it at each unshard."""
         self.offload = offload
         self.master = offload.memory.to_host(self.master)
         self.optim_params, self._optim_slices = [], []
         self._make_optim_params()
+        if not self.sharded:
+            self._make_buffers()
 
     def _gather_source(self) -> torch.Tensor:
         """What the all-gather reads: the master, or its device copy when offloaded."""
@@ -294,7 +297,7 @@ class FlatParamGroup:
                     self._gather_handle = gather(self.unsharded, source, async_op)
             self.state = ParamState.GATHERING
         else:
-            self.unsharded.copy_(self.master)  # replicated, lower precision: a cast, no traffic
+            self.unsharded.copy_(self.master)  # replicated: a cast (or from host memory), no traffic
             self.state = ParamState.UNSHARDED
 
     def wait_unshard(self) -> None:
@@ -374,7 +377,14 @@ class FlatParamGroup:
         return grad
 
     def accumulate(self, grad_shard: torch.Tensor, scale: float = 1.0) -> None:
-        """Add ``scale * grad_shard`` into the gradient (the master's dtype); the first one is taken over in place."""
+        """Add ``scale * grad_shard`` into the gradient (the master's dtype); the first one is taken over in place
+        (offloaded: after its copy to the host, by ``settle_grads``)."""
+        if self.offload is not None:
+            self.offload.queue_grad(grad_shard, 0, scale)
+        else:
+            self._take_or_add(grad_shard, scale)
+
+    def _take_or_add(self, grad_shard: torch.Tensor, scale: float) -> None:
         if self.grad_acc is None:
             grad = grad_shard if grad_shard.dtype == torch.float32 else grad_shard.float()
             if scale != 1.0:
@@ -400,7 +410,7 @@ class FlatParamGroup:
 
     def _add_part(self, piece: torch.Tensor, start: int, scale: float) -> None:
         if piece.numel() == self.layout.shard_numel:
-            self.accumulate(piece, scale)
+            self._take_or_add(piece, scale)
         else:
             self._grad_or_zeros()[start : start + piece.numel()].add_(piece, alpha=scale)
 
@@ -423,7 +433,7 @@ class FlatParamGroup:
     def restore_synced(self, summed: torch.Tensor) -> None:
         """Put a synchronized gradient back (added to whatever accumulated since it was taken)."""
         self.settle_grads()
-        summed = summed if summed.dtype == self.master_dtype else summed.to(self.master_dtype)
+        summed = summed.to(device=self.master.device, dtype=self.master_dtype)  # from the device when offloaded
         self.grad_acc = summed if self.grad_acc is None else self.grad_acc.add_(summed)
 
     def scale_grad_(self, factor: float | torch.Tensor) -> None:

@@ -1,21 +1,22 @@
-"""``sdp_offload``: the sharded groups' state in host memory, the optimizer stepping where it lives.
+"""``sdp_offload``: the parameter groups' state in host memory, the optimizer stepping where it lives.
 
 Two modes (FSDP2's ``CPUOffloadPolicy`` is the first, DeepSpeed's ``offload_optimizer`` the second):
 
-* ``params``: each sharded group's master shard (fp32, or bf16 under ``sdp_pure_bf16``; an NF4 group's
-  bytes), its gradient and the optimizer state stay in host memory. The device holds a unit's shard
-  only while it is gathered: :meth:`ShardOffload.device_shard` copies it in when the unit's all-gather
-  is issued (by the prefetcher too, so the copy runs ahead with the unit), and it is dropped when the
-  gather is done.
-* ``optimizer``: the same in host memory, plus a device copy of each shard kept between steps
-  (refreshed only when the master has changed since: its version counter), so the gathers read the
-  device as without offload.
+* ``params``: each group's master shard (fp32, or bf16 under ``sdp_pure_bf16``; an NF4 group's bytes),
+  its gradient and the optimizer state stay in host memory. The device holds a unit's shard only while
+  it is gathered: :meth:`ShardOffload.device_shard` copies it in when the unit's all-gather is issued
+  (by the prefetcher too, so the copy runs ahead with the unit), and it is dropped when the gather is
+  done. A replicated group (under ``sdp_param_persistence_threshold``, or every group at degree 1) is
+  copied into its device buffer at each unshard, as FSDP2 does on one GPU.
+* ``optimizer``: the same in host memory, plus a device copy of each sharded group's shard kept
+  between steps (refreshed only when the master has changed since: its version counter), so the
+  gathers read the device as without offload.
 
-Either way the reduce-scattered gradient is copied back as soon as its reduce-scatter is collected
+Either way the reduced gradient is copied back as soon as its reduce-scatter is collected
 (:meth:`ShardOffload.queue_grad`) and added into the host gradient at the end of the backward, in the
 order the pieces came (the same additions as on the device: bit for bit on the CPU); the optimizer's
-parameters are views of the host masters, so ``optimizer.step()`` runs on the CPU. Parameters under
-``sdp_param_persistence_threshold`` (replicated, small) stay on the device.
+parameters are views of the host masters, so ``optimizer.step()`` runs on the CPU. The replica and
+data-parallel all-reduces send device copies of the host gradients; the sums land back on the host.
 
 [Note: streams on a GPU]
 Host copies are pinned. A shard goes to the device on a copy stream, and the unit's all-gather is

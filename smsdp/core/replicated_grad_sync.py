@@ -90,7 +90,8 @@ class ReplicatedGradSync:
     def _start(self, bucket: _Bucket) -> None:
         # Taken out of the groups: a later backward's gradients start anew there (see the Note).
         flat = torch.cat([g.take_grad_for_sync() for g in bucket.groups])
-        flat = flat if flat.dtype == self._reduce_dtype else flat.to(self._reduce_dtype)
+        # on the device the collectives run on (sdp_offload keeps the gradients in host memory)
+        flat = flat.to(device=bucket.groups[0].device, dtype=self._reduce_dtype)
         bucket.rounds.append((self._all_reduce(flat, True), flat))
 
     def wait(self) -> None:

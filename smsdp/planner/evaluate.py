@@ -167,7 +167,7 @@ def _memory(
             model.num_params, built, sizes, p.delayed_parameter_initialization, hardware.is_gpu
         ),
         kept_slices=c * mem.kept_slice_elems(sizes, p),
-        offload_copies=offload.device_copy_bytes(groups, p, master) if offloaded else 0,
+        offload_copies=offload.device_copy_bytes(groups, p, master, c) if offloaded else 0,
         host_shared=host_state.total if offloaded and not hardware.is_gpu else 0,
     )
 

@@ -1,15 +1,16 @@
 """``sdp_offload`` in a plan: what leaves the device, what host memory holds, what crosses PCIe per step.
 
-As the runtime does it (``smsdp/core/offload.py``): every sharded group keeps its master shard, its
-gradient and its optimizer state in host memory; replicated groups (under
-``sdp_param_persistence_threshold``) stay on the device with theirs. On the device, besides the gathered
-buffers, the shard copies: under "optimizer" every sharded group's shard, kept between steps; under
-"params" only the shards of the units whose gather is in flight, at most the running unit and the ones
-prefetched with it (``1 + max(sdp_forward_prefetch, sdp_backward_prefetch)`` of the largest unit's).
+As the runtime does it (``smsdp/core/offload.py``): every group keeps its master shard, its gradient and
+its optimizer state in host memory. On the device, besides the gathered buffers, the copies: under
+"optimizer" every sharded group's shard, kept between steps; under "params" only the shards of the units
+whose gather is in flight, at most the running unit and the ones prefetched with it
+(``1 + max(sdp_forward_prefetch, sdp_backward_prefetch)`` of the largest unit's); and, in fp32 (where a
+replicated group would otherwise compute from its master), the replicated groups' buffers of the root
+and of those units.
 
 Per step, host to device: under "params" a unit's shard at each of its all-gathers from the shard (not
-from kept ``1/k`` slices); under "optimizer" every shard once (the masters change at the step). Device
-to host: each reduce-scattered gradient shard, every micro-step. The copies run on their own stream beside
+from kept ``1/k`` slices), under "optimizer" every shard once (the masters change at the step); a
+replicated group's master at each unshard. Device to host: each reduced gradient, every micro-step. The copies run on their own stream beside
 compute (``smsdp.planner.comm_model.step_time``); the optimizer step over the host shards runs on the
 CPU, after the backward, at ``Assumptions.cpu_optimizer_elements_per_s``.
 
@@ -26,6 +27,7 @@ from smsdp.config.parameters import SMPParameters, reshard_degree
 from smsdp.config.shard_layout import nf4_shard_bytes
 from smsdp.planner import memory as mem
 from smsdp.planner.hardware import Assumptions, GiB
+from smsdp.planner.model_spec import ROOT
 from smsdp.planner.qlora import kept_units
 
 HOST_PROCESS_OVERHEAD_BYTES = 3 * GiB
@@ -75,10 +77,8 @@ class HostOffload:
 def split_state(
     groups: list[mem.GroupLayout], optimizer_bytes: float, master_bytes: int, sdp_rank: int = 0
 ) -> tuple[mem.ModelState, mem.ModelState]:
-    """(device, host) model state of one rank: the sharded groups' state goes to the host."""
-    device = mem.model_state([g for g in groups if not g.sharded], 0, optimizer_bytes, sdp_rank, master_bytes)
-    host = mem.model_state([g for g in groups if g.sharded], 0, optimizer_bytes, sdp_rank, master_bytes)
-    return device, host
+    """(device, host) model state of one rank: every group's state goes to the host."""
+    return mem.ModelState(0, 0, 0), mem.model_state(groups, 0, optimizer_bytes, sdp_rank, master_bytes)
 
 
 def shard_bytes(group: mem.GroupLayout, master_bytes: int) -> int:
@@ -87,22 +87,27 @@ def shard_bytes(group: mem.GroupLayout, master_bytes: int) -> int:
 
 
 def built_state(groups: list[mem.GroupLayout], device: mem.ModelState, master_bytes: int) -> mem.ModelState:
-    """What the device holds while the model is built: its own state and the one sharded group being
-    built, which moves to host memory at once (``smsdp.core.cutting.make_groups``)."""
-    largest = max((shard_bytes(g, master_bytes) for g in groups if g.sharded), default=0)
+    """What the device holds while the model is built: its own state and the one group being built, which
+    moves to host memory at once (``smsdp.core.cutting.make_groups``)."""
+    largest = max((shard_bytes(g, master_bytes) for g in groups), default=0)
     return mem.ModelState(device.params + largest, device.grads, device.optimizer)
 
 
-def device_copy_bytes(groups: list[mem.GroupLayout], p: SMPParameters, master_bytes: int) -> int:
-    """The shard copies on the device at once (see the module docstring)."""
-    per_unit: dict[int, int] = {}
+def device_copy_bytes(groups: list[mem.GroupLayout], p: SMPParameters, master_bytes: int, compute_bytes: int) -> int:
+    """The copies on the device at once (see the module docstring)."""
+    shards: dict[int, int] = {}
+    replicated: dict[int, int] = {}
     for g in groups:
         if g.sharded:
-            per_unit[g.unit] = per_unit.get(g.unit, 0) + shard_bytes(g, master_bytes)
+            shards[g.unit] = shards.get(g.unit, 0) + shard_bytes(g, master_bytes)
+        elif compute_bytes == 4:  # in a lower precision the runtime casts into that buffer anyway
+            replicated[g.unit] = replicated.get(g.unit, 0) + 4 * g.numel
+    in_flight = 1 + max(p.sdp_forward_prefetch, p.sdp_backward_prefetch)
+    blocks = [b for u, b in replicated.items() if u != ROOT]
+    buffers = replicated.get(ROOT, 0) + in_flight * max(blocks, default=0)
     if p.sdp_offload == "optimizer":
-        return sum(per_unit.values())
-    depth = max(p.sdp_forward_prefetch, p.sdp_backward_prefetch)
-    return (1 + depth) * max(per_unit.values(), default=0)
+        return sum(shards.values()) + buffers
+    return in_flight * max(shards.values(), default=0) + buffers
 
 
 def copy_bytes_per_step(
@@ -115,18 +120,17 @@ def copy_bytes_per_step(
     ``1/k`` slices (not an NF4 group's), twice for the others. "optimizer": every shard once.
     """
     sharded = [g for g in groups if g.sharded]
+    kept, slices = kept_units(sizes, p), reshard_degree(p) is not None
+    replicated = sum((1 if g.unit in kept else 2) * master_bytes * g.numel for g in groups if not g.sharded)
     if p.sdp_offload == "optimizer":
-        h2d = float(sum(shard_bytes(g, master_bytes) for g in sharded))
+        h2d = float(sum(shard_bytes(g, master_bytes) for g in sharded) + micro_steps * replicated)
     else:
-        kept, slices = kept_units(sizes, p), reshard_degree(p) is not None
-        h2d = float(
-            micro_steps
-            * sum(
-                (1 if g.unit in kept or (slices and not g.nf4) else 2) * shard_bytes(g, master_bytes) for g in sharded
-            )
+        gathers = sum(
+            (1 if g.unit in kept or (slices and not g.nf4) else 2) * shard_bytes(g, master_bytes) for g in sharded
         )
+        h2d = float(micro_steps * (gathers + replicated))
     reduce = 2 if p.sdp_reduce_dtype == "bf16" else 4
-    d2h = float(micro_steps * sum(reduce * g.shard for g in sharded if g.trainable))
+    d2h = float(micro_steps * sum((reduce if g.sharded else 4) * g.shard for g in groups if g.trainable))
     return h2d, d2h
 
 
@@ -141,7 +145,7 @@ def host_offload(
 ) -> HostOffload:
     """The host side of one rank's plan."""
     h2d, d2h = copies
-    local = sum(g.local_unpadded(0) for g in groups if g.sharded and g.trainable)
+    local = sum(g.local_unpadded(0) for g in groups if g.trainable)
     return HostOffload(
         mode=p.sdp_offload,
         state=host_state,

@@ -115,7 +115,8 @@ def verdict(result: Plan, ranks: int) -> str:
         return line + f"parameters {memory.parameters / gib:.2f} GiB per rank on the device"
     return line + (
         f"parameters {memory.parameters / gib:.2f} GiB on the device, host {host.need_bytes / gib:.2f} GiB "
-        f"(NF4 base and masters {host.state.params / gib:.2f} GiB + process {host.overhead_bytes / gib:.2f} GiB) "
+        f"(NF4 base and masters {host.state.params / gib:.2f} GiB, gradients and optimizer state "
+        f"{(host.state.grads + host.state.optimizer) / gib:.2f} GiB, process {host.overhead_bytes / gib:.2f} GiB) "
         f"of {host.budget_bytes / gib:.2f} GiB host RAM"
     )
 

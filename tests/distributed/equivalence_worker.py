@@ -61,6 +61,7 @@ class Case:
     record_replica_starts: bool = False  # log the replica all-reduces issued at each block's backward
     hier_rs: bool = False  # sdp_hierarchical_reduce_scatter
     schedule: tuple[int, ...] = ()  # backward passes of step i: schedule[i % len] (default: accum)
+    offload: str = "none"  # sdp_offload (compile_offload_cases.py)
 
     def accum_of(self, step: int) -> int:
         return self.schedule[step % len(self.schedule)] if self.schedule else self.accum
@@ -123,6 +124,7 @@ def smp_parameters(case: Case) -> dict:
         "sdp_max_live_parameters": case.max_live,
         "sdp_reduce_bucket_size": case.bucket,
         "sdp_hierarchical_reduce_scatter": case.hier_rs,
+        "sdp_offload": case.offload,
     }
 
 
@@ -424,6 +426,9 @@ def main() -> None:
     cases["misdeclared_accumulation"] = misdeclared_accumulation
     cases["fp16_overflow"] = fp16_overflow
     cases["prefetch_depths"] = prefetch_depths
+    from tests.distributed.compile_offload_cases import CASES as COMPILE_OFFLOAD  # it imports this module
+
+    cases.update(COMPILE_OFFLOAD)
     worker_main(cases, setup=init_gloo_from_env)
 
 

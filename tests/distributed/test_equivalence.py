@@ -1,7 +1,8 @@
 """Sharded training equals one process training on the global batch (fp32, AdamW, 20 steps).
 
 All cases run in ONE mpirun launch of 4 ranks on 2 simulated hosts
-(equivalence_worker.py); each rank also computes the single-process reference.
+(equivalence_worker.py, started by tests/distributed/conftest.py, which also runs
+test_compile_offload.py's cases in it); each rank also computes the single-process reference.
 """
 
 from __future__ import annotations
@@ -9,11 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.mpi_harness import requires_mpi, run_cases
+from tests.mpi_harness import requires_mpi
 
 pytestmark = [pytest.mark.distributed, requires_mpi]
 
-NPROCS = 4
 EQUIVALENCE_CASES = [
     "d1",
     "d2",
@@ -40,21 +40,14 @@ EQUIVALENCE_CASES = [
 ]
 # sdp_reshard_after_forward=k: checked bit for bit against their k=True twins (which match one process)
 HPZ_CASES = {"hpz_d4": "d4_hierarchical", "hpz_d4_accum2": "d4_accum2_short"}
-SIMULATED_HOSTS = {"SMSDP_SIMULATED_HOSTS": "1", "SM_HOSTS": '["algo-1", "algo-2"]'}
 FP32_RTOL = 1e-5
 FP32_ATOL = 1e-6  # parameters that pass near zero have no meaningful relative error
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    return run_cases(
-        "tests/distributed/equivalence_worker.py",
-        EQUIVALENCE_CASES + list(HPZ_CASES) + ["fp16_overflow", "misdeclared_accumulation", "prefetch_depths"],
-        NPROCS,
-        env=SIMULATED_HOSTS,
-        timeout=400,
-        out_dir=tmp_path_factory.mktemp("equivalence"),
-    )
+def results(equivalence_results):
+    """The one launch of equivalence_worker.py, shared with test_compile_offload.py (tests/distributed/conftest.py)."""
+    return equivalence_results
 
 
 @pytest.mark.parametrize("case", EQUIVALENCE_CASES)

@@ -9,9 +9,8 @@ from __future__ import annotations
 import pytest
 
 from smsdp.config import ConfigError, SMPParameters
-from smsdp.planner import ModelSpec, plan
+from smsdp.planner import ModelSpec, offload, plan
 from smsdp.planner import memory as mem
-from smsdp.planner import offload
 from smsdp.planner.hardware import Assumptions
 from smsdp.planner.model_spec import ROOT
 from smsdp.planner.qlora_seed import LLAMA2_70B, llama_lora, main, seed_plan
@@ -24,23 +23,30 @@ SMALL_GPT = dict(n_layer=4, d_model=256, n_head=4, vocab_size=1024, seq_len=128)
 def test_sdp_compile_is_refused_where_a_unit_would_break_its_graph_and_says_why():
     with pytest.raises(ConfigError, match=r"sdp_compile=True would break each unit's graph at the tensor-parallel"):
         SMPParameters.model_validate(
-            {"sdp_compile": True, "tensor_parallel_degree": 2, "sharded_data_parallel_degree": 2, "prescaled_batch": True}
+            {
+                "sdp_compile": True,
+                "tensor_parallel_degree": 2,
+                "sharded_data_parallel_degree": 2,
+                "prescaled_batch": True,
+            }
         )
     with pytest.raises(ConfigError, match=r"sdp_compile=True cannot compile .*offload_activations=True"):
-        SMPParameters.model_validate({"sdp_compile": True, "offload_activations": True, "activation_checkpointing": True})
+        SMPParameters.model_validate(
+            {"sdp_compile": True, "offload_activations": True, "activation_checkpointing": True}
+        )
     with pytest.raises(ConfigError, match=r"sdp_compile='yes' is invalid: .*use True or False"):
         SMPParameters.model_validate({"sdp_compile": "yes"})
     accepted = {"sdp_compile": True, "bf16": True, "activation_checkpointing": True, "sdp_reshard_after_forward": 2}
     assert SMPParameters.model_validate({**accepted, "sharded_data_parallel_degree": 4}).sdp_compile
 
 
-def test_sdp_offload_takes_three_values_and_needs_a_sharded_degree():
+def test_sdp_offload_takes_three_values_at_any_sharded_degree():
     with pytest.raises(ConfigError, match=r"sdp_offload='cpu' is invalid: input should be 'none', 'optimizer' or"):
         SMPParameters.model_validate({"sdp_offload": "cpu", "sharded_data_parallel_degree": 2})
-    with pytest.raises(ConfigError, match=r"sdp_offload='params' .*sharded_data_parallel_degree=1 none are sharded"):
-        SMPParameters.model_validate({"sdp_offload": "params"})
     for mode in ("none", "optimizer", "params"):
-        assert SMPParameters.model_validate({"sdp_offload": mode, "sharded_data_parallel_degree": 2}).sdp_offload == mode
+        for degree in (1, 2):
+            config = {"sdp_offload": mode, "sharded_data_parallel_degree": degree}
+            assert SMPParameters.model_validate(config).sdp_offload == mode
 
 
 def _gpt_plan(offload_mode: str, **params):
@@ -59,39 +65,43 @@ def _gpt_plan(offload_mode: str, **params):
     )
 
 
-def test_offload_moves_the_sharded_groups_state_to_the_host_and_nothing_else():
+def test_offload_moves_every_groups_state_to_the_host():
     plain, params, optimizer = _gpt_plan("none"), _gpt_plan("params"), _gpt_plan("optimizer")
     assert plain.host is None
     for offloaded in (params, optimizer):
         host = offloaded.host.state
-        assert offloaded.memory.model_state + host.total == plain.memory.model_state
+        assert offloaded.memory.model_state == 0 and host.total == plain.memory.model_state
         assert host.params > 0 and host.grads == host.params and host.optimizer > 0
-        assert offloaded.memory.parameters < plain.memory.parameters
-    # the optimizer mode keeps every shard's copy on the device; params only those of the units in flight
+    # the device keeps: optimizer mode, every shard's copy; params, those of the units in flight; both, the
+    # fp32 replicated groups' buffers of the root and of the units in flight (1 + prefetch depth of 1)
     groups = mem.layout(params.model, 4, 10_000)
-    shards = sum(4 * g.shard for g in groups if g.sharded)
-    assert optimizer.memory.offload_copies == shards > params.memory.offload_copies > 0
+    shards = {u: sum(4 * g.shard for g in groups if g.sharded and g.unit == u) for u in {g.unit for g in groups}}
+    replicated = {u: sum(4 * g.numel for g in groups if not g.sharded and g.unit == u) for u in shards}
+    buffers = replicated[ROOT] + 2 * max(b for u, b in replicated.items() if u != ROOT)
+    assert optimizer.memory.offload_copies == sum(shards.values()) + buffers
+    assert params.memory.offload_copies == 2 * max(shards.values()) + buffers
     assert params.memory.peak < plain.memory.peak
 
 
 @pytest.mark.parametrize("reshard", [True, False, 2])
 def test_offload_copies_per_step_follow_the_gathers(reshard):
     """params: a shard in per all-gather from it (twice a micro-step but for the units kept into the backward;
-    once when the backward regathers from 1/k slices); optimizer: every shard once. Gradients out per micro-step."""
+    once when the backward regathers from 1/k slices), a replicated group's master at each unshard;
+    optimizer: every shard once. Every reduced gradient out, every micro-step."""
     p = _gpt_plan("params", sdp_reshard_after_forward=reshard, sdp_backward_prefetch=1)
     params = p.runtime.parameters
     groups = mem.layout(p.model, 4, 10_000)
     sizes = mem.unit_sizes(groups)
-    shard = {u: sum(4 * g.shard for g in groups if g.sharded and g.unit == u) for u in sizes.gathered}
-    kept = {ROOT, sizes.order[-1]}  # kept gathered into the backward: the root and the forward's last block
-    expected = sum(shard.values()) if reshard is not True else sum((1 if u in kept else 2) * b for u, b in shard.items())
-    if reshard is True:
-        assert p.host.h2d_bytes_per_step == expected
-    else:
-        assert p.host.h2d_bytes_per_step == sum(shard.values())
-    assert p.host.d2h_bytes_per_step == sum(4 * g.shard for g in groups if g.sharded and g.trainable)
+    kept = set(sizes.gathered) if reshard is False else {ROOT, sizes.order[-1]}  # gathered once a micro-step
+
+    def times(g) -> int:
+        return 1 if g.unit in kept or (reshard not in (True, False) and g.sharded) else 2
+
+    assert p.host.h2d_bytes_per_step == sum(times(g) * 4 * g.shard for g in groups)
+    assert p.host.d2h_bytes_per_step == sum(4 * g.shard for g in groups if g.trainable)
     h2d, _ = offload.copy_bytes_per_step(groups, sizes, params.model_copy(update={"sdp_offload": "optimizer"}), 3, 4)
-    assert h2d == sum(shard.values())  # once a step, whatever the micro-steps
+    replicated = sum((1 if g.unit in kept else 2) * 4 * g.numel for g in groups if not g.sharded)
+    assert h2d == sum(4 * g.shard for g in groups if g.sharded) + 3 * replicated  # shards once a step
 
 
 def test_offload_adds_the_cpu_optimizer_step_and_the_copies_beside_compute_to_the_step_time():
@@ -102,7 +112,11 @@ def test_offload_adds_the_cpu_optimizer_step_and_the_copies_beside_compute_to_th
         batch_size=4,
         instance_type="ml.g5.12xlarge",
         instance_count=1,
-        parameters={"sharded_data_parallel_degree": 4, "sdp_param_persistence_threshold": 10_000, "sdp_offload": "params"},
+        parameters={
+            "sharded_data_parallel_degree": 4,
+            "sdp_param_persistence_threshold": 10_000,
+            "sdp_offload": "params",
+        },
         assumptions=slow_cpu,
         recommend=False,
     )
@@ -119,7 +133,11 @@ def test_on_a_cpu_the_offloaded_state_stays_in_the_ranks_memory():
         instance_type="local",
         instance_count=2,
         processes_per_host=2,
-        parameters={"sharded_data_parallel_degree": 4, "sdp_param_persistence_threshold": 10_000, "sdp_offload": "params"},
+        parameters={
+            "sharded_data_parallel_degree": 4,
+            "sdp_param_persistence_threshold": 10_000,
+            "sdp_offload": "params",
+        },
         recommend=False,
     )
     assert local.host.shared_with_device and local.host.fits
