@@ -21,7 +21,6 @@ from typing import Any, ClassVar
 from pydantic import Field, model_validator
 
 from smsdp.config.errors import ConfigError, ConfigProblem, collect_problems, or_list, whole_number_problems
-from smsdp.config.fault_tolerance import fault_tolerance_problems
 from smsdp.config.instance_checks import capacity_problems, instance_type_problems
 from smsdp.config.instance_types import LOCAL
 from smsdp.config.parameters import SMPParameters, reshard_degree
@@ -31,10 +30,10 @@ from smsdp.config.topology import Topology, TopologyError, TopologyProblem
 from smsdp.config.validation import ConfigModel, Number, WholeNumber, plain
 
 CONFIG_ENV_VAR = "SMSDP_CONFIG"
+"""Environment variable that carries ``RuntimeConfig.to_env_value()`` to every rank."""
 MAX_WORLD_SIZE = 16384
 """The most ranks a job may have: every rank (and the client) builds every group of the world, so a
 world of millions is refused before it is built, not found out by the memory it takes."""
-"""Environment variable that carries ``RuntimeConfig.to_env_value()`` to every rank."""
 
 
 @dataclass(frozen=True)
@@ -152,7 +151,6 @@ class RuntimeConfig(ConfigModel):
         collect_problems(
             problems, build_topology, self.parameters, JobWords(self.instance_count, self.processes_per_host)
         )
-        problems += fault_tolerance_problems(self.parameters, self.instance_count, self.processes_per_host)
         if problems:
             raise ConfigError.from_problems(problems)
         return self
