@@ -319,8 +319,9 @@ class Estimator:
         nowhere raises ``LookupError`` naming every place looked in.
 
         The job directory keeps no secret: a secret ``environment`` value (or one in
-        ``custom_mpi_options``) is not there to re-run the job with. ``fit()`` then refuses,
-        naming it; give it again here: ``Estimator.attach(name, environment={"HF_TOKEN": ...})``
+        ``custom_mpi_options``), or a secret hyperparameter of a job that has ended, is not
+        there to re-run the job with. ``fit()`` then refuses, naming it; give it again here:
+        ``Estimator.attach(name, environment={"HF_TOKEN": ...}, hyperparameters={"hf_token": ...})``
         (``overrides`` are Estimator arguments; ``environment`` and ``hyperparameters`` are
         merged into the job's, name by name).
         """

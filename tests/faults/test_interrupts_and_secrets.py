@@ -30,6 +30,7 @@ from pathlib import Path
 import pytest
 
 from estimator import Estimator
+from estimator.redact import REDACTED
 from smsdp.config import ConfigError
 from tests.conftest import processes_in
 from tests.mpi_harness import requires_mpi
@@ -71,13 +72,21 @@ def test_an_attached_rerun_has_the_real_values_or_asks_for_the_secrets(tmp_path,
     with pytest.raises(ConfigError) as refused:
         again.fit(job_name="second", logs=False, check_memory=False)
     message = str(refused.value)
-    for name in ("environment.HF_TOKEN", "environment.DB_PASSWORD"):
+    # the job ended, so hyperparameters.json's secret values were blanked too (only "model" is kept:
+    # its value is DB_PASSWORD's, but its name is no secret's)
+    for name in ("hyperparameters.hf_token", "environment.HF_TOKEN", "environment.DB_PASSWORD"):
         assert name in message, message
-    assert "Estimator.attach('first', environment={'HF_TOKEN': ..., 'DB_PASSWORD': ...})" in message
+    assert "hyperparameters.model" not in message, message
+    how = "Estimator.attach('first', hyperparameters={'hf_token': ...}, environment={'HF_TOKEN': ..., "
+    how += "'DB_PASSWORD': ...})"
+    assert how in message, message
     assert not (jobs / "second").exists()  # refused before anything ran
 
-    given = Estimator.attach(
-        "first", output_path=str(jobs), environment={"HF_TOKEN": TOKEN, "DB_PASSWORD": DB_PASSWORD}
+    given = Estimator.attach(  # as the message says: merged into the job's own, name by name
+        "first",
+        output_path=str(jobs),
+        hyperparameters={"hf_token": TOKEN},
+        environment={"HF_TOKEN": TOKEN, "DB_PASSWORD": DB_PASSWORD},
     )
     given.fit(job_name="second", logs=False, check_memory=False)
     probe = _probe(jobs / "second")
@@ -85,9 +94,9 @@ def test_an_attached_rerun_has_the_real_values_or_asks_for_the_secrets(tmp_path,
     assert pairs == {"--probe": "record", "--hf_token": TOKEN, "--model": DB_PASSWORD}
     assert probe["env"] == {"HF_TOKEN": TOKEN, "DB_PASSWORD": DB_PASSWORD}
     contract = json.loads((jobs / "second" / "input" / "config" / "hyperparameters.json").read_text())
-    assert {name: json.loads(value) for name, value in contract.items()} == {
+    assert {name: json.loads(value) for name, value in contract.items()} == {  # blanked once the job ended
         "probe": "record",
-        "hf_token": TOKEN,
+        "hf_token": REDACTED,
         "model": DB_PASSWORD,
     }
     job_json = (jobs / "second" / "job.json").read_text()
