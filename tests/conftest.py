@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,15 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 USER_SCRIPTS = REPO_ROOT / "tests" / "integration" / "user_scripts"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def own_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Where jobs remember their output paths for attach: the session's own, not the user's home (and not
+    shared by two pytest-xdist workers launching jobs at once)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SMSDP_STATE_DIR", str(tmp_path_factory.mktemp("smsdp-state")))
+        yield
 
 
 @pytest.fixture
