@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from estimator.cli_values import key_value, scalar, whole_number
+from estimator.example import BUNDLED_SCRIPTS, example_distribution, example_source_dir, names_bundled_script
 from estimator.example import EXAMPLE_ENTRY_POINT as EXAMPLE_SCRIPT
-from estimator.example import example_distribution, example_source_dir
 from estimator.job_commands import JOB_COMMANDS
 from estimator.plan_cli import json_object_arg
 from smsdp.config import ConfigError, ConfigProblem
@@ -50,10 +50,12 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     job.add_argument(
         "--entry-point",
         default=None,
-        help=f"training script (default: the bundled GPT, {EXAMPLE_SCRIPT}); a path given here is always your own",
+        help=f"training script (default: the bundled GPT, {EXAMPLE_SCRIPT}); a bundled script's name "
+        f"({', '.join(BUNDLED_SCRIPTS)}) runs the bundled one unless a file of that name is here or "
+        "--source-dir is given: a file of your own always wins",
     )
     job.add_argument(
-        "--source-dir", default=None, help="directory shipped with the script (default: the bundled example's)"
+        "--source-dir", default=None, help="directory shipped with the script (default: the bundled scripts')"
     )
     job.add_argument("--instance-count", type=int, default=2, help="hosts, simulated locally (default 2)")
     job.add_argument("--processes-per-host", type=int, default=2, help="ranks per host (default 2)")
@@ -69,7 +71,7 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
         type=whole_number(1, MAX_STEPS),
         default=None,
         help="hyperparameter max_steps (default 30 for the "
-        "bundled script, with log_interval max_steps/10; none for your own script)",
+        "bundled scripts, with log_interval max_steps/10; none for your own script)",
     )
     job.add_argument(
         "-H",
@@ -107,14 +109,14 @@ def estimator_from_args(args: argparse.Namespace):
     from estimator import Estimator
 
     source_dir, entry_point = args.source_dir, args.entry_point
-    # Only an omitted --entry-point means the example: a train_gpt.py of one's own is never swapped for it.
-    bundled = entry_point is None
+    if entry_point is None and source_dir is not None:
+        raise ConfigError.from_problems(
+            [ConfigProblem(("source_dir",), "needs --entry-point: the script in it to run", source_dir)]
+        )
+    # A train_gpt.py of one's own (here, or in --source-dir) is never swapped for the bundled one.
+    bundled = names_bundled_script(entry_point, source_dir)
     if bundled:
-        if source_dir is not None:
-            raise ConfigError.from_problems(
-                [ConfigProblem(("source_dir",), "needs --entry-point: the script in it to run", source_dir)]
-            )
-        entry_point, source_dir = EXAMPLE_SCRIPT, example_source_dir()
+        entry_point, source_dir = entry_point or EXAMPLE_SCRIPT, example_source_dir()
     hyperparameters = {}
     max_steps = EXAMPLE_MAX_STEPS if bundled and args.max_steps is None else args.max_steps
     if max_steps is not None:  # a script of one's own gets only what was asked for

@@ -23,16 +23,18 @@ pytestmark = [pytest.mark.integration, requires_mpi, pytest.mark.timeout(240)]
 GPT2 = dict(vocab_size=300, n_positions=64, n_embd=64, n_layer=2, n_head=4)  # byte tokens need 256
 
 
-def test_the_bundled_gpt_starts_from_a_pretrained_channel_and_exports_for_from_pretrained(tmp_path, capsys):
+def test_the_bundled_gpt_starts_from_a_pretrained_channel_and_exports_for_from_pretrained(
+    tmp_path, capsys, monkeypatch
+):
     from safetensors.torch import load_file
 
     from estimator.cli import main
-    from estimator.example import example_source_dir
 
+    monkeypatch.chdir(tmp_path)  # no finetune_gpt.py here: the name means the bundled script (no --source-dir)
     pretrained = tmp_path / "gpt2"
     hf_model("gpt2", GPT2, seed=5).save_pretrained(pretrained)
     hyper = ["seq_len=32", "batch_size=2", "eval_batches=1", "lr=0", "export_hf=true"]
-    argv = ["run-example", "--entry-point", "finetune_gpt.py", "--source-dir", example_source_dir()]
+    argv = ["run-example", "--entry-point", "finetune_gpt.py"]
     argv += ["--max-steps", "2", "--instance-count", "1", "--processes-per-host", "2"]
     argv += ["--output-path", str(tmp_path), "--job-name", "ft"]
     argv += [arg for h in hyper for arg in ("-H", h)] + ["--input", f"model={pretrained.as_uri()}"]

@@ -75,3 +75,34 @@ def test_a_whole_distribution_dict_can_be_given(tmp_path, capsys):
         == 0
     )
     assert json.loads(capsys.readouterr().out)["world_size"] == 3
+
+
+def _dry_run_code(argv: list[str], capsys) -> tuple[str, list[str]]:
+    assert main(["dry-run", "--json", "--instance-count", "1", "--sharded-degree", "1", *argv]) == 0
+    request = json.loads(capsys.readouterr().out)
+    return request["code"], request["argv"]
+
+
+def test_a_bundled_scripts_name_runs_the_bundled_script(tmp_path, monkeypatch, capsys):
+    from estimator.example import BUNDLED_SCRIPTS, example_source_dir
+
+    monkeypatch.chdir(tmp_path)  # no file of that name here: the bundled one, with the example's defaults
+    for script in BUNDLED_SCRIPTS:
+        code, argv = _dry_run_code(["--entry-point", script, "--output-path", str(tmp_path / "jobs")], capsys)
+        assert code == example_source_dir()
+        assert argv[argv.index(script) + 1 :][:4] == ["--max_steps", "30", "--log_interval", "3"]
+
+
+def test_ones_own_file_of_a_bundled_name_is_the_one_that_runs(tmp_path, monkeypatch, capsys):
+    (tmp_path / "finetune_gpt.py").write_text("")
+    monkeypatch.chdir(tmp_path)
+    code, argv = _dry_run_code(["--entry-point", "finetune_gpt.py", "--output-path", str(tmp_path / "jobs")], capsys)
+    assert code == str(tmp_path / "finetune_gpt.py") and argv[-1] == "finetune_gpt.py"  # no example defaults
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "finetune_gpt.py").write_text("")
+    code, _ = _dry_run_code(
+        ["--entry-point", "finetune_gpt.py", "--source-dir", str(elsewhere), "--output-path", str(tmp_path / "j")],
+        capsys,
+    )
+    assert code == str(elsewhere)
