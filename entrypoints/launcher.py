@@ -42,6 +42,7 @@ import traceback
 from pathlib import Path
 
 from smsdp.config.cluster import slurm_rank_env
+from smsdp.config.host_launch import per_host_rank_env
 from smsdp.util import failure_files
 
 USAGE = "usage: python -m entrypoints.launcher SCRIPT [--name value ...]"
@@ -58,8 +59,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv else 2
     script, script_args = argv[0], argv[1:]
     os.environ.update(slurm_rank_env(os.environ))
-    rank = _world_rank()
     _die_with_mpirun()
+    os.environ.update(per_host_rank_env(os.environ))  # one mpirun per host: job-wide rank numbers
+    rank = _world_rank()
     sys.stderr = stderr = StderrTail(sys.stderr)
     try:
         _check_script(script)  # before the rendezvous: a typo should not cost a torch start-up
@@ -187,8 +189,15 @@ def _limit_threads() -> None:
 def _leave_world() -> None:
     import torch.distributed as dist
 
-    if dist.is_initialized():
+    from smsdp.comm import world
+
+    domain = world.get().fault_domain if world.is_initialized() else None
+    if domain is not None:
+        domain.barrier()  # over the live replicas (sdp_fault_tolerant_replicas): torch's world may hold dead ranks
+        domain.close()
+    elif dist.is_initialized():
         dist.barrier()  # nobody tears down while a peer is in its last collective
+    if dist.is_initialized():
         dist.destroy_process_group()
 
 

@@ -94,6 +94,8 @@ _EXPORTS.update(
         "stop_requested": "smsdp.smp.stop",
         "newest_checkpoint": "smsdp.smp.checkpointing",
         "save_model": "smsdp.smp.final_model",
+        "replicas_in_last_step": "smsdp.smp.fault_tolerance",
+        "fault_tolerance_events": "smsdp.smp.fault_tolerance",
     }
 )
 _SUBMODULES = {"amp", "nn", "optimizers", "state"}  # smp.amp.GradScaler, smp.nn.FusedLayerNorm, smp.state.cfg

@@ -3,12 +3,15 @@
 How ranks find each other, in order of preference:
 
 1. ``torch.distributed`` is already initialized: it is kept (see ``init_distributed``).
-2. Under ``mpirun`` (``OMPI_COMM_WORLD_SIZE`` set): rank 0 opens a ``TCPStore``
+2. One launcher per host (``sdp_fault_tolerant_replicas``, ``smsdp.config.host_launch``): rank 0
+   serves a ``TCPStore`` at ``MASTER_ADDR:MASTER_PORT`` for the whole job, and outlives every
+   restarted host; each start of a host joins under a prefix of its own (``world_prefix``).
+3. Under ``mpirun`` (``OMPI_COMM_WORLD_SIZE`` set): rank 0 opens a ``TCPStore``
    on a free port (port 0, so there is no pick-then-bind race) on 127.0.0.1
    when every rank is on its machine, else on its host name; mpi4py broadcasts
    the address and port; everyone joins through that store.
-3. Under torchrun (``MASTER_ADDR``/``MASTER_PORT``/``RANK``/``WORLD_SIZE``): ``env://``.
-4. Neither: a world of one process (an in-memory store), so a training script
+4. Under torchrun (``MASTER_ADDR``/``MASTER_PORT``/``RANK``/``WORLD_SIZE``): ``env://``.
+5. None of these: a world of one process (an in-memory store), so a training script
    also runs as plain ``python train.py``.
 
 The backend is chosen in ``choose_backend`` only. mpi4py is imported only on
@@ -21,6 +24,7 @@ import datetime
 import os
 import socket
 
+from smsdp.config import host_launch
 from smsdp.config.cluster import ClusterInfo
 from smsdp.config.runtime_config import RuntimeConfig
 
@@ -53,7 +57,15 @@ def init_distributed(backend: str | None = None, timeout_s: float | None = None)
     timeout = _timeout(timeout_s, config)
     if backend == "nccl":
         _set_cuda_device(cluster)
-    if _under_mpi():
+    if _fault_tolerant(config):
+        os.environ.setdefault("TORCH_GLOO_LAZY_INIT", "1")  # pairs connect on first use: see smsdp.comm.elastic_groups
+    if host_launch.is_per_host_launch(os.environ):
+        store = _per_host_store(cluster, timeout)
+        prefix = world_prefix(cluster, config)
+        dist.init_process_group(
+            backend, store=dist.PrefixStore(prefix, store), rank=cluster.rank, world_size=cluster.world_size, timeout=timeout
+        )
+    elif _under_mpi():
         store = _mpi_store(cluster, timeout)
         dist.init_process_group(backend, store=store, rank=cluster.rank, world_size=cluster.world_size, timeout=timeout)
     elif _under_torchrun():
@@ -115,6 +127,29 @@ def _set_cuda_device(cluster: ClusterInfo) -> None:
 
     # physical_local_rank, not local_rank: simulated hosts share one machine's GPUs.
     torch.cuda.set_device(cluster.physical_local_rank % torch.cuda.device_count())
+
+
+def _fault_tolerant(config) -> bool:
+    return bool(getattr(getattr(config, "parameters", None), "sdp_fault_tolerant_replicas", False))
+
+
+def _per_host_store(cluster: ClusterInfo, timeout: datetime.timedelta):
+    """Rank 0 of the job's first start serves the store at ``MASTER_ADDR:MASTER_PORT``; everyone else connects."""
+    import torch.distributed as dist
+
+    server = cluster.rank == 0 and host_launch.incarnation(os.environ) == 0
+    addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    return dist.TCPStore(addr, port, cluster.world_size, server, timeout=timeout, wait_for_workers=False)
+
+
+def world_prefix(cluster: ClusterInfo, config) -> str:
+    """Where a start of the job's ranks makes torch's groups: the job's first start shares one prefix; a
+    host's restart, one of its own (its replicas' groups), until the whole world re-forms together."""
+    incarnation = host_launch.incarnation(os.environ)
+    if incarnation == 0:
+        return "smsdp/world/0"
+    d = config.parameters.sharded_data_parallel_degree
+    return f"smsdp/incarnation/{cluster.rank // d}/{incarnation}"
 
 
 def _under_mpi() -> bool:

@@ -31,6 +31,7 @@ import torch.distributed as dist
 from smsdp.comm.accounting import HPZ, NF4, CommStats
 from smsdp.comm.all_gather import AllGatherStrategy
 from smsdp.comm.collectives import Handle, all_gather_flat, all_reduce, reduce_scatter_flat
+from smsdp.comm.fault_domain_setup import fault_domain_for, joins_later
 from smsdp.comm.process_groups import ProcessGroups, build_process_groups
 from smsdp.comm.rendezvous import init_distributed
 from smsdp.config import ConfigError, RuntimeConfig, SMPParameters
@@ -55,6 +56,7 @@ class World:
     models: list[Any] = field(default_factory=list)  # DistributedModels, newest last
     optimizers: list[Any] = field(default_factory=list)  # DistributedOptimizers, newest last
     backward_scale: float = 1.0  # 1/microbatches inside @smp.step (changes), applied by model.backward
+    fault_domain: Any = None  # sdp_fault_tolerant_replicas: smsdp.comm.fault_domain.FaultDomain
 
     @property
     def params(self) -> SMPParameters:
@@ -96,9 +98,13 @@ class World:
         return reduce_scatter_flat(output, full, self.groups.shard_group, self.stats, async_op=async_op)
 
     def all_reduce_replicas(self, tensor: torch.Tensor, async_op: bool) -> Handle:
+        if self.fault_domain is not None:  # across replicas: on the generation's groups, redone on a failure
+            return self.fault_domain.add("replica", tensor)
         return all_reduce(tensor, self.groups.replica_group, self.stats, "all_reduce.replica", async_op=async_op)
 
     def all_reduce_dp(self, tensor: torch.Tensor, async_op: bool) -> Handle:
+        if self.fault_domain is not None:
+            return self.fault_domain.add("dp", tensor)
         return all_reduce(tensor, self.groups.dp_group, self.stats, "all_reduce.dp", async_op=async_op)
 
     def all_reduce_shard_group(self, tensor: torch.Tensor, key: str) -> None:
@@ -135,7 +141,8 @@ def init(config: RuntimeConfig | SMPParameters | Mapping[str, Any] | None = None
     resolved = _resolve_config(config, job_config, ClusterInfo.from_env())
     cluster = init_distributed(backend=resolved.parameters.ddp_dist_backend, timeout_s=resolved.collective_timeout_s)
     topology = resolved.topology  # the same Topology the client validated, from the same config
-    _check_hosts_are_host_major(cluster, topology)
+    if not joins_later(resolved):  # a restarted host's ranks have no live world to ask (yet)
+        _check_hosts_are_host_major(cluster, topology)
     # Subgroups get the same timeout: new_group's default is 30 minutes, whatever the world's is.
     timeout = datetime.timedelta(seconds=float(resolved.collective_timeout_s))
     groups = build_process_groups(topology, cluster.rank, timeout=timeout)
@@ -143,6 +150,7 @@ def init(config: RuntimeConfig | SMPParameters | Mapping[str, Any] | None = None
     stats = CommStats()
     strategy = AllGatherStrategy(resolved, groups, stats)
     _STATE = World(resolved, cluster, topology, topology.coords(cluster.rank), groups, device, stats, strategy)
+    _STATE.fault_domain = fault_domain_for(_STATE)
     logger.info("smsdp initialized: %s", topology.describe())
     return _STATE
 

@@ -139,6 +139,15 @@ class SMPParameters(ConfigModel):
     and the optimizer state in host memory, each unit's shard copied to the device ahead of its
     all-gather; "optimizer": the masters, gradients and optimizer state in host memory, a copy of the
     shard on the device. Either way the optimizer steps on the CPU. "none": all on the device."""
+    sdp_fault_tolerant_replicas: StrictBool = False
+    """smsdp's own: each replica (a shard group) is a fault domain. When one replica's ranks fail, the
+    others finish the step among themselves (the replica average over those that contributed) and go
+    on; the failed host's ranks are restarted and take their shard's state from a live replica
+    (docs/fault_tolerance.md). Needs two replicas or more, each on one host (smsdp.config.fault_tolerance)."""
+    sdp_replica_timeout_s: Number = Field(10.0, gt=0)
+    """smsdp's own, with ``sdp_fault_tolerant_replicas``: seconds a collective across replicas may wait
+    before the replicas it waits for count as failed (a host cut off the network never closes its
+    connections)."""
 
     # --- parallel degrees ---
     tensor_parallel_degree: WholeNumber = Field(1, ge=1)

@@ -17,6 +17,7 @@ from typing import Any
 
 from smsdp.config.distribution import WRITE_INSTEAD, Distribution, split_mpi_options
 from smsdp.config.errors import ConfigError, ConfigProblem, collect_problems, whole_number_problems
+from smsdp.config.fault_tolerance import fault_tolerance_problems
 from smsdp.config.instance_checks import (
     backend_problems,
     capacity_problems,
@@ -63,6 +64,9 @@ def resolve_job(
     problems += backend_problems(params, instance_type, _PARAMS_PATH)
     problems += capacity_problems(instance_type, words.processes_per_host, _PPN_PATH)
     topology = collect_problems(problems, build_topology, params, words)
+    problems += fault_tolerance_problems(
+        params, instance_count, words.processes_per_host, words.params_path, launcher=dist.launcher
+    )
     if problems:
         raise ConfigError.from_problems(problems)
     runtime = RuntimeConfig(

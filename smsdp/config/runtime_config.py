@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 from pydantic import Field, model_validator
 
 from smsdp.config.errors import ConfigError, ConfigProblem, collect_problems, or_list, whole_number_problems
+from smsdp.config.fault_tolerance import fault_tolerance_problems
 from smsdp.config.instance_checks import capacity_problems, instance_type_problems
 from smsdp.config.instance_types import LOCAL
 from smsdp.config.parameters import SMPParameters, reshard_degree
@@ -151,6 +152,7 @@ class RuntimeConfig(ConfigModel):
         collect_problems(
             problems, build_topology, self.parameters, JobWords(self.instance_count, self.processes_per_host)
         )
+        problems += fault_tolerance_problems(self.parameters, self.instance_count, self.processes_per_host)
         if problems:
             raise ConfigError.from_problems(problems)
         return self

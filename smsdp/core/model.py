@@ -184,6 +184,12 @@ class ShardedModel(OutsideCompile):
         return self._state
 
     @property
+    def accumulation(self) -> AccumulationBoundary:
+        """Which backward ends the step: a replica that takes another's state takes this too
+        (``smsdp.core.replica_state``), so that it starts the same all-reduces in the same order."""
+        return self._accumulation
+
+    @property
     def prefetch_depths(self) -> PrefetchDepths:
         """Units gathered ahead per direction: the SMP parameters, or ``prefetch_units`` when given."""
         return self._prefetch.depths

@@ -20,6 +20,7 @@ from smsdp.core.flat_param_group import FlatParamGroup
 from smsdp.core.held_bytes import host_bytes
 from smsdp.core.loss_scaler import DynamicLossScaler, LossScaler
 from smsdp.core.optimizer_params import remap_to_shards
+from smsdp.core.replica_state import attach as attach_replica_state
 from smsdp.core.state_dicts import check_optimizer_state_shard, local_optimizer_state
 from smsdp.tensor_parallel.pieces import is_tp_split
 from smsdp.util import fault_injection
@@ -64,6 +65,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if self.loss_scaler is not None:
             model.use_loss_scaler(self.loss_scaler)
         rt.optimizers.append(self)  # lets smp.resume_from_checkpoint find it, as SMP's does
+        self._fault_domain = rt.fault_domain  # sdp_fault_tolerant_replicas: a restarted rank joins here
+        attach_replica_state(self)
 
     # param_groups and state are the wrapped optimizer's: one truth, whoever writes it.
     param_groups = property(
@@ -107,6 +110,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
             self._step(closure)
         finally:
             self._grads_ready = False  # the next step synchronizes its own gradients
+        if self._fault_domain is not None:
+            self._fault_domain.after_step()  # a replica behind takes a live one's state now
 
     def _step(self, closure: Any) -> None:
         self._make_grads_ready()

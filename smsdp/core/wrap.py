@@ -54,7 +54,8 @@ def wrap_module(
     delayed = any(p.is_meta for p in module.parameters())
     if not delayed:
         module = module.to(rt.device)
-        if broadcast_init and rt.cluster.world_size > 1:
+        joining = rt.fault_domain is not None and rt.fault_domain.joining  # its state comes from a live replica
+        if broadcast_init and rt.cluster.world_size > 1 and not joining:
             broadcast_from_rank0(module, rt)
     if rt.topology.tp_degree > 1:
         refuse_compiled_blocks(module, rt.topology.tp_degree)

@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from smsdp.comm import world
 from smsdp.comm.process_groups import RankGroup
+from smsdp.smp import fault_tolerance
 
 
 class CommGroup(enum.Enum):
@@ -103,6 +104,9 @@ def world_rank_of(rank: int, rank_type: RankType) -> int:
 
 
 def barrier(group: CommGroup = WORLD) -> None:
+    if group in (WORLD, DP_GROUP, RDP_GROUP) and fault_tolerance.domain() is not None:
+        fault_tolerance.barrier()  # across replicas: over the live ones, whatever failed
+        return
     dist.barrier(group=rank_group(group).pg)
 
 

@@ -70,6 +70,10 @@ def stop_requested() -> bool:
     import torch.distributed as dist
 
     state = world.get()
+    if state.fault_domain is not None:  # over the live replicas, whatever failed (sdp_fault_tolerant_replicas)
+        from smsdp.smp.fault_tolerance import any_rank
+
+        return any_rank(_FLAG.received)
     flag = torch.tensor([1.0 if _FLAG.received else 0.0], device=state.device)
     # Not counted in smp.comm_stats(): 4 bytes per step are not training traffic.
     dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=state.groups.world.pg)

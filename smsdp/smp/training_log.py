@@ -32,7 +32,7 @@ import torch.distributed as dist
 from smsdp.comm import world
 from smsdp.config.topology import Topology
 from smsdp.core.compile_units import compile_counts
-from smsdp.smp import api
+from smsdp.smp import api, fault_tolerance
 from smsdp.smp.comm_groups import barrier
 from smsdp.tensor_parallel.batch import batch_arithmetic
 from smsdp.util.metrics import ProgressLogger, write_summary
@@ -88,8 +88,9 @@ class TrainingLog:
             log_interval=log_interval,
             rank=api.rank(),
             world_size=api.size(),
-            reduce_loss=_mean_over_replicas,
+            reduce_loss=self._reduce_losses,
         )
+        self._steps: list[int] = []  # the steps of the losses the logger holds, not averaged yet
 
     @property
     def parallelism(self) -> str:
@@ -118,7 +119,14 @@ class TrainingLog:
 
     def step(self, step: int, loss: torch.Tensor | float) -> str | None:
         """Optimizer step ``step`` is done, with this rank's ``loss``; returns the line printed, if any."""
+        self._steps.append(step)
         return self._logger.step(step, loss)
+
+    def _reduce_losses(self, losses: torch.Tensor) -> torch.Tensor:
+        steps, self._steps = self._steps, []
+        if fault_tolerance.domain() is not None:  # a restarted replica holds fewer steps' losses than the others
+            return fault_tolerance.mean_by_step(steps, losses, self._logger.log_interval)
+        return _mean_over_replicas(losses)
 
     def paused(self) -> AbstractContextManager[None]:
         """Time spent inside is not counted against the next step (evaluation, checkpoints)."""
@@ -177,6 +185,8 @@ def _mean_over_replicas(value: torch.Tensor) -> torch.Tensor:
     ranks of one group hold the same value). Not counted in ``smp.comm_stats()``."""
     if api.rdp_size() == 1:
         return value
+    if fault_tolerance.domain() is not None:  # over the live replicas, whatever failed
+        return fault_tolerance.mean_over_ranks(value)
     value = value.clone()
     dist.all_reduce(value, group=api.get_rdp_process_group())
     return value / api.rdp_size()

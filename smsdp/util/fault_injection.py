@@ -13,7 +13,10 @@ own environment, which every rank inherits)::
   ``DistributedOptimizer.step()``; ``optimizer_step`` is that call itself;
   ``checkpoint`` is a checkpoint written after N optimizer steps.
 - ``phase``: ``forward`` | ``backward`` | ``optimizer_step`` | ``checkpoint``
-  (in a partial save: after the shards are written, before the marker).
+  (in a partial save: after the shards are written, before the marker) | ``join`` (a restarted
+  rank of a ``sdp_fault_tolerant_replicas`` job, before it asks to be admitted).
+- ``incarnation`` (default 0): fire only in ranks of that start of their host (0: the first; a
+  host restarted by ``sdp_fault_tolerant_replicas`` runs incarnation 1, then 2, ...).
 - ``kind``: ``raise`` (an ``InjectedFault`` exception), ``exit`` (``os._exit``
   with ``code``, default 3: a crash outside Python), ``sigkill`` (the rank
   kills itself), ``hang`` (the rank stops for good; its peers then wait in their
@@ -38,7 +41,8 @@ import time
 from dataclasses import dataclass
 
 ENV_VAR = "SMSDP_FAULT"
-PHASES = ("forward", "backward", "optimizer_step", "checkpoint")
+PHASES = ("forward", "backward", "optimizer_step", "checkpoint", "join")
+INCARNATION_ENV = "SMSDP_FT_INCARNATION"
 KINDS = ("raise", "exit", "sigkill", "hang")
 
 
@@ -53,9 +57,12 @@ class Fault:
     phase: str
     kind: str
     code: int = 3
+    incarnation: int = 0
 
     def describe(self) -> str:
-        return f"rank {'*' if self.rank is None else self.rank}, step {self.step}, phase {self.phase}, kind {self.kind}"
+        start = f", incarnation {self.incarnation}" if self.incarnation else ""
+        who = "*" if self.rank is None else self.rank
+        return f"rank {who}, step {self.step}, phase {self.phase}, kind {self.kind}{start}"
 
 
 def parse(spec: str) -> list[Fault]:
@@ -68,10 +75,10 @@ def parse(spec: str) -> list[Fault]:
             if not sep:
                 raise ValueError(f"{ENV_VAR}: {item!r} in {part!r} is not key=value")
             fields[key.strip()] = value.strip()
-        unknown = set(fields) - {"rank", "step", "phase", "kind", "code"}
+        unknown = set(fields) - {"rank", "step", "phase", "kind", "code", "incarnation"}
         if unknown:
             raise ValueError(
-                f"{ENV_VAR}: unknown key(s) {sorted(unknown)} in {part!r}; use rank, step, phase, kind, code"
+                f"{ENV_VAR}: unknown key(s) {sorted(unknown)} in {part!r}; use rank, step, phase, kind, code, incarnation"
             )
         if fields.get("phase") not in PHASES:
             raise ValueError(f"{ENV_VAR}: phase={fields.get('phase')!r} in {part!r}; use one of {', '.join(PHASES)}")
@@ -85,6 +92,7 @@ def parse(spec: str) -> list[Fault]:
                 phase=fields["phase"],
                 kind=fields["kind"],
                 code=int(fields.get("code", "3")),
+                incarnation=int(fields.get("incarnation", "0")),
             )
         )
     return faults
@@ -108,8 +116,10 @@ def _check(phase: str) -> None:
         step = _optimizer_steps
     else:
         step = _optimizer_steps + 1
-    rank = _my_rank()
+    rank, incarnation = _my_rank(), int(os.environ.get(INCARNATION_ENV) or 0)
     for fault in _faults:
+        if fault.incarnation != incarnation:
+            continue
         if fault.phase == phase and fault.step == step and fault.rank in (None, rank) and fault not in _fired:
             _fired.add(fault)
             _fire(fault, rank)
@@ -134,6 +144,12 @@ def _my_rank() -> int:
         if value:
             return int(value)
     return 0
+
+
+def set_step(steps_done: int) -> None:
+    """A rank that took a live replica's state is ``steps_done`` optimizer steps into the job."""
+    global _optimizer_steps
+    _optimizer_steps = steps_done
 
 
 def configure(spec: str | None) -> None:
