@@ -44,6 +44,7 @@ from pathlib import Path
 from smsdp.config.cluster import slurm_rank_env
 from smsdp.config.host_launch import per_host_rank_env
 from smsdp.util import failure_files
+from smsdp.util.output_lines import LineEndStream
 
 USAGE = "usage: python -m entrypoints.launcher SCRIPT [--name value ...]"
 EXIT_FAILURE = 1
@@ -62,7 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     _die_with_mpirun()
     os.environ.update(per_host_rank_env(os.environ))  # one mpirun per host: job-wide rank numbers
     rank = _world_rank()
-    sys.stderr = stderr = StderrTail(sys.stderr)
+    # \r ends a line, and no line is endless: mpirun holds a rank's output until its newline, so a
+    # progress bar (tqdm's \r redraws) reached the log only when it ended (smsdp.util.output_lines)
+    sys.stdout = LineEndStream(sys.stdout)
+    sys.stderr = stderr = StderrTail(LineEndStream(sys.stderr))
     try:
         _check_script(script)  # before the rendezvous: a typo should not cost a torch start-up
         _limit_threads()

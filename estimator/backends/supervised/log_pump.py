@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO
 
+from estimator.backends.supervised.line_ends import MAX_LINE_BYTES
+
 RETRY_S = 2.0
 KEPT_LINES = 200
 MIN_FREE_BYTES = 4 * 2**20
@@ -64,7 +66,9 @@ class LogPump:
 
     def _run(self) -> None:
         try:
-            for raw in self.source:
+            # pieces of a bounded length: a line of megabytes (a progress bar's, never ended) must not
+            # wait for its end, nor fill memory (estimator.backends.supervised.line_ends)
+            for raw in iter(lambda: self.source.readline(MAX_LINE_BYTES), b""):
                 self._take(self.transform(raw.decode("utf-8", errors="surrogateescape")))
             if self.finish is not None:
                 self._take(self.finish())

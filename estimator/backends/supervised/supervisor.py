@@ -43,6 +43,7 @@ from types import FrameType
 from estimator.backends.supervised.hyperparameters_file import blank_secrets
 from estimator.backends.supervised.job_dir import JobDir, read_json
 from estimator.backends.supervised.layout import OWN_SECTION
+from estimator.backends.supervised.line_ends import LineEnds, split_returns
 from estimator.backends.supervised.log_pump import LogPump
 from estimator.backends.supervised.packaging import pack_model
 from estimator.backends.supervised.process_session import JOB_MARKER, JobProcesses
@@ -179,11 +180,12 @@ class Supervisor(abc.ABC):
             self.status.write(JobStatus.IN_PROGRESS, SecondaryStatus.TRAINING)
         assert self.proc.stdout is not None
         tagger = self.tagger()
+        retag = LineEnds(tagger.retag)  # \r ends a line; a line cut at the pump's bound keeps its prefix
         self.pump = LogPump(
             self.proc.stdout,
             self.attempts.log_file,
-            lambda line: map(self.scrub, tagger.retag(line)),
-            lambda: map(self.scrub, tagger.finish()),
+            lambda line: map(self.scrub, retag(line)),
+            lambda: map(self.scrub, [piece for line in tagger.finish() for piece in split_returns(line)]),
         )
         self.pump.start()
         exit_code = self.wait_for_ranks(self.proc)
