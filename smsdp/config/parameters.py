@@ -135,10 +135,10 @@ class SMPParameters(ConfigModel):
     before or after wrapping, works too: docs/runtime.md, "torch.compile")."""
     sdp_offload: Literal["none", "optimizer", "params"] = "none"
     """smsdp's own (FSDP2's ``CPUOffloadPolicy``, DeepSpeed's ``offload_param`` / ``offload_optimizer``):
-    where sharded groups keep their state. "params": the parameter shards (fp32 masters), their gradients
-    and the optimizer state in host memory, each unit's shard copied to the device ahead of its
-    all-gather; "optimizer": the masters, gradients and optimizer state in host memory, a copy of the
-    shard on the device. Either way the optimizer steps on the CPU. "none": all on the device."""
+    where the parameter groups keep their state. "params": the parameter shards (fp32 masters), their
+    gradients and the optimizer state in host memory, each unit's shard copied to the device ahead of
+    its all-gather; "optimizer": the same, with a copy of each shard kept on the device between steps.
+    Either way the optimizer steps on the CPU. "none": all on the device."""
     sdp_fault_tolerant_replicas: StrictBool = False
     """smsdp's own: each replica (a shard group) is a fault domain. When one replica's ranks fail, the
     others finish the step among themselves (the replica average over those that contributed) and go
@@ -276,19 +276,7 @@ def _parameter_problems(p: SMPParameters) -> list[ConfigProblem]:
         *_partition_problems(p),
         *_qlora_problems(p),
         *_compile_problems(p),
-        *_offload_problems(p),
     ]
-
-
-def _offload_problems(p: SMPParameters) -> list[ConfigProblem]:
-    """Offload moves the sharded groups' state; at degree 1 no group is sharded."""
-    if p.sdp_offload == "none" or p.sharded_data_parallel_degree > 1:
-        return []
-    rule = (
-        "moves the sharded parameter groups' state to host memory, and with sharded_data_parallel_degree=1 "
-        "none are sharded; set sharded_data_parallel_degree > 1 or sdp_offload to 'none'"
-    )
-    return [ConfigProblem(("sdp_offload",), rule, p.sdp_offload)]
 
 
 def _compile_problems(p: SMPParameters) -> list[ConfigProblem]:
