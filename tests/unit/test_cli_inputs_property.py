@@ -18,13 +18,10 @@ from hypothesis import strategies as st
 
 from estimator.cli import main
 from tests.resource_bounds import bounded
+from tests.unit.test_property_config import SETTINGS as CONFIG_SETTINGS
 
-SETTINGS = dict(
-    derandomize=True,
-    deadline=None,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)
+# capsys and tmp_path_factory are only read or made anew per example
+SETTINGS = {**CONFIG_SETTINGS, "suppress_health_check": [HealthCheck.too_slow, HealthCheck.function_scoped_fixture]}
 
 #: What a careful, careless or hostile user types where a number goes: half of it plausible (so that
 #: plans and jobs run, up to the bounds), half not.
