@@ -48,11 +48,9 @@ def dynamo_loaded() -> bool:
 
 def compiled_inner(module: nn.Module) -> nn.Module:
     """The module a ``torch.compile(module)`` wrapper holds, else ``module`` itself."""
-    if dynamo_loaded():
-        from torch._dynamo.eval_frame import OptimizedModule
-
-        if isinstance(module, OptimizedModule):
-            return module._orig_mod
+    eval_frame = sys.modules.get(f"{_DYNAMO}.eval_frame")  # no wrapper can exist before it is loaded
+    if eval_frame is not None and isinstance(module, eval_frame.OptimizedModule):
+        return module._orig_mod
     return module
 
 
@@ -155,10 +153,9 @@ def compile_unit_forwards(units: list[Any]) -> int:
 def compile_counts() -> dict[str, float]:
     """What dynamo has done in this process: seconds compiling (frames and backward graphs), graphs,
     graph breaks, frames compiled. Zeros when torch.compile was never loaded."""
-    if not dynamo_loaded():
+    utils = sys.modules.get(f"{_DYNAMO}.utils")
+    if utils is None:
         return {"compile_seconds": 0.0, "graphs": 0, "graph_breaks": 0, "frames": 0}
-    from torch._dynamo import utils
-
     spent = utils.cumulative_time_spent_ns
     seconds = (spent.get("entire_frame_compile", 0.0) + spent.get("entire_backward_compile", 0.0)) / 1e9
     counters = utils.counters

@@ -320,10 +320,6 @@ def step_time(
     (``tokens_per_rank_per_micro_step`` is the group's) and each does ``1/t`` of its FLOPs;
     the activation all-reduces sit between the layers that need them, so they add to the
     micro-step without overlap.
-
-    ``sdp_offload`` (``smsdp.planner.offload``): the host-device copies of a step, ``host_copy_s``, run
-    on a stream of their own beside compute and the in-group collectives (a third term of the ``max``,
-    per micro-step); the optimizer step on the CPU, ``host_optimizer_s``, comes after the backward.
     """
     m = micro_steps
     compute = (flops_per_token + recompute_flops_per_token) * tokens_per_rank_per_micro_step / tp_degree
@@ -332,7 +328,7 @@ def step_time(
     tensor_parallel = seconds["tensor_parallel"] / m
     in_group = (seconds["all_gather"] + seconds["reduce_scatter"]) / m
     boundary = seconds["replica_all_reduce"] + seconds["persistent_all_reduce"]
-    copies = host_copy_s / m
+    copies = host_copy_s / m  # sdp_offload's copies: a stream of their own beside both; its CPU step after
     micro = (max(compute, in_group, copies) if overlap else compute + in_group + copies) + tensor_parallel
     exposed = boundary
     if early_boundary_sync:

@@ -33,6 +33,7 @@ from tests.distributed.equivalence_worker import (
     global_batch,
     param_groups,
     smp_parameters,
+    train_reference,
     train_sharded,
 )
 from tests.distributed.equivalence_worker import (
@@ -85,23 +86,7 @@ def compile_blocks(model: torch.nn.Module, in_place: bool = False) -> None:
 def compiled_reference(case: Case, n_ranks: int) -> dict:
     """One process, its blocks compiled, trained on the global batch as ``n_ranks`` micro-batches of the
     sharded runs' shape (the gradient of their mean loss is the global batch's)."""
-    model = build_model(case)
-    compile_blocks(model)
-    opt = torch.optim.AdamW(param_groups(model.named_parameters()), lr=case.lr, eps=ADAM_EPS)
-    losses = []
-    for step in range(case.steps):
-        total = 0.0
-        for micro in range(case.accum):
-            x, y = global_batch(step, micro, n_ranks)
-            for xs, ys in zip(x.chunk(n_ranks), y.chunk(n_ranks)):
-                loss = model(xs, ys).loss / (case.accum * n_ranks)
-                loss.backward()
-                total += loss.item()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), case.clip)
-        opt.step()
-        opt.zero_grad()
-        losses.append(total)
-    return {"losses": losses, "params": {k: v.detach().clone() for k, v in model.state_dict().items()}}
+    return train_reference(case, n_ranks, prepare=compile_blocks, chunks=n_ranks)
 
 
 def train_compiled(spec: CompileCase) -> dict:

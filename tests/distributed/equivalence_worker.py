@@ -148,8 +148,12 @@ def param_groups(named, weight_decay: float = 0.1) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def train_reference(case: Case, n_ranks: int) -> dict:
+def train_reference(case: Case, n_ranks: int, prepare=None, chunks: int = 1) -> dict:
+    """One process on the global batch; ``prepare(model)`` after it is built (compile_offload_cases.py
+    compiles its blocks), each micro-step's batch in ``chunks`` forward/backward passes."""
     model = build_model(case)
+    if prepare is not None:
+        prepare(model)
     opt = torch.optim.AdamW(param_groups(model.named_parameters()), lr=case.lr, eps=ADAM_EPS)
     losses = []
     for step in range(case.steps):
@@ -157,9 +161,10 @@ def train_reference(case: Case, n_ranks: int) -> dict:
         accum = case.accum_of(step)
         for micro in range(accum):
             x, y = global_batch(step, micro, n_ranks)
-            loss = model(x, y).loss / accum
-            loss.backward()
-            total += loss.item()
+            for xs, ys in zip(x.chunk(chunks), y.chunk(chunks)):
+                loss = model(xs, ys).loss / (accum * chunks)
+                loss.backward()
+                total += loss.item()
         torch.nn.utils.clip_grad_norm_(model.parameters(), case.clip)
         opt.step()
         opt.zero_grad()

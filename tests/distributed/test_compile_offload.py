@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from tests.distributed.compile_offload_cases import COMPILE_CASES, OFFLOAD_CASES
+from tests.distributed.training_match import assert_training_matches
 from tests.mpi_harness import requires_mpi
 
 pytestmark = [pytest.mark.distributed, requires_mpi]
 
-FP32_RTOL, FP32_ATOL = 1e-5, 1e-6  # as test_equivalence.py
 BF16_LOSS_ATOL = 1e-3  # test_models.py's floor for smsdp bf16 against fp32
 FP32_CASES = [name for name, spec in COMPILE_CASES.items() if not spec.case.bf16]
 # Graph breaks while compiling the wrapped model (torch.compile(model)), the first step: one, where the
@@ -34,17 +34,7 @@ def results(equivalence_results):
 @pytest.mark.parametrize("case", FP32_CASES)
 def test_compiled_smsdp_matches_a_compiled_single_process(results, case):
     for rank, result in enumerate(results[case]):
-        sharded, reference = result["sharded"], result["reference"]
-        torch.testing.assert_close(
-            torch.tensor(sharded["losses"]),
-            torch.tensor(reference["losses"]),
-            rtol=FP32_RTOL,
-            atol=FP32_ATOL,
-            msg=lambda m: f"{case} rank {rank} losses: {m}",
-        )
-        assert [_plain(k) for k in sharded["params"]] == [_plain(k) for k in reference["params"]]
-        for (name, value), expected in zip(sharded["params"].items(), reference["params"].values()):
-            torch.testing.assert_close(value, expected, rtol=FP32_RTOL, atol=FP32_ATOL, msg=lambda m: f"{name}: {m}")
+        assert_training_matches(result["sharded"], result["reference"], f"{case} rank {rank}", name=_plain)
 
 
 def _plain(name: str) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.distributed.training_match import assert_training_matches
 from tests.mpi_harness import requires_mpi
 
 pytestmark = [pytest.mark.distributed, requires_mpi]
@@ -40,8 +41,6 @@ EQUIVALENCE_CASES = [
 ]
 # sdp_reshard_after_forward=k: checked bit for bit against their k=True twins (which match one process)
 HPZ_CASES = {"hpz_d4": "d4_hierarchical", "hpz_d4_accum2": "d4_accum2_short"}
-FP32_RTOL = 1e-5
-FP32_ATOL = 1e-6  # parameters that pass near zero have no meaningful relative error
 
 
 @pytest.fixture(scope="module")
@@ -53,23 +52,7 @@ def results(equivalence_results):
 @pytest.mark.parametrize("case", EQUIVALENCE_CASES)
 def test_losses_and_parameters_match_single_process(results, case):
     for rank, result in enumerate(results[case]):
-        sharded, reference = result["sharded"], result["reference"]
-        torch.testing.assert_close(
-            torch.tensor(sharded["losses"]),
-            torch.tensor(reference["losses"]),
-            rtol=FP32_RTOL,
-            atol=FP32_ATOL,
-            msg=lambda m: f"{case} rank {rank} losses: {m}",
-        )
-        assert list(sharded["params"]) == list(reference["params"]), "state_dict keys differ from the plain model"
-        for name, expected in reference["params"].items():
-            torch.testing.assert_close(
-                sharded["params"][name],
-                expected,
-                rtol=FP32_RTOL,
-                atol=FP32_ATOL,
-                msg=lambda m: f"{case} rank {rank} parameter {name}: {m}",
-            )
+        assert_training_matches(result["sharded"], result["reference"], f"{case} rank {rank}")
 
 
 def test_every_rank_ends_with_the_same_full_parameters(results):

@@ -12,14 +12,10 @@ the planner's. Each run prints its figures (-s).
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
-from tests.conftest import REPO_ROOT
+from tests.gpu.worker_run import run_worker
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -27,18 +23,7 @@ GIB = 2**30
 
 
 def _run(mode: str, tmp_path) -> dict:
-    out = tmp_path / f"{mode}.pt"
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.gpu.compile_offload_worker", mode, str(out)],
-        env=env,
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=420,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    return torch.load(out, weights_only=False)
+    return run_worker("tests.gpu.compile_offload_worker", mode, tmp_path, timeout=420)
 
 
 def test_sdp_compile_on_a_gpu_matches_compiled_blocks_and_compiles_once(tmp_path):

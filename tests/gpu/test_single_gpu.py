@@ -7,31 +7,16 @@ distance bf16 puts between any two such runs (2e-2 relative over 10 steps).
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
-from tests.conftest import REPO_ROOT
+from tests.gpu.worker_run import run_worker
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
 def _run(mode: str, tmp_path) -> dict:
-    out = tmp_path / f"{mode}.pt"
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.gpu.single_gpu_worker", mode, str(out)],
-        env=env,
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    return torch.load(out, weights_only=False)
+    return run_worker("tests.gpu.single_gpu_worker", mode, tmp_path)
 
 
 def test_fp32_matches_plain_pytorch_on_one_gpu(tmp_path):
