@@ -51,7 +51,11 @@ MASTER_PORT = 29400
 
 def catalogue(hosts: int, per_host: int) -> dict[str, dict]:
     """Every system a launch can hold, by name, for this layout."""
-    return {**smsdp_catalogue(hosts, per_host), **torch_catalogue(hosts, per_host)}
+    return {
+        **smsdp_catalogue(hosts, per_host),
+        **compile_offload_catalogue(hosts, per_host),
+        **torch_catalogue(hosts, per_host),
+    }
 
 
 def smsdp_catalogue(hosts: int, per_host: int) -> dict[str, dict]:
@@ -116,12 +120,55 @@ def smsdp_catalogue(hosts: int, per_host: int) -> dict[str, dict]:
     }
 
 
+def compile_offload_catalogue(hosts: int, per_host: int) -> dict[str, dict]:
+    """smsdp with sdp_compile and sdp_offload, beside FSDP2's fsdp2_hsdp_compile and fsdp2_hsdp_offload."""
+    world, k = hosts * per_host, per_host
+    return {
+        "host_compile": {
+            "system": "smsdp",
+            "sdp": k,
+            "config": {"sdp_compile": True},
+            "label": f"smsdp inside a host (d={k}), sdp_compile",
+        },
+        "span_compile": {
+            "system": "smsdp",
+            "sdp": world,
+            "config": {"sdp_compile": True},
+            "label": f"smsdp spanning hosts (d={world}), sdp_compile",
+        },
+        "host_offload": {
+            "system": "smsdp",
+            "sdp": k,
+            "config": {"sdp_offload": "params"},
+            "label": f'smsdp inside a host (d={k}), sdp_offload="params"',
+        },
+    }
+
+
 def torch_catalogue(hosts: int, per_host: int) -> dict[str, dict]:
     world, k = hosts * per_host, per_host
     return {
         "fsdp2_1d": {"system": "fsdp2", "mesh": "1d", "label": f"FSDP2 1-D (fully_shard over {world})"},
         "fsdp2_hsdp": {"system": "fsdp2", "mesh": "hsdp", "label": f"FSDP2 HSDP ({hosts}x{k} mesh)"},
+        "fsdp2_plain": {
+            "system": "fsdp2",
+            "mesh": "hsdp",
+            "plain": True,
+            "label": f"FSDP2 HSDP as a plain script writes it ({hosts}x{k} mesh)",
+        },
         "fsdp2_k": {"system": "fsdp2", "mesh": "1d", "reshard": k, "label": f"FSDP2 1-D, reshard_after_forward={k}"},
+        "fsdp2_hsdp_compile": {
+            "system": "fsdp2",
+            "mesh": "hsdp",
+            "variant": "compile",
+            "label": f"FSDP2 HSDP ({hosts}x{k} mesh), per-block torch.compile",
+        },
+        "fsdp2_hsdp_offload": {
+            "system": "fsdp2",
+            "mesh": "hsdp",
+            "variant": "offload",
+            "label": f"FSDP2 HSDP ({hosts}x{k} mesh), CPUOffloadPolicy",
+        },
         "ddp": {"system": "ddp", "label": "DDP"},
         "nocomm": {"system": "nocomm", "label": "no-comm limit"},
     }
@@ -141,7 +188,12 @@ def system_specs(names: list[str], hosts: int, per_host: int) -> list[dict]:
             "host_late",
             "hpz",
             "fsdp2_hsdp",
+            "fsdp2_plain",
             "fsdp2_k",
+            "host_compile",
+            "host_offload",
+            "fsdp2_hsdp_compile",
+            "fsdp2_hsdp_offload",
         )
         if one_host_group or (hosts == 1 and name.startswith("span")):
             continue  # k=1: a host holds one rank, so a group inside it is a group of one

@@ -29,7 +29,13 @@ gloo, one thread per rank, ``OMP_NUM_THREADS=1``):
    of 2 ranks (``SMSDP_SIMULATED_HOSTS``): smsdp ``sdp_reshard_after_forward=2`` (the backward
    gathers inside a host) vs FSDP2 ``fully_shard(reshard_after_forward=2)`` on a 1-D mesh of 4,
    with DDP in the same launch for the × DDP ratio;
-5. fine-tuning (``--finetune``, on unless ``--no-finetune``): ``bench/lora_compare.py``'s table,
+5. compile and offload (``--compile``, ``--offload``): strategies of the main launch as in 4.: smsdp
+   with ``sdp_compile``, with its blocks ``torch.compile``d before wrapping, and ``torch.compile(model)``,
+   each beside FSDP2 with per-block ``torch.compile`` (torchtitan's); ``sdp_offload="params"`` and
+   ``"optimizer"`` beside FSDP2's ``CPUOffloadPolicy``. The eager rows of the main table are the
+   baseline (``default``). On this CPU host and device memory are one: offload's rows are its copies'
+   cost, not a memory saving (``bench/gpu.py`` has the GPU rows);
+6. fine-tuning (``--finetune``, on unless ``--no-finetune``): ``bench/lora_compare.py``'s table,
    LoRA and QLoRA of a pretrained Llama on smsdp next to FSDP2 + peft on the same frozen base
    (and FSDP2 + peft over torchao NF4 weights for QLoRA), one interleaved launch per case.
 
@@ -86,9 +92,11 @@ from pathlib import Path
 
 from bench.compare_launch import RESULTS, exit_on_signals, run_config, summarize
 from bench.compare_systems import (
+    COMPILE_STRATEGIES,
     DEFAULT_STRATEGIES,
     LOSS_REFERENCES,
     NPROCS,
+    OFFLOAD_STRATEGIES,
     STRATEGIES,
     STRATEGY_LAUNCHES,
     SYSTEMS,
@@ -144,6 +152,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="comma-separated, from " + ",".join(STRATEGIES) + ": per strategy an smsdp row and the "
         "FSDP2 row with the matching setting, same launch (empty: none)",
     )
+    add_compile_and_offload(p)
     p.add_argument(
         "--timeout",
         type=float,
@@ -161,6 +170,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def add_compile_and_offload(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="add the compile strategies (" + COMPILE_STRATEGIES + "): smsdp compiled each way beside FSDP2 with "
+        "per-block torch.compile, in the main launch (first compile: tens of seconds per system on a CPU)",
+    )
+    p.add_argument(
+        "--offload",
+        action="store_true",
+        help="add the offload strategies (" + OFFLOAD_STRATEGIES + "): sdp_offload beside FSDP2's CPUOffloadPolicy",
+    )
+
+
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
@@ -173,7 +196,8 @@ class Comparison:
         self.args = args
         self.precisions = [x for x in args.precision.split(",") if x]
         self.systems = [x for x in args.systems.split(",") if x]
-        self.strategies = [x for x in args.strategies.split(",") if x]
+        more = (COMPILE_STRATEGIES if args.compile else "") + "," + (OFFLOAD_STRATEGIES if args.offload else "")
+        self.strategies = list(dict.fromkeys(x for x in f"{args.strategies},{more}".split(",") if x))
         unknown = [x for x in self.strategies if x not in STRATEGIES]
         if unknown:
             raise SystemExit(f"unknown strategies {unknown}; choose from {','.join(STRATEGIES)}")

@@ -59,6 +59,41 @@ STRATEGIES: dict[str, dict[str, Any]] = {
         "smsdp_label": "smsdp, sdp_quantized_gradients (int8)",
         "fsdp2_label": None,
     },
+    "compile": {
+        "smsdp": "smsdp_compile",
+        "fsdp2": "fsdp2_compile",
+        "launch": "main",
+        "smsdp_label": "smsdp, sdp_compile (each unit's forward)",
+        "fsdp2_label": "FSDP2 HSDP, per-block torch.compile",
+    },
+    "compileblocks": {
+        "smsdp": "smsdp_compileblocks",
+        "fsdp2": "fsdp2_compile",
+        "launch": "main",
+        "smsdp_label": "smsdp, blocks torch.compile'd before wrapping",
+        "fsdp2_label": "FSDP2 HSDP, per-block torch.compile",
+    },
+    "compilemodel": {
+        "smsdp": "smsdp_compilemodel",
+        "fsdp2": "fsdp2_compile",
+        "launch": "main",
+        "smsdp_label": "smsdp, torch.compile(model) after wrapping",
+        "fsdp2_label": "FSDP2 HSDP, per-block torch.compile",
+    },
+    "offload": {
+        "smsdp": "smsdp_offload",
+        "fsdp2": "fsdp2_offload",
+        "launch": "main",
+        "smsdp_label": 'smsdp, sdp_offload="params"',
+        "fsdp2_label": "FSDP2 HSDP, CPUOffloadPolicy",
+    },
+    "offloadopt": {
+        "smsdp": "smsdp_offloadopt",
+        "fsdp2": "fsdp2_offload",
+        "launch": "main",
+        "smsdp_label": 'smsdp, sdp_offload="optimizer"',
+        "fsdp2_label": "FSDP2 HSDP, CPUOffloadPolicy",
+    },
     "k2": {
         "smsdp": "smsdp",
         "fsdp2": "fsdp2_k2",
@@ -67,6 +102,10 @@ STRATEGIES: dict[str, dict[str, Any]] = {
         "fsdp2_label": "FSDP2 d=4, reshard_after_forward=2",
     },
 }
+# --compile: smsdp compiled each way beside FSDP2 with per-block torch.compile (one FSDP2 row).
+COMPILE_STRATEGIES = "compile,compileblocks,compilemodel"
+# --offload: smsdp's host-memory modes beside FSDP2's CPUOffloadPolicy.
+OFFLOAD_STRATEGIES = "offload,offloadopt"
 DEFAULT_STRATEGIES = "default,keep,rbf16,k2"
 # Launches other than "main": worker arguments and environment. The 2 simulated hosts make the
 # reshard groups {0,1} and {2,3} host-local, as hpZ means them, while the shard group spans both.

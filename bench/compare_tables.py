@@ -257,6 +257,7 @@ def target_lines(pairs: list[dict]) -> list[str]:
                 f"- {pair['precision']} {pair['strategy']}: smsdp / FSDP2 = {_x(ratio)} "
                 f"(target >= {TARGET_VS_FSDP2}): {verdict}"
             )
+        out += _compiled_against_eager(pair, pairs)
         if pair["strategy"] == "keep":
             ratio = pair["smsdp_vs_ddp"]
             verdict = "n/a" if ratio is None else ("reached" if ratio >= TARGET_KEEP_VS_DDP else "NOT reached")
@@ -264,3 +265,18 @@ def target_lines(pairs: list[dict]) -> list[str]:
                 f"- {pair['precision']} keep: smsdp / DDP = {_x(ratio)} (target >= {TARGET_KEEP_VS_DDP}): {verdict}"
             )
     return out
+
+
+def _compiled_against_eager(pair: dict, pairs: list[dict]) -> list[str]:
+    """A compile strategy (--compile): its smsdp / FSDP2 ratio, both compiled, at least the eager one's."""
+    eager = next((p for p in pairs if p["strategy"] == "default" and p["precision"] == pair["precision"]), None)
+    if not pair["strategy"].startswith("compile") or eager is None:
+        return []
+    compiled, baseline = pair["smsdp_vs_fsdp2"], eager["smsdp_vs_fsdp2"]
+    if compiled is None or baseline is None:
+        return []
+    verdict = "reached" if compiled >= baseline else "NOT reached"
+    return [
+        f"- {pair['precision']} {pair['strategy']}: smsdp / FSDP2 compiled {_x(compiled)} against eager "
+        f"{_x(baseline)} (target: at least the eager ratio): {verdict}"
+    ]

@@ -42,6 +42,7 @@ import torch.distributed as dist
 
 from bench.workers import train_systems as ts
 from bench.workers.comm_counter import diff
+from bench.workers.fsdp2_minimal import MinimalHsdp
 from bench.workers.train_worker import COUNTER, rss_kib  # installs the byte counter before anything imports smsdp
 from entrypoints.data import TokenDataset
 from entrypoints.gpt import GPTConfig
@@ -215,6 +216,7 @@ class BedSmsdp(ts.Smsdp):
         }
         runtime_state.reset_for_tests()
         self.late_sync = bool(spec.get("late_sync"))
+        self.run = self.model
 
     def _step(self, batches) -> float:
         if self.late_sync:
@@ -248,10 +250,14 @@ def make_system(spec: dict, args, place: Place) -> ts.System:
     system: ts.System
     if kind == "smsdp":
         system = BedSmsdp(args, spec)
+    elif kind == "fsdp2" and spec.get("plain"):
+        plain = MinimalHsdp(args, place.hosts, place.per_host)
+        plain.layout = fsdp2_layout(plain.model, place.per_host)
+        system = plain
     elif kind == "fsdp2":
         local_args = copy.copy(args)
         local_args.sdp = place.world if spec["mesh"] == "1d" else place.per_host
-        variant = f"k{spec['reshard']}" if spec.get("reshard") else ""
+        variant = f"k{spec['reshard']}" if spec.get("reshard") else spec.get("variant", "")
         fsdp2 = ts.Fsdp2(local_args, place.world, variant)
         fsdp2.layout = fsdp2_layout(fsdp2.model, local_args.sdp)
         system = fsdp2

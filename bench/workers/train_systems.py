@@ -51,6 +51,13 @@ def local_bytes(t: torch.Tensor | None) -> int:
     return t.numel() * t.element_size()
 
 
+def held_bytes(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, int]:
+    """What this rank holds of a PyTorch system after ``optimizer.step()``: parameters, gradients, optimizer state."""
+    params = sum(local_bytes(p) for p in model.parameters())
+    grads = sum(local_bytes(p.grad) for p in model.parameters())
+    return {"params": params, "grads": grads, "optimizer": optimizer_state_bytes(opt)}
+
+
 def optimizer_state_bytes(opt: torch.optim.Optimizer) -> int:
     """Bytes of the optimizer's tensors (exp_avg, exp_avg_sq), scalar step counters excluded."""
     return sum(
@@ -105,7 +112,21 @@ CONFIG_VARIANTS: dict[str, dict[str, Any]] = {
     "rbf16": {"sdp_reduce_dtype": "bf16"},
     "qwz": {"sdp_quantized_allgather": True},
     "qgz": {"sdp_quantized_gradients": True},
+    "compile": {"sdp_compile": True},  # smsdp compiles each unit's forward
+    "offload": {"sdp_offload": "params"},  # masters, gradients, AdamW state in host memory (CPUOffloadPolicy)
+    "offloadopt": {"sdp_offload": "optimizer"},  # the same, with the shard kept on the device
 }
+# torch.compile the user's way (docs/runtime.md, "torch.compile"): each block before wrapping
+# (torchtitan's per-block compile), or the wrapped model.
+COMPILE_WAYS = ("compileblocks", "compilemodel")
+
+
+def compile_blocks(gpt: GPT) -> GPT:
+    """Each block ``torch.compile``d in place of itself (torchtitan's per-block compile)."""
+    blocks: Any = gpt.transformer.h
+    for i, block in enumerate(blocks):
+        blocks[i] = torch.compile(block)
+    return gpt
 
 
 class Smsdp(System):
@@ -122,10 +143,12 @@ class Smsdp(System):
     - ``latesync``: ``backward_passes_per_step`` not declared: the runtime guesses the
       step-ending backward from the step before (``smsdp.core.accumulation``), so only the first
       step's replica all-reduce waits for ``step()`` (the name is older than the guess);
-    - ``keep`` / ``rbf16`` / ``qwz`` / ``qgz``: built while the config says
-      ``sdp_reshard_after_forward=False`` / ``sdp_reduce_dtype="bf16"`` /
-      ``sdp_quantized_allgather`` / ``sdp_quantized_gradients`` (see ``CONFIG_VARIANTS``).
-      The model reads these when it is built, so one runtime serves every variant.
+    - ``keep`` / ``rbf16`` / ``qwz`` / ``qgz`` / ``compile`` / ``offload`` / ``offloadopt``: built while the
+      config says ``sdp_reshard_after_forward=False`` / ``sdp_reduce_dtype="bf16"`` /
+      ``sdp_quantized_allgather`` / ``sdp_quantized_gradients`` / ``sdp_compile`` / ``sdp_offload``
+      (see ``CONFIG_VARIANTS``). The model reads these when it is built, so one runtime serves every variant;
+    - ``compileblocks``: each block ``torch.compile``d before ``DistributedModel``; ``compilemodel``:
+      the wrapped model ``torch.compile``d (its steps call the compiled model).
     """
 
     name = "smsdp"
@@ -161,17 +184,19 @@ class Smsdp(System):
         # Declared as the bundled training script does: the step-ending backward then starts
         # each unit's replica all-reduce as soon as its reduce-scatter is done.
         declare = {} if variant == "latesync" else {"backward_passes_per_step": args.accum}
+        gpt = compile_blocks(build_gpt()) if variant == "compileblocks" else build_gpt()
         try:
-            self.model = smp.DistributedModel(build_gpt(), **declare)
+            self.model = smp.DistributedModel(gpt, **declare)
         finally:
             self.rt.config = base_config
+        self.run = torch.compile(self.model) if variant == "compilemodel" else self.model
         self.opt = smp.DistributedOptimizer(torch.optim.AdamW(self.model.parameters(), lr=args.lr), model=self.model)
         self._settings = None
         if variant == "agflat":
             from dataclasses import replace
 
             self._settings = replace(self.rt.all_gather.settings, ddp_dist_backend="gloo")
-        elif variant not in ("", "latesync", *CONFIG_VARIANTS) and not variant.startswith("thr"):
+        elif variant not in ("", "latesync", *CONFIG_VARIANTS, *COMPILE_WAYS) and not variant.startswith("thr"):
             raise SystemExit(f"unknown smsdp variant {variant!r}")
         if self.timers is not None:
             from bench.workers import smsdp_timers
@@ -209,7 +234,7 @@ class Smsdp(System):
         accum = len(batches)
         for x, y in batches:
             with self.phase("forward"):
-                loss = self.model(x, y).loss / accum
+                loss = self.run(x, y).loss / accum
             with self.phase("backward"):
                 self.model.backward(loss)
             total += loss.item()
@@ -268,9 +293,7 @@ class _TorchSystem(System):
         return contextlib.nullcontext()
 
     def _measure_state(self) -> dict:
-        params = sum(local_bytes(p) for p in self.model.parameters())
-        grads = sum(local_bytes(p.grad) for p in self.model.parameters())
-        return {"params": params, "grads": grads, "optimizer": optimizer_state_bytes(self.opt)}
+        return held_bytes(self.model, self.opt)
 
 
 def hsdp_mesh(args, world):
@@ -283,7 +306,8 @@ class Fsdp2(_TorchSystem):
     """``variant``: the FSDP2 setting matching an smsdp strategy of compare.py.
 
     ``keep``: ``reshard_after_forward=False``; ``rbf16``: ``reduce_dtype=bf16``; ``k<N>``:
-    ``reshard_after_forward=N``. At ``--sdp`` = world the mesh is 1-D (plain FSDP): FSDP2 wants
+    ``reshard_after_forward=N``; ``compile``: each block ``torch.compile``d before ``fully_shard``
+    (torchtitan's per-block compile); ``offload``: ``CPUOffloadPolicy`` (pinned on a GPU). At ``--sdp`` = world the mesh is 1-D (plain FSDP): FSDP2 wants
     its int reshard on a shard-only mesh, and a replicate dimension of 1 would be HSDP in name only.
     """
 
@@ -310,22 +334,33 @@ class Fsdp2(_TorchSystem):
             reshard = False
         elif variant.startswith("k") and variant[1:].isdigit():
             reshard = int(variant[1:])
-        elif variant in ("", "rbf16"):
+        elif variant in ("", "rbf16", "compile", "offload"):
             reshard = None  # FSDP2's default: True for the blocks
         else:
             raise SystemExit(f"unknown fsdp2 variant {variant!r}")
+        offload = {"offload_policy": fsdp2_offload_policy()} if variant == "offload" else {}
         model = build_gpt()
-        for block in model.get_submodule("transformer.h").children():
-            fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
+        blocks: Any = model.get_submodule("transformer.h")
+        if variant == "compile":
+            compile_blocks(model)
+        for block in blocks:
+            fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard, **offload)
         # The root keeps FSDP2's default (None: not resharded after forward, as its docs advise)
         # in every variant; True here would make FSDP2 gather the root twice, which smsdp never does.
-        fully_shard(model, mesh=mesh, mp_policy=mp)
+        fully_shard(model, mesh=mesh, mp_policy=mp, **offload)
         self.model = model
         self.opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
 
     def _no_sync(self, skip: bool):
         self.model.set_requires_gradient_sync(not skip)
         return contextlib.nullcontext()
+
+
+def fsdp2_offload_policy():
+    """FSDP2's ``CPUOffloadPolicy``: pinned host memory on a GPU; on the CPU nothing to pin."""
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    return CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
 
 
 class Fsdp1(_TorchSystem):
@@ -437,7 +472,11 @@ SYSTEMS = ["smsdp", "fsdp2", "fsdp1", "ddp", "nocomm"]
 
 def make_system(name: str, args, world: int) -> System:
     system: System
-    if name == "smsdp" or name.startswith("smsdp_"):
+    if name == "fsdp2_plain":
+        from bench.workers.fsdp2_minimal import MinimalHsdp
+
+        system = MinimalHsdp(args, world // args.sdp, args.sdp)
+    elif name == "smsdp" or name.startswith("smsdp_"):
         system = Smsdp(args, name.partition("_")[2])
     elif name.startswith("fsdp2_"):
         system = Fsdp2(args, world, name.partition("_")[2])
