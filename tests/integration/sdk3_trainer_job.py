@@ -104,11 +104,20 @@ def run(work: Path) -> dict[str, Any]:
             # smsdp's ModelTrainer takes SDK 3's own config objects as well.
             mixed = example(our_train, sdk3_configs, sdk3_distributed, src, session, base_job_name="mixed")
             mixed.train(input_data_config=[sdk3_configs.InputData(channel_name="train", data_source=DATA)], wait=False)
-    sdk3, smsdp, with_sdk3_objects = sent
+        # with_checkpoint_config() without an s3_uri: each makes its default (the session's bucket, at train())
+        example(
+            sdk3_train, sdk3_configs, sdk3_distributed, src, session, base_job_name="sdk3ck"
+        ).with_checkpoint_config().train(wait=False)
+        with contextlib.redirect_stdout(sys.stderr):
+            example(
+                our_train, our_configs, our_distributed, src, session, base_job_name="smsdpck"
+            ).with_checkpoint_config().train(wait=False)
+    sdk3, smsdp, with_sdk3_objects, sdk3_checkpointed, smsdp_checkpointed = sent
     return {
         "sdk3": sdk3,
         "smsdp": smsdp,
         "smsdp_with_sdk3_objects": with_sdk3_objects,
+        "checkpointed": {"sdk3": sdk3_checkpointed, "smsdp": smsdp_checkpointed},
         "dry_run": dry_run.create_training_job,
         "distributed_json": {"sdk3": distributed_json(sdk3), "smsdp": distributed_json(smsdp)},
         "status": ours.latest_job.status().value,

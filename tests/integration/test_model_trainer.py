@@ -129,8 +129,8 @@ def test_the_trainers_job_is_an_ordinary_job(jobs):
     assert described["TrainingJobStatus"] == "Completed"
     assert described["StoppingCondition"]["MaxRuntimeInSeconds"] == 3600
     attached = ModelTrainer.attach(name, output_path=str(out))
-    assert attached.latest_job.status() is JobStatus.COMPLETED
-    assert attached.distribution["torch_distributed"] == {"enabled": True, "processes_per_host": 2}
+    assert isinstance(attached, ModelTrainer) and attached.latest_job.status() is JobStatus.COMPLETED
+    assert attached.estimator.distribution["torch_distributed"] == {"enabled": True, "processes_per_host": 2}
     (listed,) = [entry for entry in list_jobs(str(out)) if entry.name == name]
     assert listed.status == "Completed" and listed.final_loss is not None
     assert len(trainer.latest_job.metrics()) == 3  # the per-step table, as for an Estimator's job

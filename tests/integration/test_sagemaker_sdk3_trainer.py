@@ -113,3 +113,13 @@ def test_sdk3s_own_config_objects_make_the_same_job(sent):
     same = {**ours, "TrainingJobName": None, "InputDataConfig": _without_uploads(ours["InputDataConfig"])}
     assert {**mixed, "TrainingJobName": None, "InputDataConfig": _without_uploads(mixed["InputDataConfig"])} == same
     assert sent["status"] == "Completed"
+
+
+def test_a_checkpoint_config_without_s3_uri_is_placed_where_sdk3_places_it(sent):
+    """SDK 3: s3://<the session's default bucket>/<base_job_name>/<job name>/checkpoints, made at train()."""
+    sdk3, ours = sent["checkpointed"]["sdk3"], sent["checkpointed"]["smsdp"]
+    theirs_uri = sdk3["CheckpointConfig"]["S3Uri"]
+    assert theirs_uri.endswith(f"/sdk3ck/{sdk3['TrainingJobName']}/checkpoints"), theirs_uri
+    ours_uri = theirs_uri.replace(f"/sdk3ck/{sdk3['TrainingJobName']}/", f"/smsdpck/{ours['TrainingJobName']}/")
+    assert ours["CheckpointConfig"] == {"S3Uri": ours_uri, "LocalPath": "/opt/ml/checkpoints"}
+    assert sdk3["CheckpointConfig"]["LocalPath"] == "/opt/ml/checkpoints"

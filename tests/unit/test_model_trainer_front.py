@@ -149,3 +149,56 @@ def test_channels_of_the_trainer_and_of_train_merge_by_name(tmp_path):
 def test_unknown_keywords_are_a_type_error():
     with pytest.raises(TypeError, match="unexpected keyword argument 'instance_type'"):
         ModelTrainer(source_code=GPT, instance_type="local")
+
+
+def test_each_ignored_field_is_said_once_whatever_the_builders_called(tmp_path, capsys):
+    data = tmp_path / "data"
+    data.mkdir()
+    t = trainer(networking=Networking(subnets=["subnet-1"]), tags=[Tag(key="team", value="nlp")])
+    t.with_retry_strategy(RetryStrategy(maximum_retry_attempts=1)).with_tensorboard_output_config()
+    t.with_checkpoint_config().with_metric_definitions([])
+    channel = InputData(channel_name="train", data_source=str(data), content_type="text/csv")
+    t.train([channel], dry_run=True)
+    t.train([channel], dry_run=True)
+    err = capsys.readouterr().err
+    for field in ("networking", "tags", "input_data_config[0].content_type"):
+        assert err.count(f"[smsdp] ModelTrainer: {field} is ignored") == 1, err
+
+
+def test_a_checkpoint_config_without_s3_uri_gets_sdk3s_default_on_sagemaker(monkeypatch, capsys):
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-west-2")
+    t = trainer(
+        compute=Compute(instance_type="ml.p4d.24xlarge", instance_count=2),
+        distributed=Torchrun(process_count_per_node=8, smp=SMP(hybrid_shard_degree=8)),
+        role="arn:aws:iam::123456789012:role/SageMaker",
+        base_job_name="gpt",
+    ).with_checkpoint_config()
+    request = t.train(dry_run=True).create_training_job
+    name = request["TrainingJobName"]
+    assert name.startswith("gpt-")
+    assert request["CheckpointConfig"] == {  # SDK 3: <default bucket>/<base_job_name>/<job name>/checkpoints
+        "S3Uri": f"s3://sagemaker-us-west-2-<account-id>/gpt/{name}/checkpoints",
+        "LocalPath": "/opt/ml/checkpoints",
+    }
+    given = trainer(
+        compute=Compute(instance_type="ml.p4d.24xlarge"), role="arn:aws:iam::123456789012:role/SageMaker"
+    ).with_checkpoint_config(CheckpointConfig(s3_uri="s3://bucket/ckpt", local_path="/ckpt"))
+    assert given.train(dry_run=True).create_training_job["CheckpointConfig"] == {
+        "S3Uri": "s3://bucket/ckpt",
+        "LocalPath": "/ckpt",
+    }
+    local = trainer().with_checkpoint_config()  # a local job keeps them in its job directory
+    assert local.estimator._args.checkpoints.s3_uri is None
+
+
+def test_attach_gives_a_trainer_of_the_job(tmp_path):
+    from estimator import JobStatus
+    from tests.job_dirs import completed_job
+
+    completed_job(tmp_path, "done")
+    attached = ModelTrainer.attach("done", output_path=str(tmp_path / "jobs"))
+    assert isinstance(attached, ModelTrainer)
+    assert attached.latest_job.name == "done" and attached.latest_job.status() is JobStatus.COMPLETED
+    assert attached._latest_training_job is attached.latest_job and attached.estimator.latest_job is attached.latest_job
+    with pytest.raises(ConfigError, match="with_retry_strategy: changes the job, and an attached trainer re-runs"):
+        attached.with_retry_strategy(RetryStrategy(maximum_retry_attempts=1))

@@ -67,6 +67,18 @@ def default_output_path(region: str) -> str:
     return f"s3://sagemaker-{region}-<account-id>/"
 
 
+def default_s3_root(sagemaker_session: Any = None, at_launch: bool = True) -> str:
+    """``s3://<default bucket>[/<default_bucket_prefix>]``, SDK 3's root for what it places by default
+    (``sagemaker.train.utils._default_s3_uri``). At launch it asks the session (the given one, else boto3's
+    default), whose ``default_bucket()`` creates the bucket if missing, as the SDK does; a dry run shows
+    the bucket as ``default_output_path`` does, calling nothing."""
+    if not at_launch:
+        return default_output_path(resolve_region(sagemaker_session)).rstrip("/")
+    session = sagemaker_session or default_sagemaker_session(resolve_region())
+    prefix = (getattr(session, "default_bucket_prefix", None) or "").strip("/")
+    return "s3://" + "/".join(part for part in (session.default_bucket(), prefix) if part)
+
+
 def code_uri(job_name: str, output_path: str, code_location: str | None, default_prefix: str = "") -> str:
     """Where the SDK uploads ``sourcedir.tar.gz``: ``code_location``, else the output bucket's root, under
     the session's ``default_bucket_prefix`` when the output path is the session's default (SDK 2's rule)."""

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from estimator.backends.sagemaker.aws_session import code_uri, split_s3_uri
+from estimator.backends.sagemaker.aws_session import code_uri, default_s3_root, split_s3_uri
 from estimator.backends.sagemaker.request import SageMakerRequest
 from estimator.backends.sagemaker.sdk import import_sdk_module
 from estimator.backends.sagemaker.source_bundle import ENTRY_SCRIPT
@@ -76,7 +76,7 @@ def _at_launch(request: SageMakerRequest, sagemaker_session: Any) -> SageMakerRe
     if not request.output_path_is_default:
         return request
     prefix = (getattr(sagemaker_session, "default_bucket_prefix", None) or "").strip("/")
-    output_path = "s3://" + "/".join(part for part in (sagemaker_session.default_bucket(), prefix) if part) + "/"
+    output_path = default_s3_root(sagemaker_session) + "/"
     resolved = dataclasses.replace(
         request.resolved,
         output_path=output_path,
