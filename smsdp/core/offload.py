@@ -125,8 +125,11 @@ class ShardOffload:
     def release(self) -> None:
         """The gather that read the device copy is done: drop it, unless it is kept between steps."""
         self._ready = None
-        if not self.keep_device_copy:
-            self._device, self._tag = None, None
+        if self.keep_device_copy or self._device is None:
+            return
+        if self.memory.cuda:  # its memory is the copy stream's: not reused before the current stream, which
+            self._device.record_stream(torch.cuda.current_stream(self.memory.device))  # waited for the gather
+        self._device, self._tag = None, None
 
     @property
     def device_bytes(self) -> int:

@@ -70,6 +70,7 @@ OFFLOAD_CASES = {
     "offload_optimizer_d4_accum2": ("optimizer", "d4_accum2_short"),
     "offload_params_d4": ("params", "d4_hierarchical"),
     "offload_params_d1": ("params", "d1"),  # every group replicated: copied into its device buffer per unshard
+    "offload_params_hpz_d4": ("params", "hpz_d4"),  # the backward regathers from 1/k slices: no copy in
 }
 
 
