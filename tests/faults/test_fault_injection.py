@@ -93,17 +93,17 @@ CASES = {
         "rank 1: Traceback",
         ["InjectedFault: injected fault", "phase forward", "train_gpt.py"],
     ),
-    "exit-backward": (
+    "exit-backward": (  # a death outside Python: its own last lines say what it did, after the log's end
         "rank=1,step=2,phase=backward,kind=exit,code=3",
         {},
         "rank 1: exited with status 3",
-        ["phase backward, kind exit on rank 1"],
+        ["[smsdp] the last lines rank 1 wrote:\n", "phase backward, kind exit on rank 1"],
     ),
     "sigkill-optimizer-step": (
         "rank=0,step=3,phase=optimizer_step,kind=sigkill",
         {},
         "rank 0: killed by signal 9",
-        ["phase optimizer_step, kind sigkill on rank 0"],
+        ["[smsdp] the last lines rank 0 wrote:\n", "phase optimizer_step, kind sigkill on rank 0"],
     ),
     "raise-checkpoint": (
         "rank=1,step=2,phase=checkpoint,kind=raise",
@@ -128,6 +128,8 @@ def test_a_failing_rank_ends_the_job_and_is_named(case, tmp_path, monkeypatch):
     assert reason.startswith(starts), reason[:500]
     for text in shows:
         assert text in reason, f"{text!r} not in:\n{reason}"
+    if "the last lines rank" in shows[0]:  # the fault's line is among them, however long the log
+        assert shows[1] in reason.split(shows[0], 1)[1], reason
     assert "launcher.py" not in reason.split("the end of the log:")[0]  # the user's frames only
     assert detect < BOUND_S
     assert processes_in(job_dir) == []

@@ -132,6 +132,32 @@ def test_without_failure_files_the_reason_is_the_log_tail(tmp_path):
     assert reason.endswith("line 99") and "line 69" not in reason
 
 
+MPIRUN_RANK1_EXIT_3 = """\
+[mpirun] --------------------------------------------------------------------------
+[mpirun] prterun detected that one or more processes exited with non-zero status,
+[mpirun] thus causing the job to be terminated. The first process to do so was:
+[mpirun]    Process name: [prterun-vm-11684@1,1]
+[mpirun]    Exit code:    3
+[mpirun] --------------------------------------------------------------------------
+"""
+
+
+def test_a_rank_dead_outside_python_is_shown_by_its_own_last_lines_however_long_the_log(tmp_path):
+    job = _job(tmp_path)
+    own = "".join(f"[algo-1 rank1] own line {i}\n" for i in range(12))
+    # what followed (a peer's traceback, 600 KB: many of the blocks the log is read back in) pushes
+    # rank 1's lines far out of the log's last 30 lines
+    peer = "".join(f"[algo-1 rank0] peer line {i} {'x' * 300}\n" for i in range(2000))
+    job.log_file.write_text(own + peer + MPIRUN_RANK1_EXIT_3)
+    reason = failure_reason(job, 1)
+    assert reason.startswith("rank 1: exited with status 3, without a Python traceback"), reason[:300]
+    assert "peer line 1999" in reason and "own line" not in reason.split("[smsdp] the last lines")[0]
+    assert reason.endswith("[smsdp] the last lines rank 1 wrote:\n" + "\n".join(f"own line {i}" for i in range(2, 12)))
+    job.log_file.write_text("")  # the log could not hold the output: the lines the supervisor kept
+    kept = (own + peer + MPIRUN_RANK1_EXIT_3).splitlines()
+    assert failure_reason(job, 1, log_lines=kept) == reason
+
+
 def test_metrics_come_from_summary_json_first(tmp_path):
     job = _job(tmp_path)
     job.log_file.write_text("[algo-1 rank0] " + PROGRESS + "\n")

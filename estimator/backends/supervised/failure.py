@@ -8,7 +8,10 @@ In order:
 2. A rank that died outside Python (killed by a signal, ``os._exit``, out of
    memory), as the launcher (mpirun, srun) reports it: it left no traceback, and
    the errors of the ranks that then lost their connection to it are
-   consequences. Each backend reads its launcher's words (``RankDeath``).
+   consequences. Each backend reads its launcher's words (``RankDeath``). What
+   that rank wrote last is its own account (a fault's line, the allocator's
+   message): its last lines follow the log's end, found however many lines of
+   other ranks (a peer's traceback, the launcher's report) came after them.
 3. A rank that only lost a peer (a collective timed out: some rank hung):
    ``output/failure`` if such a rank wrote it, else the oldest
    ``failure-rank<N>`` file (ties: lowest rank); and the ranks that reported
@@ -20,18 +23,24 @@ The files' names, format and the peer-loss note: ``smsdp.util.failure_files``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from estimator.backends.supervised.job_dir import JobDir, read_json
 from estimator.backends.supervised.layout import OWN_SECTION
+from estimator.backends.supervised.rank_tags import split_prefix
 from smsdp.util import failure_files
 
 LOG_TAIL_LINES = 30
 LOG_SCAN_BYTES = 256 * 1024  # how much of the log's end is searched for the launcher's report
+OWN_LINES = 10  # of a rank that died outside Python, beside the log's end
+_READ_BACK_BYTES = 64 * 1024
 
 #: The sentence naming a rank that died outside Python, from the launcher's own words; None if none did.
+#: It begins ``rank <N>`` when it names a rank (``the torchrun of host ...`` names a host).
 RankDeath = Callable[[JobDir, "list[str] | None"], "str | None"]
+_NAMED_RANK_RE = re.compile(r"rank (\d+)\b")
 
 
 def failure_reason(
@@ -45,7 +54,7 @@ def failure_reason(
         return first_text
     death = died(job, log_lines)
     if death is not None:
-        return death
+        return death + own_last_lines(job, death, log_lines)
     if first_text is not None:
         return first_text + silent_ranks(job)
     earliest = earliest_rank_file(job)
@@ -99,6 +108,53 @@ def launcher_lines(job: JobDir, prefix: str, lines: list[str] | None = None) -> 
             f.seek(max(0, size - LOG_SCAN_BYTES))
             lines = f.read().decode(errors="replace").splitlines()
     return "\n".join(line[len(prefix) :] for line in lines if line.startswith(prefix))
+
+
+def own_last_lines(job: JobDir, death: str, lines: list[str] | None = None) -> str:
+    """The last lines of the rank ``death`` names, as a paragraph ("" when it names none or it wrote none)."""
+    named = _NAMED_RANK_RE.match(death)
+    if named is None:
+        return ""
+    rank = int(named[1])
+    own = rank_last_lines(job, rank, lines=lines)
+    if not own:
+        return ""
+    return f"\n[smsdp] the last lines rank {rank} wrote:\n" + "\n".join(own)
+
+
+def rank_last_lines(job: JobDir, rank: int, count: int = OWN_LINES, lines: list[str] | None = None) -> list[str]:
+    """The last ``count`` lines ``rank`` wrote (unprefixed), read back from the log's end until found:
+    no number of later lines of other ranks hides them. ``lines``: the output, when the log could not hold it."""
+    if lines is None and not job.log_file.is_file():
+        return []
+    found: list[str] = []
+    for line in reversed(lines) if lines is not None else _lines_backwards(job.log_file):
+        line_rank, text = split_prefix(line)
+        if line_rank == rank:
+            found.append(text)
+            if len(found) == count:
+                break
+    return found[::-1]
+
+
+def _lines_backwards(path: Path) -> Iterator[str]:
+    """The lines of ``path``, last first, read in blocks from the end (a long log is not read whole)."""
+    with open(path, "rb") as f:
+        end = f.seek(0, 2)
+        partial = b""
+        while end > 0:
+            start = max(0, end - _READ_BACK_BYTES)
+            f.seek(start)
+            pieces = (f.read(end - start) + partial).split(b"\n")
+            partial, end = pieces[0], start
+            yield from _decoded(reversed(pieces[1:]))
+        yield from _decoded([partial])
+
+
+def _decoded(pieces: Iterable[bytes]) -> Iterator[str]:
+    for piece in pieces:
+        if piece:
+            yield piece.decode(errors="replace")
 
 
 def log_tail(job: JobDir, count: int = LOG_TAIL_LINES, lines: list[str] | None = None) -> str:
