@@ -203,7 +203,9 @@ def matmul_peak_tflops(n: int = 8192, iters: int = 20) -> float | None:
 
 
 def launch(system: str, smoke: bool) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "4")}
+    # An offloaded row's AdamW steps on the CPU: every core of the host for it.
+    threads = str(os.cpu_count() or 4) if "offload" in system else os.environ.get("OMP_NUM_THREADS", "4")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": threads}
     argv = [sys.executable, "-m", "bench.gpu", "--system", system] + (["--smoke"] if smoke else [])
     done = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:

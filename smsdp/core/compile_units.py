@@ -156,7 +156,7 @@ def compile_counts() -> dict[str, float]:
     utils = sys.modules.get(f"{_DYNAMO}.utils")
     if utils is None:
         return {"compile_seconds": 0.0, "graphs": 0, "graph_breaks": 0, "frames": 0}
-    spent = utils.cumulative_time_spent_ns
+    spent = getattr(utils, "cumulative_time_spent_ns", {})  # torch 2.11 and 2.13 have it; older ones did not
     seconds = (spent.get("entire_frame_compile", 0.0) + spent.get("entire_backward_compile", 0.0)) / 1e9
     counters = utils.counters
     return {
