@@ -11,11 +11,11 @@ import warnings
 import pytest
 
 from estimator.cli import main
-from smsdp.util.metrics_table import format_header, format_rows
+from smsdp.util.metrics_table import COLUMNS, format_header, format_rows
 from tests.job_dirs import completed_job
 
 GOOD = format_header() + format_rows([{"step": s, "loss": 4.0 - s, "tokens_per_s": 10.0 * s} for s in (1, 2, 3)])
-ROW_4 = format_rows([{"step": 4, "time_s": 7.25, "loss": 0.5}])  # 14 cells
+ROW_4 = format_rows([{"step": 4, "time_s": 7.25, "loss": 0.5}])  # a cell per column
 
 
 def _listed(tmp_path, capsys) -> tuple[dict[str, dict], list[str]]:
@@ -34,7 +34,7 @@ def _listed(tmp_path, capsys) -> tuple[dict[str, dict], list[str]]:
         (ROW_4.replace("7.25", "abc"), "line 5: time_s='abc' is not a number; left empty"),
         ("\x00" * 32768, None),  # a crash's zero-filled tail, no newline: a last line still being written
         ("\x00" * 32768 + ROW_4, "line 5: 32,768 NUL bytes (what a crash leaves) left out"),
-        ("5\n", "line 5: 1 cells for 14 columns; skipped"),
+        ("5\n", f"line 5: 1 cells for {len(COLUMNS)} columns; skipped"),
     ],
 )
 def test_a_damaged_metrics_table_costs_its_rows_not_the_job(damage, problem, tmp_path, capsys):
