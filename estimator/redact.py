@@ -22,7 +22,8 @@ REDACTED = "********"
 _SECRET_INSIDE = ("PASSWORD", "PASSWD", "PASSPHRASE", "SECRET", "CREDENTIAL", "PRIVATE", "APIKEY", "ACCESSKEY")
 #: ... or has one of these as a whole word (``DB_PASS``, ``MYSQL_PWD``, ``HF_TOKEN``, ``GITHUB_AUTH``; not
 #: ``max_tokens``, ``tokenizer``, ``bypass``, ``author``), a word ending in TOKEN (``HFTOKEN``), or KEY as
-#: its last word (``SIGNING_KEY``, ``ENCRYPTION_KEY``, ``apiKey``; not ``key_dim``, ``KEY_ID``).
+#: its last word after another (``SIGNING_KEY``, ``ENCRYPTION_KEY``, ``apiKey``; not ``key_dim``, ``KEY_ID``,
+#: nor a tag's ``Key``).
 _SECRET_WORDS = frozenset({"PASS", "PWD", "TOKEN", "AUTH", "AUTHORIZATION"})
 #: Names that hold a secret word without being secret: the shell's working directories, and the id of
 #: a vocabulary's token (``eos_token_id``: a number in the tokenizer, not a credential).
@@ -62,7 +63,7 @@ def secret_name(name: Any) -> bool:
             continue
         if word in _SECRET_WORDS or (word.endswith("TOKEN") and word != "TOKEN"):
             return True
-    return words[-1] == "KEY"
+    return len(words) > 1 and words[-1] == "KEY"  # "Key" alone names a key (a tag's, an S3 object's)
 
 
 def is_secret(name: str, value: Any = None) -> bool:

@@ -189,7 +189,18 @@ def test_the_common_spellings_of_a_secret_name_are_secret(name):
 
 @pytest.mark.parametrize(
     "name",
-    ["max_tokens", "key_dim", "tokenizer_name", "eos_token_id", "PWD", "OLDPWD", "num_passes", "bypass", "author"],
+    [
+        "max_tokens",
+        "key_dim",
+        "tokenizer_name",
+        "eos_token_id",
+        "PWD",
+        "OLDPWD",
+        "num_passes",
+        "bypass",
+        "author",
+        "Key",
+    ],
 )
 def test_names_that_only_look_secret_keep_their_values(name):
     """The rule cuts names into words: a count of tokens, a key dimension, a token's id in the
