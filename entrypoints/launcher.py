@@ -198,11 +198,9 @@ def _leave_world() -> None:
     domain = world.get().fault_domain if world.is_initialized() else None
     if domain is not None:
         domain.barrier()  # over the live replicas (sdp_fault_tolerant_replicas): torch's world may hold dead ranks
-        domain.close()
     elif dist.is_initialized():
-        dist.barrier()  # nobody tears down while a peer is in its last collective
-    if dist.is_initialized():
-        dist.destroy_process_group()
+        dist.barrier()  # every rank's script has ended: nobody tears down while a peer still works
+    world.leave()  # in-flight work finished, groups destroyed and their threads joined before exit
 
 
 def _fail(rank: int, tb: str, lost_peer: bool = False) -> None:

@@ -25,6 +25,7 @@ views (bit-exact; an all-gather only moves bits). NCCL handles all of these.
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
@@ -108,6 +109,7 @@ class PendingHandle(Handle):
         self._work = work
         self._then = then
         self._done = False
+        _IN_FLIGHT.add(self)
 
     def wait(self) -> None:
         if self._done:
@@ -117,9 +119,21 @@ class PendingHandle(Handle):
         if self._then is not None:
             self._then()
         self._done = True
+        _IN_FLIGHT.discard(self)
 
     def is_completed(self) -> bool:
         return self._done
+
+
+#: Handles issued and not waited for yet (weakly: one the program dropped is the backend's to finish).
+_IN_FLIGHT: weakref.WeakSet[PendingHandle] = weakref.WeakSet()
+
+
+def wait_for_in_flight() -> None:
+    """Wait for every collective issued and not waited for yet (its copy-out or next stage too)."""
+    while _IN_FLIGHT:  # a copy-out may issue a next stage: until none is left
+        for handle in list(_IN_FLIGHT):
+            handle.wait()
 
 
 def _finish(work: Any, async_op: bool, then: Callable[[], object] | None = None) -> Handle:

@@ -8,13 +8,18 @@ fixed order on every rank and keeps the handles of the groups this rank is
 in. Groups with identical members are created once and shared (e.g. a
 shard group that is also a host), and a group equal to the world reuses
 the default group instead of creating a duplicate communicator.
+
+Every torch process group smsdp holds sits in one ``GroupSlot``, listed here, and nowhere else:
+``release_process_groups`` empties them all, so that when a process leaves the job
+(``smsdp.comm.world.leave``) the groups are destroyed, and their worker threads joined, while
+the interpreter still runs, whatever models and optimizers the script still holds.
 """
 
 from __future__ import annotations
 
 import datetime
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch.distributed as dist
@@ -22,12 +27,33 @@ import torch.distributed as dist
 from smsdp.config.topology import Group, HierarchicalLayout, Topology
 
 
+@dataclass
+class GroupSlot:
+    """Where one torch process group is held (None once released)."""
+
+    pg: dist.ProcessGroup | None
+
+
+#: Every slot this process filled, emptied by ``release_process_groups``.
+_SLOTS: list[GroupSlot] = []
+
+
 @dataclass(frozen=True)
 class RankGroup:
     """A process group and its members (world ranks, ascending group order)."""
 
     ranks: Group
-    pg: dist.ProcessGroup | None
+    slot: GroupSlot = field(compare=False, repr=False)
+
+    @classmethod
+    def holding(cls, ranks: Group, pg: dist.ProcessGroup | None) -> RankGroup:
+        slot = GroupSlot(pg)
+        _SLOTS.append(slot)
+        return cls(ranks, slot)
+
+    @property
+    def pg(self) -> dist.ProcessGroup | None:
+        return self.slot.pg
 
     @property
     def size(self) -> int:
@@ -109,7 +135,7 @@ def build_process_groups(
             handles[group] = _new_group(group, backend, timeout)
 
     def mine(group: Group) -> RankGroup:
-        return RankGroup(group, handles[group])
+        return RankGroup.holding(group, handles[group])
 
     coords = topology.coords(rank)
     layout = topology.hierarchical_layout(coords.shard_group)
@@ -138,3 +164,11 @@ def _new_group(ranks: Group, backend: str | None, timeout: datetime.timedelta | 
     if timeout is not None:
         kwargs["timeout"] = timeout
     return dist.new_group(list(ranks), **kwargs)
+
+
+def release_process_groups() -> None:
+    """Let go of every process group smsdp holds: one no longer referenced elsewhere is destroyed
+    (torch releases the GIL while its worker threads finish and are joined)."""
+    for slot in _SLOTS:
+        slot.pg = None
+    _SLOTS.clear()

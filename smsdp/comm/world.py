@@ -15,12 +15,21 @@ afterwards. What does change:
 ``DistributedModel`` and ``DistributedOptimizer`` take what they need from the
 state when they are built (the collectives bound to this rank's groups, the
 degrees, the dtype, the device), so no hook looks anything up here.
+
+``leave`` ends this process's part in the job, and ``init`` registers it to run at exit: a
+script that simply ends (after ``smp.save_checkpoint``, after an asynchronous collective)
+never leaves gloo's worker threads running while the interpreter finalizes, where one that
+drops the last reference to a tensor aborts the process (``terminate called without an
+active exception``, SIGABRT) although every rank's work was done.
 """
 
 from __future__ import annotations
 
+import atexit
 import datetime
+import gc
 import logging
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,17 +37,21 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from smsdp.comm import gloo_threads
 from smsdp.comm.accounting import HPZ, NF4, CommStats
 from smsdp.comm.all_gather import AllGatherStrategy
-from smsdp.comm.collectives import Handle, all_gather_flat, all_reduce, reduce_scatter_flat
+from smsdp.comm.collectives import Handle, all_gather_flat, all_reduce, reduce_scatter_flat, wait_for_in_flight
 from smsdp.comm.fault_domain_setup import fault_domain_for, joins_later
-from smsdp.comm.process_groups import ProcessGroups, build_process_groups
+from smsdp.comm.process_groups import ProcessGroups, build_process_groups, release_process_groups
 from smsdp.comm.rendezvous import init_distributed
 from smsdp.config import ConfigError, RuntimeConfig, SMPParameters
 from smsdp.config.cluster import ClusterInfo
 from smsdp.config.topology import RankCoords, Topology
 
 logger = logging.getLogger("smsdp")
+
+#: How long a rank that reached the end of its script waits at exit for the others to reach theirs.
+EXIT_MEET_S = 30.0
 
 
 @dataclass
@@ -151,8 +164,60 @@ def init(config: RuntimeConfig | SMPParameters | Mapping[str, Any] | None = None
     strategy = AllGatherStrategy(resolved, groups, stats)
     _STATE = World(resolved, cluster, topology, topology.coords(cluster.rank), groups, device, stats, strategy)
     _STATE.fault_domain = fault_domain_for(_STATE)
+    atexit.unregister(_leave_at_exit)  # once, however often init runs (tests reset it)
+    atexit.register(_leave_at_exit)  # after the script's own exit hooks (registered later, run first)
     logger.info("smsdp initialized: %s", topology.describe())
     return _STATE
+
+
+def leave() -> None:
+    """Leave the job: every collective in flight finished, every process group destroyed and its
+    worker threads joined, the state forgotten. What a process does once its work is done; the
+    launcher calls it after the script, and ``init`` registers it to run when the interpreter exits.
+
+    Local to this rank (no barrier; at exit ``_meet_peers_at_exit`` comes first): a collective this
+    rank completed needs nothing more from it. The groups smsdp made are destroyed
+    (``release_process_groups``); the default group, which torch keeps alive, and groups the script
+    made are left idle (``smsdp.comm.gloo_threads``).
+    """
+    global _STATE
+    wait_for_in_flight()
+    if _STATE is not None and _STATE.fault_domain is not None:
+        _STATE.fault_domain.close()
+    if dist.is_initialized():
+        dist.destroy_process_group()  # every group torch knows of; those smsdp holds live on until released
+    _STATE = None
+    release_process_groups()
+    gc.collect()  # groups held in reference cycles: destroyed now, not during finalization
+    if not gloo_threads.wait_until_idle():  # the default group and the script's: not destroyed here
+        logger.warning("smsdp: gloo worker threads still busy when leaving the job")
+
+
+def _leave_at_exit() -> None:
+    if getattr(sys, "last_value", None) is not None or getattr(sys, "last_exc", None) is not None:
+        # An uncaught exception ends this rank: leave at once, so that its launcher ends the job
+        # (finishing work that waits for peers could wait until the collective timeout).
+        return
+    try:
+        _meet_peers_at_exit()
+        leave()
+    except Exception as exc:  # at exit nothing can be raised to: say it and let the process end
+        logger.warning("smsdp: leaving the job at exit failed: %s", exc)
+
+
+def _meet_peers_at_exit() -> None:
+    """Wait for the other ranks to reach their end too, then for every collective this rank started
+    on the default group: a script may start one and never wait for it (torch keeps that group
+    alive, so ``leave`` cannot join its threads), and a peer may join it late. A rank whose peers
+    do not all come within ``EXIT_MEET_S`` (one ended early, one is stuck) leaves without them."""
+    if not dist.is_initialized() or dist.get_world_size() == 1 or dist.get_backend() != "gloo":
+        return
+    try:  # point to point, with a timeout: it cannot match a collective a peer is still in
+        dist.monitored_barrier(timeout=datetime.timedelta(seconds=EXIT_MEET_S))
+    except RuntimeError as exc:
+        logger.warning("smsdp: at exit, not every rank came within %.0f s; leaving without them (%s)", EXIT_MEET_S, exc)
+        return
+    dist.barrier()  # every rank is here: it completes once this rank's earlier collectives have
 
 
 def _params_of(config: Any) -> SMPParameters | None:

@@ -59,7 +59,7 @@ _GROUP_OF_RANK_TYPE = {
     RankType.TP_RANK: TP_GROUP,
     RankType.PP_RANK: PP_GROUP,
 }
-_singletons: dict[int, dist.ProcessGroup] = {}  # world rank -> its one-rank group (pipeline groups)
+_singletons: dict[int, RankGroup] = {}  # world rank -> its one-rank group (pipeline groups)
 
 
 def rank_group(group: CommGroup) -> RankGroup:
@@ -83,8 +83,8 @@ def _pipeline_group() -> RankGroup:
         return groups.tp_group
     if not _singletons:  # new_group is collective: every rank creates every singleton, in order
         for r in range(groups.world.size):
-            _singletons[r] = dist.new_group([r])
-    return RankGroup((groups.rank,), _singletons[groups.rank])
+            _singletons[r] = RankGroup.holding((r,), dist.new_group([r]))
+    return _singletons[groups.rank]
 
 
 def group_of_rank_type(rank_type: RankType) -> CommGroup:
