@@ -59,10 +59,10 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE, file=sys.stderr)
         return 0 if argv else 2
     script, script_args = argv[0], argv[1:]
+    os.environ.update(per_host_rank_env(os.environ))  # one launcher per host: job-wide rank numbers
     os.environ.update(slurm_rank_env(os.environ))
-    _die_with_mpirun()
-    os.environ.update(per_host_rank_env(os.environ))  # one mpirun per host: job-wide rank numbers
     rank = _world_rank()
+    _die_with_mpirun()
     # \r ends a line, and no line is endless: mpirun holds a rank's output until its newline, so a
     # progress bar (tqdm's \r redraws) reached the log only when it ended (smsdp.util.output_lines)
     sys.stdout = LineEndStream(sys.stdout)

@@ -45,6 +45,7 @@ from smsdp.comm.elastic_groups import Generation, all_reduce, recv_bytes, releas
 from smsdp.comm.leave_out import LeaveOut
 from smsdp.comm.membership import Decision, Report
 from smsdp.comm.step_reduction import DP, REPLICA, Entry, StepHandle, record_bytes
+from smsdp.util import fault_injection
 
 logger = logging.getLogger("smsdp")
 
@@ -67,7 +68,7 @@ class Timeouts:
     def of(cls, replica_timeout_s: float, collective_timeout_s: float) -> Timeouts:
         return cls(
             collective=replica_timeout_s,
-            transfer=max(120.0, 6 * replica_timeout_s),
+            transfer=max(60.0, 6 * replica_timeout_s),
             decision=max(600.0, collective_timeout_s),
             dead_after=max(3.0, replica_timeout_s / 2),
         )
@@ -203,9 +204,9 @@ class FaultDomain:
         self.ops_done += 1
         self.steps_done += 1
         self._last_small = None
+        if taking_part != self.last_step_replicas:  # the first step of a degraded stretch, or the first whole again
+            self._event("step replicas", {"step": self.steps_done, "replicas": list(taking_part)})
         self.last_step_replicas = taking_part
-        if len(taking_part) < self.replicas:
-            self._event("degraded step", {"step": self.steps_done, "replicas": list(taking_part)})
 
     def _last_kind(self) -> str:
         return SMALL if self._last_small is not None else STEP
@@ -276,7 +277,7 @@ class FaultDomain:
         old.drop()
         if decision.failed:
             self.torch_world_whole = False  # torch's default group still holds the failed ranks' pairs
-            self._event("replicas failed", {"replicas": list(decision.failed), "op": decision.op})
+            self._event("replicas failed", {"replicas": list(decision.failed), "step": self.steps_done + 1})
         if decision.joiners:
             self._event("replicas rejoined", {"replicas": sorted(decision.joiners), "step": self.steps_done + 1})
             self._reform_next = len(decision.members) == self.replicas
@@ -297,7 +298,10 @@ class FaultDomain:
         group = self.generation.position_group
         for replica in sorted(takers):
             taker = replica * self.shard_degree + self.generation.position
-            send_bytes(group, payload, self.generation.position_index(taker), self.timeouts.transfer)
+            try:
+                send_bytes(group, payload, self.generation.position_index(taker), self.timeouts.transfer)
+            except Exception as exc:  # the taker died while joining: the next collective fails, a round follows
+                self._event("collective failed", {"op": decision.op, "error": f"state to replica {replica}: {exc}"})
 
     def _receive_state(self, source: int) -> None:
         assert self.hooks is not None
@@ -313,6 +317,7 @@ class FaultDomain:
         if not joining:
             return
         membership.post_join(self.store, self.rank, self.incarnation)
+        fault_injection.at("join")
         decision = membership.wait_admission(self.store, self.replica, self.incarnation, self.timeouts.decision)
         self.generation = self._generation(decision)
         self.ops_done = decision.op - 1

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import datetime
+import json
 import logging
 import os
 import sys
@@ -26,6 +27,8 @@ from smsdp.comm.fault_domain import FaultDomain, Timeouts
 from smsdp.comm.leave_out import LeaveOut
 from smsdp.comm.process_groups import ProcessGroups, RankGroup, build_process_groups
 from smsdp.config import ConfigError, RuntimeConfig, host_launch
+from smsdp.util import failure_files
+from smsdp.util.atomic_files import write_text_atomically
 
 logger = logging.getLogger("smsdp")
 
@@ -116,7 +119,8 @@ def _set_pg(group: RankGroup, pg: Any) -> None:
 
 
 def announce(rt: Any, what: str, details: dict) -> None:
-    """Record an event; print it in the job log where one rank should say it."""
+    """Record an event; print it in the job log where one rank should say it; rank 0 keeps the job's list
+    in ``$SM_OUTPUT_DIR/replica_events.json`` (``describe()`` shows it)."""
     EVENTS.append((time.time(), what, dict(details)))
     rank, d = rt.cluster.rank, rt.topology.shard_degree
     if what == "collective failed":
@@ -127,13 +131,28 @@ def announce(rt: Any, what: str, details: dict) -> None:
         speaker, line = rank == 0, _describe(what, details, rt.topology.replication_degree)
     if speaker:
         print(f"[smsdp] fault tolerance: {line}", file=sys.stdout, flush=True)
+    if rank == 0 and what != "collective failed":
+        _write_events()
 
 
 def _describe(what: str, details: dict, replicas: int) -> str:
     if what == "replicas failed":
-        return f"replica(s) {details['replicas']} failed; the others go on without them"
-    if what == "degraded step":
-        return f"step {details['step']} taken by replicas {details['replicas']} of {replicas}"
+        return f"replica(s) {details['replicas']} failed in step {details['step']}; the others go on without them"
+    if what == "step replicas":
+        if len(details["replicas"]) == replicas:
+            return f"from step {details['step']} on, every replica takes part again"
+        return f"from step {details['step']} on, steps are taken by replicas {details['replicas']} of {replicas}"
     if what == "replicas rejoined":
         return f"replica(s) {details['replicas']} rejoined at step {details['step']}"
     return f"{what}: {details}"
+
+
+def _write_events() -> None:
+    out = failure_files.output_dir_of(os.environ)
+    if out is None:
+        return
+    events = [{"time": t, "event": what, **details} for t, what, details in EVENTS if what != "collective failed"]
+    try:
+        write_text_atomically(out / host_launch.EVENTS_FILE, json.dumps(events, indent=1), make_parents=True)
+    except OSError as exc:  # a full disk costs the file, never the job
+        logger.warning("smsdp: could not write %s: %s", out / host_launch.EVENTS_FILE, exc)

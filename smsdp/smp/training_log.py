@@ -168,6 +168,7 @@ class TrainingLog:
             comm_stats=api.comm_stats,
             flops_per_token=self._logger.flops_per_token,
             first_step=first_step,
+            replicas=lambda: len(fault_tolerance.replicas_in_last_step()),
         )
         state = world.get()
         config = {"runtime": state.config.model_dump(mode="json"), "script": self._hyperparameters}

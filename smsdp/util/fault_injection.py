@@ -14,7 +14,7 @@ own environment, which every rank inherits)::
   ``checkpoint`` is a checkpoint written after N optimizer steps.
 - ``phase``: ``forward`` | ``backward`` | ``optimizer_step`` | ``checkpoint``
   (in a partial save: after the shards are written, before the marker) | ``join`` (a restarted
-  rank of a ``sdp_fault_tolerant_replicas`` job, before it asks to be admitted).
+  rank of a ``sdp_fault_tolerant_replicas`` job, once it has asked to be admitted).
 - ``incarnation`` (default 0): fire only in ranks of that start of their host (0: the first; a
   host restarted by ``sdp_fault_tolerant_replicas`` runs incarnation 1, then 2, ...).
 - ``kind``: ``raise`` (an ``InjectedFault`` exception), ``exit`` (``os._exit``
@@ -29,7 +29,8 @@ test can measure how long the job took to notice.
 
 Where the runtime calls :func:`at`: ``DistributedModel.forward`` (forward),
 ``DistributedModel._pre_backward`` (backward), ``DistributedOptimizer.step``
-(optimizer_step), ``smsdp.checkpoint.save_resume._save_partial`` (checkpoint).
+(optimizer_step), ``smsdp.checkpoint.save_resume._save_partial`` (checkpoint),
+``smsdp.comm.fault_domain.FaultDomain.attach`` (join).
 """
 
 from __future__ import annotations

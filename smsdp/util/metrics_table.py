@@ -13,7 +13,9 @@ header, one row per optimizer step, so ``pandas.read_csv`` reads it as it is::
 clock between two steps); ``mem_gib`` and the ``*_bytes`` columns are rank 0's: its
 peak memory so far and the bytes it sent in that step per collective kind (the
 ring accounting of ``smp.comm_stats()``). A figure the job does not have is empty
-(``grad_norm`` without smsdp's optimizer, ``loss_scale`` without fp16).
+(``grad_norm`` without smsdp's optimizer, ``loss_scale`` without fp16). ``replicas`` is how many
+replicas' batches the step averaged: all of them, but fewer in a ``sdp_fault_tolerant_replicas``
+job's steps taken while a replica was down (``smp.replicas_in_last_step()``).
 
 Rows are appended whole and flushed together at each printed step, so a reader of a
 running job sees complete rows; a last line without its newline is still being
@@ -64,8 +66,9 @@ COLUMNS = (
     "loss_scale",
     "mem_gib",
     *(f"{kind}_bytes" for kind in COMM_KINDS),
+    "replicas",
 )
-_INTEGERS = {"step", *(f"{kind}_bytes" for kind in COMM_KINDS)}
+_INTEGERS = {"step", "replicas", *(f"{kind}_bytes" for kind in COMM_KINDS)}
 #: A row is a few hundred characters: a longer line is no row (and csv refuses cells over 128 KiB).
 MAX_ROW_CHARS = 64 * 1024
 

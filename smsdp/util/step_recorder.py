@@ -111,12 +111,15 @@ class StepRecorder:
         flops_per_token: float = 0.0,
         first_step: int = 1,
         stream: TextIO | None = None,
+        replicas: Callable[[], int] | None = None,
     ) -> None:
-        """``first_step`` > 1: a resumed run; the table keeps the rows of the steps before it."""
+        """``first_step`` > 1: a resumed run; the table keeps the rows of the steps before it. ``replicas``:
+        how many replicas took part in the step that just ended."""
         self.table_path = Path(output_data_dir) / METRICS_FILENAME
         self._table = _open_table(self.table_path, first_step)
         self._optimizer = optimizer
         self._comm_stats = comm_stats
+        self._replicas = replicas
         self._comm_before = self._comm_totals()
         self.flops_per_token = flops_per_token
         self.tensorboard_dir = None if tensorboard_dir is None else Path(tensorboard_dir)
@@ -144,6 +147,7 @@ class StepRecorder:
             "tokens_per_s": rate,
             "tflops": rate * self.flops_per_token / 1e12,
             "mem_gib": peak_memory_bytes() / GIB,
+            "replicas": self._replicas() if self._replicas is not None else None,
             **self._optimizer_figures(),
             **self._comm_delta(),
         }

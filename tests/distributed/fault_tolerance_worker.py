@@ -1,17 +1,18 @@
-"""The training script of the fault-tolerance tests: a tiny GPT, started per host as a job starts it.
+"""The training script of the fault-tolerance tests: a tiny GPT, run as a job of the local backend.
 
-    python -m entrypoints.launcher tests/distributed/fault_tolerance_worker.py OUT_DIR STEPS
+    python -m entrypoints.launcher tests/distributed/fault_tolerance_worker.py --steps 8 [--checkpoint_interval 2]
 
-Every rank runs it under its host's own mpirun (``estimator.backends.supervised.host_restart``),
-with the job's ``SMSDP_CONFIG`` (``sdp_fault_tolerant_replicas``), and resumes as the bundled script
-does (a restarted rank is served the live replica's state). Batches depend on the step and the
-replica's data-parallel rank only, so a replica's batches are the same in every run. Rank 0 writes
-``OUT_DIR/final.pt`` (the full state dict, the replicas of every step, every loss), each rank
-``OUT_DIR/rank<r>.json`` (its events), so the test can compare runs bit for bit.
+Every rank runs it (with ``sdp_fault_tolerant_replicas`` each host under its own mpirun), resuming as the
+bundled script does, so a restarted rank is served the live replica's state and step. A batch depends
+on the step and the rank's data-parallel rank only: a replica's batches are the same in every run. It
+trains ``--steps`` steps, and on until every replica took part in a step (a restarted one is back, or
+``LIMIT`` x steps). Rank 0 writes ``$SM_OUTPUT_DATA_DIR/final.pt``: the full state dict, the replicas of
+every step and rank 0's losses, so two runs can be compared bit for bit; ``smp.TrainingLog`` writes the
+metrics table.
 """
 
-import json
-import sys
+import argparse
+import os
 from pathlib import Path
 
 import torch
@@ -20,44 +21,52 @@ import smsdp as smp
 from tests.models import SEQ_LEN, VOCAB_SIZE, lm_batch, tiny_gpt
 
 BATCH = 2
-LIMIT = 50  # x STEPS: the most steps a run waits for a restarted replica
+LIMIT = 400  # x --steps: the most steps a run goes on waiting for a restarted replica
 
 
 def replica_count() -> int:
     return smp.rdp_size() // smp.sdp_size()
 
 
-def main(out_dir: Path, steps: int) -> None:
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--checkpoint_interval", type=int, default=0)
+    p.add_argument("--log_interval", type=int, default=5)
+    args = p.parse_args()
+    out, checkpoints = Path(os.environ["SM_OUTPUT_DATA_DIR"]), os.environ.get("SM_CHECKPOINT_DIR", "")
     smp.init()
     model = smp.DistributedModel(tiny_gpt(seed=0, n_layer=2))
     optimizer = smp.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=1e-2))
-    first = 1
-    if smp.newest_checkpoint(""):
-        first = smp.resume_from_checkpoint("", model=model, optimizer=optimizer)["step"] + 1
+    log = smp.TrainingLog(
+        args.steps, batch_size=BATCH, seq_len=SEQ_LEN, log_interval=args.log_interval, optimizer=optimizer
+    )
+    step = 1
+    if smp.newest_checkpoint(checkpoints):
+        step = smp.resume_from_checkpoint(checkpoints, model=model, optimizer=optimizer)["step"] + 1
+    log.start(step)
     replicas, losses = {}, {}
-    step = first
     while True:
         x, y = lm_batch(BATCH, SEQ_LEN, VOCAB_SIZE, seed=1000 * step + smp.rdp_rank())
         loss = model(x, y).loss
         model.backward(loss)
         optimizer.step()
         optimizer.zero_grad()
-        replicas[step] = list(smp.replicas_in_last_step())
-        losses[step] = float(loss.detach())
-        # At least STEPS steps, and on until every replica took part in one (a restarted one is back):
-        # every live rank reads the same membership, so all stop at the same step.
-        if step >= steps and (len(replicas[step]) == replica_count() or step >= LIMIT * steps):
+        log.step(step, loss.detach())
+        replicas[step], losses[step] = list(smp.replicas_in_last_step()), float(loss.detach())
+        if args.checkpoint_interval and step % args.checkpoint_interval == 0:
+            smp.save_checkpoint(
+                checkpoints, f"step{step}", model=model, optimizer=optimizer, user_content={"step": step}
+            )
+        # Every live rank reads the same membership: all stop at the same step.
+        if step >= args.steps and (len(replicas[step]) == replica_count() or step >= LIMIT * args.steps):
             break
         step += 1
     state = model.state_dict()
-    torch.save(
-        {"local": model.local_state_dict(), "opt": optimizer.local_state_dict()}, out_dir / f"local{smp.rank()}.pt"
-    )
+    log.finish()
     if smp.rank() == 0:
-        torch.save({"state": state, "replicas": replicas, "losses": losses}, out_dir / "final.pt")
-    events = [{k: v for k, v in e.items() if k != "time"} for e in smp.fault_tolerance_events()]
-    (out_dir / f"rank{smp.rank()}.json").write_text(json.dumps({"first": first, "events": events}))
+        torch.save({"state": state, "replicas": replicas, "losses": losses}, out / "final.pt")
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), int(sys.argv[2]))
+    main()

@@ -20,6 +20,7 @@ from estimator.backends.supervised.container_env import (
     process_env,
     submitter_environment,
 )
+from estimator.backends.supervised.host_restart import DEFAULT_MAX_RESTARTS, HOST_VARIABLES, host_restart_argv
 from estimator.backends.supervised.job_dir import JobDir, write_job_text
 from estimator.backends.supervised.launch import create_job_dir
 from estimator.backends.supervised.layout import describe_spec, job_root, plan_job_dir, source_root
@@ -54,6 +55,10 @@ class LocalBackend(Backend[LocalRequest]):
         if spec.launcher == TORCHRUN:  # one torchrun for the simulated hosts, as one mpirun runs them all
             log_dir = job.logs / LOG_SUBDIR
             argv = torchrun_argv(1, spec.world_size, standalone_rendezvous(), log_dir, script_argv)
+        elif spec.runtime.parameters.sdp_fault_tolerant_replicas:  # one mpirun per host: a failed host restarts alone
+            pph = spec.runtime.processes_per_host
+            per_host = mpirun_argv(pph, [*env.keys(), *HOST_VARIABLES], custom_options, script_argv)
+            argv = host_restart_argv(spec.runtime.instance_count, pph, per_host, DEFAULT_MAX_RESTARTS)
         else:
             argv = mpirun_argv(spec.world_size, env.keys(), custom_options, script_argv)
         return LocalRequest(

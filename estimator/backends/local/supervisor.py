@@ -32,9 +32,10 @@ import sys
 from estimator.backends.local.failure import failure_reason
 from estimator.backends.local.rank_tags import RankTagger
 from estimator.backends.supervised import failure
+from estimator.backends.supervised.host_restart import MODULE as HOST_RESTART_MODULE
 from estimator.backends.supervised.job_dir import JobDir, read_json
 from estimator.backends.supervised.layout import OWN_SECTION
-from estimator.backends.supervised.process_session import JobProcesses
+from estimator.backends.supervised.process_session import JobProcesses, children_of
 from estimator.backends.supervised.rank_tags import LineTagger
 from estimator.backends.supervised.rank_watch import RankWatch
 from estimator.backends.supervised.supervisor import Supervisor, run_supervisor
@@ -66,7 +67,10 @@ class MpirunSupervisor(Supervisor):
         """Every process of the job but mpirun; mpirun itself while it has started no rank yet."""
         if self.proc is None:
             return
-        members = [pid for pid in self.processes().members() if pid != self.proc.pid]
+        launchers = {self.proc.pid}
+        if HOST_RESTART_MODULE in self.argv:  # its children are the hosts' mpiruns: a stop is for the ranks
+            launchers |= set(children_of(self.proc.pid))
+        members = [pid for pid in self.processes().members() if pid not in launchers]
         for pid in members or [self.proc.pid]:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, sig)

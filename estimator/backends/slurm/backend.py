@@ -29,6 +29,11 @@ from estimator.backends.supervised.container_env import (
     process_env,
     submitter_environment,
 )
+from estimator.backends.supervised.host_restart import (
+    DEFAULT_MAX_RESTARTS,
+    HOST_PLACEHOLDER,
+    host_restart_argv,
+)
 from estimator.backends.supervised.job_dir import JobDir, read_json, write_job_text
 from estimator.backends.supervised.launch import create_job_dir
 from estimator.backends.supervised.layout import OWN_SECTION, describe_spec, job_root, plan_job_dir, source_root
@@ -62,6 +67,12 @@ class SlurmBackend(Backend[SlurmRequest]):
         script_argv = [spec.code.entry_point, *hyperparameter_args(dict(spec.hyperparameters))]
         launch = torchrun_srun_argv if spec.launcher == TORCHRUN else srun_argv
         srun = launch(runtime.instance_count, runtime.processes_per_host, root, script_argv)
+        if runtime.parameters.sdp_fault_tolerant_replicas:  # one srun step per node: a failed node restarts alone
+            per_node = srun_argv(1, runtime.processes_per_host, root, script_argv)
+            per_node[1:1] = [f"--relative={HOST_PLACEHOLDER}"]
+            srun = host_restart_argv(
+                runtime.instance_count, runtime.processes_per_host, per_node, DEFAULT_MAX_RESTARTS, labels="srun"
+            )
         description = describe_spec(spec, srun, env, backend=SLURM)  # job.json: secrets scrubbed
         description[OWN_SECTION]["SlurmOptions"] = options
         return SlurmRequest(

@@ -95,11 +95,20 @@ def _describe(pid: int) -> str:
     return f"{pid} ({command[:60]})"
 
 
+def _job_rank(env) -> str:
+    """The rank this task runs: Slurm's, or in a host's own step (``sdp_fault_tolerant_replicas``, one
+    ``srun`` per host: ``SMSDP_FT_HOST``) host x tasks per host + the task's (``smsdp.config.host_launch``)."""
+    task = int(env.get("SLURM_PROCID", "0"))
+    if "SMSDP_FT_HOST" not in env:
+        return str(task)
+    return str(int(env["SMSDP_FT_HOST"]) * int(env.get("SLURM_NTASKS") or 1) + task)
+
+
 class Guard:
     def __init__(self, job_dir: str, command: list[str]):
         self.job_dir = job_dir
         self.command = command
-        self.rank = os.environ.get("SLURM_PROCID", "0")
+        self.rank = _job_rank(os.environ)
         self.node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
         self.records = os.path.join(job_dir, RANKS_DIR, f"attempt-{os.environ.get(ATTEMPT_VARIABLE, '1')}")
         self.child: subprocess.Popen | None = None

@@ -23,6 +23,7 @@ from estimator.backends.supervised.layout import OWN_SECTION
 from estimator.backends.supervised.log_follower import LogFollower
 from estimator.backends.supervised.process_session import JobProcesses
 from estimator.backends.supervised.rank_tags import split_prefix
+from estimator.backends.supervised.replica_events import replica_events
 from estimator.backends.supervised.status import StatusRecord, read_status, write_status
 from estimator.backends.supervised.summary import format_summary
 from estimator.job import Job, JobFailedError, JobStatus
@@ -117,6 +118,9 @@ class SupervisedJob(Job):
             described["SecondaryStatusTransitions"] = [
                 {k: _as_datetime(v) if k.endswith("Time") else v for k, v in entry.items()} for entry in transitions
             ]
+        events = replica_events(self.paths.output)  # sdp_fault_tolerant_replicas: failures, degraded steps, rejoins
+        if events:
+            described["ReplicaEvents"] = events
         if self.paths.model_archive.is_file():
             described["ModelArtifacts"] = {"S3ModelArtifacts": self.model_data}
         described = {k: _as_datetime(v) if k.endswith("Time") else v for k, v in described.items()}
