@@ -99,10 +99,17 @@ class OutsideCompile(nn.Module):
     OUTSIDE_COMPILE: tuple[str, ...] = ("_begin_forward", "_end_forward", "reshard_all")
     unit_hooks: ForwardHooks
 
+    def register_unit_hooks(self, modules: list[nn.Module], pre: Callable[..., Any], post: Callable[..., Any]) -> None:
+        """The units' forward hooks (``pre`` and ``post``): the dtype cast, the root gathered and the first
+        prefetch happen in ``_begin_forward``; outside compile at once if torch.compile is loaded already."""
+        self.unit_hooks = ForwardHooks(modules, pre, post)
+        self.hooks_outside_compile()
+
     def hooks_outside_compile(self) -> None:
-        if self.unit_hooks.outside_compile or not dynamo_loaded():
+        hooks = self.__dict__.get("unit_hooks")  # None while the model is still being built
+        if hooks is None or hooks.outside_compile or not dynamo_loaded():
             return
-        self.unit_hooks.move_outside_compile()
+        hooks.move_outside_compile()
         for name in self.OUTSIDE_COMPILE:
             self.__dict__[name] = torch.compiler.disable(getattr(self, name))
         self.__dict__["forward"] = types.MethodType(inspect.getattr_static(type(self), "forward").fn, self)

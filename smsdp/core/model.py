@@ -61,7 +61,7 @@ from torch import nn
 from smsdp.comm import world
 from smsdp.core.accumulation import AccumulationBoundary
 from smsdp.core.activation_offload import job_offloader
-from smsdp.core.compile_units import ForwardHooks, OutsideCompile, forward_outside_compile
+from smsdp.core.compile_units import OutsideCompile, forward_outside_compile
 from smsdp.core.flat_param_group import FlatParamGroup
 from smsdp.core.held_bytes import compute_copy_bytes, model_state_bytes
 from smsdp.core.prefetch import PrefetchDepths, Prefetcher
@@ -74,8 +74,7 @@ from smsdp.core.state_dicts import (
     load_local_model_state,
     local_model_state,
 )
-from smsdp.core.training_state import IN_BACKWARD as _IN_BACKWARD
-from smsdp.core.training_state import TrainingState
+from smsdp.core.training_state import IN_BACKWARD, TrainingState
 from smsdp.core.unit import Unit
 from smsdp.core.wrap import wrap_module
 from smsdp.tensor_parallel.pieces import cut_tp_pieces, is_tp_split, merge_tp_pieces
@@ -156,9 +155,7 @@ class ShardedModel(OutsideCompile):
         logger.info("DistributedModel: %s", self.describe())
 
     def _register_hooks(self) -> None:
-        blocks = [u.module for u in self._units if not u.is_root]
-        self.unit_hooks = ForwardHooks(blocks, self._pre_forward_hook, self._post_forward_hook)
-        self.hooks_outside_compile()  # when torch.compile is loaded already
+        self.register_unit_hooks([u.module for u in self._units[:-1]], self._pre_forward_hook, self._post_forward_hook)
         for unit in self._units:
             for group in unit.groups:
                 if group.trainable:
@@ -248,9 +245,8 @@ class ShardedModel(OutsideCompile):
         return self._end_forward(output)
 
     def _begin_forward(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-        """Before the module runs: the dtype cast, the root gathered, the first prefetch."""
         fault_injection.at("forward")
-        if self._state in _IN_BACKWARD:
+        if self._state in IN_BACKWARD:
             raise RuntimeError("forward called while a backward of this model is still running")
         if self._compute_dtype != torch.float32:
             args, kwargs = cast_floats((args, kwargs), self._compute_dtype)
@@ -332,7 +328,7 @@ class ShardedModel(OutsideCompile):
     def _pre_forward_hook(self, module: nn.Module, args: Any) -> None:
         unit = self._unit_of_module[id(module)]
         unit.pre_forward()
-        if self._state in _IN_BACKWARD:
+        if self._state in IN_BACKWARD:
             return  # recomputation under activation checkpointing: the backward owns the schedule
         if self._state is TrainingState.LEARNING_ORDER and torch.is_grad_enabled():
             self._prefetch.order.append(unit)
@@ -340,7 +336,7 @@ class ShardedModel(OutsideCompile):
 
     def _post_forward_hook(self, module: nn.Module, args: Any, output: Any) -> Any:
         unit = self._unit_of_module[id(module)]
-        if self._state in _IN_BACKWARD:
+        if self._state in IN_BACKWARD:
             return output
         if torch.is_grad_enabled():
             self._hook_outputs(unit, output)
@@ -393,7 +389,7 @@ class ShardedModel(OutsideCompile):
 
     def _pre_backward(self, unit: Unit) -> None:
         fault_injection.at("backward")
-        if self._state not in _IN_BACKWARD:
+        if self._state not in IN_BACKWARD:
             self._begin_backward()
         if not unit.pre_backward():
             return
