@@ -49,7 +49,7 @@ def test_sdp_offload_takes_three_values_at_any_sharded_degree():
             assert SMPParameters.model_validate(config).sdp_offload == mode
 
 
-def _gpt_plan(offload_mode: str, **params):
+def _gpt_plan(offload_mode: str, assumptions: Assumptions | None = None, **params):
     return plan(
         ModelSpec.gpt(**SMALL_GPT),
         batch_size=4,
@@ -61,6 +61,7 @@ def _gpt_plan(offload_mode: str, **params):
             "sdp_offload": offload_mode,
             **params,
         },
+        assumptions=assumptions,
         recommend=False,
     )
 
@@ -105,21 +106,8 @@ def test_offload_copies_per_step_follow_the_gathers(reshard):
 
 
 def test_offload_adds_the_cpu_optimizer_step_and_the_copies_beside_compute_to_the_step_time():
-    slow_cpu = Assumptions(cpu_optimizer_elements_per_s=1e6)
     plain = _gpt_plan("none")
-    offloaded = plan(
-        plain.model,
-        batch_size=4,
-        instance_type="ml.g5.12xlarge",
-        instance_count=1,
-        parameters={
-            "sharded_data_parallel_degree": 4,
-            "sdp_param_persistence_threshold": 10_000,
-            "sdp_offload": "params",
-        },
-        assumptions=slow_cpu,
-        recommend=False,
-    )
+    offloaded = _gpt_plan("params", Assumptions(cpu_optimizer_elements_per_s=1e6))
     assert offloaded.time.step_s == pytest.approx(plain.time.step_s + offloaded.host.cpu_optimizer_s, rel=1e-6)
     assert offloaded.host.cpu_optimizer_s > 0.1
     with pytest.raises(ValueError, match="host_device_bytes_per_s=0 must be > 0"):
