@@ -74,7 +74,18 @@ SLOW_UNIT_TESTS = (
     "tests/unit/test_docs.py::test_python_example_runs",  # every doc's examples, moto and the planner
     "tests/unit/test_docs.py::test_printed_output_is_what_the_example_prints",  # the same examples' output
 )
-QUICK_LAUNCHES = ()
+QUICK_LAUNCHES = (
+    "tests/distributed/test_collectives.py",  # the collectives and their bytes (one 4-rank launch)
+    "tests/distributed/test_tp_checkpoint.py",  # tensor parallelism in the sharded step, saved, resumed at other degrees
+    "tests/distributed/test_smp_v1_api.py",  # SMP v1's surface and the training script's helpers
+    # one local job: fit() -> supervisor -> mpirun -> launcher -> script, read back by describe(), logs(), attach()
+    "tests/integration/test_local_fit.py::test_success_completes_with_model_archive",
+    "tests/integration/test_local_fit.py::test_describe_looks_like_describe_training_job",
+    "tests/integration/test_local_fit.py::test_simulated_hosts_seen_by_ranks",
+    "tests/integration/test_local_fit.py::test_logs_are_kept_with_rank_prefixes",
+    "tests/integration/test_local_fit.py::test_attach_finds_the_finished_job",
+    "tests/integration/test_local_fit.py::test_fit_prints_progress_and_summary",
+)
 
 #: Files whose tests share a session-scoped fixture or a machine-wide resource run in one pytest-xdist
 #: worker, one after the other; every other file is a unit of its own, so that its module-scoped launch
