@@ -54,14 +54,16 @@ class SMPParameters(ConfigModel):
     fall in three groups:
 
     * implemented: the sharded-data-parallel keys, precision, ``microbatches``,
-      ``tensor_parallel_degree`` (its groups), ``ddp_dist_backend`` and the
+      ``tensor_parallel_degree`` (its groups), ``tensor_parallel_seed`` (the
+      attention dropout of ``DistributedTransformerLayer``, see
+      ``smsdp.tensor_parallel.region_rng``), ``ddp_dist_backend`` and the
       memory switches;
     * accepted with no effect, because they only steer features smsdp does not
       have and are harmless at any value: ``placement_strategy`` (while
       ``tensor_parallel_degree`` is 1), ``optimize``, ``pipeline``,
       ``auto_partition``, ``default_partition``, ``memory_weight``,
       ``active_microbatches``, ``deterministic_server``, ``contiguous``,
-      ``skip_tracing``, ``checkpoint_attentions``, ``tensor_parallel_seed``,
+      ``skip_tracing``, ``checkpoint_attentions``,
       ``ddp_port`` (the rendezvous picks a free port), ``fast_mode``,
       ``static_mode``;
     * accepted only at their default, because a non-default value asks for a
@@ -152,6 +154,8 @@ class SMPParameters(ConfigModel):
     # --- parallel degrees ---
     tensor_parallel_degree: WholeNumber = Field(1, ge=1)
     """Consecutive ranks forming a tensor-parallel group."""
+    tensor_parallel_seed: WholeNumber = Field(0, ge=0)
+    """Seeds the attention dropout of ``DistributedTransformerLayer`` (with the TP rank); SMP v2: ``random_seed``."""
     pipeline_parallel_degree: WholeNumber = Field(
         1, ge=1, validation_alias=AliasChoices("pipeline_parallel_degree", "partitions")
     )
@@ -195,7 +199,6 @@ class SMPParameters(ConfigModel):
     contiguous: StrictBool = True
     skip_tracing: StrictBool = False
     checkpoint_attentions: StrictBool = False
-    tensor_parallel_seed: WholeNumber = Field(0, ge=0)
     fast_mode: StrictBool = False
     static_mode: StrictBool = False
     horovod: StrictBool = False

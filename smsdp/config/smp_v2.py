@@ -27,6 +27,8 @@ from smsdp.config.errors import ConfigProblem
 HYBRID_SHARD_DEGREE = "hybrid_shard_degree"
 #: SMP v2's default horizon (SMP v1's is 4).
 V2_LOADING_HORIZON = 2
+#: SMP v2's default ``random_seed`` (SMP v1's ``tensor_parallel_seed`` defaults to 0).
+V2_RANDOM_SEED = 12345
 
 
 @dataclass(frozen=True)
@@ -65,9 +67,13 @@ KEYS = (
     ),
     V2Key(
         "random_seed",
-        "seed of the random operations of SMP's tensor- and expert-parallel modules (default 12345)",
-        "`tensor_parallel_seed`, SMP v1's name for it; smsdp's tensor-parallel layers are cut from the "
-        "module every rank built, so seed the script (`torch.manual_seed`) alike on every rank",
+        "seed of the random operations in the distributed modules of SMP's tensor and expert parallelism "
+        "(default 12345)",
+        "`tensor_parallel_seed` (SMP v1's name), default 12345: with tensor parallelism, the attention dropout "
+        "of `DistributedTransformerLayer` (the bundled GPT's blocks) draws this rank's heads' masks from a "
+        "stream seeded from it plus the TP rank; nothing else draws from it. Parameters are cut from the model "
+        "every rank built, the other dropouts (replicated activations, and a Hugging Face model's own attention "
+        "dropout) draw from torch's generator: seed the script alike on every rank (`torch.manual_seed`)",
     ),
     V2Key(
         "allow_empty_shards",
@@ -124,6 +130,7 @@ def smp_v2_as_v1(data: dict[str, Any]) -> tuple[dict[str, Any], list[ConfigProbl
         return data, problems
     out: dict[str, Any] = {key: value for key, value in data.items() if key in SHARED}
     out.setdefault("activation_loading_horizon", V2_LOADING_HORIZON)
+    out["tensor_parallel_seed"] = V2_RANDOM_SEED  # replaced by random_seed below when given
     for v2_key, v1_key in _RENAMED.items():
         if v2_key in data:
             out[v1_key] = data[v2_key]

@@ -4,7 +4,8 @@
   broadcast from rank 0) becomes this TP rank's version before it is cut into
   units, so each unit flattens this TP rank's pieces and shards them over
   this TP rank's shard group. The activation collectives count into the
-  job's stats under ``all_reduce.tp``.
+  job's stats under ``all_reduce.tp``; the region draws are seeded from the
+  job's ``tensor_parallel_seed``.
 - ``split_names`` / ``merge_tp_pieces``: the full state dict the units gather
   holds this TP rank's pieces; merging them over ``tp_group`` gives the plain
   model's state dict.
@@ -17,6 +18,7 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
+from smsdp.comm import world
 from smsdp.tensor_parallel.registry import to_tensor_parallel
 from smsdp.tensor_parallel.split_params import TPSplit, gather_full, split_of
 from smsdp.tensor_parallel.tp_group import TPGroup
@@ -25,7 +27,12 @@ __all__ = ["convert_for_job", "cut_tp_pieces", "is_tp_split", "merge_tp_pieces",
 
 
 def convert_for_job(module: nn.Module, tp_group, stats=None) -> nn.Module:
-    return to_tensor_parallel(module, TPGroup.of(tp_group).counting(stats))
+    return to_tensor_parallel(module, TPGroup.of(tp_group).counting(stats).seeded(_job_seed()))
+
+
+def _job_seed() -> int:
+    """The job's ``tensor_parallel_seed`` (SMP v2's ``random_seed``); 0 outside ``smp.init()``."""
+    return world.get().params.tensor_parallel_seed if world.is_initialized() else 0
 
 
 def split_names(module: nn.Module) -> dict[str, TPSplit]:

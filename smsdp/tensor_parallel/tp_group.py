@@ -49,10 +49,16 @@ class TPGroup:
     rank: int
     size: int
     stats: CommStats | None = field(default=None, compare=False, repr=False)  # counts the activation traffic
+    #: SMP's ``tensor_parallel_seed`` (v2: ``random_seed``): seeds the group's region draws (``region_rng``).
+    seed: int = field(default=0, compare=False)
 
     def counting(self, stats: CommStats | None) -> TPGroup:
         """The same group, recording what its autograd collectives send into ``stats``."""
         return replace(self, stats=stats)
+
+    def seeded(self, seed: int) -> TPGroup:
+        """The same group, its region draws seeded from ``seed`` (see ``smsdp.tensor_parallel.region_rng``)."""
+        return replace(self, seed=seed)
 
     def record(self, kind: CollectiveKind, tensor: torch.Tensor, copies: int = 1) -> None:
         """Count one collective over ``copies`` times ``tensor`` (an all-gather's N is its output)."""

@@ -194,6 +194,71 @@ def dropout_rng_check() -> dict:
     return out
 
 
+def _same_heads_on_both_ranks(seed: int):
+    """A bundled-GPT block whose only randomness is the attention dropout (p=0.5), rank 1's heads copies of
+    rank 0's (so only the masks can tell the ranks' attention outputs apart), converted over t=2."""
+    from smsdp.tensor_parallel.layers.transformer import DistributedTransformerLayer
+    from tests.models import tiny_gpt
+
+    block = tiny_gpt(seed=3, d_model=32, n_head=4).transformer.h[0]
+    block.attn.dropout, block.attn.resid_dropout.p, block.mlp.dropout.p = 0.5, 0.0, 0.0
+    with torch.no_grad():
+        for tensor in (block.attn.c_attn.weight, block.attn.c_attn.bias):
+            for section in tensor.chunk(3, dim=0):  # q, k, v: rank 0 gets each one's first half of the heads
+                half = section.shape[0] // 2
+                section[half:] = section[:half]
+    return DistributedTransformerLayer.from_module(block, TPGroup.of(dist.group.WORLD).seeded(seed))
+
+
+def _attention_output(layer, checkpointed: bool = False) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """This rank's attention outputs (before its row-parallel projection; twice when checkpointed: the
+    forward and the recompute) and the input's gradient, for the same input and torch seed on every rank."""
+    from torch.utils.checkpoint import checkpoint
+
+    seen: list[torch.Tensor] = []
+    handle = layer.attn.c_proj.register_forward_pre_hook(lambda _m, args: seen.append(args[0].detach().clone()))
+    torch.manual_seed(0)
+    x = torch.randn(2, 8, 32, requires_grad=True)
+    out = checkpoint(layer, x, use_reentrant=False) if checkpointed else layer(x)
+    out.sum().backward()
+    handle.remove()
+    return seen, x.grad
+
+
+def attention_dropout_streams() -> dict:
+    """tensor_parallel_seed: each TP rank's heads draw their dropout masks from its own stream."""
+    layer = _same_heads_on_both_ranks(seed=12345).train()
+    (y,), grad = _attention_output(layer)
+    (again,), _ = _attention_output(layer)
+    state_after = torch.get_rng_state()  # torch's stream: drawn alike on both ranks
+    (other_seed,), _ = _attention_output(_same_heads_on_both_ranks(seed=7).train())
+    seen, checkpointed_grad = _attention_output(layer, checkpointed=True)
+    layer.eval()
+    torch.manual_seed(0)
+    before = torch.get_rng_state()
+    layer(torch.randn(2, 8, 32))
+    return {
+        "y": y,
+        "y_again": again,
+        "y_other_seed": other_seed,
+        "recomputed": seen,
+        "grad": grad,
+        "checkpointed_grad": checkpointed_grad,
+        "state_after": state_after,
+        "eval_draws": not torch.equal(torch.get_rng_state(), _after_randn(before)),
+    }
+
+
+def _after_randn(state: torch.Tensor) -> torch.Tensor:
+    """torch's CPU state after ``torch.randn(2, 8, 32)`` from ``state`` (what the eval forward's input drew)."""
+    saved = torch.get_rng_state()
+    torch.set_rng_state(state)
+    torch.randn(2, 8, 32)
+    after = torch.get_rng_state()
+    torch.set_rng_state(saved)
+    return after
+
+
 CASES = {
     "gpt": ("gpt", True),
     "gpt_untied": ("gpt_untied", False),
@@ -206,6 +271,12 @@ CASES = {
 if __name__ == "__main__":
     cases = {name: (lambda args=args: run(*args)) for name, args in CASES.items()}
     worker_main(
-        {**cases, "regions": regions, "overlap": overlap, "dropout_rng_check": dropout_rng_check},
+        {
+            **cases,
+            "regions": regions,
+            "overlap": overlap,
+            "dropout_rng_check": dropout_rng_check,
+            "attention_dropout_streams": attention_dropout_streams,
+        },
         setup=init_gloo_from_env,
     )

@@ -16,7 +16,7 @@ CASES = ["gpt", "gpt_untied", "hf_gpt2", "hf_llama", "hf_neox"]
 def results(tmp_path_factory):
     return run_cases(
         "tests/distributed/tensor_parallel_worker.py",
-        [*CASES, "regions", "overlap", "dropout_rng_check"],
+        [*CASES, "regions", "overlap", "dropout_rng_check", "attention_dropout_streams"],
         nprocs=2,
         timeout=300,
         out_dir=tmp_path_factory.mktemp("tp"),
@@ -109,3 +109,20 @@ def test_dropout_needs_one_rng_state_per_tensor_parallel_group(results):
     for out in results["dropout_rng_check"]:
         assert out["same_seed"] == "converted"
         assert "different torch RNG states" in out["rank_seeded"] and "torch.manual_seed" in out["rank_seeded"]
+
+
+def test_each_tensor_parallel_ranks_heads_draw_their_own_dropout_masks(results):
+    """tensor_parallel_seed (SMP v2: random_seed) + the TP rank seeds the attention dropout of
+    DistributedTransformerLayer: both ranks' heads are the same heads here, so equal outputs would mean
+    equal masks (what torch's shared generator gave them). Reproducible, replayed by activation
+    checkpointing's recompute, and torch's own generator stays alike on the ranks."""
+    ranks = results["attention_dropout_streams"]
+    assert not torch.equal(ranks[0]["y"], ranks[1]["y"])
+    assert torch.equal(ranks[0]["state_after"], ranks[1]["state_after"])
+    for out in ranks:
+        assert torch.equal(out["y_again"], out["y"])  # the same seed and torch state: the same masks
+        assert not torch.equal(out["y_other_seed"], out["y"])
+        forward, recomputed = out["recomputed"]
+        assert torch.equal(forward, recomputed) and torch.equal(forward, out["y"])
+        assert torch.equal(out["checkpointed_grad"], out["grad"])
+        assert out["eval_draws"] is False  # no dropout in eval: torch's generator untouched

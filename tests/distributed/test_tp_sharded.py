@@ -71,6 +71,9 @@ def test_unsharded_small_parameters_at_t2_match_single_process(results):
     _assert_matches(results["gpt_persistent"], "gpt with persistent small parameters")
     for result in results["gpt_persistent"]:
         assert result["sharded"]["comm"]["all_reduce.dp"] > 0
+        assert result["sharded"]["tp_seeds"] == [99]  # the job's tensor_parallel_seed reached the layers
+    for result in results["gpt"]:
+        assert result["sharded"]["tp_seeds"] == [0]  # SMP v1's default
 
 
 def test_smp_tensor_parallelism_context_at_t2_matches_single_process(results):

@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 import smsdp as smp
 from smsdp.comm import world as runtime_state
-from smsdp.tensor_parallel import set_tensor_parallelism
+from smsdp.tensor_parallel import TPGroup, set_tensor_parallelism
 from tests.distributed.equivalence_worker import _layout
 from tests.distributed.tensor_parallel_worker import ADAM_EPS, MODELS
 from tests.models import lm_batch
@@ -103,6 +103,8 @@ def sharded(
         "comm": smp.comm_stats(),
         "bytes": per_step_bytes,
         "layout": {**_layout(model, kept=True), "reshard_after_forward": True},
+        # the job's tensor_parallel_seed, as the converted layers hold it
+        "tp_seeds": sorted({m.tp.seed for m in model.modules() if isinstance(getattr(m, "tp", None), TPGroup)}),
     }
     if name == "gpt" and tp == 2 and accum == 1 and not extra and not marking:
         out["checkpoint"] = _full_checkpoint_round_trip(model, case)
@@ -160,7 +162,7 @@ if __name__ == "__main__":
                 f"{name}_delayed": (lambda name=name: run(name, SHORT, delayed_parameter_initialization=True))
                 for name in ("gpt", "hf_llama")
             },
-            "gpt_persistent": lambda: run("gpt", SHORT, sdp_param_persistence_threshold=1000),
+            "gpt_persistent": lambda: run("gpt", SHORT, sdp_param_persistence_threshold=1000, tensor_parallel_seed=99),
             "gpt_tp_context": lambda: run("gpt", SHORT, marking="context"),
             # 8 ranks: t=2, d=4, each TP rank's backward regathering from 1/2 slices (hpZ)
             "gpt_hpz_d4": lambda: run("gpt", SHORT, sharded_data_parallel_degree=4, sdp_reshard_after_forward=2),

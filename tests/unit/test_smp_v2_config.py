@@ -77,6 +77,9 @@ def test_every_accepted_key_maps_onto_what_does_the_same_here():
     assert p.offload_activations is True and p.activation_loading_horizon == 3
     assert p.tensor_parallel_seed == 12345
     assert v2_job({"sm_activation_offloading": False}).runtime.parameters.activation_loading_horizon == 2  # v2's
+    assert v2_job({"hybrid_shard_degree": 2}).runtime.parameters.tensor_parallel_seed == 12345  # v2's default
+    assert v2_job({"random_seed": 7}).runtime.parameters.tensor_parallel_seed == 7
+    assert SMPParameters().tensor_parallel_seed == 0  # v1's default unchanged
     assert SMPParameters().activation_loading_horizon == 4  # v1's default unchanged
 
 

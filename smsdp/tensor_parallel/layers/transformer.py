@@ -20,6 +20,7 @@ as any model laid out the same way may.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, NamedTuple
 
 import torch
@@ -30,6 +31,7 @@ from smsdp.tensor_parallel.layers.cross_entropy import vocab_parallel_cross_entr
 from smsdp.tensor_parallel.layers.embedding import VOCAB_PARTITION, VocabParallelEmbedding
 from smsdp.tensor_parallel.layers.linear import ColumnParallelLinear, RowParallelLinear
 from smsdp.tensor_parallel.partition import PartitionError, Sections
+from smsdp.tensor_parallel.region_rng import region_rng
 from smsdp.tensor_parallel.tp_group import TPGroup
 
 __all__ = ["DistributedTransformerLMHead", "DistributedTransformerLayer", "LMHeadOutput", "heads_per_rank"]
@@ -49,6 +51,7 @@ class _ParallelSelfAttention(nn.Module):
     def __init__(self, plain: Any, tp: TPGroup):
         super().__init__()
         d = plain.d_model
+        self.tp = tp
         self.n_head = heads_per_rank(plain.n_head, tp)
         self.width = d // tp.size  # this rank's q (and k, v) features
         self.dropout = plain.dropout
@@ -59,7 +62,9 @@ class _ParallelSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
         q, k, v = (t.view(B, T, self.n_head, -1).transpose(1, 2) for t in self.c_attn(x).split(self.width, dim=2))
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
+        p = self.dropout if self.training else 0.0
+        with region_rng(self.tp, x.device) if p > 0 else contextlib.nullcontext():  # this rank's heads' masks
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
         return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(B, T, self.width)))
 
 
