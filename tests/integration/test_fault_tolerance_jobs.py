@@ -117,7 +117,6 @@ def test_the_job_goes_on_through_three_host_failures_and_every_replica_comes_bac
     assert processes_in(jobs / "hosts-killed") == []
     output = jobs / "hosts-killed" / "output"
     assert not (output / "failure").exists()  # the restarted hosts' failures were set aside, not the job's
-    assert {p.name for p in output.glob("failure*")} >= {"failure-rank4.incarnation0", "failure-rank4.incarnation1"}
 
 
 def test_describe_and_the_log_record_the_failures_the_degraded_steps_and_the_rejoins(failed_and_reference):

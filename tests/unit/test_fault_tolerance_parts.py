@@ -235,3 +235,50 @@ def test_describe_merges_rank_0s_and_the_supervisors_events_in_time_order(tmp_pa
     assert events[0]["Host"] == 1 and events[1]["Replicas"] == [1] and events[0]["Time"].year == 1970
     (tmp_path / EVENTS_FILE).write_text("{not json")
     assert [e["Event"] for e in replica_events(tmp_path)] == ["host restarted"]
+
+
+# ---- the backends' dry runs with the key on ----------------------------------------------------
+
+
+def _ft_estimator(tmp_path, instance_type: str):
+    from estimator import Estimator
+    from tests.conftest import REPO_ROOT
+
+    return Estimator(
+        "train_gpt.py",
+        source_dir=str(REPO_ROOT / "entrypoints"),
+        instance_type=instance_type,
+        instance_count=2,
+        distribution=_distribution(bf16=True),
+        output_path=str(tmp_path),
+    )
+
+
+def test_a_local_job_runs_one_mpirun_per_host_under_host_restart(tmp_path):
+    argv = list(_ft_estimator(tmp_path, "local").dry_run(job_name="ft-local").argv)
+    assert argv[1:3] == ["-m", "estimator.backends.supervised.host_restart"]
+    assert argv[argv.index("--hosts") + 1] == "2" and argv[argv.index("--labels") + 1] == "mpirun"
+    per_host = argv[argv.index("--") + 1 :]
+    assert per_host[1:3] == ["-np", "2"]  # a host's ranks, not the job's
+    exported = {per_host[i + 1] for i, word in enumerate(per_host) if word == "-x"}
+    assert {"SMSDP_FT_HOST", "SMSDP_FT_HOSTS", "SMSDP_FT_INCARNATION", "MASTER_ADDR", "MASTER_PORT"} <= exported
+
+
+def test_a_slurm_job_runs_one_srun_step_per_node_under_host_restart(tmp_path):
+    request = _ft_estimator(tmp_path, "slurm").dry_run(job_name="ft-slurm")
+    argv = list(request.srun_argv)
+    assert argv[1:3] == ["-m", "estimator.backends.supervised.host_restart"] and "srun" in argv
+    per_node = argv[argv.index("--") + 1 :]
+    assert per_node[:2] == ["srun", "--relative={host}"]
+    assert "--nodes=1" in per_node and "--ntasks=2" in per_node and argv[argv.index("--labels") + 1] == "srun"
+
+
+def test_srun_labels_and_task_reports_become_job_wide(tmp_path):
+    line = "import os; h = os.environ['SMSDP_FT_HOST']; print(f'1: rank line of host {h}'); print('srun: error: n2: tasks 0-1: Killed')"
+    out = io.StringIO()
+    env = {"SM_OUTPUT_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    restarts = HostRestarts(2, 2, lambda host, inc: [sys.executable, "-c", line], env, 0, out, labels="srun")
+    restarts.run()
+    text = out.getvalue()
+    assert "1: rank line of host 0" in text and "3: rank line of host 1" in text
+    assert "srun: error: n2: tasks 2-3: Killed" in text and "srun: error: n2: tasks 0-1: Killed" in text
