@@ -45,7 +45,7 @@ PROBE = [str(REPO_ROOT / "bench" / "workers" / "tcp_probe.py")]  # the standard 
 RESULTS = REPO_ROOT / "bench" / "results"
 DEFAULT_LINKS = "2gbit,500mbit,200mbit,100mbit"
 DEFAULT_LAYOUTS = "2x2,4x1,2x4"
-DEFAULT_SYSTEMS = "span,span_flat_rs,host,host_late,hpz,int8,fsdp2_1d,fsdp2_hsdp,fsdp2_k,ddp,nocomm"
+DEFAULT_SYSTEMS = "span,span_flat_rs,host,host_late,hpz,int8,fsdp2_1d,fsdp2_hsdp,fsdp2_plain,fsdp2_k,ddp,nocomm"
 MASTER_PORT = 29400
 
 

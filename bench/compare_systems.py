@@ -11,10 +11,11 @@ import json
 from typing import Any
 
 NPROCS = 4
-SYSTEMS = ["smsdp", "fsdp2", "fsdp1", "ddp", "nocomm"]
+SYSTEMS = ["smsdp", "fsdp2", "fsdp2_plain", "fsdp1", "ddp", "nocomm"]
 LABELS: dict[str | None, str] = {
     "smsdp": "smsdp MiCS (d=2, r=2)",
     "fsdp2": "FSDP2 HSDP (2x2 mesh)",
+    "fsdp2_plain": "FSDP2 HSDP as a plain script writes it (2x2 mesh)",
     "fsdp1": "FSDP1 HYBRID_SHARD",
     "ddp": "DDP",
     "nocomm": "no-comm limit",

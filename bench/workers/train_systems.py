@@ -467,7 +467,7 @@ class NoComm(_TorchSystem):
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=args.lr)
 
 
-SYSTEMS = ["smsdp", "fsdp2", "fsdp1", "ddp", "nocomm"]
+SYSTEMS = ["smsdp", "fsdp2", "fsdp2_plain", "fsdp1", "ddp", "nocomm"]
 
 
 def make_system(name: str, args, world: int) -> System:
