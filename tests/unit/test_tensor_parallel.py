@@ -244,3 +244,35 @@ def test_distributed_linear_on_one_rank_is_the_plain_linear():
     assert isinstance(RowParallelLinear(plain, TPGroup.single()), DistributedLinear)
     with pytest.raises(ValueError, match="parallel='diagonal': use 'column'"):
         DistributedLinear(6, 4, tp_group=TPGroup.single(), parallel="diagonal")
+
+
+@pytest.mark.parametrize(
+    "device",
+    ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))],
+)
+def test_the_region_stream_is_the_tp_ranks_own_and_leaves_torchs_generators_as_one_draw_left_them(device):
+    """region_rng on each device's generator: masks per (seed, TP rank); torch's generators afterwards
+    as after one draw of the CPU generator, whatever was drawn inside (no process group is used)."""
+    from smsdp.tensor_parallel.region_rng import region_rng
+
+    def masks(rank: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        torch.manual_seed(0)
+        with region_rng(TPGroup(None, rank, 2, seed=seed), torch.device(device)):
+            mask = F.dropout(torch.ones(4096, device=device), p=0.5)
+        cuda = torch.cuda.get_rng_state() if device == "cuda" else None
+        return mask, torch.get_rng_state(), cuda
+
+    rank0, rank1, again, other = masks(0, 12345), masks(1, 12345), masks(0, 12345), masks(0, 7)
+    assert not torch.equal(rank0[0], rank1[0]) and not torch.equal(rank0[0], other[0])
+    assert torch.equal(rank0[0], again[0])
+    torch.manual_seed(0)
+    torch.randint(2**62, (1,))  # the one draw from the CPU generator
+    assert all(torch.equal(state, torch.get_rng_state()) for state in (rank0[1], rank1[1], other[1]))
+    if device == "cuda":
+        torch.manual_seed(0)
+        assert torch.equal(rank0[2], torch.cuda.get_rng_state())  # the device's generator untouched
+    torch.manual_seed(0)
+    with region_rng(TPGroup.single(), torch.device(device)):  # a group of one: torch's own stream
+        alone = F.dropout(torch.ones(4096, device=device), p=0.5)
+    torch.manual_seed(0)
+    assert torch.equal(alone, F.dropout(torch.ones(4096, device=device), p=0.5))
