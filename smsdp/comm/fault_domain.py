@@ -280,7 +280,8 @@ class FaultDomain:
             self._event("replicas failed", {"replicas": list(decision.failed), "step": self.steps_done + 1})
         if decision.joiners:
             self._event("replicas rejoined", {"replicas": sorted(decision.joiners), "step": self.steps_done + 1})
-            self._reform_next = len(decision.members) == self.replicas
+        # torch's world is made whole again after the next step, if every replica is in (and it is not yet)
+        self._reform_next = len(decision.members) == self.replicas and not self.torch_world_whole
         self._send_state(decision)
 
     def _generation(self, decision: Decision) -> Generation:
