@@ -63,7 +63,11 @@ def init_distributed(backend: str | None = None, timeout_s: float | None = None)
         store = _per_host_store(cluster, timeout)
         prefix = world_prefix(cluster, config)
         dist.init_process_group(
-            backend, store=dist.PrefixStore(prefix, store), rank=cluster.rank, world_size=cluster.world_size, timeout=timeout
+            backend,
+            store=dist.PrefixStore(prefix, store),
+            rank=cluster.rank,
+            world_size=cluster.world_size,
+            timeout=timeout,
         )
     elif _under_mpi():
         store = _mpi_store(cluster, timeout)

@@ -6,7 +6,8 @@ cut off the network) does not end the job while another replica is complete (doc
 What that needs of the job, checked here with the job's shape (torch-free, on the client and on every
 rank), every problem at once:
 
-- two replicas or more: ``instance_count x processes_per_host / sharded_data_parallel_degree >= 2``;
+- two replicas or more: ``instance_count x processes_per_host / sharded_data_parallel_degree >= 2``,
+  on two hosts or more (one host's failure takes every replica it holds);
 - each replica on one host (``sharded_data_parallel_degree`` divides ``processes_per_host``): a host's
   failure takes whole replicas, and restarting that host's ranks brings whole replicas back;
 - no tensor parallelism (a replica would be ``t`` shard groups whose failures are not independent);
@@ -48,6 +49,12 @@ def fault_tolerance_problems(
             f"{processes_per_host} process(es) per host with sharded_data_parallel_degree={d} makes one; "
             f"use a sharded_data_parallel_degree that divides {processes_per_host} and leaves two or more "
             f"(e.g. {processes_per_host if instance_count > 1 else max(1, processes_per_host // 2)}), or more instances"
+        )
+        problems.append(ConfigProblem(path, rule, True))
+    if replicas >= 2 and instance_count < 2:
+        rule = (
+            f"restarts a failed host's ranks while the other hosts go on, and this job has one host "
+            f"(instance_count={instance_count}): its failure takes every replica; use two instances or more"
         )
         problems.append(ConfigProblem(path, rule, True))
     if processes_per_host % d:

@@ -46,8 +46,12 @@ def _distribution(launcher: str = "mpi", **parameters):
 def test_the_key_runs_two_replicas_or_more_each_on_one_host():
     job = resolve_job(_distribution(bf16=True), instance_count=2)
     assert job.topology.replication_degree == 2 and job.runtime.parameters.sdp_fault_tolerant_replicas
-    one_host = RuntimeConfig(parameters={**FT, "sharded_data_parallel_degree": 1}, processes_per_host=2)
-    assert one_host.topology.replication_degree == 2  # d=1: every rank a replica
+    every_rank = RuntimeConfig(
+        parameters={**FT, "sharded_data_parallel_degree": 1}, instance_count=2, processes_per_host=1
+    )
+    assert every_rank.topology.replication_degree == 2  # d=1: every rank a replica
+    with pytest.raises(ConfigError, match="this job has one host"):
+        RuntimeConfig(parameters={**FT, "sharded_data_parallel_degree": 1}, processes_per_host=2)
 
 
 def test_every_refusal_says_why_and_what_works_at_once():
@@ -178,7 +182,7 @@ def test_no_replica_whole_is_the_fallback(store):
 
 
 #: A host of the test: says which start it is (a tagged line), host 1's first start leaves a failure file,
-#: exits with EXIT_<host>_<incarnation>; host 0 (the job's end) first waits for the others' good exits.
+#: exits with EXIT_<host>_<incarnation>; host 0 (the job's end) first waits for the others' good (or stopped) exits.
 HOST = """
 import os, sys, time
 host, inc, out = int(os.environ["SMSDP_FT_HOST"]), int(os.environ["SMSDP_FT_INCARNATION"]), os.environ["SM_OUTPUT_DIR"]
@@ -190,7 +194,8 @@ if host == 0:
     deadline = time.monotonic() + 20
     while code == 0 and time.monotonic() < deadline and not all(os.path.exists(os.path.join(out, f"ok{h}")) for h in (1, 2)):
         time.sleep(0.05)
-elif code == 0:
+    time.sleep(1)  # host_restart sees the others' ends before host 0's
+elif code in (0, 143):  # done, or stopped (SIGTERM's 128 + 15)
     open(os.path.join(out, f"ok{host}"), "w").write("")
 sys.exit(code)
 """
@@ -282,3 +287,18 @@ def test_srun_labels_and_task_reports_become_job_wide(tmp_path):
     text = out.getvalue()
     assert "1: rank line of host 0" in text and "3: rank line of host 1" in text
     assert "srun: error: n2: tasks 2-3: Killed" in text and "srun: error: n2: tasks 0-1: Killed" in text
+
+
+def test_a_host_that_ends_while_the_job_stops_is_not_restarted(tmp_path):
+    from estimator.backends.supervised.status import SecondaryStatus, StatusRecord, write_status
+    from estimator.job import JobStatus
+
+    out = tmp_path / "output"
+    out.mkdir()
+    write_status(
+        tmp_path / "status.json", StatusRecord.starting().moved_to(JobStatus.STOPPING, SecondaryStatus.STOPPING)
+    )
+    restarts, text = _restarts(out, _1_0=143)
+    assert restarts.run() == 0
+    assert "host 1's ranks exited with 143 while the job stops: not restarted" in text.getvalue()
+    assert "host 1 incarnation 1" not in text.getvalue()

@@ -34,6 +34,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TextIO
 
+from estimator.backends.supervised.job_dir import JobDir
+from estimator.backends.supervised.status import read_status
+from estimator.job import JobStatus
 from smsdp.config.host_launch import HOST_ENV, HOST_EVENTS_FILE, HOSTS_ENV, INCARNATION_ENV
 from smsdp.util import failure_files
 from smsdp.util.atomic_files import write_text_atomically
@@ -171,6 +174,9 @@ class HostRestarts:
             return code if code != 0 else self._finish()
         if code == 0 or self._hosts[0].exit_code is not None:
             return None
+        if self._stopping():  # the job was asked to stop: its ranks end, none is restarted
+            self._say(f"host {host.index}'s ranks exited with {code} while the job stops: not restarted")
+            return None
         if host.restarts >= self.max_restarts:
             self._say(f"host {host.index} failed again (exit {code}) after {host.restarts} restart(s): ending the job")
             self._record("host failed, no restart left", host, exit_code=code, restarts=host.restarts)
@@ -185,6 +191,17 @@ class HostRestarts:
         self._record("host restarted", host, exit_code=code, incarnation=host.incarnation)
         self._start(host)
         return None
+
+    def _stopping(self) -> bool:
+        """The supervisor is stopping the job (``job.stop()``, ``max_run``): its status says so."""
+        out = failure_files.output_dir_of(self.env)
+        if out is None:
+            return False
+        job = JobDir(out.parent)
+        try:
+            return read_status(job.status_file).status is JobStatus.STOPPING
+        except (OSError, ValueError):
+            return False
 
     def _set_aside_failures(self, host: Host) -> None:
         """The failure files of the host's ranks are renamed ``<name>.incarnation<k>``: the job went on, so
