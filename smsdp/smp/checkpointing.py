@@ -7,6 +7,7 @@ safetensors directory, and the export of one) are ``smsdp.pretrained``'s; ``smp.
 ``smp.load`` (``torch.save`` with SMP's per-rank file names) are ``smsdp.smp.partial_io``.
 """
 
+import inspect
 from typing import Any
 
 from smsdp.checkpoint import newest, save_resume
@@ -42,20 +43,10 @@ def resume_from_checkpoint(path: Any, *args: Any, **kwargs: Any) -> Any:
     return content
 
 
-def save_checkpoint(
-    path: Any,
-    tag: str,
-    partial: bool = True,
-    model: Any = None,
-    optimizer: Any = None,
-    user_content: Any = None,
-    translate_if_full: bool = True,
-    num_kept_partial_checkpoints: int | None = None,
-) -> None:
+def save_checkpoint(path: Any, tag: str, *args: Any, **kwargs: Any) -> None:
     """``smsdp.checkpoint.save_resume.save_checkpoint``; with a replica missing, not written (smsdp.smp.fault_tolerance)."""
     if fault_tolerance.skips_save(tag):
         return
-    save_resume.save_checkpoint(
-        path, tag, partial, model, optimizer, user_content, translate_if_full, num_kept_partial_checkpoints
-    )
-    fault_tolerance.note_user_content(user_content, resumed=False)
+    save_resume.save_checkpoint(path, tag, *args, **kwargs)
+    bound = inspect.signature(save_resume.save_checkpoint).bind(path, tag, *args, **kwargs)
+    fault_tolerance.note_user_content(bound.arguments.get("user_content"), resumed=False)
