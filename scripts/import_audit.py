@@ -163,7 +163,8 @@ def package_of(mod: str) -> str:
 
 def audit(package: str = PACKAGE) -> dict[str, list[str]]:
     """Every finding by kind; a package other than smsdp is held to the rules of any package only
-    (no circle, no ``_private`` name across modules), not to smsdp's layers and deferred imports."""
+    (no circle, no ``_private`` name from another module, its own or another package's), not to
+    smsdp's layers and deferred imports."""
     known = modules(package)
     own_rules = package == PACKAGE
     module_graph: dict[str, set[str]] = {m: set() for m in known}
@@ -182,6 +183,9 @@ def audit(package: str = PACKAGE) -> dict[str, list[str]]:
             dest = owner(target, known)
             if own_rules and in_function and not _defers(mod, target, dest, known):
                 found["in-function"].append(f"{where} imports {target} inside a function")
+            if dest is None and not own_rules:  # another package's _private name (smsdp's own use torch's)
+                private = [name for name in names if name.startswith("_") and not name.startswith("__")]
+                found["private"] += [f"{where} imports {target}.{name}" for name in private]
             if dest is None or dest == mod:
                 continue
             full_graph[mod].add(dest)

@@ -40,12 +40,15 @@ def test_the_audit_finds_a_circle_and_a_private_name(tmp_path):
     package = tmp_path / "estimator"
     package.mkdir()
     (package / "__init__.py").write_text("")
-    (package / "a.py").write_text("from estimator.b import _hidden\n")
+    (package / "a.py").write_text("from estimator.b import _hidden\nfrom smsdp.config import _rules\n")
     (package / "b.py").write_text("import estimator.a\n\n_hidden = 1\n")
     audit = import_audit("--root", str(tmp_path), "--package", "estimator")
     assert audit.returncode == 1
     assert "circles: 1\n  estimator.a <-> estimator.b\n" in audit.stdout
-    assert "private: 1\n  estimator/a.py:1 imports estimator.b._hidden\n" in audit.stdout
+    assert (
+        "private: 2\n  estimator/a.py:1 imports estimator.b._hidden\n  estimator/a.py:2 imports smsdp.config._rules\n"
+        in (audit.stdout)
+    )
 
 
 def test_the_client_core_never_names_a_backend():
