@@ -116,7 +116,8 @@ class FaultDomain:
         self.reform_world: Callable[[int], None] | None = None  # set by smsdp.comm.world
         self._reform_next = False
         self.torch_world_whole = self.incarnation == 0  # torch's default group holds every live rank
-        self._heartbeat = membership.Heartbeat(self.make_store, self.rank).start()
+        self._heartbeat = membership.Heartbeat(self.make_store, self.rank, self.incarnation).start()
+        self.incarnations = dict.fromkeys(range(self.replicas), 0)  # rank 0's view: which start of each replica is in
 
     # ---------------------------------------------------------------- what callers read
 
@@ -259,7 +260,7 @@ class FaultDomain:
             joins = membership.joins_posted(self.store)
             decision = membership.Round(
                 self.store, number, self.generation.members, self.replicas, self.shard_degree,
-                self.timeouts.dead_after, self.timeouts.decision, admit_joiners=True,
+                self.timeouts.dead_after, self.timeouts.decision, True, self.incarnations,
             ).decide()  # fmt: skip
             self._joins_seen = joins if decision.joiners or admitting else self._joins_seen
         else:
@@ -279,6 +280,7 @@ class FaultDomain:
             self.torch_world_whole = False  # torch's default group still holds the failed ranks' pairs
             self._event("replicas failed", {"replicas": list(decision.failed), "step": self.steps_done + 1})
         if decision.joiners:
+            self.incarnations.update(decision.joiners)
             self._event("replicas rejoined", {"replicas": sorted(decision.joiners), "step": self.steps_done + 1})
         # torch's world is made whole again after the next step, if every replica is in (and it is not yet)
         self._reform_next = len(decision.members) == self.replicas and not self.torch_world_whole

@@ -4,9 +4,10 @@ Everything here goes through the job's ``TCPStore`` (served by rank 0, whose rep
 cannot fail without ending the job), under ``smsdp/ft/``, and only when membership changes:
 a healthy step reads nothing here but rank 0's one ``joins`` counter, at most twice a second.
 
-- ``beat/<rank>``: a counter each rank's ``Heartbeat`` thread adds to every ``BEAT_S`` seconds. A
-  rank whose counter stood still for ``dead_after_s`` is dead (SIGKILLed, or cut off the network:
-  it cannot reach the store either).
+- ``beat/<rank>/<incarnation>``: a counter each rank's ``Heartbeat`` thread adds to every ``BEAT_S``
+  seconds. A rank whose counter stood still for ``dead_after_s`` is dead (SIGKILLed, or cut off the
+  network: it cannot reach the store either). Per incarnation: the restarted ranks of a host beat
+  under their own key, and do not make the dead ones they replace look alive.
 - ``g<gen>/report/<rank>``: a *round* ends generation ``gen``. Every live rank of it reports where
   it is (``Report``): the ranks of a replica whose collective across replicas failed, and, when a
   joiner waits, every rank at the start of a step's all-reduce. The ranks of a replica that had
@@ -91,8 +92,8 @@ class Decision:
 class Heartbeat:
     """A daemon thread adding to ``beat/<rank>`` every ``BEAT_S`` seconds, on its own store client."""
 
-    def __init__(self, make_store, rank: int):
-        self._make_store, self._rank = make_store, rank
+    def __init__(self, make_store, rank: int, incarnation: int = 0):
+        self._make_store, self._rank, self._incarnation = make_store, rank, incarnation
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"smsdp-heartbeat-{rank}", daemon=True)
 
@@ -107,7 +108,7 @@ class Heartbeat:
         try:
             store = self._make_store()
             while not self._stop.is_set():
-                store.add(key("beat", self._rank), 1)
+                store.add(key("beat", self._rank, self._incarnation), 1)
                 self._stop.wait(BEAT_S)
         except Exception:  # the store is gone: the main thread finds out in its next collective
             return
@@ -151,6 +152,7 @@ class Round:
     dead_after_s: float
     deadline_s: float
     admit_joiners: bool
+    incarnations: dict[int, int] = field(default_factory=dict)  # replica -> the start of it in the generation
 
     def decide(self) -> Decision:
         reports, dead = self._collect()
@@ -201,7 +203,7 @@ class Round:
                         reports[rank] = Report(**json.loads(text))
                     if rank in reports:
                         continue
-                    count = int(self.store.add(key("beat", rank), 0))
+                    count = int(self.store.add(key("beat", rank, self.incarnations.get(replica, 0)), 0))
                     seen = beats.get(rank)
                     if seen is None or seen[0] != count:
                         beats[rank] = (count, now)

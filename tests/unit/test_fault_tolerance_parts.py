@@ -117,11 +117,11 @@ def _round(store, generation=0, members=(0, 1, 2), replicas=3, d=2, dead_after=0
     return membership.Round(store, generation, members, replicas, d, dead_after, 30.0, admit)
 
 
-def _beat(store, ranks, stop: threading.Event) -> threading.Thread:
+def _beat(store, ranks, stop: threading.Event, incarnation: int = 0) -> threading.Thread:
     def run():
         while not stop.is_set():
             for rank in ranks:
-                store.add(membership.key("beat", rank), 1)
+                store.add(membership.key("beat", rank, incarnation), 1)
             stop.wait(0.1)
 
     thread = threading.Thread(target=run, daemon=True)
@@ -132,8 +132,11 @@ def _beat(store, ranks, stop: threading.Event) -> threading.Thread:
 def test_a_replica_whose_heartbeat_stands_still_is_left_out(store):
     for rank in (0, 1, 2, 3):  # replicas 0 and 1 report; replica 2's ranks never beat again
         membership.post_report(store, 0, rank, Report(op=7, kind="step"))
+    stop = threading.Event()
+    _beat(store, (4, 5), stop, incarnation=1)  # their restart beats already: under its own key
     started = time.monotonic()
     decision = _round(store).decide()
+    stop.set()
     assert decision.members == (0, 1) and decision.failed == (2,) and decision.op == 7 and not decision.behind
     assert time.monotonic() - started >= 0.6  # dead only after dead_after seconds of a still counter
     assert membership.wait_decision(store, 0, 5) == decision
