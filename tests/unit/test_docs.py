@@ -190,6 +190,22 @@ def test_every_doc_file_is_read():
     assert all(Path(p).is_file() for p in DOC_FILES)
 
 
+# A file of the repository named in backticks: `smsdp/core/unit.py`, `tests/unit/`, `scripts/bootstrap`.
+_REPO_PATH = re.compile(r"`((?:smsdp|estimator|entrypoints|tests|bench|scripts|docs|notebooks)/[\w./-]*[\w/])`")
+_WRITTEN_BY_RUNS = ("bench/results/",)  # outputs the benchmarks write (ignored by git), named as where to look
+
+
+def test_files_the_docs_name_exist():
+    stale = [
+        f"{path.relative_to(REPO_ROOT)}:{number}: {named}"
+        for path in [*DOC_FILES, REPO_ROOT / "bench" / "README.md"]
+        for number, line in enumerate(path.read_text().splitlines(), start=1)
+        for named in _REPO_PATH.findall(line)
+        if not named.startswith(_WRITTEN_BY_RUNS) and not (REPO_ROOT / named).exists()
+    ]
+    assert not stale, "the docs name files that are not there (moved or renamed?): " + "; ".join(stale)
+
+
 _LINK = re.compile(r"\]\((?P<target>[^)#\s]+)(?:#[^)]*)?\)")
 
 
