@@ -67,7 +67,12 @@ def build_topology(parameters: SMPParameters, words: JobWords) -> Topology:
     """The job's ``Topology``, validated; a ConfigError naming the config's fields if it does not fit."""
     ppn = words.processes_per_host
     if words.instance_count * ppn > MAX_WORLD_SIZE:
-        rule = f"gives a {words.shape()}, above the {MAX_WORLD_SIZE} ranks smsdp supports; use fewer instances"
+        # a factor past the bound is not spelled out: a huge int may not even convert to a string
+        if ppn > MAX_WORLD_SIZE:
+            rule = f"is above the {MAX_WORLD_SIZE} ranks smsdp supports; use fewer processes per host"
+            raise ConfigError.from_problems([ConfigProblem(words.ppn_path, rule, ppn)])
+        shape = "world" if words.instance_count > MAX_WORLD_SIZE else words.shape() + ","
+        rule = f"gives a {shape} above the {MAX_WORLD_SIZE} ranks smsdp supports; use fewer instances"
         raise ConfigError.from_problems([ConfigProblem(("instance_count",), rule, words.instance_count)])
     try:
         return Topology(

@@ -57,6 +57,18 @@ def test_a_world_of_millions_is_refused_before_it_is_built(capsys):
     assert code == 2 and "world size 131072 = 16384 instances x 8 processes per host" in said, said
 
 
+@pytest.mark.parametrize("field", ["instance_count", "processes_per_host"])
+def test_a_factor_too_large_to_print_is_refused_naming_its_field(field):
+    """10**5000 has more digits than Python converts to a string: the refusal never spells it out."""
+    huge = 10**5000
+    kwargs = {"instance_count": huge} if field == "instance_count" else {"instance_count": 1}
+    distribution = {"mpi": {"enabled": True, "processes_per_host": huge if field != "instance_count" else 2}}
+    with pytest.raises(ConfigError) as caught:
+        resolve_job(distribution, **kwargs)
+    said = str(caught.value)
+    assert len(said.splitlines()) == 1 and field in said and "too large to print" in said, said
+
+
 def test_the_planner_refuses_shapes_past_its_bounds_before_building_them():
     with bounded(seconds=5, megabytes=500):
         with pytest.raises(ValueError, match="n_layer=100000000 must be a whole number from 1 to 512"):
