@@ -17,7 +17,8 @@ same random token batches, warm-up steps then timed steps (median, CUDA-synchron
   compile), smsdp with ``sdp_compile`` (each unit's forward compiled); their first steps compile;
 - offloaded: FSDP2 with ``CPUOffloadPolicy(pin_memory=True)``, smsdp with ``sdp_offload="params"``: the
   fp32 masters, gradients and AdamW state in pinned host memory, the optimizer stepping on the CPU
-  (``OFFLOAD_STEPS``: fewer steps, each paying a CPU AdamW over 1.3 B elements).
+  (``OFFLOAD_STEPS``: fewer steps, each paying a CPU AdamW over 1.3 B elements); the ``_fused`` rows the same
+  with ``AdamW(fused=True)`` (torch's fused kernel, its CPU one over the host state), in both systems.
 
 smsdp's rows also say what the planner predicts for the device's tensors (``smsdp.planner``, its peak less
 the framework overhead) beside the measured peak (``torch.cuda.max_memory_allocated``).
@@ -40,11 +41,22 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 
-SYSTEMS = ("plain", "fsdp2", "smsdp", "fsdp2_compile", "smsdp_compile", "fsdp2_offload", "smsdp_offload")
+SYSTEMS = (
+    "plain",
+    "fsdp2",
+    "smsdp",
+    "fsdp2_compile",
+    "smsdp_compile",
+    "fsdp2_offload",
+    "smsdp_offload",
+    "fsdp2_offload_fused",
+    "smsdp_offload_fused",
+)
 SMSDP_SETTINGS: dict[str, dict[str, Any]] = {
     "smsdp": {},
     "smsdp_compile": {"sdp_compile": True},
     "smsdp_offload": {"sdp_offload": "params"},
+    "smsdp_offload_fused": {"sdp_offload": "params"},
 }
 OFFLOAD_STEPS: dict[str, int] = {"warmup": 1, "steps": 3}
 FULL = dict(n_layer=24, d_model=2048, n_head=16, vocab_size=50304, block_size=2048, batch=4, warmup=3, steps=10)
@@ -82,7 +94,7 @@ def _build(system: str, shape: dict, device):
 
         smp.init({"sharded_data_parallel_degree": 1, "bf16": True, "ddp": True, **SMSDP_SETTINGS[system]})
         model = smp.DistributedModel(module)
-        opt = smp.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=1e-4))
+        opt = smp.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=1e-4, fused=_fused(system)))
         return model, opt, module, n_params, lambda loss: model.backward(loss)
     module = module.to(device)
     if system.startswith("fsdp2"):
@@ -101,8 +113,14 @@ def _build(system: str, shape: dict, device):
                 block = blocks[i] = torch.compile(block)
             fully_shard(block, mesh=mesh, mp_policy=policy, **offload)
         fully_shard(module, mesh=mesh, mp_policy=policy, **offload)
-    opt = torch.optim.AdamW(module.parameters(), lr=1e-4)
+    opt = torch.optim.AdamW(module.parameters(), lr=1e-4, fused=_fused(system))
     return module, opt, module, n_params, lambda loss: loss.backward()
+
+
+def _fused(system: str) -> bool | None:
+    """The ``_fused`` rows step AdamW with torch's fused kernel (on the host state: its CPU one); None: torch's
+    default."""
+    return True if system.endswith("_fused") else None
 
 
 def run_system(system: str, shape: dict) -> dict:
@@ -223,6 +241,8 @@ def table(rows: list[dict], peak: float | None, shape: dict) -> str:
         "smsdp_compile": "smsdp, sdp_compile",
         "fsdp2_offload": "FSDP2, CPUOffloadPolicy",
         "smsdp_offload": 'smsdp, sdp_offload="params"',
+        "fsdp2_offload_fused": "FSDP2, CPUOffloadPolicy, AdamW(fused=True)",
+        "smsdp_offload_fused": 'smsdp, sdp_offload="params", AdamW(fused=True)',
     }
     lines = [
         f"GPT {rows[0]['params'] / 1e9:.2f} B parameters ({shape['n_layer']} layers, d_model {shape['d_model']}, "

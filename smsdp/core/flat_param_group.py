@@ -54,10 +54,9 @@ are quantized as they come. No kept slices: the backward gathers the 4-bit bytes
 less than a kept 1/k slice of the dequantized buffer would hold.
 
 [Note: offloaded groups (sdp_offload)]
-A sharded group moved to host memory (``move_to_host``) keeps ``master``, its optimizer
-parameters (views of it) and ``grad_acc`` on the host; ``offload`` (``smsdp.core.offload``)
-gives each gather its device copy of the shard (``_gather_source``) and takes each reduced
-gradient piece back to the host (``accumulate_part``), added in by ``settle_grads``.
+A group moved to host memory (``move_to_host``) keeps ``master``, its optimizer parameters (views
+of it) and ``grad_acc`` there; ``offload`` (``smsdp.core.offload``, its Notes) copies each shard in
+for its gather, or fills a replicated group's device buffer, and each reduced gradient piece out.
 """
 
 from __future__ import annotations
@@ -128,6 +127,7 @@ class FlatParamGroup:
     _split_sizes: list[int] = field(default_factory=list)
     _optim_slices: list[tuple[int, int]] = field(default_factory=list)  # (offset in master, length)
     offload: ShardOffload | None = None  # the master in host memory: [Note: offloaded groups (sdp_offload)]
+    _square_sum: torch.Tensor | None = None  # offloaded: the gradient's square sum, taken on the device
 
     @property
     def sharded(self) -> bool:
@@ -296,8 +296,11 @@ class FlatParamGroup:
                 else:
                     self._gather_handle = gather(self.unsharded, source, async_op)
             self.state = ParamState.GATHERING
+        elif self.offload is not None:  # replicated, from host memory: in flight like a gather
+            self._gather_handle = self.offload.copy_in(self.unsharded, self.master)
+            self.state = ParamState.GATHERING
         else:
-            self.unsharded.copy_(self.master)  # replicated: a cast (or from host memory), no traffic
+            self.unsharded.copy_(self.master)  # replicated: a cast, no traffic
             self.state = ParamState.UNSHARDED
 
     def wait_unshard(self) -> None:
@@ -319,11 +322,8 @@ class FlatParamGroup:
         """Every rank's NF4 bytes, gathered into ``_received``, dequantized into ``out`` in rank order."""
         received, self._received = self._received, None
         assert received is not None
-        d, nbytes, s = self.layout.shard_degree, self.master.numel(), self.shard_numel
         with torch.no_grad():
-            for k in range(d):
-                shard_bytes = received[k * nbytes : (k + 1) * nbytes]
-                nf4_shard.dequantize_into(out[k * s : (k + 1) * s], shard_bytes, self.master_dtype)
+            nf4_shard.dequantize_gathered(out, received, self.layout.shard_degree, self.master_dtype)
 
     def expose_views(self) -> None:
         """Shadow each parameter name with a view into the gathered buffer (see the module note)."""
@@ -376,43 +376,40 @@ class FlatParamGroup:
         self.flat_param.grad = None
         return grad
 
-    def accumulate(self, grad_shard: torch.Tensor, scale: float = 1.0) -> None:
-        """Add ``scale * grad_shard`` into the gradient (the master's dtype); the first one is taken over in place
-        (offloaded: after its copy to the host, by ``settle_grads``)."""
-        if self.offload is not None:
-            self.offload.queue_grad(grad_shard, 0, scale)
-        else:
-            self._take_or_add(grad_shard, scale)
+    def _first_grad(self, grad_shard: torch.Tensor, scale: float) -> torch.Tensor:
+        grad = grad_shard if grad_shard.dtype == torch.float32 else grad_shard.float()
+        if scale != 1.0:
+            grad.mul_(scale)
+        # Scaled in fp32 first: a bf16 master's gradient is rounded once.
+        return grad if self.master_dtype == torch.float32 else grad.to(self.master_dtype)
 
-    def _take_or_add(self, grad_shard: torch.Tensor, scale: float) -> None:
-        if self.grad_acc is None:
-            grad = grad_shard if grad_shard.dtype == torch.float32 else grad_shard.float()
-            if scale != 1.0:
-                grad.mul_(scale)
-            # Scaled in fp32 first: a bf16 master's gradient is rounded once.
-            self.grad_acc = grad if self.master_dtype == torch.float32 else grad.to(self.master_dtype)
-        else:
-            self.grad_acc.add_(grad_shard, alpha=scale)
-
-    def accumulate_part(self, piece: torch.Tensor, start: int, scale: float) -> None:
-        """Add ``scale * piece`` into ``[start, start + len(piece))`` of the gradient (a reduce bucket);
-        offloaded, the piece goes to the host now and is added in by ``settle_grads``."""
-        if self.offload is not None:
-            self.offload.queue_grad(piece, start, scale)
-        else:
+    def accumulate_part(self, piece: torch.Tensor, start: int, scale: float, last: bool = False) -> None:
+        """Add ``scale * piece`` into ``[start, start + len(piece))`` of the gradient (a first whole one is taken over);
+        offloaded, it goes to the host now, for ``settle_grads`` (``last``: the step-ending backward's; offload's Note)."""
+        if self.offload is None:
             self._add_part(piece, start, scale)
+        elif self.grad_acc is None and not self.offload.has_queued and piece.numel() == self.shard_numel:
+            self._square_sum = self.offload.queue_first(self._first_grad(piece, scale), last)
+        else:
+            self.offload.queue_grad(piece, start, scale)
 
     def settle_grads(self) -> None:
         """Add the gradient pieces copied to the host into ``grad_acc``, in the order they came."""
         if self.offload is not None:
-            for piece, start, scale in self.offload.take_queued():
-                self._add_part(piece, start, scale)
+            for piece, start, scale, taken in self.offload.take_queued():
+                self._add_part(piece, start, scale, taken)
 
-    def _add_part(self, piece: torch.Tensor, start: int, scale: float) -> None:
-        if piece.numel() == self.layout.shard_numel:
-            self._take_or_add(piece, scale)
-        else:
+    def _add_part(self, piece: torch.Tensor, start: int, scale: float, taken: bool = False) -> None:
+        if taken:  # made the gradient on the device already (its square sum with it)
+            self.grad_acc = piece
+            return
+        self._square_sum = None  # of a gradient this changes
+        if piece.numel() != self.layout.shard_numel:
             self._grad_or_zeros()[start : start + piece.numel()].add_(piece, alpha=scale)
+        elif self.grad_acc is None:
+            self.grad_acc = self._first_grad(piece, scale)  # taken over
+        else:
+            self.grad_acc.add_(piece, alpha=scale)
 
     def _grad_or_zeros(self) -> torch.Tensor:
         self.settle_grads()
@@ -427,7 +424,7 @@ class FlatParamGroup:
     def take_grad_for_sync(self) -> torch.Tensor:
         """The gradient (zeros if none), taken out: a later accumulation starts a new one."""
         grad = self._grad_or_zeros()
-        self.grad_acc = None
+        self.grad_acc, self._square_sum = None, None
         return grad
 
     def restore_synced(self, summed: torch.Tensor) -> None:
@@ -435,16 +432,20 @@ class FlatParamGroup:
         self.settle_grads()
         summed = summed.to(device=self.master.device, dtype=self.master_dtype)  # from the device when offloaded
         self.grad_acc = summed if self.grad_acc is None else self.grad_acc.add_(summed)
+        self._square_sum = None
 
     def scale_grad_(self, factor: float | torch.Tensor) -> None:
         """Multiply the gradient in place (fp16 unscaling, clipping); nothing if there is none."""
         self.settle_grads()
+        self._square_sum = None
         if self.grad_acc is not None:
             self.grad_acc.mul_(factor.to(self.grad_acc.device) if isinstance(factor, torch.Tensor) else factor)
 
     def grad_square_sum(self) -> torch.Tensor | None:
         """Sum of squares of this rank's gradient (``torch.sum``'s cascade summation) on the device, or None."""
         self.settle_grads()
+        if self._square_sum is not None:  # offloaded: taken on the device, from the same bits
+            return self._square_sum
         return None if self.grad_acc is None else self.grad_acc.float().pow(2).sum().to(self.device)
 
     def attach_grads(self) -> None:
@@ -458,7 +459,7 @@ class FlatParamGroup:
     def zero_grad(self) -> None:
         if self.offload is not None:
             self.offload.discard_queued()
-        self.grad_acc = None
+        self.grad_acc, self._square_sum = None, None
         self.flat_param.grad = None
         for _, param in self.optim_params:
             param.grad = None

@@ -110,3 +110,10 @@ def dequantize_into(out: torch.Tensor, packed: torch.Tensor, dtype: torch.dtype)
         }
         chunk = nf4.NF4Tensor.__tensor_unflatten__(inner, meta, None, None)
         out[lo:hi].copy_(chunk.get_original_weight())
+
+
+def dequantize_gathered(out: torch.Tensor, received: torch.Tensor, shards: int, dtype: torch.dtype) -> None:
+    """The bytes of ``shards`` shards, gathered into ``received`` in rank order, dequantized into ``out``."""
+    nbytes, numel = received.numel() // shards, out.numel() // shards
+    for k in range(shards):
+        dequantize_into(out[k * numel : (k + 1) * numel], received[k * nbytes : (k + 1) * nbytes], dtype)

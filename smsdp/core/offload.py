@@ -7,7 +7,8 @@ Two modes (FSDP2's ``CPUOffloadPolicy`` is the first, DeepSpeed's ``offload_opti
   it is gathered: :meth:`ShardOffload.device_shard` copies it in when the unit's all-gather is issued
   (by the prefetcher too, so the copy runs ahead with the unit), and it is dropped when the gather is
   done. A replicated group (under ``sdp_param_persistence_threshold``, or every group at degree 1) is
-  copied into its device buffer at each unshard, as FSDP2 does on one GPU.
+  copied into its device buffer at each unshard (:meth:`ShardOffload.copy_in`, prefetched alike), as FSDP2
+  does on one GPU.
 * ``optimizer``: the same in host memory, plus a device copy of each sharded group's shard kept
   between steps (refreshed only when the master has changed since: its version counter), so the
   gathers read the device as without offload.
@@ -17,6 +18,20 @@ Either way the reduced gradient is copied back as soon as its reduce-scatter is 
 order the pieces came (the same additions as on the device: bit for bit on the CPU); the optimizer's
 parameters are views of the host masters, so ``optimizer.step()`` runs on the CPU. The replica and
 data-parallel all-reduces send device copies of the host gradients; the sums land back on the host.
+
+[Note: the host's work per step]
+The host does what FSDP2's ``CPUOffloadPolicy`` has it do: the optimizer step over the host state, and the
+additions of a gradient accumulated over micro-steps; no other pass over the host tensors. So: the copies
+in cross from pinned memory in the master's dtype and are cast on the device (a blocking ``copy_`` into a
+buffer of another dtype would cast on the CPU into pageable memory and copy from there); a group's first
+whole gradient piece of a step is scaled and cast on the device, then taken over by the host as it lands;
+and if that piece is the step's gradient (the step-ending backward, no replica or data-parallel all-reduce
+after it), its square sum, the one the step's gradient norm needs, is taken on the device from it
+(``FlatParamGroup.grad_square_sum`` would take the same sum of the same bits) instead of by a pass over the
+host gradient. Which backward ends a step is known from the second step on, unless the script declares
+``backward_passes_per_step`` (``smsdp.core.accumulation``). Otherwise (accumulation, all-reduces, the first
+step) the norm is taken on the host, as are fp16's unscaling and clipping's multiply (FSDP2's
+``clip_grad_norm_`` over host gradients does the same two passes).
 
 [Note: streams on a GPU]
 Host copies are pinned. A shard goes to the device on a copy stream, and the unit's all-gather is
@@ -64,12 +79,29 @@ class HostMemory:
         return host
 
 
+COPY_IN_PIECE = 1 << 24
+"""Elements of a replicated group copied in at once: each piece crosses in the master's dtype into a device
+buffer of its own, then is cast into the compute copy (64 MiB of fp32 on the device at a time)."""
+
+
 @dataclass
 class _QueuedGrad:
     host: torch.Tensor  # the piece, in host memory once ``event`` is done
     start: int
     scale: float
     event: Any = None  # a CUDA event on the copy stream, None on the CPU
+    taken: bool = False  # the gradient's first piece, scaled and cast already: the host takes it over as is
+
+
+@dataclass
+class CopyIn:
+    """A replicated group's copy in, in flight on the copy stream: ``wait`` orders the current stream after it."""
+
+    event: Any
+    device: torch.device
+
+    def wait(self) -> None:
+        torch.cuda.current_stream(self.device).wait_event(self.event)
 
 
 @dataclass
@@ -84,6 +116,7 @@ class ShardOffload:
     _grads: list[_QueuedGrad] = field(default_factory=list)
     copies_in: int = 0  # shard copies made host to device (a test reads them)
     copies_out: int = 0  # gradient pieces copied device to host
+    device_square_sums: int = 0  # gradients whose square sum (the step's norm) was taken on the device
 
     # ---- the shard, host to device ---------------------------------------------------------
 
@@ -131,20 +164,42 @@ class ShardOffload:
             self._device.record_stream(torch.cuda.current_stream(self.memory.device))  # waited for the gather
         self._device, self._tag = None, None
 
+    def copy_in(self, out: torch.Tensor, master: torch.Tensor) -> CopyIn | None:
+        """Fill ``out`` (a replicated group's device buffer, in the compute dtype) from the host ``master``: on
+        a GPU on the copy stream, without blocking (see [Note: the host's work per step]); its handle, or None
+        on the CPU, where the copy is done."""
+        stream = self.memory.copy_stream
+        if stream is not None:
+            stream.wait_stream(torch.cuda.current_stream(self.memory.device))  # ``out``'s allocation
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            for start in range(0, master.numel(), COPY_IN_PIECE):
+                stop = min(start + COPY_IN_PIECE, master.numel())
+                out[start:stop].copy_(master[start:stop], non_blocking=stream is not None)
+        if stream is None:
+            return None
+        event = torch.cuda.Event()
+        event.record(stream)
+        return CopyIn(event, self.memory.device)
+
     @property
     def device_bytes(self) -> int:
         return 0 if self._device is None else self._device.numel() * self._device.element_size()
 
     # ---- gradients, device to host ---------------------------------------------------------
 
-    def queue_grad(self, piece: torch.Tensor, start: int, scale: float) -> None:
-        """Copy a reduce-scattered gradient piece to the host without blocking; added in by ``settle``."""
+    @property
+    def has_queued(self) -> bool:
+        return bool(self._grads)
+
+    def queue_grad(self, piece: torch.Tensor, start: int, scale: float, taken: bool = False) -> None:
+        """Copy a reduce-scattered gradient piece to the host without blocking; added in (or, ``taken``, made the
+        gradient) by ``FlatParamGroup.settle_grads``."""
         host = self.memory.empty(piece)
         self.copies_out += 1
         stream = self.memory.copy_stream
         if stream is None:
             host.copy_(piece)
-            self._grads.append(_QueuedGrad(host, start, scale))
+            self._grads.append(_QueuedGrad(host, start, scale, taken=taken))
             return
         stream.wait_stream(torch.cuda.current_stream(self.memory.device))
         with torch.cuda.stream(stream):
@@ -152,15 +207,24 @@ class ShardOffload:
             event = torch.cuda.Event()
             event.record(stream)
         piece.record_stream(stream)
-        self._grads.append(_QueuedGrad(host, start, scale, event))
+        self._grads.append(_QueuedGrad(host, start, scale, event, taken))
 
-    def take_queued(self) -> list[tuple[torch.Tensor, int, float]]:
-        """The queued pieces in the order they came, each complete in host memory."""
+    def queue_first(self, grad: torch.Tensor, square_sum: bool) -> torch.Tensor | None:
+        """Queue the gradient's first piece, made the gradient already (scaled, the master's dtype): the host takes
+        it over as it lands. ``square_sum``: its sum of squares, taken here on the device (returned), as
+        ``FlatParamGroup.grad_square_sum`` would take it from the same bits (see [Note: the host's work per step])."""
+        total = grad.float().pow(2).sum() if square_sum else None
+        self.device_square_sums += int(square_sum)
+        self.queue_grad(grad, 0, 1.0, taken=True)
+        return total
+
+    def take_queued(self) -> list[tuple[torch.Tensor, int, float, bool]]:
+        """The queued pieces in the order they came, each complete in host memory: (piece, start, scale, taken)."""
         queued, self._grads = self._grads, []
         for grad in queued:
             if grad.event is not None:
                 grad.event.synchronize()
-        return [(g.host, g.start, g.scale) for g in queued]
+        return [(g.host, g.start, g.scale, g.taken) for g in queued]
 
     def discard_queued(self) -> None:
         self._grads = []

@@ -144,16 +144,16 @@ class Unit:
         """
         grad = group.take_flat_grad()
         if grad is not None:
-            self._reduce_grad(group, grad)
+            self._reduce_grad(group, grad, sync)
         group.reshard()
         if sync and self.bound_comm().eager_replica_sync:
             self.complete_reduces(sync=True)
 
-    def _reduce_grad(self, group: FlatParamGroup, grad: torch.Tensor) -> None:
+    def _reduce_grad(self, group: FlatParamGroup, grad: torch.Tensor, last: bool) -> None:
         """Micro-step reduction: reduce-scatter in the shard group, or keep locally when replicated."""
         comm = self.bound_comm()
-        if not group.sharded:
-            group.accumulate(grad.float(), scale=comm.mean_scale)
+        if not group.sharded:  # ``last``: and no data-parallel all-reduce (one rank) will change the sum
+            group.accumulate_part(grad.float(), 0, comm.mean_scale, last and comm.mean_scale == 1.0)
             return
         grad = grad.to(comm.reduce_dtype)
         shard_numel = group.shard_numel
@@ -191,9 +191,12 @@ class Unit:
             return
         done = [p for p in self._pending if not any(p.group is k for k in keep)]
         self._pending = [p for p in self._pending if any(p.group is k for k in keep)]
-        for pending in done:
+        comm = self.bound_comm()
+        for pending in done:  # ``last``: the step's gradient, unless a replica all-reduce will change it
             pending.handle.wait()
-            pending.group.accumulate_part(pending.shard, pending.start, self.bound_comm().mean_scale)
+            pending.group.accumulate_part(
+                pending.shard, pending.start, comm.mean_scale, sync and comm.replica_degree == 1
+            )
         if sync:
             for group in {id(p.group): p.group for p in done}.values():
                 self._start_group_sync(group)

@@ -10,7 +10,8 @@ and of those units.
 
 Per step, host to device: under "params" a unit's shard at each of its all-gathers from the shard (not
 from kept ``1/k`` slices), under "optimizer" every shard once (the masters change at the step); a
-replicated group's master at each unshard. Device to host: each reduced gradient, every micro-step. The copies run on their own stream beside
+replicated group's master at each unshard. Device to host: each reduced gradient, every micro-step (the
+first of a step in the master's dtype). The copies run on their own stream beside
 compute (``smsdp.planner.comm_model.step_time``); the optimizer step over the host shards runs on the
 CPU, after the backward, at ``Assumptions.cpu_optimizer_elements_per_s``.
 
@@ -129,8 +130,11 @@ def copy_bytes_per_step(
             (1 if g.unit in kept or (slices and not g.nf4) else 2) * shard_bytes(g, master_bytes) for g in sharded
         )
         h2d = float(micro_steps * (gathers + replicated))
+    # A step's first gradient of a group crosses made the gradient on the device (the master's dtype), the
+    # later micro-steps' as reduced (``smsdp.core.offload``, [Note: the host's work per step]).
     reduce = 2 if p.sdp_reduce_dtype == "bf16" else 4
-    d2h = float(micro_steps * sum((reduce if g.sharded else 4) * g.shard for g in groups if g.trainable))
+    trainable = [g for g in groups if g.trainable]
+    d2h = float(sum((master_bytes + (micro_steps - 1) * (reduce if g.sharded else 4)) * g.shard for g in trainable))
     return h2d, d2h
 
 

@@ -162,6 +162,9 @@ def run_offload_case(name: str) -> dict:
         "trainable_offloaded": sum(g.trainable for g in offloaded),
         "copies_in": sum(g.offload.copies_in for g in offloaded),
         "copies_out": sum(g.offload.copies_out for g in offloaded),
+        "norms_on_device": sum(g.offload.device_square_sums for g in offloaded),
+        "trainable_sharded_offloaded": sum(g.trainable and g.sharded for g in offloaded),
+        "replica_degree": smp.rdp_size() // smp.sdp_size(),
         "masters_on_cpu": all(g.master.device.type == "cpu" for g in offloaded),
         "host_state": runtime_state.get().optimizers[-1].host_state_bytes(),
     }

@@ -124,3 +124,17 @@ def test_offload_copies_each_shard_in_for_its_gathers_and_each_gradient_piece_ou
         assert result["copies_in"] == expected_in
         host = result["host_state"]
         assert 0 < host["optimizer"] <= 2 * host["params"]  # AdamW's two fp32 moments over the unpadded slice
+
+
+@pytest.mark.parametrize("case", list(OFFLOAD_CASES))
+def test_the_offloaded_steps_norm_is_taken_on_the_device_where_the_gradient_lands_whole(results, case):
+    """smsdp.core.offload's [Note: the host's work per step]: a sharded group's gradient that lands on the host
+    whole in the step-ending backward (no accumulation, no replica all-reduce after) has its square sum taken on
+    the device from that piece, once per step, so the step passes over the host gradients only in the optimizer
+    (bit-identical: the test above); accumulated over micro-steps (or all-reduced after), the norm is the host's.
+    From the second step on: these scripts do not declare backward_passes_per_step, so which backward ends the
+    first step is not known before its step() (smsdp.core.accumulation)."""
+    for result in results[case]:
+        whole = result["micro_steps"] == 1 and result["replica_degree"] == 1
+        expected = (result["steps"] - 1) * result["trainable_sharded_offloaded"] if whole else 0
+        assert result["norms_on_device"] == expected, (case, result["norms_on_device"], expected)

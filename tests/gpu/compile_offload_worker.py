@@ -104,8 +104,11 @@ def offloaded(mode: str) -> dict:
         recommend=False,
     )
     memory = planned.memory
+    offloaded = [g for g in model.flat_groups() if g.offload is not None]
     return {
         "losses": losses,
+        "norms_on_device": sum(g.offload.device_square_sums for g in offloaded),
+        "trainable_offloaded": sum(g.trainable for g in offloaded),
         "peak_cuda": torch.cuda.max_memory_allocated() if CUDA else 0,
         "host_state": host,
         "planned_training": max(memory.training_phase, memory.step_phase) - memory.framework_overhead,

@@ -56,3 +56,6 @@ def test_offloaded_training_on_a_gpu_matches_and_holds_less(offload_runs, mode):
     assert host["params"] + host["grads"] + host["optimizer"] == offloaded["planned_host"]
     planned, measured = offloaded["planned_training"], offloaded["peak_cuda"]
     assert abs(planned - measured) <= 0.10 * measured, (planned, measured)
+    # d=1, one rank: every group's gradient lands whole, and from the second step on (the first step's end is not
+    # known before its step()) its square sum is taken on the device, not by a pass over the host gradient.
+    assert offloaded["norms_on_device"] == (len(offloaded["losses"]) - 1) * offloaded["trainable_offloaded"]
