@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import gc
 import json
 import os
 import time
@@ -40,6 +41,7 @@ def report_at_exit(directory: Path, rank: int, summed: torch.Tensor | None, expe
         "gloo_worker_states_at_exit": worker_states(),
         "async_done": None if summed is None else bool(torch.all(summed == expected)),
         "distributed": dist.is_initialized(),
+        "frozen_for_exit": gc.get_freeze_count() > 0,  # smsdp's exit hook spared the final collections
     }
     (directory / f"exit.rank{rank}.json").write_text(json.dumps(report))
 

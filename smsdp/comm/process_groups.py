@@ -18,6 +18,7 @@ the interpreter still runs, whatever models and optimizers the script still hold
 from __future__ import annotations
 
 import datetime
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -166,9 +167,13 @@ def _new_group(ranks: Group, backend: str | None, timeout: datetime.timedelta | 
     return dist.new_group(list(ranks), **kwargs)
 
 
-def release_process_groups() -> None:
+def release_process_groups(kept: dist.ProcessGroup | None = None) -> int:
     """Let go of every process group smsdp holds: one no longer referenced elsewhere is destroyed
-    (torch releases the GIL while its worker threads finish and are joined)."""
+    (torch releases the GIL while its worker threads finish and are joined). Returns how many are
+    still alive besides ``kept`` (the default group, which torch keeps): held elsewhere, by a
+    reference cycle that only the garbage collector frees at best."""
+    released = {id(slot.pg): weakref.ref(slot.pg) for slot in _SLOTS if slot.pg is not None and slot.pg is not kept}
     for slot in _SLOTS:
         slot.pg = None
     _SLOTS.clear()
+    return sum(ref() is not None for ref in released.values())

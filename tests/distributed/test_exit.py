@@ -39,6 +39,7 @@ def test_a_job_that_ends_after_an_async_collective_leaves_cleanly(tmp_path):
         report = json.loads((out / f"exit.rank{rank}.json").read_text())
         assert report["distributed"] is False  # the process groups were destroyed before the exit hooks ran out
         assert report["async_done"] is True  # the dropped all-reduce finished before the interpreter finalized
+        assert report["frozen_for_exit"] is True  # the finalization's collections skip what lived at the end
         states = report["gloo_worker_states_at_exit"]
         # smsdp's own groups (shard, replica, tensor-parallel) went with their threads; the default
         # group's stay, asleep, waiting for work that never comes
