@@ -163,8 +163,11 @@ def layer_activation_bytes(shape: TransformerShape, batch: int, compute_bytes: i
     Elements kept, in units of ``s*b*h`` (then times ``c``): LayerNorm inputs 2,
     QKV-projection input 1, Q, K and V 3, output-projection input 1, MLP input 1,
     GeLU input ``f``, second MLP input ``f``: ``8 + 2f`` (16 for ``f = 4``).
-    Attention core: ``flash`` keeps its output (1 more ``sbh``) and the fp32
-    log-sum-exp ``4*a*s*b``; ``eager`` keeps the softmax output ``c*a*s^2*b``.
+    Attention core: ``flash`` keeps the fp32 log-sum-exp ``4*a*s*b`` and its
+    output, which is the output-projection input already counted (SDPA returns it
+    in the ``(b, s, h)`` layout, so the transpose before the projection copies
+    nothing: measured, ``tests/unit/test_planner.py``); ``eager`` keeps the softmax
+    output ``c*a*s^2*b``.
     With dropout, one 1-byte mask per dropout (``2*sbh``; eager adds the
     attention-dropout mask ``a*s^2*b`` and its output ``c*a*s^2*b``).
 
@@ -182,7 +185,7 @@ def layer_activation_bytes(shape: TransformerShape, batch: int, compute_bytes: i
     sbh = s * b * h
     total = compute_bytes * 4 * sbh + compute_bytes * (4 + 2 * f) * sbh // t
     if shape.attention == "flash":
-        total += (compute_bytes * sbh + 4 * a * s * b) // t
+        total += 4 * a * s * b // t
     else:
         total += compute_bytes * a * s * s * b // t
     if shape.dropout:

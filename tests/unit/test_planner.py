@@ -115,8 +115,36 @@ def test_layer_activations_equal_korthikanti_for_eager_attention_with_dropout():
 def test_layer_activations_flash_fp32_by_hand():
     shape = TransformerShape(n_layer=1, d_model=256, n_head=4, seq_len=128, vocab_size=1024)
     sbh = 128 * 4 * 256
-    # 16 sbh elements + the attention output kept by SDPA, 4 bytes each, + the fp32 log-sum-exp
-    assert mem.layer_activation_bytes(shape, 4, 4) == 4 * 17 * sbh + 4 * 4 * 128 * 4
+    # 16 sbh elements, 4 bytes each (SDPA's output is the output projection's input), + the fp32 log-sum-exp
+    assert mem.layer_activation_bytes(shape, 4, 4) == 4 * 16 * sbh + 4 * 4 * 128 * 4
+
+
+@pytest.mark.parametrize("dtype_name", ["float32", "bfloat16"])
+def test_layer_activations_flash_are_what_a_block_saves_for_its_backward(dtype_name):
+    """The bundled GPT's block, SDPA attention, on the CPU: the distinct storages autograd saves for its backward
+    (its input included, the parameters not) are the formula's bytes plus the two LayerNorms' statistics (mean
+    and rstd per token, not counted by the planner). SDPA returns its output in the (b, s, h) layout, so the
+    output projection's input is that same storage, counted once."""
+    torch = pytest.importorskip("torch")
+    gpt = pytest.importorskip("entrypoints.gpt")
+    GPT, GPTConfig, dtype = gpt.GPT, gpt.GPTConfig, getattr(torch, dtype_name)
+    config = GPTConfig(vocab_size=64, block_size=64, n_layer=1, n_head=4, d_model=64, dropout=0.0, bias=False)
+    block = GPT(config).transformer.h[0].to(dtype)
+    x = torch.randn(2, 64, 64, dtype=dtype, requires_grad=True)
+    params = {p.untyped_storage().data_ptr() for p in block.parameters()}
+    saved: dict[int, int] = {}
+
+    def keep(t):
+        if t.untyped_storage().data_ptr() not in params:
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        block(x)
+    c = torch.finfo(dtype).bits // 8
+    shape = TransformerShape(n_layer=1, d_model=64, n_head=4, seq_len=64, vocab_size=64)
+    layer_norm_stats = 2 * 2 * 64 * 2 * c  # two LayerNorms, mean and rstd per token (b=2, s=64)
+    assert sum(saved.values()) == mem.layer_activation_bytes(shape, 2, c) + layer_norm_stats
 
 
 def test_activation_checkpointing_and_offloading_by_hand():
