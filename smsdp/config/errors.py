@@ -50,7 +50,7 @@ class ConfigProblem:
         path = printable(self.dotted_path)  # a name holding a newline or a \r must not split the line
         if self.value is NO_VALUE:
             return f"{path}: {self.rule}" if path else self.rule
-        return f"{path}={_short_repr(self.value)} {self.rule}"
+        return f"{path}={short_repr(self.value)} {self.rule}"
 
 
 def printable(text: str) -> str:
@@ -59,7 +59,9 @@ def printable(text: str) -> str:
     return "".join(repr(c)[1:-1] if not c.isprintable() and c != " " else c for c in text)
 
 
-def _short_repr(value: Any, limit: int = 120) -> str:
+def short_repr(value: Any, limit: int = 120) -> str:
+    """``repr(value)``, cut at ``limit`` characters; a value too large to print (an int of more than
+    4,300 digits) is named by its type, so an error message about it never fails itself."""
     try:
         text = repr(value)
     except ValueError:  # an int of more than 4,300 digits (sys.get_int_max_str_digits)

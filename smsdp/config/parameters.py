@@ -14,7 +14,7 @@ from pydantic import AliasChoices, BeforeValidator, Field, StrictBool, model_val
 from pydantic_core import PydanticCustomError
 
 from smsdp.config import smp_v2
-from smsdp.config.errors import ConfigError, ConfigProblem, or_list
+from smsdp.config.errors import ConfigError, ConfigProblem, or_list, short_repr
 from smsdp.config.validation import ConfigModel, Number, WholeNumber
 
 
@@ -247,7 +247,7 @@ def _alias_conflicts(data: dict[str, Any]) -> list[ConfigProblem]:
     if "partitions" in data and "pipeline_parallel_degree" in data:
         if data["partitions"] != data["pipeline_parallel_degree"]:
             rule = (
-                f"conflicts with pipeline_parallel_degree={data['pipeline_parallel_degree']!r} "
+                f"conflicts with pipeline_parallel_degree={short_repr(data['pipeline_parallel_degree'])} "
                 "(partitions is its alias); keep only one"
             )
             return [ConfigProblem(("partitions",), rule, data["partitions"])]

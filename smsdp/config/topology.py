@@ -25,6 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+from smsdp.config.errors import short_repr
+
 Group = tuple[int, ...]
 
 
@@ -170,7 +172,7 @@ class Topology:
     def _problems(self) -> tuple[TopologyProblem, ...]:
         names = ("world_size", "processes_per_host", "tp_degree", "shard_degree")
         bad = tuple(
-            TopologyProblem(n, getattr(self, n), f"{n}={getattr(self, n)!r} must be a positive integer")
+            TopologyProblem(n, getattr(self, n), f"{n}={short_repr(getattr(self, n))} must be a positive integer")
             for n in names
             if not _positive(getattr(self, n))
         )

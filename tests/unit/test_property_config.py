@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from smsdp.config import (
@@ -257,6 +257,8 @@ def test_smp_parameters_accept_or_name_the_field():
 
     @settings(max_examples=400, **SETTINGS)
     @given(smp_parameters())
+    @example({"pipeline_parallel_degree": [10**5000], "partitions": 1})  # found by CI: the conflict's message failed
+    @example({"pipeline_parallel_degree": -(10**5000)})
     def run(params):
         result = accepted_or_config_error(tally, lambda: SMPParameters.model_validate(params), params)
         if result is not None:
