@@ -88,8 +88,15 @@ def redact_env(env: Mapping[str, str]) -> dict[str, str]:
 
 
 def redact_hyperparameters(hyperparameters: Mapping[str, Any]) -> dict[str, Any]:
-    """``hyperparameters`` with the value of every secret-looking name blanked."""
-    return {name: REDACTED if secret_name(name) else value for name, value in hyperparameters.items()}
+    """``hyperparameters`` with the value of every secret-looking name blanked. A value written as
+    hyperparameters.json writes it (a JSON-encoded string) stays one, so the view reads as the file."""
+    return {name: _blank(value) if secret_name(name) else value for name, value in hyperparameters.items()}
+
+
+def _blank(value: Any) -> str:
+    if isinstance(value, str) and len(value) >= 2 and value[0] == value[-1] == '"':
+        return json.dumps(REDACTED)
+    return REDACTED
 
 
 def redact_argv(argv: Sequence[str]) -> list[str]:

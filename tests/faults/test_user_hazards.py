@@ -240,8 +240,9 @@ def test_secret_hyperparameters_reach_the_script_and_nothing_else(tmp_path):
     log = job.logs()
     assert "secrets arrived intact: True" in log  # the real values reached the script
     contract = job.job_dir / "input" / "config" / "hyperparameters.json"  # the script's input, as on SageMaker
-    assert json.loads(json.loads(contract.read_text())["hf_token"]) == TOKEN
+    # The script's input held the real value while it ran; once the job ends no file keeps it (issue 35, defect 7).
+    assert json.loads(json.loads(contract.read_text())["hf_token"]) == "********"
     for path in job.job_dir.rglob("*"):
-        if path.is_file() and not path.is_symlink() and path != contract:
+        if path.is_file() and not path.is_symlink():
             data = path.read_bytes()
             assert TOKEN.encode() not in data and b"backslash-secret" not in data, path
