@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import estimator.backends.slurm.scheduler as scheduler
+from estimator import interrupts
 from estimator.backends.base import AttachedJob, Backend
 from estimator.backends.slurm.job import SlurmJob
 from estimator.backends.slurm.job_files import BATCH_SCRIPT, JOB_ID_FILE, LAUNCH_ARGV_VARIABLE, SLURM_OUTPUT
@@ -90,21 +91,26 @@ class SlurmBackend(Backend[SlurmRequest]):
 
     def launch(self, request: SlurmRequest) -> SlurmJob:
         preflight(request)
-        job = create_job_dir(request.job_dir, request.job_name, request.description)
-        try:
-            write_job_text(job.root / BATCH_SCRIPT, request.batch_script)
-        except OSError as exc:
-            shutil.rmtree(request.job_path, ignore_errors=True)
-            raise problem(
-                "output_path", f"cannot hold the job directory {request.job_path}: {exc}", str(request.job_path.parent)
-            ) from exc
-        try:
-            job_id = scheduler.submit(list(request.sbatch_argv), submission_environment(request))
-        except scheduler.SlurmCommandError:
-            shutil.rmtree(job.root, ignore_errors=True)  # nothing was submitted: the name is free again
-            raise
-        write_job_text(job.root / JOB_ID_FILE, job_id + "\n")
-        return SlurmJob(job.root)
+        # From the job directory's creation to its handle's return, a Ctrl-C waits (estimator.interrupts):
+        # raised in between, it would leave a job "Starting" for ever, or one submitted that nobody holds.
+        with interrupts.critical():
+            job = create_job_dir(request.job_dir, request.job_name, request.description)
+            try:
+                write_job_text(job.root / BATCH_SCRIPT, request.batch_script)
+            except OSError as exc:
+                shutil.rmtree(request.job_path, ignore_errors=True)
+                raise problem(
+                    "output_path",
+                    f"cannot hold the job directory {request.job_path}: {exc}",
+                    str(request.job_path.parent),
+                ) from exc
+            try:
+                job_id = scheduler.submit(list(request.sbatch_argv), submission_environment(request))
+            except scheduler.SlurmCommandError:
+                shutil.rmtree(job.root, ignore_errors=True)  # nothing was submitted: the name is free again
+                raise
+            write_job_text(job.root / JOB_ID_FILE, job_id + "\n")
+            return SlurmJob(job.root)
 
     def attach(self, job_name: str, output_path: str | None = None) -> AttachedJob:
         """The job directory's job (as a local job attaches), with the Slurm job's handle and options."""
