@@ -14,7 +14,6 @@ import contextlib
 import io
 import json
 import os
-import re
 import signal
 import time
 from pathlib import Path
@@ -32,6 +31,7 @@ from estimator.train import ModelTrainer
 from estimator.train.configs import Compute, SourceCode, StoppingCondition
 from estimator.train.distributed import SMP, Torchrun
 from tests.conftest import USER_SCRIPTS, processes_in
+from tests.tiny_gpt import STEP_RE, TINY_GPT
 
 pytestmark = [
     pytest.mark.integration,
@@ -39,19 +39,7 @@ pytestmark = [
     pytest.mark.skipif(find_mpirun() is None, reason="mpirun is missing: bash scripts/bootstrap"),
 ]
 
-GPT = {
-    "max_steps": 3,
-    "n_layer": 2,
-    "d_model": 64,
-    "n_head": 2,
-    "seq_len": 32,
-    "batch_size": 2,
-    "vocab_size": 256,
-    "log_interval": 1,
-    "eval_interval": 0,
-    "eval_batches": 1,
-}
-STEP_RE = re.compile(r"^\[algo-1 rank0\] \[smsdp\] step (\d+)/\d+ loss=(\S+)", re.M)
+GPT = {"max_steps": 3, **TINY_GPT}
 
 
 def _quiet(run) -> str:

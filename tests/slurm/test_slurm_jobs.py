@@ -36,21 +36,12 @@ from smsdp.util.metrics_table import METRICS_FILENAME
 from tests.mpi_harness import requires_mpi
 from tests.slurm.cluster import SlurmTestCluster, processes_mentioning, remove_stale
 from tests.slurm.conftest import no_job_processes_left, rank_pid
+from tests.tiny_gpt import STEP_RE, TINY_GPT
 
 pytestmark = [pytest.mark.integration, pytest.mark.slurm, requires_mpi, pytest.mark.timeout(300)]
 
 REPO = Path(__file__).resolve().parents[2]
-GPT = {
-    "n_layer": 2,
-    "d_model": 64,
-    "n_head": 2,
-    "seq_len": 32,
-    "batch_size": 2,
-    "vocab_size": 256,
-    "log_interval": 1,
-    "eval_interval": 0,
-    "eval_batches": 1,
-}
+GPT = TINY_GPT
 DISTRIBUTION = {
     "smdistributed": {
         "modelparallel": {
@@ -64,7 +55,6 @@ DISTRIBUTION = {
     },
     "mpi": {"enabled": True, "processes_per_host": 2},
 }
-STEP_RE = re.compile(r"^\[algo-1 rank0\] \[smsdp\] step (\d+)/\d+ loss=(\S+)", re.M)
 
 
 def _gpt(instance_type: str, output_path: Path, retries: int | None = None, **hyperparameters) -> Estimator:

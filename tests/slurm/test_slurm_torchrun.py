@@ -12,7 +12,6 @@ import contextlib
 import io
 import json
 import os
-import re
 import signal
 import time
 from pathlib import Path
@@ -25,21 +24,11 @@ from estimator.train import ModelTrainer
 from estimator.train.configs import Compute, SourceCode, StoppingCondition
 from estimator.train.distributed import SMP, Torchrun
 from tests.slurm.conftest import job_processes, no_job_processes_left
+from tests.tiny_gpt import STEP_RE, TINY_GPT
 
 pytestmark = [pytest.mark.integration, pytest.mark.slurm, pytest.mark.timeout(300)]
 
-GPT = {
-    "n_layer": 2,
-    "d_model": 64,
-    "n_head": 2,
-    "seq_len": 32,
-    "batch_size": 2,
-    "vocab_size": 256,
-    "log_interval": 1,
-    "eval_interval": 0,
-    "eval_batches": 1,
-}
-STEP_RE = re.compile(r"^\[algo-1 rank0\] \[smsdp\] step (\d+)/\d+ loss=(\S+)", re.M)
+GPT = TINY_GPT
 
 
 def _trainer(shared_dir: Path, **hyperparameters) -> ModelTrainer:

@@ -31,11 +31,7 @@ def _death_sentence(job: JobDir, log_lines: list[str] | None) -> str | None:
     died = rank_died_outside_python(job, log_lines)
     if died is None:
         return None
-    rank, how = died
-    return (
-        f"rank {rank}: {how}, without a Python traceback (the other ranks' errors, if any, "
-        f"are the consequence); the end of the log:\n{failure.log_tail(job, lines=log_lines)}"
-    )
+    return failure.died_without_traceback(job, *died, log_lines)
 
 
 def rank_died_outside_python(job: JobDir, log_lines: list[str] | None = None) -> tuple[int, str] | None:

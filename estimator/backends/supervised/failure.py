@@ -157,6 +157,14 @@ def _decoded(pieces: Iterable[bytes]) -> Iterator[str]:
             yield piece.decode(errors="replace")
 
 
+def died_without_traceback(job: JobDir, rank: int, how: str, log_lines: list[str] | None) -> str:
+    """The reason for a rank that died outside Python (a signal, ``os._exit``): the launcher saw it go."""
+    return (
+        f"rank {rank}: {how}, without a Python traceback (the other ranks' errors, if any, "
+        f"are the consequence); the end of the log:\n{log_tail(job, lines=log_lines)}"
+    )
+
+
 def log_tail(job: JobDir, count: int = LOG_TAIL_LINES, lines: list[str] | None = None) -> str:
     if lines is None:
         if not job.log_file.is_file():

@@ -107,8 +107,4 @@ def death_sentence(job: JobDir, log_lines: list[str] | None) -> str | None:
     died = rank_died(failure.launcher_lines(job, TORCHRUN_PREFIX, log_lines), failure.reported_ranks(job))
     if died is None:
         return None
-    rank, how = died
-    return (
-        f"rank {rank}: {how}, without a Python traceback (the other ranks' errors, if any, "
-        f"are the consequence); the end of the log:\n{failure.log_tail(job, lines=log_lines)}"
-    )
+    return failure.died_without_traceback(job, *died, log_lines)
