@@ -74,11 +74,11 @@ class LocalBackend(Backend[LocalRequest]):
 
     def launch(self, request: LocalRequest) -> LocalJob:
         require_mpirun(request.argv[0])
-        # From the job directory's creation to its handle's return, a Ctrl-C waits (estimator.interrupts):
-        # raised in between, it would leave a job "Starting" for ever, one running that nobody holds, or one
-        # without its argv.
+        # A Ctrl-C while the job directory is made (its code copy can be long) removes it: JobDirPlan.create.
+        job = create_job_dir(request.job_dir, request.job_name, request.description)
+        # From then to the handle's return a Ctrl-C waits (estimator.interrupts): raised in between, it would
+        # leave a job running that nobody holds, or one without its argv.
         with interrupts.critical():
-            job = create_job_dir(request.job_dir, request.job_name, request.description)
             try:
                 supervisor = _start_supervisor(job, request.env, request.argv)
             except Exception as exc:  # no fork, no memory: the job must not stay "Starting" for ever

@@ -91,10 +91,11 @@ class SlurmBackend(Backend[SlurmRequest]):
 
     def launch(self, request: SlurmRequest) -> SlurmJob:
         preflight(request)
-        # From the job directory's creation to its handle's return, a Ctrl-C waits (estimator.interrupts):
-        # raised in between, it would leave a job "Starting" for ever, or one submitted that nobody holds.
+        # A Ctrl-C while the job directory is made (its code copy can be long) removes it: JobDirPlan.create.
+        job = create_job_dir(request.job_dir, request.job_name, request.description)
+        # From then to the handle's return a Ctrl-C waits (estimator.interrupts): raised in between, it would
+        # leave a job submitted that nobody holds.
         with interrupts.critical():
-            job = create_job_dir(request.job_dir, request.job_name, request.description)
             try:
                 write_job_text(job.root / BATCH_SCRIPT, request.batch_script)
             except OSError as exc:

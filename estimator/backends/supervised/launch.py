@@ -14,6 +14,9 @@ from estimator.validation import problem
 
 def create_job_dir(plan: JobDirPlan, job_name: str, description: Mapping[str, Any]) -> JobDir:
     """The job directory with ``job.json`` and a Starting ``status.json``; ``ConfigError`` naming the field."""
+    # Before the job exists, not after: a Ctrl-C in this write's fsync then leaves no job "Starting" for ever
+    # (JobDirPlan.create removes a job a Ctrl-C interrupts; the backend holds one from its return on).
+    remember_output_path(plan.root.parent)
     now = utcnow()
     try:
         job = plan.create(
@@ -31,5 +34,4 @@ def create_job_dir(plan: JobDirPlan, job_name: str, description: Mapping[str, An
             f"({type(exc).__name__}); pick a writable output_path with free space",
             str(plan.root.parent),
         ) from exc
-    remember_output_path(plan.root.parent)
     return job
