@@ -232,11 +232,14 @@ def _write_failure_files(rank: int, tb: str) -> None:
 
 
 def _abort_job() -> None:
-    if _world_size() > 1 and "OMPI_COMM_WORLD_SIZE" in os.environ:
-        from mpi4py import MPI
-
-        MPI.COMM_WORLD.Abort(EXIT_FAILURE)
-    os._exit(EXIT_FAILURE)  # torchrun or a single process: the launcher tears the rest down
+    # MPI's abort only where MPI is initialized already (the rendezvous imported mpi4py): importing it now
+    # would run MPI_Init, which waits for every rank of this mpirun, and the others may be waiting elsewhere
+    # (a rank 0 whose store port was taken failed while its peers waited for that store: the job hung).
+    # Exiting non-zero is enough for mpirun (it ends the job), torchrun or host_restart.
+    mpi = sys.modules.get("mpi4py.MPI")
+    if _world_size() > 1 and mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.COMM_WORLD.Abort(EXIT_FAILURE)
+    os._exit(EXIT_FAILURE)
 
 
 def _world_rank() -> int:

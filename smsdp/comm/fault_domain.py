@@ -177,8 +177,10 @@ class FaultDomain:
                 self._heal_from = decision.source
                 self._count_step(decision.members)
                 return
+            # Redone as first issued, the side channel included: a replica this round admitted issues the step
+            # afresh, and its first entry carries the side element; without it here the two sides of one
+            # all-reduce differ by an element (gloo aborts both processes: "5464 vs 5460", a busy suite run).
             for entry in entries:
-                entry.side = False
                 self._issue(entry)
 
     def _wait(self, entries: list[Entry]) -> tuple[bool, float]:
@@ -279,7 +281,8 @@ class FaultDomain:
         if decision.failed:
             self.torch_world_whole = False  # torch's default group still holds the failed ranks' pairs
             self._event("replicas failed", {"replicas": list(decision.failed), "step": self.steps_done + 1})
-        if decision.joiners:
+        if decision.joiners:  # they take state, then run the step's forward and backward: the transfer's bound
+            self._grace_next = True
             self.incarnations.update(decision.joiners)
             self._event("replicas rejoined", {"replicas": sorted(decision.joiners), "step": self.steps_done + 1})
         # torch's world is made whole again after the next step, if every replica is in (and it is not yet)
@@ -287,9 +290,11 @@ class FaultDomain:
         self._send_state(decision)
 
     def _generation(self, decision: Decision) -> Generation:
-        return Generation(
-            decision.number, decision.members, self.shard_degree, self.rank, self.store, self.timeouts.collective
-        )
+        # A generation that admits replicas connects its pairs (lazily) within the transfer's bound: a joiner
+        # takes its admission, builds these groups and only then connects, seconds later on a busy machine
+        # (at the collective bound, "state to replica 2: wait timeout after 5000ms" failed a healthy joiner).
+        timeout = self.timeouts.transfer if decision.joiners else self.timeouts.collective
+        return Generation(decision.number, decision.members, self.shard_degree, self.rank, self.store, timeout)
 
     def _send_state(self, decision: Decision) -> None:
         """The source replica's ranks send their state to the joiners and the replicas behind a step."""

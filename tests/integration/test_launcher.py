@@ -87,3 +87,31 @@ def test_a_missing_script_is_reported(tmp_path):
     assert result.returncode == 1
     assert "training script not found: nope.py" in result.stderr
     assert "training script not found" in (tmp_path / "failure-rank0").read_text()
+
+
+def test_a_rank_failing_before_mpi_starts_ends_the_job_instead_of_hanging(tmp_path):
+    """Rank 0 of a per-host launch cannot serve the job's store (its port is taken: EADDRINUSE, as an
+    outgoing connection once took an ephemeral one) while rank 1 waits on that store. The launcher's abort
+    must not start MPI then (MPI_Init waits for every rank of the mpirun, and rank 1 never gets there: the
+    job hung); it exits, and mpirun ends the job."""
+    import socket
+
+    from smsdp.config.host_launch import HOST_ENV, HOSTS_ENV
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        env = {
+            **_job_like_env(tmp_path),
+            HOST_ENV: "0",
+            HOSTS_ENV: "1",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(taken.getsockname()[1]),
+        }
+        started = time.monotonic()
+        result = run_mpi(["-m", "entrypoints.launcher", SCRIPT], nprocs=2, env=env, out_dir=tmp_path, check=False,
+                         timeout=90)  # fmt: skip
+        took = time.monotonic() - started
+    assert not result.timed_out and result.returncode != 0, result.tail()
+    assert "EADDRINUSE" in result.stdout + result.stderr and "rank 0 failed" in result.stdout + result.stderr
+    assert took < 45, f"the job took {took:.0f} s to end"

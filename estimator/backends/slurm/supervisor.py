@@ -35,7 +35,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -59,6 +58,7 @@ from estimator.backends.slurm.task_guard import ATTEMPT_VARIABLE
 from estimator.backends.supervised.container_env import visible_gpu_count
 from estimator.backends.supervised.job_dir import JobDir, read_json, write_job_text
 from estimator.backends.supervised.layout import OWN_SECTION
+from estimator.backends.supervised.ports import free_port
 from estimator.backends.supervised.process_session import JobProcesses
 from estimator.backends.supervised.status import SecondaryStatus
 from estimator.backends.supervised.status_writer import note
@@ -107,7 +107,7 @@ class SlurmSupervisor(Supervisor):
 
     def attempt_environment(self, env: dict[str, str]) -> dict[str, str]:
         # Each attempt's ranks meet afresh, and their guards record their ends under this attempt.
-        return {**env, "MASTER_PORT": str(_free_port()), ATTEMPT_VARIABLE: str(self.attempts.number)}
+        return {**env, "MASTER_PORT": str(free_port()), ATTEMPT_VARIABLE: str(self.attempts.number)}
 
     def processes(self) -> JobProcesses:
         """This node's part of the job: srun's session (the ranks are their guards' to end, on every node)."""
@@ -258,12 +258,6 @@ def _launch_argv() -> list[str] | None:
     """The real srun argv, from the batch job's environment (and out of it: the ranks need not see it)."""
     text = os.environ.pop(LAUNCH_ARGV_VARIABLE, "")
     return json.loads(text) if text else None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 if __name__ == "__main__":

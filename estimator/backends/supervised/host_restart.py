@@ -25,7 +25,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -35,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import TextIO
 
 from estimator.backends.supervised.job_dir import JobDir
+from estimator.backends.supervised.ports import free_port
 from estimator.backends.supervised.status import read_status
 from estimator.job import JobStatus
 from smsdp.config.host_launch import HOST_ENV, HOST_EVENTS_FILE, HOSTS_ENV, INCARNATION_ENV
@@ -68,12 +68,6 @@ def host_restart_argv(
         sys.executable, "-m", MODULE, "--hosts", str(hosts), "--processes-per-host", str(processes_per_host),
         "--max-restarts", str(max_restarts), "--labels", labels, "--", *per_host,
     ]  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
