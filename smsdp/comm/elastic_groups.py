@@ -19,6 +19,7 @@ rank of every member replica (the data-parallel group of that generation).
 
 from __future__ import annotations
 
+import ctypes
 import datetime
 import pickle
 from dataclasses import dataclass, field
@@ -29,8 +30,11 @@ import torch.distributed as dist
 from torch.distributed.distributed_c10d import AllreduceOptions, BroadcastOptions, ReduceOp
 
 PREFIX = "smsdp/ft"
-#: Groups of ended generations. Not destroyed while the process runs: a group with a collective still
-#: waiting on a dead peer would block its destructor until that collective's timeout.
+#: Groups of ended generations. Never destroyed: a group with a collective still waiting on a dead
+#: peer blocks its destructor until that collective's timeout, and one whose pair to a dead joiner
+#: never connected blocks it for good (gloo's TCP loop thread spins and is joined; a rank at its
+#: exit hung at 96% CPU in ``tcp::Device::shutdown``). Their work all ended, so at exit nothing
+#: of theirs touches Python (see ``smsdp.comm.gloo_threads``).
 _RETIRED: list[Any] = []
 
 
@@ -83,13 +87,19 @@ class Generation:
         return self.members.index(rank // self.shard_degree)
 
     def drop(self) -> None:
-        """This generation is over: its groups are retired (``release_retired`` destroys them at the end)."""
+        """This generation is over: its groups are retired, and never destroyed (``_RETIRED``)."""
         _RETIRED.extend(self._groups.values())
         self._groups.clear()
 
+    def destroy(self) -> None:
+        """This process leaves the job from this generation, whose collectives all completed: its groups go."""
+        self._groups.clear()
 
-def release_retired() -> None:
-    """Destroy every retired group (when this process leaves the job: nothing waits on them any more)."""
+
+def abandon_retired() -> None:
+    """Let the retired groups go without running their destructors, now or when the interpreter ends."""
+    for group in _RETIRED:
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(group))
     _RETIRED.clear()
 
 

@@ -41,7 +41,7 @@ from torch.distributed.distributed_c10d import ReduceOp
 
 from smsdp.comm import membership
 from smsdp.comm.accounting import CommStats
-from smsdp.comm.elastic_groups import Generation, all_reduce, recv_bytes, release_retired, send_bytes
+from smsdp.comm.elastic_groups import Generation, abandon_retired, all_reduce, recv_bytes, send_bytes
 from smsdp.comm.leave_out import LeaveOut
 from smsdp.comm.membership import Decision, Report
 from smsdp.comm.step_reduction import DP, REPLICA, Entry, StepHandle, record_bytes
@@ -110,7 +110,7 @@ class FaultDomain:
         self._admit_next = False
         self._grace_next = False
         self._heal_from: int | None = None
-        self._joins_seen = 0
+        self._joins = membership.JoinWatch(self.replicas, self.shard_degree)
         self._join_polled = 0.0
         self.hooks: StateHooks | None = None
         self.reform_world: Callable[[int], None] | None = None  # set by smsdp.comm.world
@@ -160,7 +160,7 @@ class FaultDomain:
         if self.rank != 0 or time.monotonic() - self._join_polled < JOIN_POLL_S:
             return 0.0
         self._join_polled = time.monotonic()
-        return 1.0 if membership.joins_posted(self.store) > self._joins_seen else 0.0
+        return 1.0 if self._joins.waiting(self.store) else 0.0
 
     def settle(self) -> None:
         """Finish the step's all-reduces: commit them, or take the step through a round and redo it."""
@@ -259,12 +259,12 @@ class FaultDomain:
         number = self.generation.number
         membership.post_report(self.store, number, self.rank, report)
         if self.rank == 0:
-            joins = membership.joins_posted(self.store)
+            joins = self._joins.before_round(self.store)
             decision = membership.Round(
                 self.store, number, self.generation.members, self.replicas, self.shard_degree,
                 self.timeouts.dead_after, self.timeouts.decision, True, self.incarnations,
             ).decide()  # fmt: skip
-            self._joins_seen = joins if decision.joiners or admitting else self._joins_seen
+            self._joins.after_round(self.store, joins, decision, admitting)
         else:
             decision = membership.wait_decision(self.store, number, self.timeouts.decision)
         self._adopt(decision)
@@ -362,8 +362,8 @@ class FaultDomain:
 
     def close(self) -> None:
         self._heartbeat.stop()
-        self.generation.drop()
-        release_retired()
+        abandon_retired()
+        self.generation.destroy()  # the last barrier went over it: no pair of it waits on anyone
 
 
 def incarnation_from_env() -> int:

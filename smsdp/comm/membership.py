@@ -18,7 +18,9 @@ a healthy step reads nothing here but rank 0's one ``joins`` counter, at most tw
   round redoes, and how a replica one collective behind catches up.
 - ``join/<rank>``, ``joins``: a restarted rank posts its incarnation and bumps ``joins``;
   ``admitted/<replica>`` remembers the incarnation last admitted; ``admit/<replica>/<incarnation>``
-  names the generation whose decision admitted it.
+  names the generation whose decision admitted it. Rank 0's ``JoinWatch`` counts a join as seen only
+  once no whole join is left waiting: a join posted by a replica the round could not admit yet (its
+  old start still a member of the ending generation) is seen again at the next poll.
 """
 
 from __future__ import annotations
@@ -217,17 +219,47 @@ class Round:
             time.sleep(POLL_S)
 
     def _whole_joiners(self) -> dict[int, int]:
-        """Replicas outside the generation whose every rank posted the same, not yet admitted, incarnation."""
-        joiners = {}
-        for replica in range(self.replicas):
-            if replica in self.members:
-                continue
-            posted = set()
-            for rank in self._ranks(replica):
-                name = key("join", rank)
-                posted.add(int(self.store.get(name)) if self.store.check([name]) else -1)
-            admitted_key = key("admitted", replica)
-            admitted = int(self.store.get(admitted_key)) if self.store.check([admitted_key]) else 0
-            if len(posted) == 1 and (incarnation := posted.pop()) > admitted:
-                joiners[replica] = incarnation
-        return joiners
+        return whole_joins(self.store, self.replicas, self.d, self.members)
+
+
+def whole_joins(store, replicas: int, d: int, members: tuple[int, ...]) -> dict[int, int]:
+    """Replicas outside ``members`` whose every rank posted the same, not yet admitted, incarnation."""
+    joiners = {}
+    for replica in range(replicas):
+        if replica in members:
+            continue
+        posted = set()
+        for rank in range(replica * d, (replica + 1) * d):
+            name = key("join", rank)
+            posted.add(int(store.get(name)) if store.check([name]) else -1)
+        admitted_key = key("admitted", replica)
+        admitted = int(store.get(admitted_key)) if store.check([admitted_key]) else 0
+        if len(posted) == 1 and (incarnation := posted.pop()) > admitted:
+            joiners[replica] = incarnation
+    return joiners
+
+
+@dataclass
+class JoinWatch:
+    """Rank 0's view of the joins posted: whether one waits that no round has dealt with yet.
+
+    A healthy step reads one counter (``joins``). A round that admits replicas, or was asked to,
+    marks the count it read before deciding as seen, unless a whole join is still waiting after it:
+    that of a replica whose old start was a member of the ending generation (it died, its restart
+    posted at once), which no round could admit yet. Marking that one seen would leave the replica
+    out for the rest of the run; left unseen, the next poll asks for a round that admits it.
+    """
+
+    replicas: int
+    d: int
+    seen: int = 0
+
+    def waiting(self, store) -> bool:
+        return joins_posted(store) > self.seen
+
+    def before_round(self, store) -> int:
+        return joins_posted(store)
+
+    def after_round(self, store, count_before: int, decision: Decision, admitting: bool) -> None:
+        if (decision.joiners or admitting) and not whole_joins(store, self.replicas, self.d, decision.members):
+            self.seen = count_before

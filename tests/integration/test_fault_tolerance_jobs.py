@@ -104,14 +104,6 @@ def failed_and_reference(tmp_path_factory):
     return failed, reference, jobs
 
 
-KNOWN_REJOIN_DEFECT = pytest.mark.xfail(
-    strict=False,
-    reason="known defect (open, issue 39): a host's join posted while a round admits another replica is counted "
-    "as seen and never admitted, so on a busy machine the run can end with that replica still out",
-)
-
-
-@KNOWN_REJOIN_DEFECT
 @pytest.mark.timeout(1500)
 def test_the_job_goes_on_through_three_host_failures_and_every_replica_comes_back(failed_and_reference):
     failed, _, jobs = failed_and_reference
@@ -130,7 +122,6 @@ def test_the_job_goes_on_through_three_host_failures_and_every_replica_comes_bac
     assert not (output / "failure").exists()  # the restarted hosts' failures were set aside, not the job's
 
 
-@KNOWN_REJOIN_DEFECT
 def test_describe_and_the_log_record_the_failures_the_degraded_steps_and_the_rejoins(failed_and_reference):
     failed, _, _ = failed_and_reference
     events = failed.latest_job.describe()["ReplicaEvents"]

@@ -175,6 +175,36 @@ def test_joiners_come_in_whole_and_only_at_a_step(store):
     assert _round(store, generation=2, members=(0, 1, 2)).decide().joiners == {}  # incarnation 1 admitted already
 
 
+def test_a_join_posted_while_its_old_start_is_still_a_member_is_not_marked_seen(store):
+    """Replica 1 rejoins while replica 2's restart posts at once, before a round has left the dead start out."""
+    watch = membership.JoinWatch(replicas=3, d=2)
+    for rank in (2, 3):
+        membership.post_join(store, rank, 1)
+    for rank in (4, 5):  # replica 2 (incarnation 0, a member of generation 0) died; its restart posts
+        membership.post_join(store, rank, 1)
+    assert watch.waiting(store)
+    for rank in (0, 1):
+        membership.post_report(store, 0, rank, Report(op=5, kind="step"))
+    count = watch.before_round(store)
+    decision = _round(store, members=(0, 2), dead_after=0.3).decide()  # replica 2's old ranks never beat
+    watch.after_round(store, count, decision, admitting=True)
+    assert decision.joiners == {1: 1} and decision.failed == (2,) and decision.members == (0, 1)
+    assert watch.waiting(store)  # replica 2's join waits: the next poll asks for a round that admits it
+    for rank in (0, 1, 2, 3):
+        membership.post_report(store, 1, rank, Report(op=6, kind="step"))
+    count = watch.before_round(store)
+    decision = _round(store, generation=1, members=(0, 1)).decide()
+    watch.after_round(store, count, decision, admitting=True)
+    assert decision.joiners == {2: 1} and decision.members == (0, 1, 2)
+    assert not watch.waiting(store)
+    membership.post_join(store, 2, 1)  # a partial join (one rank of two) waits for the rest: no round for it yet
+    for rank in range(6):
+        membership.post_report(store, 2, rank, Report(op=7, kind="step"))
+    count = watch.before_round(store)
+    watch.after_round(store, count, _round(store, generation=2).decide(), admitting=True)
+    assert not watch.waiting(store)
+
+
 def test_no_replica_whole_is_the_fallback(store):
     membership.post_report(store, 0, 0, Report(op=1, kind="step"))  # rank 1 of replica 0 never reports
     with pytest.raises(membership.NoCompleteReplica):
