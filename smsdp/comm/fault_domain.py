@@ -255,7 +255,33 @@ class FaultDomain:
     # ---------------------------------------------------------------- rounds
 
     def _round(self, report: Report, admitting: bool = False) -> Decision:
-        """End this generation: report, let rank 0 decide, adopt the decision (raises ``Excluded``)."""
+        """End this generation: report, let rank 0 decide, adopt the decision (raises ``Excluded``).
+
+        Joiners that all died once they asked to rejoin (admitted, never ready) end the new generation
+        at once: one more round, from the same reports, leaves them out (``dead_after``, where a pair
+        to a dead joiner would wait out the transfer's bound). Where a live joiner was admitted with
+        them, it waits for its state: it gets it, and the next collective finds the dead one.
+        """
+        while True:
+            decision = self._decide(report, admitting)
+            self._adopt(decision)
+            dead = self._dead_joiners(decision)
+            if dead:
+                self._event("collective failed", {"op": decision.op, "error": f"replicas {list(dead)} died joining"})
+            if not dead or set(dead) != set(decision.joiners):
+                self._send_state(decision, skip=dead)
+                return decision
+            admitting = False
+
+    def _dead_joiners(self, decision: Decision) -> tuple[int, ...]:
+        if not decision.joiners:
+            return ()
+        return membership.dead_joiners(
+            self.store, decision.number, decision.joiners, self.shard_degree,
+            self.timeouts.dead_after, self.timeouts.transfer,
+        )  # fmt: skip
+
+    def _decide(self, report: Report, admitting: bool) -> Decision:
         number = self.generation.number
         membership.post_report(self.store, number, self.rank, report)
         if self.rank == 0:
@@ -267,7 +293,6 @@ class FaultDomain:
             self._joins.after_round(self.store, joins, decision, admitting)
         else:
             decision = membership.wait_decision(self.store, number, self.timeouts.decision)
-        self._adopt(decision)
         return decision
 
     def _adopt(self, decision: Decision) -> None:
@@ -287,7 +312,6 @@ class FaultDomain:
             self._event("replicas rejoined", {"replicas": sorted(decision.joiners), "step": self.steps_done + 1})
         # torch's world is made whole again after the next step, if every replica is in (and it is not yet)
         self._reform_next = len(decision.members) == self.replicas and not self.torch_world_whole
-        self._send_state(decision)
 
     def _generation(self, decision: Decision) -> Generation:
         # A generation that admits replicas connects its pairs (lazily) within the transfer's bound: a joiner
@@ -296,9 +320,11 @@ class FaultDomain:
         timeout = self.timeouts.transfer if decision.joiners else self.timeouts.collective
         return Generation(decision.number, decision.members, self.shard_degree, self.rank, self.store, timeout)
 
-    def _send_state(self, decision: Decision) -> None:
+    def _send_state(self, decision: Decision, skip: tuple[int, ...] = ()) -> None:
         """The source replica's ranks send their state to the joiners and the replicas behind a step."""
-        takers = [*decision.joiners, *(decision.behind if decision.previous is None else ())]
+        takers = [
+            r for r in (*decision.joiners, *(decision.behind if decision.previous is None else ())) if r not in skip
+        ]
         if self.replica != decision.source or not takers:
             return
         assert self.hooks is not None, "a replica with no optimizer yet cannot be a source"
@@ -327,6 +353,7 @@ class FaultDomain:
         membership.post_join(self.store, self.rank, self.incarnation)
         fault_injection.at("join")
         decision = membership.wait_admission(self.store, self.replica, self.incarnation, self.timeouts.decision)
+        membership.post_ready(self.store, decision.number, self.rank)
         self.generation = self._generation(decision)
         self.ops_done = decision.op - 1
         self._receive_state(decision.source)

@@ -16,6 +16,9 @@ a healthy step reads nothing here but rank 0's one ``joins`` counter, at most tw
   reported whole or has a dead rank, then writes the ``Decision``: the next generation's members
   (the replicas that reported whole, and joiners that came back whole), the collective the
   round redoes, and how a replica one collective behind catches up.
+- ``g<gen>/ready/<rank>``: a joiner took its admission to ``gen``. Before any pair of ``gen``
+  connects, its other members wait for it, or for its heartbeat to stand still: a joiner that died
+  once it asked to rejoin costs ``dead_after_s`` and one more round, not a transfer's bound.
 - ``join/<rank>``, ``joins``: a restarted rank posts its incarnation and bumps ``joins``;
   ``admitted/<replica>`` remembers the incarnation last admitted; ``admit/<replica>/<incarnation>``
   names the generation whose decision admitted it. Rank 0's ``JoinWatch`` counts a join as seen only
@@ -127,6 +130,38 @@ def post_join(store, rank: int, incarnation: int) -> None:
 
 def joins_posted(store) -> int:
     return int(store.add(key("joins"), 0))
+
+
+def post_ready(store, generation: int, rank: int) -> None:
+    """A joiner took its admission to ``generation``: it is about to connect and take state."""
+    store.set(key(f"g{generation}", "ready", rank), "1")
+
+
+def dead_joiners(
+    store, generation: int, joiners: dict[int, int], d: int, dead_after_s: float, deadline_s: float
+) -> tuple[int, ...]:
+    """The ``joiners`` (replica -> incarnation) admitted to ``generation`` with a rank that died before
+    it took the admission: its heartbeat stood still for ``dead_after_s`` (or ``deadline_s`` passed)."""
+    waiting = {rank: replica for replica in joiners for rank in range(replica * d, (replica + 1) * d)}
+    beats: dict[int, tuple[int, float]] = {}
+    dead: set[int] = set()
+    start = time.monotonic()
+    while waiting:
+        now = time.monotonic()
+        for rank, replica in list(waiting.items()):
+            if store.check([key(f"g{generation}", "ready", rank)]):
+                del waiting[rank]
+                continue
+            count = int(store.add(key("beat", rank, joiners[replica]), 0))
+            seen = beats.get(rank)
+            if seen is None or seen[0] != count:
+                beats[rank] = (count, now)
+            elif now - seen[1] > dead_after_s or now - start > deadline_s:
+                dead.add(replica)
+                del waiting[rank]
+        if waiting:
+            time.sleep(POLL_S)
+    return tuple(sorted(dead))
 
 
 def wait_decision(store, generation: int, timeout_s: float) -> Decision:

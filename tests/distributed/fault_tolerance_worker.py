@@ -6,13 +6,15 @@ Every rank runs it (with ``sdp_fault_tolerant_replicas`` each host under its own
 bundled script does, so a restarted rank is served the live replica's state and step. A batch depends
 on the step and the rank's data-parallel rank only: a replica's batches are the same in every run. It
 trains ``--steps`` steps, and on until every replica took part in a step (a restarted one is back, or
-``LIMIT`` x steps). Rank 0 writes ``$SM_OUTPUT_DATA_DIR/final.pt``: the full state dict, the replicas of
+``LIMIT`` x steps), pausing ``DEGRADED_PAUSE_S`` after each step a replica missed: the failure-free
+reference runs as many steps, and without the pause a restart's 20 s were 200 of them. Rank 0 writes ``$SM_OUTPUT_DATA_DIR/final.pt``: the full state dict, the replicas of
 every step and rank 0's losses, so two runs can be compared bit for bit; ``smp.TrainingLog`` writes the
 metrics table.
 """
 
 import argparse
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -22,6 +24,7 @@ from tests.models import SEQ_LEN, VOCAB_SIZE, lm_batch, tiny_gpt
 
 BATCH = 2
 LIMIT = 400  # x --steps: the most steps a run goes on waiting for a restarted replica
+DEGRADED_PAUSE_S = 0.25
 
 
 def replica_count() -> int:
@@ -58,6 +61,8 @@ def main() -> None:
             smp.save_checkpoint(
                 checkpoints, f"step{step}", model=model, optimizer=optimizer, user_content={"step": step}
             )
+        if len(replicas[step]) < replica_count():
+            time.sleep(DEGRADED_PAUSE_S)  # the same on every live rank: it changes no result, only how many steps
         # Every live rank reads the same membership: all stop at the same step.
         if step >= args.steps and (len(replicas[step]) == replica_count() or step >= LIMIT * args.steps):
             break

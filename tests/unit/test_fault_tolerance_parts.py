@@ -205,6 +205,17 @@ def test_a_join_posted_while_its_old_start_is_still_a_member_is_not_marked_seen(
     assert not watch.waiting(store)
 
 
+def test_a_joiner_that_died_once_admitted_is_found_by_its_heartbeat_not_the_transfer_bound(store):
+    stop = threading.Event()
+    _beat(store, (2, 3), stop, incarnation=1)  # replica 1's restart lives; replica 2's (incarnation 2) died
+    threading.Timer(0.5, lambda: [membership.post_ready(store, 3, r) for r in (2, 3)]).start()
+    started = time.monotonic()
+    dead = membership.dead_joiners(store, 3, {1: 1, 2: 2}, d=2, dead_after_s=0.6, deadline_s=30.0)
+    stop.set()
+    assert dead == (2,) and 0.6 <= time.monotonic() - started < 5
+    assert membership.dead_joiners(store, 3, {1: 1}, d=2, dead_after_s=0.6, deadline_s=30.0) == ()  # ready
+
+
 def test_no_replica_whole_is_the_fallback(store):
     membership.post_report(store, 0, 0, Report(op=1, kind="step"))  # rank 1 of replica 0 never reports
     with pytest.raises(membership.NoCompleteReplica):
