@@ -88,6 +88,7 @@ class Supervisor(abc.ABC):
         self.status = StatusWriter(job)
         self.stop_reason: str | None = None  # a SecondaryStatus once a stop was asked for
         self.stop_message: str | None = None  # why, when something other than stop() asked
+        self._signalled = False  # a SIGTERM or SIGINT reached this process
         self._finished = False
         # Status writes happen under this lock, never in a signal handler (which
         # would interrupt the main thread in the middle of its own write).
@@ -197,6 +198,7 @@ class Supervisor(abc.ABC):
     # ---------------------------------------------------------------- stop
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._signalled = True
         threading.Thread(target=lambda: self.request_stop(*self.signal_stop()), daemon=True).start()
 
     def request_stop(self, reason: str, message: str | None = None) -> None:
@@ -229,6 +231,12 @@ class Supervisor(abc.ABC):
     def _finish(self, exit_code: int) -> None:
         with self._lock:
             self._finished = True
+            unrecorded = self._signalled and self.stop_reason is None
+        if unrecorded:
+            # The ranks ended before the signal's stop was recorded: Slurm's time limit signals the ranks and
+            # this process at once, and srun can exit while signal_stop still asks Slurm why (a busy machine
+            # then called a time limit "Failed: rank 0 Terminated").
+            self.stop_reason, self.stop_message = self.signal_stop()
         self.attempts.scrub_failure_files(self.scrub)
         blanked = blank_secrets(self.job)  # no attempt is left to read them
         if blanked:
