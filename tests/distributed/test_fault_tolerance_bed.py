@@ -53,7 +53,7 @@ pytestmark = [
 
 PER_HOST, STEPS, FAIL_STEP = 2, 12, 4
 RATE = "200mbit"
-LINK_DOWN_S = 25.0
+LINK_DOWN_S = 12.0
 NEXT_STEP_BOUND_S = 30.0
 WORKER = str(REPO_ROOT / "tests" / "distributed" / "fault_tolerance_worker.py")
 
