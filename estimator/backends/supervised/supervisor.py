@@ -231,11 +231,11 @@ class Supervisor(abc.ABC):
     def _finish(self, exit_code: int) -> None:
         with self._lock:
             self._finished = True
-            unrecorded = self._signalled and self.stop_reason is None
+            unrecorded = self._signalled and self.stop_reason is None and exit_code != 0
         if unrecorded:
-            # The ranks ended before the signal's stop was recorded: Slurm's time limit signals the ranks and
-            # this process at once, and srun can exit while signal_stop still asks Slurm why (a busy machine
-            # then called a time limit "Failed: rank 0 Terminated").
+            # The ranks ended, not cleanly, before the signal's stop was recorded: Slurm's time limit signals the
+            # ranks and this process at once, and srun can exit while signal_stop still asks Slurm why (a busy
+            # machine then called a time limit "Failed: rank 0 Terminated"). Ranks that finished stay Completed.
             self.stop_reason, self.stop_message = self.signal_stop()
         self.attempts.scrub_failure_files(self.scrub)
         blanked = blank_secrets(self.job)  # no attempt is left to read them
