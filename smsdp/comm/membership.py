@@ -119,6 +119,23 @@ class Heartbeat:
             return
 
 
+@dataclass
+class StillBeats:
+    """Which ranks' ``beat`` counters stood still for ``dead_after_s``: dead, or cut off from the store."""
+
+    store: Any
+    dead_after_s: float
+    _seen: dict[int, tuple[int, float]] = field(default_factory=dict)  # rank -> (count, when it last moved)
+
+    def still(self, rank: int, incarnation: int, now: float) -> bool:
+        count = int(self.store.add(key("beat", rank, incarnation), 0))
+        seen = self._seen.get(rank)
+        if seen is None or seen[0] != count:
+            self._seen[rank] = (count, now)
+            return False
+        return now - seen[1] > self.dead_after_s
+
+
 def post_report(store, generation: int, rank: int, report: Report) -> None:
     store.set(key(f"g{generation}", "report", rank), json.dumps(asdict(report)))
 
@@ -143,7 +160,7 @@ def dead_joiners(
     """The ``joiners`` (replica -> incarnation) admitted to ``generation`` with a rank that died before
     it took the admission: its heartbeat stood still for ``dead_after_s`` (or ``deadline_s`` passed)."""
     waiting = {rank: replica for replica in joiners for rank in range(replica * d, (replica + 1) * d)}
-    beats: dict[int, tuple[int, float]] = {}
+    beats = StillBeats(store, dead_after_s)
     dead: set[int] = set()
     start = time.monotonic()
     while waiting:
@@ -151,12 +168,7 @@ def dead_joiners(
         for rank, replica in list(waiting.items()):
             if store.check([key(f"g{generation}", "ready", rank)]):
                 del waiting[rank]
-                continue
-            count = int(store.add(key("beat", rank, joiners[replica]), 0))
-            seen = beats.get(rank)
-            if seen is None or seen[0] != count:
-                beats[rank] = (count, now)
-            elif now - seen[1] > dead_after_s or now - start > deadline_s:
+            elif beats.still(rank, joiners[replica], now) or now - start > deadline_s:
                 dead.add(replica)
                 del waiting[rank]
         if waiting:
@@ -226,7 +238,7 @@ class Round:
     def _collect(self) -> tuple[dict[int, Report], set[int]]:
         """Reports by rank, and the replicas found dead, once each member reported whole or died."""
         reports: dict[int, Report] = {}
-        beats: dict[int, tuple[int, float]] = {}
+        beats = StillBeats(self.store, self.dead_after_s)
         dead: set[int] = set()
         start = time.monotonic()
         while True:
@@ -240,11 +252,7 @@ class Round:
                         reports[rank] = Report(**json.loads(text))
                     if rank in reports:
                         continue
-                    count = int(self.store.add(key("beat", rank, self.incarnations.get(replica, 0)), 0))
-                    seen = beats.get(rank)
-                    if seen is None or seen[0] != count:
-                        beats[rank] = (count, now)
-                    elif now - seen[1] > self.dead_after_s:
+                    if beats.still(rank, self.incarnations.get(replica, 0), now):
                         dead.add(replica)
             waiting = [r for r in self.members if r not in dead and any(x not in reports for x in self._ranks(r))]
             if not waiting:
