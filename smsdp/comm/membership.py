@@ -136,6 +136,11 @@ class StillBeats:
         return now - seen[1] > self.dead_after_s
 
 
+def ranks_of(replica: int, d: int) -> range:
+    """The job-wide ranks of ``replica`` (replicas of ``d`` ranks, in rank order)."""
+    return range(replica * d, (replica + 1) * d)
+
+
 def post_report(store, generation: int, rank: int, report: Report) -> None:
     store.set(key(f"g{generation}", "report", rank), json.dumps(asdict(report)))
 
@@ -159,7 +164,7 @@ def dead_joiners(
 ) -> tuple[int, ...]:
     """The ``joiners`` (replica -> incarnation) admitted to ``generation`` with a rank that died before
     it took the admission: its heartbeat stood still for ``dead_after_s`` (or ``deadline_s`` passed)."""
-    waiting = {rank: replica for replica in joiners for rank in range(replica * d, (replica + 1) * d)}
+    waiting = {rank: replica for replica in joiners for rank in ranks_of(replica, d)}
     beats = StillBeats(store, dead_after_s)
     dead: set[int] = set()
     start = time.monotonic()
@@ -233,7 +238,7 @@ class Round:
         return decision
 
     def _ranks(self, replica: int) -> range:
-        return range(replica * self.d, (replica + 1) * self.d)
+        return ranks_of(replica, self.d)
 
     def _collect(self) -> tuple[dict[int, Report], set[int]]:
         """Reports by rank, and the replicas found dead, once each member reported whole or died."""
@@ -272,7 +277,7 @@ def whole_joins(store, replicas: int, d: int, members: tuple[int, ...]) -> dict[
         if replica in members:
             continue
         posted = set()
-        for rank in range(replica * d, (replica + 1) * d):
+        for rank in ranks_of(replica, d):
             name = key("join", rank)
             posted.add(int(store.get(name)) if store.check([name]) else -1)
         admitted_key = key("admitted", replica)

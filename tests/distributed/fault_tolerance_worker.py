@@ -7,9 +7,9 @@ bundled script does, so a restarted rank is served the live replica's state and 
 on the step and the rank's data-parallel rank only: a replica's batches are the same in every run. It
 trains ``--steps`` steps, and on until every replica took part in a step (a restarted one is back, or
 ``LIMIT`` x steps), pausing ``DEGRADED_PAUSE_S`` after each step a replica missed: the failure-free
-reference runs as many steps, and without the pause a restart's 20 s were 200 of them. Rank 0 writes ``$SM_OUTPUT_DATA_DIR/final.pt``: the full state dict, the replicas of
-every step and rank 0's losses, so two runs can be compared bit for bit; ``smp.TrainingLog`` writes the
-metrics table.
+reference runs as many steps, and without the pause a restart's 20 s were 200 of them. Rank 0 writes
+``$SM_OUTPUT_DATA_DIR/final.pt``: the full state dict, the replicas of every step and rank 0's losses,
+so two runs can be compared bit for bit; ``smp.TrainingLog`` writes the metrics table.
 """
 
 import argparse
