@@ -97,7 +97,6 @@ SHARED_GROUPS = {
     # hosts as network namespaces: the session's Slurm cluster and the test beds never overlap
     "tests/slurm/": "network-namespaces",
     "tests/distributed/test_multihost_link.py": "network-namespaces",
-    "tests/distributed/test_planner_speed_bed.py": "network-namespaces",
 }
 #: The order work is handed out in: the longest first, so that no worker is left with a long file
 #: at the end while the other idles (unit tests, many and short, fill the gaps last).
