@@ -119,8 +119,7 @@ def _rule(command: str) -> str | None:
     if re.match(r"\.venv/bin/smsdp run-example\b", command):
         return "help"  # trains for a minute or more
     if re.match(r"\.venv/bin/python -m pytest\b", command):
-        paths = [word for word in shlex.split(command, comments=True)[3:] if not word.startswith("-")]
-        return "collect" if paths else "help"
+        return "collect" if _pytest_paths(shlex.split(command, comments=True)[3:]) else "help"
     if re.match(r"\.venv/bin/python -m bench\.\w+\b", command):
         return "help"  # minutes each
     if re.match(r"(\.venv/bin/)?smsdp (plan|dry-run|jobs)\b", command):
@@ -130,6 +129,13 @@ def _rule(command: str) -> str | None:
     if re.match(r"(\.venv/bin/)?smsdp probe\b", command):
         return "help"  # a job of a minute
     return None
+
+
+def _pytest_paths(words: list[str]) -> list[str]:
+    """The test paths a pytest command names: its words that are neither options nor an option's value
+    (``-m quick``: the whole suite, collected for nothing but a marker test_quick_tier.py checks)."""
+    valued = {"-m", "-k", "-n", "-p", "--durations", "--timeout"}
+    return [w for prev, w in zip(["", *words], words) if not w.startswith("-") and prev not in valued]
 
 
 def _to_run(command: str, rule: str) -> str:
