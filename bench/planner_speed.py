@@ -252,7 +252,7 @@ def pooled_table(pooled: dict[tuple[str, str], dict]) -> str:
     return "\n".join(lines)
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--layout", default="2x2")
     p.add_argument("--links", default="500mbit,200mbit,100mbit")
@@ -275,7 +275,7 @@ def parse_args() -> argparse.Namespace:
         help="print the tables of saved runs (their calibrations and measurements) with the current model, and "
         "with several, every run's pick against all launches of its setting pooled; runs nothing",
     )
-    args = p.parse_args()
+    args = p.parse_args(argv)
     args.accum, args.precision = 1, "fp32"
     return args
 

@@ -10,10 +10,8 @@ collectives, within 20% of the median measured step. The measurement itself is t
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
-from pathlib import Path
 
 import pytest
 
@@ -23,31 +21,32 @@ from tests.conftest import REPO_ROOT
 
 TOLERANCE = 0.20
 CHECKED = ("span", "int8")  # smsdp with its shard group spanning the hosts, exact and int8
-SAVED_RUNS = sorted((REPO_ROOT / "docs").glob("planner_speed_bed*.json"))
-#: the bed's model and batch, as every saved run was made (bench/planner_speed.py's defaults)
-BED_ARGS = argparse.Namespace(batch=2, seq=64, layers=4, width=256, accum=1, precision="fp32")
-
-
-def _settings():
-    for path in SAVED_RUNS:
-        saved = json.loads(path.read_text())
-        for setting in saved["settings"]:
-            yield pytest.param(path, saved.get("layout", "2x2"), setting, id=f"{path.stem}-{setting['rate']}")
+SAVED_RUNS = {
+    path.name: json.loads(path.read_text()) for path in sorted((REPO_ROOT / "docs").glob("planner_speed_bed*.json"))
+}
+#: the bed's model and batch: the benchmark's defaults, which no saved run overrode (checked below)
+BED_ARGS = planner_speed.parse_args([])
+MODEL_OPTIONS = {"--batch", "--seq", "--layers", "--width"}
+SETTINGS = [
+    pytest.param(saved, setting, id=f"{name.removesuffix('.json')}-{setting['rate']}")
+    for name, saved in SAVED_RUNS.items()
+    for setting in saved["settings"]
+]
 
 
 def test_the_saved_runs_cover_int8_and_every_layout():
-    layouts = {json.loads(p.read_text()).get("layout", "2x2") for p in SAVED_RUNS}
-    assert layouts == {"2x2", "2x4", "4x1"}
-    with_int8 = [p for p in SAVED_RUNS if any("int8" in s["measured_s"] for s in json.loads(p.read_text())["settings"])]
+    assert {saved.get("layout", "2x2") for saved in SAVED_RUNS.values()} == {"2x2", "2x4", "4x1"}
+    with_int8 = [
+        name for name, saved in SAVED_RUNS.items() if any("int8" in s["measured_s"] for s in saved["settings"])
+    ]
     assert len(with_int8) >= 5, with_int8
 
 
-@pytest.mark.parametrize("path, layout, setting", list(_settings()))
-def test_predicted_step_of_smsdp_spanning_hosts_exact_and_int8_is_within_20_percent(path: Path, layout, setting):
-    argv = json.loads(path.read_text())["argv"]
-    assert not {"--batch", "--seq", "--layers", "--width", "--accum", "--precision"} & set(argv), argv  # BED_ARGS'
-    hosts, per_host = cluster.parse_layout(layout)
-    rates = Rates.from_dict(setting["calibration"], f"{path.name}: {setting['rate']}")
+@pytest.mark.parametrize("saved, setting", SETTINGS)
+def test_predicted_step_of_smsdp_spanning_hosts_exact_and_int8_is_within_20_percent(saved, setting):
+    assert not MODEL_OPTIONS & set(saved["argv"]), saved["argv"]  # made at BED_ARGS' model and batch
+    hosts, per_host = cluster.parse_layout(saved.get("layout", "2x2"))
+    rates = Rates.from_dict(setting["calibration"], f"{saved['argv']}: {setting['rate']}")
     predicted = planner_speed.predictions(rates, BED_ARGS, hosts, per_host)
     ratios = {
         key: predicted[key]["step_s"] / statistics.median(setting["measured_s"][key])
@@ -55,4 +54,4 @@ def test_predicted_step_of_smsdp_spanning_hosts_exact_and_int8_is_within_20_perc
         if key in setting["measured_s"]
     }
     assert "span" in ratios
-    assert all(abs(r - 1) <= TOLERANCE for r in ratios.values()), (path.name, setting["rate"], ratios)
+    assert all(abs(r - 1) <= TOLERANCE for r in ratios.values()), (setting["rate"], ratios)
