@@ -22,6 +22,10 @@ Every rank runs this module. It
    failed first is named (the files and their rules: ``smsdp.util.failure_files``),
 5. on success leaves the process group cleanly.
 
+A local job's ranks start warm (``smsdp.util.warm_start``): the process mpirun starts hands its
+rank over to the job's warm-start server, which forks it with torch already imported
+(``entrypoints.warm_stub``, ``entrypoints.warm_server``); without a server, the rank starts here.
+
 Under mpirun each rank asks the kernel to SIGKILL it when its parent (mpirun)
 dies (``PR_SET_PDEATHSIG``): a job whose supervisor and mpirun were killed
 leaves no rank running on, writing ``model/`` after the job was declared over.
@@ -41,10 +45,9 @@ import time
 import traceback
 from pathlib import Path
 
-from smsdp.config.cluster import slurm_rank_env
-from smsdp.config.host_launch import per_host_rank_env
-from smsdp.util import failure_files
-from smsdp.util.output_lines import LineEndStream
+from entrypoints import warm_stub
+from smsdp.comm.mpi_exchange import abort_job
+from smsdp.util.warm_start import SERVER_FLAG
 
 USAGE = "usage: python -m entrypoints.launcher SCRIPT [--name value ...]"
 EXIT_FAILURE = 1
@@ -58,6 +61,18 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE, file=sys.stderr)
         return 0 if argv else 2
+    if argv[0] == SERVER_FLAG and len(argv) == 2:
+        from entrypoints.warm_server import serve
+
+        argv = serve(argv[1])  # returns in each rank it forks, with that rank's arguments
+    else:
+        _die_with_mpirun()
+        warm_stub.hand_over(argv)  # returns only if no warm-start server takes this rank
+    # Imported here, not at the top: a stub that hands its rank over never needs them (pydantic: 0.3 s)
+    from smsdp.config.cluster import slurm_rank_env
+    from smsdp.config.host_launch import per_host_rank_env
+    from smsdp.util.output_lines import LineEndStream
+
     script, script_args = argv[0], argv[1:]
     os.environ.update(per_host_rank_env(os.environ))  # one launcher per host: job-wide rank numbers
     os.environ.update(slurm_rank_env(os.environ))
@@ -205,6 +220,8 @@ def _leave_world() -> None:
 
 def _fail(rank: int, tb: str, lost_peer: bool = False) -> None:
     """Record this rank's traceback, then take the whole job down (never returns)."""
+    from smsdp.util import failure_files
+
     if lost_peer:
         tb = failure_files.with_peer_loss_note(tb)
     message = f"rank {rank} failed:\n{tb}"
@@ -222,6 +239,8 @@ def _fail(rank: int, tb: str, lost_peer: bool = False) -> None:
 def _write_failure_files(rank: int, tb: str) -> None:
     """``failure-rank<N>``, and SageMaker's ``failure`` (shown as the job's FailureReason): the first
     real failure wins (``smsdp.util.failure_files``)."""
+    from smsdp.util import failure_files
+
     out_dir = failure_files.output_dir_of(os.environ)
     if out_dir is None:
         return
@@ -236,9 +255,9 @@ def _abort_job() -> None:
     # would run MPI_Init, which waits for every rank of this mpirun, and the others may be waiting elsewhere
     # (a rank 0 whose store port was taken failed while its peers waited for that store: the job hung).
     # Exiting non-zero is enough for mpirun (it ends the job), torchrun or host_restart.
-    mpi = sys.modules.get("mpi4py.MPI")
-    if _world_size() > 1 and mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
-        mpi.COMM_WORLD.Abort(EXIT_FAILURE)
+    # A warm-started rank's MPI is its stub's (smsdp.comm.mpi_exchange).
+    if _world_size() > 1:
+        abort_job(os.environ, EXIT_FAILURE)
     os._exit(EXIT_FAILURE)
 
 

@@ -9,7 +9,8 @@ How ranks find each other, in order of preference:
 3. Under ``mpirun`` (``OMPI_COMM_WORLD_SIZE`` set): rank 0 opens a ``TCPStore``
    on a free port (port 0, so there is no pick-then-bind race) on 127.0.0.1
    when every rank is on its machine, else on its host name; mpi4py broadcasts
-   the address and port; everyone joins through that store.
+   the address and port (a warm-started rank asks its stub: ``smsdp.comm.mpi_exchange``);
+   everyone joins through that store.
 4. Under torchrun (``MASTER_ADDR``/``MASTER_PORT``/``RANK``/``WORLD_SIZE``): ``env://``.
 5. None of these: a world of one process (an in-memory store), so a training script
    also runs as plain ``python train.py``.
@@ -24,6 +25,7 @@ import datetime
 import os
 import socket
 
+from smsdp.comm.mpi_exchange import exchange_for
 from smsdp.config import host_launch
 from smsdp.config.cluster import ClusterInfo
 from smsdp.config.runtime_config import RuntimeConfig
@@ -165,19 +167,19 @@ def _under_torchrun() -> bool:
 
 
 def _mpi_store(cluster: ClusterInfo, timeout: datetime.timedelta):
-    """Rank 0 serves a TCPStore on a free port; mpi4py tells everyone where."""
+    """Rank 0 serves a TCPStore on a free port; MPI tells everyone where (through the stub of a
+    warm-started rank: ``smsdp.comm.mpi_exchange``)."""
     import torch.distributed as dist
-    from mpi4py import MPI
 
-    comm = MPI.COMM_WORLD
+    mpi = exchange_for(os.environ)
     store_timeout = timeout
-    one_machine = len(set(comm.allgather(MPI.Get_processor_name()))) == 1
+    one_machine = mpi.one_machine()
     if cluster.rank == 0:
         addr = LOOPBACK if one_machine else socket.gethostname()
         store = dist.TCPStore(addr, 0, cluster.world_size, True, timeout=store_timeout, wait_for_workers=False)
-        addr, port = comm.bcast((addr, store.port), root=0)
+        addr, port = mpi.bcast((addr, store.port))
     else:
-        addr, port = comm.bcast(None, root=0)
+        addr, port = mpi.bcast(None)
         store = dist.TCPStore(addr, port, cluster.world_size, False, timeout=store_timeout)
     os.environ.setdefault("MASTER_ADDR", addr)
     os.environ.setdefault("MASTER_PORT", str(port))

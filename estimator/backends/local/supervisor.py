@@ -17,7 +17,9 @@ is mpirun's:
   the job's environment marker (``process_session.JobProcesses``);
 - a stop sends SIGTERM to every rank, not to mpirun (which would kill them at
   once), and SIGKILL to the whole session and every marked process after the
-  grace period.
+  grace period;
+- each attempt's ranks fork from a warm-start server that imported torch once
+  (``warm_start``; ``environment={"SMSDP_WARM_START": "0"}`` starts them cold).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import sys
 
 from estimator.backends.local.failure import failure_reason
 from estimator.backends.local.rank_tags import RankTagger
+from estimator.backends.local.warm_start import WarmServer
 from estimator.backends.supervised import failure
 from estimator.backends.supervised.host_restart import MODULE as HOST_RESTART_MODULE
 from estimator.backends.supervised.job_dir import JobDir, read_json
@@ -47,16 +50,34 @@ MODULE = "estimator.backends.local.supervisor"
 
 class MpirunSupervisor(Supervisor):
     launcher_name = "mpirun"
+    #: Ranks fork from a warm-start server (``warm_start``); torchrun's workers start cold.
+    starts_warm = True
 
     def __init__(self, job: JobDir):
         super().__init__(job, argv=_argv_from_stdin())  # job.json's argv is redacted
+        self.warm: WarmServer | None = None
 
     def tagger(self) -> LineTagger:
         return RankTagger(self.hosts, self.processes_per_host)
 
+    def attempt_environment(self, env: dict[str, str]) -> dict[str, str]:
+        if self.starts_warm:
+            self.warm = WarmServer.start(env, self.job.code)
+        return env if self.warm is None else self.warm.environment
+
+    def end_attempt(self) -> None:
+        if self.warm is not None:
+            self.warm.stop()
+            self.warm = None
+
     def processes(self) -> JobProcesses:
-        """Every process of the job: mpirun's session and whatever carries the marker."""
-        return JobProcesses(session_id=None if self.proc is None else self.proc.pid, marker=self.marker)
+        """Every process of the job: mpirun's session and whatever carries the marker (but the
+        warm-start server, which no stop signal is for and ``end_attempt`` ends)."""
+        return JobProcesses(
+            session_id=None if self.proc is None else self.proc.pid,
+            marker=self.marker,
+            exclude=() if self.warm is None else (self.warm.pid,),
+        )
 
     def wait_for_ranks(self, proc: subprocess.Popen) -> int:
         # The attempt ends when its ranks do: a process a rank left behind (holding the
@@ -96,6 +117,7 @@ class TorchrunSupervisor(MpirunSupervisor):
     """The same job with torchrun in mpirun's place: its workers are its children, as mpirun's ranks are."""
 
     launcher_name = "torchrun"
+    starts_warm = False
 
     def tagger(self) -> LineTagger:
         return TorchrunTagger(self.hosts, self.processes_per_host)

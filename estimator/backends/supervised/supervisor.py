@@ -124,6 +124,9 @@ class Supervisor(abc.ABC):
         """The environment of one attempt's launcher."""
         return env
 
+    def end_attempt(self) -> None:
+        """After an attempt, whatever way it ended: release what ``attempt_environment`` set up."""
+
     def ended_by_scheduler(self, exit_code: int) -> tuple[JobStatus, str, str] | None:
         """(status, secondary status, reason) when something outside the job ended it; None otherwise."""
         return None
@@ -165,6 +168,12 @@ class Supervisor(abc.ABC):
     def _run_attempt(self) -> int:
         """One launch, from start to the moment no process of it is left; the launcher's exit code."""
         env = self.attempt_environment(self.attempts.environment(os.environ))
+        try:
+            return self._launch_and_wait(env)
+        finally:
+            self.end_attempt()
+
+    def _launch_and_wait(self, env: dict[str, str]) -> int:
         with self._lock:
             if self.stop_reason is not None:  # stopped before this attempt started
                 return 1

@@ -1,0 +1,257 @@
+"""The warm-start server of one attempt of a local job: imports torch once, forks every rank.
+
+    python -m entrypoints.launcher --warm-start-server SOCKET   (the supervisor starts it)
+
+It binds ``SOCKET`` first (the supervisor waits for the file), then imports what every rank
+imports before its script runs (``PRELOADED``), then serves: each stub mpirun starts connects and
+sends its argv, environment, working directory and descriptors (stdin, stdout, stderr, and its end
+of the rank's channel), and the server forks. The child becomes that rank: it takes the stub's
+streams, directory and environment and returns the argv to the launcher, which runs the rank as a
+cold-started one would. The server tells the stub the rank's pid, and later how it ended.
+
+What keeps a forked rank no different from a cold one, and no process behind:
+
+- the server binds before importing and holds no thread, lock or descriptor of a rank's when it
+  forks (numpy's OpenBLAS thread stops itself at a fork); a child closes every socket of the
+  server's, so a stub sees the server's death, and takes its signal dispositions back;
+- the server dies with the supervisor (``PR_SET_PDEATHSIG``), every rank with the server, and a
+  rank whose stub disappears (mpirun killed it, or died) is killed by the server at once;
+- stop signals (SIGTERM, SIGINT, ...) do not end the server: they are for the ranks, and each stub
+  forwards them to its rank (``entrypoints.warm_stub``);
+- closing the server's stdin ends it, and any rank still running with it.
+
+Modules whose import reads the environment are left out of ``PRELOADED``: they would read the
+server's, not the rank's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import importlib
+import json
+import os
+import selectors
+import signal
+import socket
+import sys
+from dataclasses import dataclass
+
+from smsdp.util.warm_start import CHANNEL_VARIABLE, SOCKET_VARIABLE
+
+#: What every rank imports before its script: torch, and torch._dynamo (torch.optim imports it on
+#: the first step), and the launcher's own modules (``entrypoints.launcher``).
+PRELOADED = (
+    "torch",
+    "torch.distributed",
+    "torch.optim",
+    "torch._dynamo",
+    "smsdp.config.cluster",
+    "smsdp.config.host_launch",
+    "smsdp.comm.rendezvous",
+    "smsdp.util.failure_files",
+    "smsdp.util.output_lines",
+)
+#: Signals a job's stop sends to every process of it: the server leaves them to the ranks.
+IGNORED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+BACKLOG = 256
+REQUEST_TIMEOUT_S = 10.0
+_FDS = 4  # stdin, stdout, stderr, the rank's end of its channel to the stub
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class Request:
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    fds: list[int]
+
+
+def serve(path: str) -> list[str]:
+    """Fork ranks until stdin closes; returns only in a forked rank, with that rank's arguments."""
+    _die_with_parent()
+    for sig in IGNORED:
+        signal.signal(sig, signal.SIG_IGN)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(path)
+    listener.listen(BACKLOG)
+    for name in PRELOADED:
+        importlib.import_module(name)
+    request = _Server(listener).run()
+    return _become_rank(request)
+
+
+def receive_request(conn: socket.socket) -> Request | None:
+    """A stub's request (``entrypoints.warm_stub.send_request``), or None if it is incomplete."""
+    conn.settimeout(REQUEST_TIMEOUT_S)
+    fds: list[int] = []
+    try:
+        header, fds, _, _ = socket.recv_fds(conn, 4096, _FDS)
+        if len(fds) != _FDS:
+            raise ValueError(f"{len(fds)} descriptors, not {_FDS}")
+        length = json.loads(header)["length"]
+        body = b""
+        while len(body) < length:
+            chunk = conn.recv(1 << 16)
+            if not chunk:
+                raise ConnectionError("the stub went away mid-request")
+            body += chunk
+        fields = json.loads(body)
+        request = Request(list(fields["argv"]), dict(fields["env"]), str(fields["cwd"]), list(fds))
+    except (OSError, ValueError, KeyError, TypeError):
+        for fd in fds:
+            os.close(fd)
+        return None
+    conn.settimeout(None)
+    return request
+
+
+class _Server:
+    def __init__(self, listener: socket.socket):
+        self.listener = listener
+        self.selector = selectors.DefaultSelector()
+        self.running: dict[int, socket.socket] = {}  # rank pid -> its stub's connection
+        self.wake_r, self.wake_w = os.pipe()
+
+    def run(self) -> Request:
+        """The event loop; returns in a forked child only."""
+        for fd in (self.wake_r, self.wake_w):
+            os.set_blocking(fd, False)
+        signal.set_wakeup_fd(self.wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)  # the wake-up byte is the point
+        self.selector.register(self.listener, selectors.EVENT_READ, "accept")
+        self.selector.register(0, selectors.EVENT_READ, "stdin")
+        self.selector.register(self.wake_r, selectors.EVENT_READ, "child")
+        while True:
+            for key, _ in self.selector.select():
+                if key.data == "accept":
+                    request = self._fork_one()
+                    if request is not None:
+                        return request
+                elif key.data == "stdin":
+                    self._stdin()
+                elif key.data == "child":
+                    self._reap()
+                else:
+                    self._stub_spoke(key.fileobj, key.data)
+
+    def _fork_one(self) -> Request | None:
+        try:
+            conn, _ = self.listener.accept()
+        except OSError:  # out of descriptors: that stub sees no answer and starts its rank cold
+            return None
+        request = receive_request(conn)
+        if request is None:
+            conn.close()
+            return None
+        pid = os.fork()
+        if pid == 0:
+            self._leave_to_child()
+            conn.close()
+            return request
+        for fd in request.fds:
+            os.close(fd)
+        self.running[pid] = conn
+        try:
+            conn.send(json.dumps({"pid": pid}).encode())
+        except OSError:  # the stub is gone already
+            _kill(pid)
+        self.selector.register(conn, selectors.EVENT_READ, pid)
+        return None
+
+    def _leave_to_child(self) -> None:
+        """In the fork: nothing of the server stays open or armed."""
+        signal.set_wakeup_fd(-1)
+        self.selector.close()
+        for conn in self.running.values():
+            conn.close()
+        self.listener.close()
+        os.close(self.wake_r)
+        os.close(self.wake_w)
+
+    def _stdin(self) -> None:
+        if os.read(0, 4096):
+            return
+        for pid in self.running:  # the supervisor is done with this attempt
+            _kill(pid)
+        os._exit(0)
+
+    def _stub_spoke(self, conn, pid: int) -> None:
+        """A stub says nothing after its request: readable means it is gone, and so is its rank."""
+        with contextlib.suppress(OSError):
+            if conn.recv(16):
+                return
+        self.selector.unregister(conn)
+        _kill(pid)
+
+    def _reap(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self.wake_r, 4096):
+                pass
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            conn = self.running.pop(pid, None)
+            if conn is None:
+                continue
+            with contextlib.suppress(OSError):
+                conn.send(json.dumps({"status": status}).encode())
+            with contextlib.suppress(KeyError, ValueError):
+                self.selector.unregister(conn)
+            conn.close()
+
+
+def _kill(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def _become_rank(request: Request) -> list[str]:
+    """In the fork: this process is now the rank its stub stands for; its launcher arguments."""
+    for sig in (*IGNORED, signal.SIGCHLD):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own, as in a new interpreter
+    signal.pthread_sigmask(signal.SIG_SETMASK, ())  # as mpirun starts a rank: nothing blocked
+    _die_with_parent()
+    stdin, stdout, stderr, channel = request.fds
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    for fd, target in ((stdin, 0), (stdout, 1), (stderr, 2)):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.set_inheritable(channel, False)  # the rank's own, not its subprocesses'
+    server_dir = os.getcwd()
+    os.chdir(request.cwd)
+    os.environ.clear()
+    os.environ.update(request.env)
+    os.environ[CHANNEL_VARIABLE] = str(channel)
+    os.environ.pop(SOCKET_VARIABLE, None)  # a launcher this rank starts starts cold
+    if sys.path and sys.path[0] == server_dir:  # python -m puts the working directory first
+        sys.path[0] = request.cwd
+    sys.argv = list(request.argv)
+    _reseed_numpy()
+    return list(request.argv[1:])
+
+
+def _reseed_numpy() -> None:
+    """A new interpreter seeds numpy's global generator from the OS; every fork would share the server's."""
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None:
+        numpy_random.seed()
+
+
+def _die_with_parent() -> None:
+    """SIGKILL this process when its parent dies; if the parent is gone already, leave now."""
+    if not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(1)
+

@@ -1,0 +1,87 @@
+"""The supervisor's side of a warm start: one server per attempt, started before mpirun.
+
+The server (``entrypoints.warm_server``) gets the environment and working directory mpirun gets,
+so what it imports sees what a cold rank's imports would. Its socket lives in a private directory
+(mode 0700: a connection is a fork of the job, so only its owner may make one), under the system's
+temporary directory, since a Unix socket's path is limited to 107 bytes and a job directory's path
+is not. Any trouble starting it (no space for the directory, a server that exits) leaves the job to
+start its ranks cold: the stubs find no server and the launcher carries on in their process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from estimator.backends.supervised.container_env import LAUNCHER_MODULE
+from estimator.backends.supervised.rank_watch import die_with_parent
+from estimator.backends.supervised.status_writer import note
+from smsdp.util.warm_start import SERVER_FLAG, SOCKET_VARIABLE, wanted
+
+#: How long the server may take to bind its socket (its interpreter's start, before torch).
+BIND_WAIT_S = 10.0
+STOP_WAIT_S = 5.0
+_POLL_S = 0.01
+
+
+class WarmServer:
+    """One attempt's warm-start server; ``environment`` is what mpirun then gets."""
+
+    def __init__(self, proc: subprocess.Popen, folder: Path, environment: dict[str, str]):
+        self.proc, self.folder, self.environment = proc, folder, environment
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @classmethod
+    def start(cls, env: Mapping[str, str], cwd: Path) -> WarmServer | None:
+        """A running server with its socket bound; None where the job's environment opts out or it fails."""
+        if not wanted(env):
+            return None
+        try:
+            folder = Path(tempfile.mkdtemp(prefix="smsdp-warm-"))
+        except OSError as exc:
+            note(f"[smsdp] ranks start cold: no directory for the warm-start socket ({exc})")
+            return None
+        path = folder / "socket"
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", LAUNCHER_MODULE, SERVER_FLAG, str(path)],
+                cwd=cwd,
+                env=dict(env),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                preexec_fn=die_with_parent,
+            )
+        except OSError as exc:
+            shutil.rmtree(folder, ignore_errors=True)
+            note(f"[smsdp] ranks start cold: the warm-start server did not start ({exc})")
+            return None
+        server = cls(proc, folder, {**env, SOCKET_VARIABLE: str(path)})
+        deadline = time.monotonic() + BIND_WAIT_S
+        while not path.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                note(f"[smsdp] ranks start cold: the warm-start server did not bind {path} (exit {proc.poll()})")
+                server.stop()
+                return None
+            time.sleep(_POLL_S)
+        return server
+
+    def stop(self) -> None:
+        """End the server (and any rank it still runs: the attempt is over) and remove its socket."""
+        if self.proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=STOP_WAIT_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        shutil.rmtree(self.folder, ignore_errors=True)

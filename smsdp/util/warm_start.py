@@ -1,0 +1,27 @@
+"""What a local job's supervisor, its warm-start server and its ranks agree on (names only).
+
+A rank's cold start (a new interpreter importing torch) costs about 2.6 CPU-seconds, and a job on
+one machine pays it once per rank. With a warm start the supervisor starts one server per attempt
+(``python -m entrypoints.launcher --warm-start-server SOCKET``) that imports torch once; each rank
+mpirun starts is a small stub that hands itself over (its argv, environment, working directory and
+standard streams) and the server forks the rank from its warm interpreter
+(``entrypoints.warm_server``, ``entrypoints.warm_stub``). Standard library only: the stub imports it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+#: The server's Unix socket, in the environment of mpirun and so of every stub.
+SOCKET_VARIABLE = "SMSDP_WARM_START_SOCKET"
+#: In a forked rank: the descriptor of its channel to its stub (the rendezvous's MPI exchange).
+CHANNEL_VARIABLE = "SMSDP_WARM_START_CHANNEL"
+#: The job's environment may turn warm starts off: ``environment={"SMSDP_WARM_START": "0"}``.
+OPT_OUT_VARIABLE = "SMSDP_WARM_START"
+#: The launcher's first argument that makes it the server.
+SERVER_FLAG = "--warm-start-server"
+
+
+def wanted(env: Mapping[str, str]) -> bool:
+    """Whether a job with this environment starts its ranks warm (the default)."""
+    return env.get(OPT_OUT_VARIABLE, "1").strip().lower() not in ("0", "false", "no", "off")
