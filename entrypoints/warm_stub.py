@@ -119,7 +119,8 @@ class _Stub:
         """Exit as the rank did: its code, or its signal (mpirun reports either for the rank)."""
         if os.WIFSIGNALED(status):
             sig = os.WTERMSIG(status)
-            signal.signal(sig, signal.SIG_DFL)
+            with contextlib.suppress(OSError, ValueError):  # SIGKILL's disposition cannot be set
+                signal.signal(sig, signal.SIG_DFL)
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
             os.kill(os.getpid(), sig)
             os._exit(128 + sig)  # a signal that does not end a process (SIGCHLD): end anyway

@@ -2,8 +2,8 @@
 
 Under mpirun, rank 0 serves the ``TCPStore`` and MPI tells everyone where
 (``smsdp.comm.rendezvous``): every rank asks whether all ranks share one machine, then rank 0
-broadcasts the store's address. A rank forked by the warm-start server
-(``entrypoints.warm_server``) is not the process mpirun started, and MPI counts only that one (a
+broadcasts the store's address. A rank forked by the job's warm-start server
+(``smsdp.util.warm_start``) is not the process mpirun started, and MPI counts only that one (a
 fork that joins MPI makes mpirun report the rank as exited improperly), so its stub, the process
 mpirun did start, makes the MPI calls for it; the rank asks over a socket
 (``smsdp.util.warm_start.CHANNEL_VARIABLE``). ``answer`` is the stub's side.
@@ -14,6 +14,7 @@ every rank of the job, so it happens at the first exchange and never in a rank t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import sys
@@ -83,10 +84,8 @@ class StubExchange:
         return tuple(result) if isinstance(result, list) else result
 
     def abort(self, code: int) -> None:
-        try:
+        with contextlib.suppress(OSError, RuntimeError, ValueError):  # the caller exits non-zero next: that ends it too
             self._ask({"op": "abort", "value": code}, timeout=ABORT_WAIT_S)
-        except (OSError, RuntimeError, ValueError):
-            pass  # the caller exits non-zero next, which ends the job too
 
 
 def exchange_for(env: Mapping[str, str]) -> MpiExchange | StubExchange:

@@ -31,6 +31,7 @@ from smsdp.config.cluster import ClusterInfo
 from smsdp.config.runtime_config import RuntimeConfig
 
 LOOPBACK = "127.0.0.1"
+_JOB_STORE = None  # the per-host launch's store (_per_host_store)
 
 
 def init_distributed(backend: str | None = None, timeout_s: float | None = None) -> ClusterInfo:
@@ -143,9 +144,15 @@ def _per_host_store(cluster: ClusterInfo, timeout: datetime.timedelta):
     """Rank 0 of the job's first start serves the store at ``MASTER_ADDR:MASTER_PORT``; everyone else connects."""
     import torch.distributed as dist
 
+    global _JOB_STORE
     server = cluster.rank == 0 and host_launch.incarnation(os.environ) == 0
     addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-    return dist.TCPStore(addr, port, cluster.world_size, server, timeout=timeout, wait_for_workers=False)
+    store = dist.TCPStore(addr, port, cluster.world_size, server, timeout=timeout, wait_for_workers=False)
+    # Held for the life of the process: rank 0's store serves every host's later starts, and re-forming
+    # the world destroys the groups that referenced it. Without this reference the server went down
+    # with them (rank 0 forked by the warm-start server: every client's connection closed at the re-form).
+    _JOB_STORE = store
+    return store
 
 
 def world_prefix(cluster: ClusterInfo, config) -> str:

@@ -2,10 +2,9 @@
 
 A rank's cold start (a new interpreter importing torch) costs about 2.6 CPU-seconds, and a job on
 one machine pays it once per rank. With a warm start the supervisor starts one server per attempt
-(``python -m entrypoints.launcher --warm-start-server SOCKET``) that imports torch once; each rank
-mpirun starts is a small stub that hands itself over (its argv, environment, working directory and
-standard streams) and the server forks the rank from its warm interpreter
-(``entrypoints.warm_server``, ``entrypoints.warm_stub``). Standard library only: the stub imports it.
+(the job's launcher with ``SERVER_FLAG``) that imports torch once; each rank mpirun starts is a
+small stub that hands itself over (its argv, environment, working directory and standard streams)
+and the server forks the rank from its warm interpreter. Standard library only: the stub imports it.
 """
 
 from __future__ import annotations

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from bench.mpi_harness import mpi_env
+from estimator.backends.local.warm_start import WarmServer
+from smsdp.util.warm_start import SOCKET_VARIABLE
 from tests.conftest import REPO_ROOT, USER_SCRIPTS
 from tests.mpi_harness import requires_mpi, run_mpi
 
@@ -25,18 +31,47 @@ def _job_like_env(tmp_path: Path) -> dict[str, str]:
     return {"SM_MODEL_DIR": str(tmp_path / "model"), "SM_OUTPUT_DATA_DIR": str(tmp_path / "output" / "data")}
 
 
-def test_by_hand_on_four_ranks(tmp_path):
-    result = run_mpi(
-        ["-m", "entrypoints.launcher", SCRIPT, "--steps", "2"], nprocs=4, env=_job_like_env(tmp_path), out_dir=tmp_path
-    )
+@contextlib.contextmanager
+def _started(how: str, env: dict[str, str], out: Path) -> Iterator[dict[str, str]]:
+    """``env`` for ranks that start cold, warm (a server as a local job's supervisor runs one), or with
+    a server named that does not exist (the ranks must start cold)."""
+    if how == "cold":
+        yield env
+    elif how == "no server":
+        yield {**env, SOCKET_VARIABLE: str(out / "nobody-listens")}
+    else:
+        server = WarmServer.start(mpi_env(out, env), REPO_ROOT)
+        assert server is not None
+        try:
+            yield {**env, SOCKET_VARIABLE: server.environment[SOCKET_VARIABLE]}
+        finally:
+            server.stop()
+
+
+@pytest.mark.parametrize("how", ["warm", "no server"])
+def test_by_hand_on_four_ranks(tmp_path, how):
+    with _started(how, _job_like_env(tmp_path), tmp_path) as env:
+        result = run_mpi(
+            ["-m", "entrypoints.launcher", SCRIPT, "--steps", "2", "--report_start"],
+            nprocs=4,
+            env=env,
+            out_dir=tmp_path,
+        )
     for rank in range(4):
         assert f"rank {rank} of 4 on algo-1: sum 6" in result.stdout
     assert "[smsdp] step 2/2 loss=0.5000" in result.stdout
     assert (tmp_path / "model" / "weights.txt").exists()
+    forked = re.findall(r"started (warm|cold)", result.stdout)
+    assert forked == ["warm" if how == "warm" else "cold"] * 4, result.stdout
 
 
-def test_a_failing_rank_aborts_the_job_at_once(tmp_path):
-    env = _job_like_env(tmp_path)
+@pytest.mark.parametrize("how", ["cold", "warm"])
+def test_a_failing_rank_aborts_the_job_at_once(tmp_path, how):
+    with _started(how, _job_like_env(tmp_path), tmp_path) as env:
+        _a_failing_rank_aborts_the_job_at_once(tmp_path, env)
+
+
+def _a_failing_rank_aborts_the_job_at_once(tmp_path, env):
     started = time.monotonic()
     result = run_mpi(
         ["-m", "entrypoints.launcher", SCRIPT, "--fail_rank", "1"],

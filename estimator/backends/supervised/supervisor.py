@@ -124,7 +124,7 @@ class Supervisor(abc.ABC):
         """The environment of one attempt's launcher."""
         return env
 
-    def end_attempt(self) -> None:
+    def end_attempt(self) -> None:  # noqa: B027  (most supervisors set nothing up)
         """After an attempt, whatever way it ended: release what ``attempt_environment`` set up."""
 
     def ended_by_scheduler(self, exit_code: int) -> tuple[JobStatus, str, str] | None:

@@ -1,7 +1,8 @@
 """A user script that uses torch.distributed only: all-reduce, report where it ran, save a model.
 
 Hyperparameters: --steps N (progress lines on rank 0), --fail_rank R (raise there),
---sleep S (seconds before finishing: for stop tests).
+--sleep S (seconds before finishing: for stop tests), --report_start (print whether this rank's process
+was forked by a warm-start server or began as its own interpreter).
 """
 
 import argparse
@@ -18,12 +19,16 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=3)
 parser.add_argument("--fail_rank", type=int, default=-1)
 parser.add_argument("--sleep", type=float, default=0.0)
+parser.add_argument("--report_start", action="store_true")
 args = parser.parse_args()
 
 rank, world = dist.get_rank(), dist.get_world_size()
 total = torch.tensor([float(rank)])
 dist.all_reduce(total)
 print(f"rank {rank} of {world} on {os.environ['SM_CURRENT_HOST']}: sum {total.item():.0f}")
+if args.report_start:
+    warm = b"--warm-start-server" in Path("/proc/self/cmdline").read_bytes()
+    print(f"rank {rank} started {'warm' if warm else 'cold'}")
 
 report = {
     "rank": rank,
