@@ -36,10 +36,8 @@ in its failure reason.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import runpy
-import signal
 import sys
 import time
 import traceback
@@ -49,11 +47,11 @@ from entrypoints import warm_stub
 from smsdp.comm.mpi_exchange import abort_job
 from smsdp.util.warm_start import SERVER_FLAG
 
-USAGE = "usage: python -m entrypoints.launcher SCRIPT [--name value ...]"
+MODULE = "entrypoints.launcher"
+USAGE = f"usage: python -m {MODULE} SCRIPT [--name value ...]"
 EXIT_FAILURE = 1
 PEER_LOSS_GRACE_S = 2.0
 STDERR_TAIL_CHARS = 2000
-_PR_SET_PDEATHSIG = 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,10 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] == SERVER_FLAG and len(argv) == 2:
         from entrypoints.warm_server import serve
 
-        argv = serve(argv[1])  # returns in each rank it forks, with that rank's arguments
-    else:
-        _die_with_mpirun()
-        warm_stub.hand_over(argv)  # returns only if no warm-start server takes this rank
+        serve(argv[1])  # returns in each rank it forks, once the rank has run (this module again, as a rank)
+        return 0
+    _die_with_mpirun()
+    warm_stub.hand_over(["-m", MODULE, *argv])  # returns only if no warm-start server takes this rank
     # Imported here, not at the top: a stub that hands its rank over never needs them (pydantic: 0.3 s)
     from smsdp.config.cluster import slurm_rank_env
     from smsdp.config.host_launch import per_host_rank_env
@@ -110,13 +108,8 @@ class StderrTail:
 
 def _die_with_mpirun() -> None:
     """Linux: SIGKILL this rank when mpirun (or torchrun's agent) dies; if it is already gone, leave now."""
-    launched = "OMPI_COMM_WORLD_SIZE" in os.environ or "TORCHELASTIC_RUN_ID" in os.environ
-    if not launched or not sys.platform.startswith("linux"):
-        return
-    parent = os.getppid()
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent:  # mpirun died before the request took effect
-        os._exit(EXIT_FAILURE)
+    if "OMPI_COMM_WORLD_SIZE" in os.environ or "TORCHELASTIC_RUN_ID" in os.environ:
+        warm_stub.die_with_parent()  # a forked rank's parent is the warm-start server
 
 
 def _run_to_completion(script: str, args: list[str]) -> None:

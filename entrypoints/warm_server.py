@@ -6,8 +6,9 @@ It binds ``SOCKET`` first (the supervisor waits for the file), then imports what
 imports before its script runs (``PRELOADED``), then serves: each stub mpirun starts connects and
 sends its argv, environment, working directory and descriptors (stdin, stdout, stderr, and its end
 of the rank's channel), and the server forks. The child becomes that rank: it takes the stub's
-streams, directory and environment and returns the argv to the launcher, which runs the rank as a
-cold-started one would. The server tells the stub the rank's pid, and later how it ended.
+streams, directory and environment and runs the stub's ``python ARGS`` (for a job's rank,
+``-m entrypoints.launcher SCRIPT ...``) as a new interpreter would. The server tells the stub the
+rank's pid, and later how it ended.
 
 What keeps a forked rank no different from a cold one, and no process behind:
 
@@ -27,7 +28,6 @@ server's, not the rank's.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import importlib
 import json
 import os
@@ -37,6 +37,7 @@ import socket
 import sys
 from dataclasses import dataclass
 
+from entrypoints.warm_stub import die_with_parent, run_python
 from smsdp.util.warm_start import CHANNEL_VARIABLE, SOCKET_VARIABLE
 
 #: What every rank imports before its script: torch, and torch._dynamo (torch.optim imports it on
@@ -57,20 +58,19 @@ IGNORED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.
 BACKLOG = 256
 REQUEST_TIMEOUT_S = 10.0
 _FDS = 4  # stdin, stdout, stderr, the rank's end of its channel to the stub
-_PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True)
 class Request:
-    argv: list[str]
+    args: list[str]  # what follows python on the stub's command line
     env: dict[str, str]
     cwd: str
     fds: list[int]
 
 
-def serve(path: str) -> list[str]:
-    """Fork ranks until stdin closes; returns only in a forked rank, with that rank's arguments."""
-    _die_with_parent()
+def serve(path: str) -> None:
+    """Fork ranks until stdin closes; returns only in a forked rank, once it has run its ``python ARGS``."""
+    die_with_parent()
     for sig in IGNORED:
         signal.signal(sig, signal.SIG_IGN)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -79,7 +79,8 @@ def serve(path: str) -> list[str]:
     for name in PRELOADED:
         importlib.import_module(name)
     request = _Server(listener).run()
-    return _become_rank(request)
+    _become_rank(request)
+    run_python(request.args)
 
 
 def receive_request(conn: socket.socket) -> Request | None:
@@ -98,7 +99,7 @@ def receive_request(conn: socket.socket) -> Request | None:
                 raise ConnectionError("the stub went away mid-request")
             body += chunk
         fields = json.loads(body)
-        request = Request(list(fields["argv"]), dict(fields["env"]), str(fields["cwd"]), list(fds))
+        request = Request(list(fields["args"]), dict(fields["env"]), str(fields["cwd"]), list(fds))
     except (OSError, ValueError, KeyError, TypeError):
         for fd in fds:
             os.close(fd)
@@ -211,13 +212,13 @@ def _kill(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
-def _become_rank(request: Request) -> list[str]:
+def _become_rank(request: Request) -> None:
     """In the fork: this process is now the rank its stub stands for; its launcher arguments."""
     for sig in (*IGNORED, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own, as in a new interpreter
     signal.pthread_sigmask(signal.SIG_SETMASK, ())  # as mpirun starts a rank: nothing blocked
-    _die_with_parent()
+    die_with_parent()
     stdin, stdout, stderr, channel = request.fds
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):
@@ -234,9 +235,7 @@ def _become_rank(request: Request) -> list[str]:
     os.environ.pop(SOCKET_VARIABLE, None)  # a launcher this rank starts starts cold
     if sys.path and sys.path[0] == server_dir:  # python -m puts the working directory first
         sys.path[0] = request.cwd
-    sys.argv = list(request.argv)
     _reseed_numpy()
-    return list(request.argv[1:])
 
 
 def _reseed_numpy() -> None:
@@ -244,13 +243,3 @@ def _reseed_numpy() -> None:
     numpy_random = sys.modules.get("numpy.random")
     if numpy_random is not None:
         numpy_random.seed()
-
-
-def _die_with_parent() -> None:
-    """SIGKILL this process when its parent dies; if the parent is gone already, leave now."""
-    if not sys.platform.startswith("linux"):
-        return
-    parent = os.getppid()
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent:
-        os._exit(1)

@@ -1,7 +1,9 @@
 """A warm-started rank's stub: the process mpirun starts, standing in for the rank the server forks.
 
 ``entrypoints.launcher`` calls ``hand_over`` first thing when the job's supervisor runs a
-warm-start server (``smsdp.util.warm_start``). The stub imports no torch. It
+warm-start server (``smsdp.util.warm_start``); ``python -m entrypoints.warm_stub ARGS`` does the
+same for any ``python ARGS`` (the tests' mpirun harness starts its workers so). The stub imports no
+torch. It
 
 - sends the server its argv, environment, working directory and descriptors (stdin, stdout,
   stderr, so the rank's output goes where mpirun reads it, and one end of the rank's channel);
@@ -21,8 +23,10 @@ stub's connection close, kills the rank.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
+import runpy
 import selectors
 import signal
 import socket
@@ -34,10 +38,44 @@ from smsdp.util.warm_start import SOCKET_VARIABLE
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 EXIT_LOST = 1
 _CHUNK = 1 << 15
+_PR_SET_PDEATHSIG = 1
 
 
-def hand_over(argv: list[str]) -> None:
-    """Have the job's warm-start server run this rank; returns only if no server takes it."""
+def main(argv: list[str] | None = None) -> None:
+    """``python -m entrypoints.warm_stub ARGS``: ``python ARGS``, forked by the warm-start server if one runs."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args:
+        print("usage: python -m entrypoints.warm_stub (-m MODULE | SCRIPT) [ARG ...]", file=sys.stderr)
+        sys.exit(2)
+    die_with_parent()
+    hand_over(args)
+    run_python(args)
+
+
+def run_python(args: list[str]) -> None:
+    """Run ``python ARGS`` (``-m MODULE ...`` or ``SCRIPT ...``) in this process, as ``__main__``."""
+    if args[0] == "-m":
+        sys.argv = [args[1], *args[2:]]  # runpy puts the module's file in argv[0], as python -m does
+        sys.path[0] = os.getcwd()
+        runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = list(args)
+        sys.path[0] = os.path.dirname(os.path.abspath(args[0]))
+        runpy.run_path(args[0], run_name="__main__")
+
+
+def die_with_parent() -> None:
+    """Linux: SIGKILL this process when its parent (mpirun) dies; if it is already gone, leave now."""
+    if not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(EXIT_LOST)
+
+
+def hand_over(args: list[str]) -> None:
+    """Have the job's warm-start server run ``python ARGS`` as this rank; returns only if no server takes it."""
     path = os.environ.get(SOCKET_VARIABLE)
     if not path:
         return
@@ -48,7 +86,7 @@ def hand_over(argv: list[str]) -> None:
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         server.connect(path)
-        send_request(server, [sys.argv[0], *argv], theirs.fileno())
+        send_request(server, args, theirs.fileno())
         theirs.close()
         reply = server.recv(4096)
         pid = int(json.loads(reply)["pid"]) if reply else None
@@ -62,9 +100,9 @@ def hand_over(argv: list[str]) -> None:
     _Stub(server, ours, pid).run()
 
 
-def send_request(server: socket.socket, argv: list[str], channel_fd: int) -> None:
+def send_request(server: socket.socket, args: list[str], channel_fd: int) -> None:
     """The request ``entrypoints.warm_server.receive_request`` reads: a header with the descriptors, then the body."""
-    body = json.dumps({"argv": argv, "env": dict(os.environ), "cwd": os.getcwd()}).encode()
+    body = json.dumps({"args": args, "env": dict(os.environ), "cwd": os.getcwd()}).encode()
     socket.send_fds(server, [json.dumps({"length": len(body)}).encode()], [0, 1, 2, channel_fd])
     for start in range(0, len(body), _CHUNK):
         server.sendall(body[start : start + _CHUNK])
@@ -128,3 +166,7 @@ class _Stub:
         if code == 0:
             self.mpi.finalize()
         os._exit(code)
+
+
+if __name__ == "__main__":
+    main()
