@@ -62,12 +62,14 @@ from pathlib import Path
 from typing import Any
 
 from estimator.backends.local.mpirun import FAST_MPI_ENV, find_mpirun
+from estimator.backends.local.warm_start import WarmServer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 OUT_ENV = "SMSDP_TEST_OUT"
 CASES_ENV = "SMSDP_TEST_CASES"
 PG_TIMEOUT_ENV = "SMSDP_TEST_PG_TIMEOUT"
+WARM_STUB_MODULE = "entrypoints.warm_stub"
 
 _TAIL_CHARS = 6000
 
@@ -144,6 +146,7 @@ def run_mpi(
     cwd: str | os.PathLike | None = None,
     check: bool = True,
     out_dir: str | os.PathLike | None = None,
+    warm: bool = False,
 ) -> MPIResult:
     """Run ``python *script_or_module_args`` on ``nprocs`` ranks under mpirun.
 
@@ -151,7 +154,10 @@ def run_mpi(
     (mpirun, prted and every rank) is killed: a test must never hang. With
     ``check`` a non-zero exit raises ``AssertionError`` showing the output tail.
     ``out_dir`` (default: a fresh temporary directory) is exported as
-    ``$SMSDP_TEST_OUT`` for worker results.
+    ``$SMSDP_TEST_OUT`` for worker results. ``warm``: the ranks fork from a warm-start server that
+    imported torch once, as a local job's do (``estimator.backends.local.warm_start``); the tests'
+    launches are warm (``tests.mpi_harness``), the benchmarks' cold, so that the memory they report
+    is that of processes started as users start theirs.
     """
     mpirun = find_mpirun()
     if mpirun is None:
@@ -159,23 +165,32 @@ def run_mpi(
     out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="smsdp-mpi-"))
     out.mkdir(parents=True, exist_ok=True)
     (out / "filestore").unlink(missing_ok=True)  # a FileStore must start empty
+    env_all = mpi_env(out, env)
+    server = WarmServer.start(env_all, Path(cwd or REPO_ROOT)) if warm and nprocs > 1 else None
+    if server is not None:
+        env_all = server.environment
+        script_or_module_args = ["-m", WARM_STUB_MODULE, *script_or_module_args]
     argv = mpirun_argv(mpirun, nprocs, script_or_module_args)
-    proc = subprocess.Popen(
-        argv,
-        cwd=cwd or REPO_ROOT,
-        env=mpi_env(out, env),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    timed_out = False
     try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        _kill_session(proc)
-        stdout, stderr = proc.communicate()
+        proc = subprocess.Popen(
+            argv,
+            cwd=cwd or REPO_ROOT,
+            env=env_all,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        timed_out = False
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _kill_session(proc)
+            stdout, stderr = proc.communicate()
+    finally:
+        if server is not None:
+            server.stop()  # and with it any rank a killed mpirun's stubs left (they are the server's children)
     result = MPIResult(argv, proc.returncode, stdout, stderr, out, nprocs, timed_out)
     if check and (timed_out or proc.returncode != 0):
         what = f"timed out after {timeout:.0f} s" if timed_out else f"exit code {proc.returncode}"
@@ -319,6 +334,7 @@ def run_cases(
     env: dict | None = None,
     timeout: float = 120,
     out_dir: str | os.PathLike | None = None,
+    warm: bool = False,
 ) -> CaseResults:
     """Run the named ``cases`` of ``worker`` (a script path or ``-m module``) in ONE launch.
 
@@ -327,7 +343,7 @@ def run_cases(
     """
     args = worker.split() if worker.startswith("-m ") else [worker]
     extra = {CASES_ENV: ",".join(cases), **(env or {})}
-    mpi = run_mpi(args, nprocs, env=extra, timeout=timeout, out_dir=out_dir, check=False)
+    mpi = run_mpi(args, nprocs, env=extra, timeout=timeout, out_dir=out_dir, check=False, warm=warm)
     return CaseResults(mpi, list(cases))
 
 

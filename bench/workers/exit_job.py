@@ -42,6 +42,7 @@ def report_at_exit(directory: Path, rank: int, summed: torch.Tensor | None, expe
         "async_done": None if summed is None else bool(torch.all(summed == expected)),
         "distributed": dist.is_initialized(),
         "frozen_for_exit": gc.get_freeze_count() > 0,  # smsdp's exit hook spared the final collections
+        "forked_warm": b"--warm-start-server" in Path("/proc/self/cmdline").read_bytes(),
     }
     (directory / f"exit.rank{rank}.json").write_text(json.dumps(report))
 

@@ -23,7 +23,10 @@ pytestmark = [pytest.mark.distributed, requires_mpi]
 GLOO_THREADS_PER_GROUP = 2  # torch's default for a gloo process group
 
 
-def test_a_job_that_ends_after_an_async_collective_leaves_cleanly(tmp_path):
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
+def test_a_job_that_ends_after_an_async_collective_leaves_cleanly(tmp_path, warm):
+    """Cold: each rank its own interpreter. Warm: forked from a warm-start server, as a local job's ranks
+    are; the fork's exit is the interpreter's own (exit hooks, threads), so the same must hold."""
     out = tmp_path / "out"
     result = run_mpi(
         ["-m", "bench.workers.exit_job", str(tmp_path / "checkpoints"), "--end", "async", "--report", str(out)],
@@ -31,6 +34,7 @@ def test_a_job_that_ends_after_an_async_collective_leaves_cleanly(tmp_path):
         out_dir=out,
         timeout=240,
         check=False,
+        warm=warm,
     )
     output = result.stdout + result.stderr
     assert result.returncode == 0 and "terminate called" not in output, result.tail()
@@ -38,6 +42,7 @@ def test_a_job_that_ends_after_an_async_collective_leaves_cleanly(tmp_path):
     for rank in range(4):
         report = json.loads((out / f"exit.rank{rank}.json").read_text())
         assert report["distributed"] is False  # the process groups were destroyed before the exit hooks ran out
+        assert report["forked_warm"] is warm
         assert report["async_done"] is True  # the dropped all-reduce finished before the interpreter finalized
         assert report["frozen_for_exit"] is True  # the finalization's collections skip what lived at the end
         states = report["gloo_worker_states_at_exit"]

@@ -61,7 +61,8 @@ class MpirunSupervisor(Supervisor):
         return RankTagger(self.hosts, self.processes_per_host)
 
     def attempt_environment(self, env: dict[str, str]) -> dict[str, str]:
-        if self.starts_warm:
+        # One rank gains nothing from a server that imports what it would (and more: torch._dynamo).
+        if self.starts_warm and self.world_size > 1:
             self.warm = WarmServer.start(env, self.job.code)
         return env if self.warm is None else self.warm.environment
 
