@@ -50,6 +50,14 @@ def is_server(pid: int) -> bool:
         return False
 
 
+def _alive(pid: int) -> bool:
+    """Running, not a zombie its parent has yet to collect."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def _leads_a_session(pid: int) -> bool:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return int(fields[3]) == pid
@@ -113,7 +121,7 @@ def test_a_killed_mpirun_takes_the_forked_ranks_along(tmp_path):
     killed = time.monotonic()
     os.kill(mpiruns[0], signal.SIGKILL)
     _ends_failed_and_clean(job, killed)
-    assert not any(Path(f"/proc/{rank['pid']}").exists() for rank in ranks)
+    assert not any(_alive(rank["pid"]) for rank in ranks)
 
 
 def test_a_forked_rank_killed_by_a_signal_is_named_with_it(tmp_path):
