@@ -21,8 +21,8 @@ What keeps a forked rank no different from a cold one, and no process behind:
   forwards them to its rank (``entrypoints.warm_stub``);
 - closing the server's stdin ends it, and any rank still running with it.
 
-Modules whose import reads the environment are left out of ``PRELOADED``: they would read the
-server's, not the rank's.
+A module whose import reads the environment would have read the server's, not the rank's: each such
+preloaded module reads it again in the rank (``REREAD_AT_FORK``).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from entrypoints.warm_stub import die_with_parent, run_python
 from smsdp.util.warm_start import CHANNEL_VARIABLE, SOCKET_VARIABLE
 
 #: What every rank imports before its script: torch, and torch._dynamo (torch.optim imports it on
-#: the first step), and the launcher's own modules (``entrypoints.launcher``).
+#: the first step), the launcher's own modules (``entrypoints.launcher``), and smsdp's runtime.
 PRELOADED = (
     "torch",
     "torch.distributed",
@@ -52,7 +52,18 @@ PRELOADED = (
     "smsdp.comm.rendezvous",
     "smsdp.util.failure_files",
     "smsdp.util.output_lines",
+    "smsdp.comm.world",
+    "smsdp.smp.distributed_model",
+    "smsdp.smp.distributed_optimizer",
+    "smsdp.smp.checkpointing",
+    "smsdp.smp.step",
+    "smsdp.smp.stop",
 )
+#: Preloaded modules that read the environment when imported: each reads it again in a rank, as the
+#: rank's (tests/unit/test_warm_server_preload.py finds any other).
+REREAD_AT_FORK = {
+    "smsdp.util.fault_injection": lambda module: module.configure(os.environ.get(module.ENV_VAR)),
+}
 #: Signals a job's stop sends to every process of it: the server leaves them to the ranks.
 IGNORED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 BACKLOG = 256
@@ -236,6 +247,9 @@ def _become_rank(request: Request) -> None:
     if sys.path and sys.path[0] == server_dir:  # python -m puts the working directory first
         sys.path[0] = request.cwd
     _reseed_numpy()
+    for name, reread in REREAD_AT_FORK.items():
+        if name in sys.modules:
+            reread(sys.modules[name])
 
 
 def _reseed_numpy() -> None:
