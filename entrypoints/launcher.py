@@ -45,6 +45,7 @@ from pathlib import Path
 
 from entrypoints import warm_stub
 from smsdp.comm.mpi_exchange import abort_job
+from smsdp.util.process_fate import die_with_parent
 from smsdp.util.warm_start import SERVER_FLAG
 
 MODULE = "entrypoints.launcher"
@@ -109,7 +110,7 @@ class StderrTail:
 def _die_with_mpirun() -> None:
     """Linux: SIGKILL this rank when mpirun (or torchrun's agent) dies; if it is already gone, leave now."""
     if "OMPI_COMM_WORLD_SIZE" in os.environ or "TORCHELASTIC_RUN_ID" in os.environ:
-        warm_stub.die_with_parent()  # a forked rank's parent is the warm-start server
+        die_with_parent()  # a forked rank's parent is the warm-start server
 
 
 def _run_to_completion(script: str, args: list[str]) -> None:

@@ -37,7 +37,8 @@ import socket
 import sys
 from dataclasses import dataclass
 
-from entrypoints.warm_stub import die_with_parent, run_python
+from entrypoints.warm_stub import run_python
+from smsdp.util.process_fate import die_with_parent
 from smsdp.util.warm_start import CHANNEL_VARIABLE, SOCKET_VARIABLE
 
 #: What every rank imports before its script: torch, and torch._dynamo (torch.optim imports it on

@@ -23,7 +23,6 @@ stub's connection close, kills the rank.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import runpy
@@ -33,12 +32,12 @@ import socket
 import sys
 
 from smsdp.comm.mpi_exchange import MpiExchange, answer
+from smsdp.util.process_fate import die_with_parent, end_by_signal
 from smsdp.util.warm_start import SOCKET_VARIABLE
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 EXIT_LOST = 1
 _CHUNK = 1 << 15
-_PR_SET_PDEATHSIG = 1
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -62,16 +61,6 @@ def run_python(args: list[str]) -> None:
         sys.argv = list(args)
         sys.path[0] = os.path.dirname(os.path.abspath(args[0]))
         runpy.run_path(args[0], run_name="__main__")
-
-
-def die_with_parent() -> None:
-    """Linux: SIGKILL this process when its parent (mpirun) dies; if it is already gone, leave now."""
-    if not sys.platform.startswith("linux"):
-        return
-    parent = os.getppid()
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent:
-        os._exit(EXIT_LOST)
 
 
 def hand_over(args: list[str]) -> None:
@@ -155,14 +144,7 @@ class _Stub:
 
     def _end_like(self, status: int) -> None:
         """Exit as the rank did: its code, or its signal (mpirun reports either for the rank)."""
-        if os.WIFSIGNALED(status):
-            sig = os.WTERMSIG(status)
-            with contextlib.suppress(OSError, ValueError):  # SIGKILL's disposition cannot be set
-                signal.signal(sig, signal.SIG_DFL)
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
-            os.kill(os.getpid(), sig)
-            os._exit(128 + sig)  # a signal that does not end a process (SIGCHLD): end anyway
-        code = os.waitstatus_to_exitcode(status)
+        code = end_by_signal(os.waitstatus_to_exitcode(status))
         if code == 0:
             self.mpi.finalize()
         os._exit(code)

@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from estimator.backends.supervised.container_env import LAUNCHER_MODULE
-from estimator.backends.supervised.rank_watch import die_with_parent
 from estimator.backends.supervised.status_writer import note
+from smsdp.util.process_fate import die_with_parent
 from smsdp.util.warm_start import SERVER_FLAG, SOCKET_VARIABLE, wanted
 
 #: How long the server may take to bind its socket (its interpreter's start, before torch).

@@ -22,9 +22,10 @@ the ranks. So every rank runs under a guard that
 - records ``ranks/attempt-<A>/rank-<R>.started`` and ``.ended`` in the job
   directory: the supervisor reports Stopped only once every rank has ended.
 
-It is run with ``-I`` and imports the standard library and one module of the project,
-``smsdp.util.atomic_files`` (itself standard library only, and how every file a reader
-sees is written), so it starts in a few milliseconds.
+It is run with ``-I`` and imports the standard library and two modules of the project, both
+standard library only: ``smsdp.util.atomic_files`` (how every file a reader sees is written) and
+``smsdp.util.process_fate`` (dying with the guard, ending by the rank's signal), so it starts in a
+few milliseconds.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ import threading
 import time
 
 from smsdp.util.atomic_files import write_text_atomically
+from smsdp.util.process_fate import die_with_parent, end_by_signal
 
 LINE_START = b"\x1e"
 LINE_END = b"\x1f"
@@ -51,7 +53,6 @@ ATTEMPT_VARIABLE = "SMSDP_ATTEMPT"
 POLL_S = 0.2
 KILL_WAIT_S = 10.0
 LINE_LIMIT = 1 << 20
-_PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
@@ -59,10 +60,6 @@ _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 def _prctl(option: int, value: int) -> None:
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
-
-
-def _die_with_guard() -> None:
-    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def descendants(root: int) -> list[int]:
@@ -204,7 +201,7 @@ class Guard:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_guard,
+            preexec_fn=die_with_parent,
         )
         self._record("started", {"node": self.node, "pid": self.child.pid, "guard": os.getpid()})
         assert self.child.stdout is not None
@@ -225,15 +222,7 @@ def main(argv: list[str]) -> int:
     if len(argv) < 2:
         print("usage: python -I task_guard.py JOB_DIR RANK_COMMAND...", file=sys.stderr)
         return 2
-    status = Guard(argv[0], argv[1:]).run()
-    if status < 0:  # end as the rank did, so srun reports its signal ("Killed", "Terminated")
-        sig = -status
-        if sig != signal.SIGKILL:
-            signal.signal(sig, signal.SIG_DFL)
-        os.kill(os.getpid(), sig)
-        time.sleep(1)
-        return 128 + sig
-    return status
+    return end_by_signal(Guard(argv[0], argv[1:]).run())  # as the rank ended: srun reports its signal
 
 
 if __name__ == "__main__":

@@ -12,11 +12,9 @@ job is left (mpirun then sees its pipes close and exits with the ranks' status).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 
@@ -26,14 +24,6 @@ from estimator.backends.supervised.status_writer import note
 POLL_S = 0.2
 RANKS_GONE_GRACE_S = 2.0
 MPIRUN_EXIT_GRACE_S = 10.0
-_PR_SET_PDEATHSIG = 1
-_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
-
-
-def die_with_parent() -> None:
-    """In a child before exec: SIGKILL it when its parent dies (Linux ``PR_SET_PDEATHSIG``)."""
-    if _LIBC is not None:
-        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 class RankWatch:

@@ -48,12 +48,12 @@ from estimator.backends.supervised.log_pump import LogPump
 from estimator.backends.supervised.packaging import pack_model
 from estimator.backends.supervised.process_session import JOB_MARKER, JobProcesses
 from estimator.backends.supervised.rank_tags import LineTagger
-from estimator.backends.supervised.rank_watch import die_with_parent
 from estimator.backends.supervised.retry import Attempts
 from estimator.backends.supervised.status import SecondaryStatus, StatusRecord, read_status
 from estimator.backends.supervised.status_writer import StatusWriter, note
 from estimator.job import JobStatus
 from estimator.redact import Scrubber
+from smsdp.util.process_fate import die_with_parent
 
 STOP_GRACE_S = 10.0  # SIGTERM -> SIGKILL; SageMaker gives 120 s, a local job needs less
 #: The signals that stop a job; blocked in a supervisor until it handles them (``hold_stop_signals``).
