@@ -61,7 +61,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from estimator.backends.local.mpirun import FAST_MPI_ENV, find_mpirun
+from bench.shared_warm_server import shared_server
+from estimator.backends.local.mpirun import (
+    FAST_MPI_ENV,
+    find_mpirun,
+    remove_private_session_base,
+    with_private_session_base,
+)
 from estimator.backends.local.warm_start import WarmServer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -147,6 +153,7 @@ def run_mpi(
     check: bool = True,
     out_dir: str | os.PathLike | None = None,
     warm: bool = False,
+    share_server: bool = False,
 ) -> MPIResult:
     """Run ``python *script_or_module_args`` on ``nprocs`` ranks under mpirun.
 
@@ -157,7 +164,8 @@ def run_mpi(
     ``$SMSDP_TEST_OUT`` for worker results. ``warm``: the ranks fork from a warm-start server that
     imported torch once, as a local job's do (``estimator.backends.local.warm_start``); the tests'
     launches are warm (``tests.mpi_harness``), the benchmarks' cold, so that the memory they report
-    is that of processes started as users start theirs.
+    is that of processes started as users start theirs. ``share_server``: a warm launch forks from
+    this process's shared server where it can (``bench.shared_warm_server``), not from one of its own.
     """
     mpirun = find_mpirun()
     if mpirun is None:
@@ -165,37 +173,38 @@ def run_mpi(
     out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="smsdp-mpi-"))
     out.mkdir(parents=True, exist_ok=True)
     (out / "filestore").unlink(missing_ok=True)  # a FileStore must start empty
-    env_all = mpi_env(out, env)
-    server = WarmServer.start(env_all, Path(cwd or REPO_ROOT)) if warm and nprocs > 1 else None
+    env_all = with_private_session_base(mpi_env(out, env))
+    shared = shared_server(env_all, REPO_ROOT) if warm and share_server else None
+    server = shared or (WarmServer.start(env_all, Path(cwd or REPO_ROOT)) if warm and nprocs > 1 else None)
     if server is not None:
-        env_all = server.environment
+        env_all = server.serving(env_all)
         script_or_module_args = ["-m", WARM_STUB_MODULE, *script_or_module_args]
     argv = mpirun_argv(mpirun, nprocs, script_or_module_args)
     try:
-        proc = subprocess.Popen(
-            argv,
-            cwd=cwd or REPO_ROOT,
-            env=env_all,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
-        timed_out = False
-        try:
-            stdout, stderr = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _kill_session(proc)
-            stdout, stderr = proc.communicate()
+        proc, stdout, stderr, timed_out = _communicate(argv, cwd or REPO_ROOT, env_all, timeout)
     finally:
-        if server is not None:
+        if server is not None and server is not shared:
             server.stop()  # and with it any rank a killed mpirun's stubs left (they are the server's children)
+        remove_private_session_base(env_all)
     result = MPIResult(argv, proc.returncode, stdout, stderr, out, nprocs, timed_out)
     if check and (timed_out or proc.returncode != 0):
         what = f"timed out after {timeout:.0f} s" if timed_out else f"exit code {proc.returncode}"
         raise AssertionError(f"mpirun {what}: {' '.join(argv)}\n{result.tail()}")
     return result
+
+
+def _communicate(argv: list[str], cwd, env: dict[str, str], timeout: float) -> tuple[subprocess.Popen, str, str, bool]:
+    """mpirun run to its end in a session of its own, killed with everything in it after ``timeout``."""
+    proc = subprocess.Popen(
+        argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+        return proc, stdout, stderr, False
+    except subprocess.TimeoutExpired:
+        _kill_session(proc)
+        stdout, stderr = proc.communicate()
+        return proc, stdout, stderr, True
 
 
 def _kill_session(proc: subprocess.Popen) -> None:
@@ -335,6 +344,7 @@ def run_cases(
     timeout: float = 120,
     out_dir: str | os.PathLike | None = None,
     warm: bool = False,
+    share_server: bool = False,
 ) -> CaseResults:
     """Run the named ``cases`` of ``worker`` (a script path or ``-m module``) in ONE launch.
 
@@ -343,7 +353,9 @@ def run_cases(
     """
     args = worker.split() if worker.startswith("-m ") else [worker]
     extra = {CASES_ENV: ",".join(cases), **(env or {})}
-    mpi = run_mpi(args, nprocs, env=extra, timeout=timeout, out_dir=out_dir, check=False, warm=warm)
+    mpi = run_mpi(
+        args, nprocs, env=extra, timeout=timeout, out_dir=out_dir, check=False, warm=warm, share_server=share_server
+    )
     return CaseResults(mpi, list(cases))
 
 

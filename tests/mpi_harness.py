@@ -1,6 +1,6 @@
 """The tests' name for the mpirun harness, which lives in ``bench/mpi_harness.py`` because the
 benchmarks launch their workers with it too (see that module for how to use it). The tests' case
-launches start their ranks warm."""
+launches start their ranks warm, forked from one server per pytest worker (``bench.shared_warm_server``)."""
 
 from bench import mpi_harness
 from bench.mpi_harness import (
@@ -22,8 +22,9 @@ from bench.mpi_harness import (
 def run_cases(worker: str, cases, nprocs: int, *, warm: bool = True, **options) -> CaseResults:
     """``bench.mpi_harness.run_cases``, its ranks forked from a warm-start server unless ``warm=False``:
     for a test of a rank's resident memory, which differs between a fork and a new interpreter (a fork's
-    ``ru_maxrss`` leaves out the server's library pages it never touched)."""
-    return mpi_harness.run_cases(worker, cases, nprocs, warm=warm, **options)
+    ``ru_maxrss`` leaves out the server's library pages it never touched). A warm launch forks from the
+    pytest worker's shared server, whose torch import serves all its launches."""
+    return mpi_harness.run_cases(worker, cases, nprocs, warm=warm, share_server=warm, **options)
 
 
 __all__ = [

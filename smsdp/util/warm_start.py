@@ -24,3 +24,14 @@ SERVER_FLAG = "--warm-start-server"
 def wanted(env: Mapping[str, str]) -> bool:
     """Whether a job with this environment starts its ranks warm (the default)."""
     return env.get(OPT_OUT_VARIABLE, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+#: What a process reads once, when it starts or imports torch (the interpreter's flags and path, the
+#: dynamic loader, glibc's allocator, the thread pools, torch's import-time switches). A forked rank
+#: keeps what its server read, so a server serves only launches whose values here are its own.
+READ_AT_START_PREFIXES = ("PYTHON", "LD_", "MALLOC_", "OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS", "TORCH", "PYTORCH")
+
+
+def read_at_start(env: Mapping[str, str]) -> dict[str, str]:
+    """The part of ``env`` a process reads once as it starts (``READ_AT_START_PREFIXES``)."""
+    return {name: value for name, value in env.items() if name.startswith(READ_AT_START_PREFIXES)}

@@ -23,6 +23,7 @@ Run it alone on a quiet machine, under the bed lock (two beds must never overlap
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -30,19 +31,28 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
 from bench import netns_hosts
-from estimator.backends.local.mpirun import FAST_MPI_ENV, LOCAL_MPI_OPTIONS, find_mpirun
+from estimator.backends.local.mpirun import (
+    FAST_MPI_ENV,
+    LOCAL_MPI_OPTIONS,
+    find_mpirun,
+    remove_private_session_base,
+    with_private_session_base,
+)
+from estimator.backends.local.warm_start import WarmServer
 from estimator.backends.supervised.host_restart import HostRestarts, free_port
 from smsdp.comm.leave_out import ENV_VAR as LEAVE_OUT
 from smsdp.config import RuntimeConfig
 from smsdp.config.host_launch import EVENTS_FILE
 from smsdp.util.fault_injection import ENV_VAR as FAULT
 from smsdp.util.metrics_table import METRICS_FILENAME, parse_table
+from smsdp.util.warm_start import SOCKET_VARIABLE
 from tests.conftest import REPO_ROOT
 from tests.integration.test_fault_tolerance_jobs import leave_out_of
 
@@ -100,10 +110,10 @@ class Log:
         raise AssertionError(f"{pattern!r} not in the job's output within {timeout} s:\n{self.text[-3000:]}")
 
 
-def run_job(out: Path, hosts: int, wrap_for, master_addr: str, extra_env: dict[str, str]):
-    """host_restart running the job in a thread: (its exit code once done, in a list; its output; the thread)."""
+def job_env(out: Path, hosts: int, master_addr: str, extra_env: dict[str, str]) -> dict[str, str]:
     (out / "data").mkdir(parents=True, exist_ok=True)
-    env = {
+    return {
+        **with_private_session_base({}),  # removed by warm_servers, once the job's mpiruns have ended
         **{k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", FAULT, LEAVE_OUT)},
         **FAST_MPI_ENV,
         "PYTHONPATH": str(REPO_ROOT),
@@ -115,6 +125,24 @@ def run_job(out: Path, hosts: int, wrap_for, master_addr: str, extra_env: dict[s
         "MASTER_PORT": str(free_port()),
         **extra_env,
     }
+
+
+@contextlib.contextmanager
+def warm_servers(env: dict[str, str], wraps: list[list[str]]) -> Iterator[list[str]]:
+    """A warm-start server per host, in the host's namespace (its ranks fork from it, as a local job's
+    do from its one server): each host's ``VAR=socket`` for its launcher's environment."""
+    servers = [WarmServer.start(env, REPO_ROOT, wrap=wrap) for wrap in wraps]
+    try:
+        yield [f"{SOCKET_VARIABLE}={server.environment[SOCKET_VARIABLE]}" if server else "" for server in servers]
+    finally:
+        for server in servers:
+            if server is not None:
+                server.stop()
+        remove_private_session_base(env)
+
+
+def run_job(env: dict[str, str], hosts: int, wrap_for):
+    """host_restart running the job in a thread: (its exit code once done, in a list; its output; the thread)."""
     log = Log()
     restarts = HostRestarts(hosts, PER_HOST, lambda h, inc: host_command(wrap_for(h)), env, 3, log)  # type: ignore[arg-type]
     result: list[int] = []
@@ -125,14 +153,14 @@ def run_job(out: Path, hosts: int, wrap_for, master_addr: str, extra_env: dict[s
 
 def on_the_bed(out: Path, hosts: int, failing: int, how: str) -> dict:
     """One job on a fresh bed; what it left, and when the failure happened."""
-    with netns_hosts.NamespacedHosts(hosts) as bed:
+    ranks = range(failing * PER_HOST, (failing + 1) * PER_HOST)
+    kills = ";".join(f"rank={r},step={FAIL_STEP},phase=forward,kind=sigkill" for r in ranks)
+    with netns_hosts.NamespacedHosts(hosts) as bed, contextlib.ExitStack() as stack:
         bed.shape(RATE)
-        wrap = lambda h: ["ip", "netns", "exec", bed.hosts[h].netns, "env", "GLOO_SOCKET_IFNAME=eth0"]  # noqa: E731
-        ranks = range(failing * PER_HOST, (failing + 1) * PER_HOST)
-        kills = ";".join(f"rank={r},step={FAIL_STEP},phase=forward,kind=sigkill" for r in ranks)
-        result, log, thread = run_job(
-            out, hosts, wrap, bed.hosts[0].address, {FAULT: kills} if how == "sigkill" else {}
-        )
+        env = job_env(out, hosts, bed.hosts[0].address, {FAULT: kills} if how == "sigkill" else {})
+        inside = [["ip", "netns", "exec", host.netns, "env", "GLOO_SOCKET_IFNAME=eth0"] for host in bed.hosts]
+        sockets = stack.enter_context(warm_servers(env, inside))
+        result, log, thread = run_job(env, hosts, lambda h: [*inside[h], sockets[h]] if sockets[h] else inside[h])
         if how == "link":
             log.wait_for(rf"\[smsdp\] step {FAIL_STEP}/{STEPS} ", 600, thread)
             failed_at = time.time()
@@ -153,8 +181,10 @@ def _kill_time(text: str) -> float:
 
 def reference(out: Path, hosts: int, replicas: dict[int, list[int]]) -> dict:
     """The same job on this machine, every replica alive, the missed batches left out."""
-    result, log, thread = run_job(out, hosts, lambda h: [], "127.0.0.1", {LEAVE_OUT: leave_out_of(replicas, hosts)})
-    thread.join(timeout=900)
+    env = job_env(out, hosts, "127.0.0.1", {LEAVE_OUT: leave_out_of(replicas, hosts)})
+    with warm_servers(env, [[]]) as (socket,):
+        result, log, thread = run_job(env, hosts, lambda h: ["env", socket] if socket else [])
+        thread.join(timeout=900)
     assert result == [0], log.text[-5000:]
     return torch.load(out / "data" / "final.pt")
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from estimator import Estimator, JobFailedError, JobStatus
+from estimator.backends.local.mpirun import SESSION_BASE_VARIABLE
 from estimator.backends.supervised.supervisor import STOP_GRACE_S
 from smsdp.util.warm_start import OPT_OUT_VARIABLE, SERVER_FLAG
 from tests.faults.test_user_hazards import BOUND_S, marked, wait_for
@@ -118,10 +119,15 @@ def test_a_killed_mpirun_takes_the_forked_ranks_along(tmp_path):
     supervisor = int((job.job_dir / "supervisor.pid").read_text())
     mpiruns = [pid for pid in marked(job.job_dir) if _leads_a_session(pid) and pid != supervisor]
     assert len(mpiruns) == 1, mpiruns  # the supervisor starts mpirun as a session leader
+    # Open MPI's session directory of this mpirun, in the attempt's own base: a SIGKILLed mpirun leaves it.
+    environ = dict(e.split("=", 1) for e in Path(f"/proc/{mpiruns[0]}/environ").read_text().split("\0") if "=" in e)
+    base = Path(environ[SESSION_BASE_VARIABLE])
+    assert (base / f"ompi.{mpiruns[0]}").is_dir()
     killed = time.monotonic()
     os.kill(mpiruns[0], signal.SIGKILL)
     _ends_failed_and_clean(job, killed)
     assert not any(_alive(rank["pid"]) for rank in ranks)
+    assert not base.exists()  # the supervisor removed what mpirun left (a later mpirun with its pid would trip on it)
 
 
 def test_a_forked_rank_killed_by_a_signal_is_named_with_it(tmp_path):

@@ -1,11 +1,12 @@
-"""The ``mpirun`` command line of a local job (argv lists only, never a shell)."""
+"""The ``mpirun`` command line of a local job (argv lists only, never a shell), and its session directory."""
 
 from __future__ import annotations
 
 import shlex
 import shutil
 import sys
-from collections.abc import Iterable, Sequence
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from estimator.backends.supervised.container_env import LAUNCHER_MODULE
@@ -42,6 +43,29 @@ FAST_MPI_ENV = {
     "OMPI_ALLOW_RUN_AS_ROOT": "1",
     "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
 }
+
+
+#: Where Open MPI keeps a launch's session directory, ``<base>/ompi.<mpirun's pid>`` (its PMIx
+#: rendezvous files). A SIGKILLed mpirun leaves it behind, and a later mpirun given the same pid
+#: (pids wrap around) finds it and fails before any rank starts: "The PMIx server's listener thread
+#: failed to start". So each launch gets a base of its own, removed once its mpirun has ended.
+SESSION_BASE_VARIABLE = "PRTE_MCA_prte_tmpdir_base"
+
+
+def with_private_session_base(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` with a new, empty session base for one launch (the default base if none can be made)."""
+    try:
+        base = tempfile.mkdtemp(prefix="smsdp-ompi-")  # short: PMIx's socket paths must fit 107 bytes
+    except OSError:
+        return dict(env)
+    return {**env, SESSION_BASE_VARIABLE: base}
+
+
+def remove_private_session_base(env: Mapping[str, str]) -> None:
+    """Remove what ``with_private_session_base`` made (after the launch's mpirun has ended)."""
+    base = env.get(SESSION_BASE_VARIABLE, "")
+    if Path(base).name.startswith("smsdp-ompi-"):
+        shutil.rmtree(base, ignore_errors=True)
 
 
 class MpirunNotFound(RuntimeError):

@@ -32,6 +32,7 @@ import subprocess
 import sys
 
 from estimator.backends.local.failure import failure_reason
+from estimator.backends.local.mpirun import remove_private_session_base, with_private_session_base
 from estimator.backends.local.rank_tags import RankTagger
 from estimator.backends.local.warm_start import WarmServer
 from estimator.backends.supervised import failure
@@ -56,11 +57,14 @@ class MpirunSupervisor(Supervisor):
     def __init__(self, job: JobDir):
         super().__init__(job, argv=_argv_from_stdin())  # job.json's argv is redacted
         self.warm: WarmServer | None = None
+        self.session_env: dict[str, str] = {}  # the attempt's own Open MPI session base (``mpirun``)
 
     def tagger(self) -> LineTagger:
         return RankTagger(self.hosts, self.processes_per_host)
 
     def attempt_environment(self, env: dict[str, str]) -> dict[str, str]:
+        if self.launcher_name == "mpirun":
+            env = self.session_env = with_private_session_base(env)
         # One rank gains nothing from a server that imports what it would (and more: torch._dynamo).
         if self.starts_warm and self.world_size > 1:
             self.warm = WarmServer.start(env, self.job.code)
@@ -70,6 +74,8 @@ class MpirunSupervisor(Supervisor):
         if self.warm is not None:
             self.warm.stop()
             self.warm = None
+        remove_private_session_base(self.session_env)
+        self.session_env = {}
 
     def processes(self) -> JobProcesses:
         """Every process of the job: mpirun's session and whatever carries the marker (but the

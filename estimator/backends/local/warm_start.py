@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from estimator.backends.supervised.container_env import LAUNCHER_MODULE
@@ -40,9 +40,14 @@ class WarmServer:
     def pid(self) -> int:
         return self.proc.pid
 
+    def serving(self, env: Mapping[str, str]) -> dict[str, str]:
+        """``env`` with this server's socket: the environment of a launch whose ranks it forks."""
+        return {**env, SOCKET_VARIABLE: self.environment[SOCKET_VARIABLE]}
+
     @classmethod
-    def start(cls, env: Mapping[str, str], cwd: Path) -> WarmServer | None:
-        """A running server with its socket bound; None where the job's environment opts out or it fails."""
+    def start(cls, env: Mapping[str, str], cwd: Path, wrap: Sequence[str] = ()) -> WarmServer | None:
+        """A running server with its socket bound; None where the job's environment opts out or it fails.
+        ``wrap``: what runs the server (``ip netns exec NAME``: a host's namespace, where its ranks live)."""
         if not wanted(env):
             return None
         try:
@@ -53,7 +58,7 @@ class WarmServer:
         path = folder / "socket"
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", LAUNCHER_MODULE, SERVER_FLAG, str(path)],
+                [*wrap, sys.executable, "-m", LAUNCHER_MODULE, SERVER_FLAG, str(path)],
                 cwd=cwd,
                 env=dict(env),
                 stdin=subprocess.PIPE,

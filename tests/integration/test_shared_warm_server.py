@@ -1,0 +1,74 @@
+"""``bench.shared_warm_server``: the tests' warm launches fork from one server per process, whose
+torch import serves them all; a launch whose environment reads differently at start gets its own."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from bench import shared_warm_server
+from tests.mpi_harness import requires_mpi, run_mpi
+
+pytestmark = [pytest.mark.integration, requires_mpi]
+
+WORKER = """
+import json, os, sys
+from pathlib import Path
+import torch
+out = Path(os.environ["SMSDP_TEST_OUT"])
+rank = os.environ["OMPI_COMM_WORLD_RANK"]
+seen = {"pid": os.getpid(), "ppid": os.getppid(), "argv": sys.argv, "cwd": os.getcwd(), "path0": sys.path[0],
+        "mark": os.environ.get("LAUNCH_MARK"), "arenas": os.environ.get("MALLOC_ARENA_MAX")}
+(out / f"seen.rank{rank}.json").write_text(json.dumps(seen))
+"""
+
+
+def _launch(tmp_path, name: str, env: dict[str, str]) -> list[dict]:
+    script = tmp_path / "seen.py"
+    script.write_text(WORKER)
+    out = tmp_path / name
+    run_mpi([str(script), name], 2, env=env, out_dir=out, warm=True, share_server=True)
+    return [json.loads((out / f"seen.rank{rank}.json").read_text()) for rank in range(2)]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return open(f"/proc/{pid}/stat").read().split(") ", 1)[1][:1] != "Z"
+    except OSError:
+        return False
+
+
+def test_launches_share_one_server_unless_their_start_time_environment_differs(tmp_path):
+    first = _launch(tmp_path, "first", {"LAUNCH_MARK": "a"})
+    second = _launch(tmp_path, "second", {"LAUNCH_MARK": "b"})
+    server = first[0]["ppid"]
+    # Every rank of both launches forked from the same live server, each with its own launch's environment and argv.
+    assert {seen["ppid"] for seen in first + second} == {server} and _alive(server)
+    assert [seen["mark"] for seen in first + second] == ["a", "a", "b", "b"]
+    names = ["first", "first", "second", "second"]
+    assert [seen["argv"] for seen in first + second] == [[str(tmp_path / "seen.py"), name] for name in names]
+    assert all(seen["path0"] == str(tmp_path) for seen in first + second)  # the script's directory, as python puts it
+
+    # glibc reads MALLOC_* once, at the start: a launch that sets it gets a server of its own, gone after it.
+    own = _launch(tmp_path, "own", {"MALLOC_ARENA_MAX": "2"})
+    assert {seen["arenas"] for seen in own} == {"2"}
+    assert own[0]["ppid"] == own[1]["ppid"] != server and not _alive(own[0]["ppid"])
+    assert _alive(server)
+
+    # A shared server that died is replaced by the next launch.
+    os.kill(server, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while _alive(server) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    after = _launch(tmp_path, "after", {})
+    replacement = after[0]["ppid"]
+    assert replacement != server and after[1]["ppid"] == replacement and _alive(replacement)
+
+    # At the end it stops, and its socket's directory goes with it.
+    folder = shared_warm_server._shared.folder
+    shared_warm_server.stop_shared_server()
+    assert not _alive(replacement) and not folder.exists()
