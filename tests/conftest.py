@@ -8,11 +8,18 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+# PYTHONDONTWRITEBYTECODE (set on this project's machines) also keeps pytest from caching the test modules
+# it rewrites for its assertion messages: each worker of each run rewrote all of them (about 8 CPU-s).
+# Only this process writes; the processes tests start keep the variable (scripts/bootstrap compiles the
+# package's modules for them).
+sys.dont_write_bytecode = False
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 USER_SCRIPTS = REPO_ROOT / "tests" / "integration" / "user_scripts"
