@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import sys
@@ -50,12 +51,20 @@ FAST_MPI_ENV = {
 #: (pids wrap around) finds it and fails before any rank starts: "The PMIx server's listener thread
 #: failed to start". So each launch gets a base of its own, removed once its mpirun has ended.
 SESSION_BASE_VARIABLE = "PRTE_MCA_prte_tmpdir_base"
+#: ``smsdp-ompi-<pid of the process that made it>-<random>``, under the system's temporary directory:
+#: short, since PMIx's socket paths must fit 107 bytes.
+_SESSION_BASE_PREFIX = "smsdp-ompi-"
 
 
 def with_private_session_base(env: Mapping[str, str]) -> dict[str, str]:
-    """``env`` with a new, empty session base for one launch (the default base if none can be made)."""
+    """``env`` with a new, empty session base for one launch (the default base if none can be made).
+    Bases whose maker is gone (a supervisor SIGKILLed before it could remove its own) are removed first.
+    A base the environment names already is the user's choice, and kept."""
+    if SESSION_BASE_VARIABLE in env:
+        return dict(env)
+    _remove_orphaned_session_bases()
     try:
-        base = tempfile.mkdtemp(prefix="smsdp-ompi-")  # short: PMIx's socket paths must fit 107 bytes
+        base = tempfile.mkdtemp(prefix=f"{_SESSION_BASE_PREFIX}{os.getpid()}-")
     except OSError:
         return dict(env)
     return {**env, SESSION_BASE_VARIABLE: base}
@@ -64,8 +73,15 @@ def with_private_session_base(env: Mapping[str, str]) -> dict[str, str]:
 def remove_private_session_base(env: Mapping[str, str]) -> None:
     """Remove what ``with_private_session_base`` made (after the launch's mpirun has ended)."""
     base = env.get(SESSION_BASE_VARIABLE, "")
-    if Path(base).name.startswith("smsdp-ompi-"):
+    if Path(base).name.startswith(_SESSION_BASE_PREFIX):
         shutil.rmtree(base, ignore_errors=True)
+
+
+def _remove_orphaned_session_bases() -> None:
+    for base in Path(tempfile.gettempdir()).glob(f"{_SESSION_BASE_PREFIX}*-*"):
+        maker = base.name[len(_SESSION_BASE_PREFIX) :].split("-", 1)[0]
+        if maker.isdigit() and not Path(f"/proc/{maker}").exists():
+            shutil.rmtree(base, ignore_errors=True)
 
 
 class MpirunNotFound(RuntimeError):
