@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from estimator.backends.local.warm_start import WarmServer
-from smsdp.util.warm_start import read_at_start
+from smsdp.util.warm_start import read_at_start, wanted
 
 _shared: WarmServer | None = None
 _reads: dict[str, str] = {}
@@ -25,6 +25,8 @@ _reads: dict[str, str] = {}
 def shared_server(env: Mapping[str, str], cwd: Path) -> WarmServer | None:
     """The process's server if it can serve a launch with ``env`` (started now if there is none); None if not."""
     global _shared, _reads
+    if not wanted(env):  # the launch opted out of warm starts (SMSDP_WARM_START=0): its ranks start cold
+        return None
     if _shared is not None and _shared.proc.poll() is not None:  # it died: the next launch starts another
         _shared.stop()
         _shared = None

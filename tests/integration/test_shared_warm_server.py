@@ -11,6 +11,7 @@ import time
 import pytest
 
 from bench import shared_warm_server
+from smsdp.util.warm_start import OPT_OUT_VARIABLE, SERVER_FLAG
 from tests.mpi_harness import requires_mpi, run_mpi
 
 pytestmark = [pytest.mark.integration, requires_mpi]
@@ -35,6 +36,13 @@ def _launch(tmp_path, name: str, env: dict[str, str]) -> list[dict]:
     return [json.loads((out / f"seen.rank{rank}.json").read_text()) for rank in range(2)]
 
 
+def _is_warm_server(pid: int) -> bool:
+    try:
+        return SERVER_FLAG.encode() in open(f"/proc/{pid}/cmdline", "rb").read()
+    except OSError:
+        return False
+
+
 def _alive(pid: int) -> bool:
     try:
         return open(f"/proc/{pid}/stat").read().split(") ", 1)[1][:1] != "Z"
@@ -47,7 +55,7 @@ def test_launches_share_one_server_unless_their_start_time_environment_differs(t
     second = _launch(tmp_path, "second", {"LAUNCH_MARK": "b"})
     server = first[0]["ppid"]
     # Every rank of both launches forked from the same live server, each with its own launch's environment and argv.
-    assert {seen["ppid"] for seen in first + second} == {server} and _alive(server)
+    assert {seen["ppid"] for seen in first + second} == {server} and _alive(server) and _is_warm_server(server)
     assert [seen["mark"] for seen in first + second] == ["a", "a", "b", "b"]
     names = ["first", "first", "second", "second"]
     assert [seen["argv"] for seen in first + second] == [[str(tmp_path / "seen.py"), name] for name in names]
@@ -58,6 +66,13 @@ def test_launches_share_one_server_unless_their_start_time_environment_differs(t
     assert {seen["arenas"] for seen in own} == {"2"}
     assert own[0]["ppid"] == own[1]["ppid"] != server and not _alive(own[0]["ppid"])
     assert _alive(server)
+
+    # A launch that opts out of warm starts is not served: its ranks are mpirun's own (their parent is no server).
+    cold = _launch(tmp_path, "cold", {OPT_OUT_VARIABLE: "0"})
+    assert {seen["ppid"] for seen in cold}.isdisjoint({server, own[0]["ppid"]}) and cold[0]["argv"][0].endswith(
+        "seen.py"
+    )
+    assert all(not _is_warm_server(seen["ppid"]) for seen in cold)
 
     # A shared server that died is replaced by the next launch.
     os.kill(server, signal.SIGKILL)
