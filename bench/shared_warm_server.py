@@ -19,12 +19,11 @@ from estimator.backends.local.warm_start import WarmServer
 from smsdp.util.warm_start import read_at_start, wanted
 
 _shared: WarmServer | None = None
-_reads: dict[str, str] = {}
 
 
 def shared_server(env: Mapping[str, str], cwd: Path) -> WarmServer | None:
     """The process's server if it can serve a launch with ``env`` (started now if there is none); None if not."""
-    global _shared, _reads
+    global _shared
     if not wanted(env):  # the launch opted out of warm starts (SMSDP_WARM_START=0): its ranks start cold
         return None
     if _shared is not None and _shared.proc.poll() is not None:  # it died: the next launch starts another
@@ -32,10 +31,9 @@ def shared_server(env: Mapping[str, str], cwd: Path) -> WarmServer | None:
         _shared = None
     if _shared is None:
         _shared = WarmServer.start(env, cwd)
-        _reads = read_at_start(env)
         if _shared is not None:
             atexit.register(stop_shared_server)
-    if _shared is None or read_at_start(env) != _reads:
+    if _shared is None or read_at_start(env) != read_at_start(_shared.environment):
         return None
     return _shared
 

@@ -5,6 +5,28 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from smsdp.util.warm_start import SERVER_FLAG
+
+
+def alive(pid: int) -> bool:
+    """Running: not gone, and not a zombie its parent has yet to collect."""
+    try:
+        return _state(Path(f"/proc/{pid}")) != "Z"
+    except OSError:
+        return False
+
+
+def is_warm_server(pid: int) -> bool:
+    """A warm-start server (``python -m entrypoints.launcher --warm-start-server ...``)."""
+    try:
+        return SERVER_FLAG.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def _state(proc: Path) -> str:
+    return (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+
 
 def live_pids(needle: bytes, source: str = "environ") -> list[int]:
     """Live (not zombie) processes other than this one whose ``/proc/<pid>/<source>`` contains ``needle``.
@@ -18,7 +40,7 @@ def live_pids(needle: bytes, source: str = "environ") -> list[int]:
             continue
         try:
             content = (proc / source).read_bytes()
-            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            state = _state(proc)
         except OSError:
             continue
         if state != "Z" and needle in b"\0" + content + b"\0":

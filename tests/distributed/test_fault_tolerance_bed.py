@@ -113,7 +113,6 @@ class Log:
 def job_env(out: Path, hosts: int, master_addr: str, extra_env: dict[str, str]) -> dict[str, str]:
     (out / "data").mkdir(parents=True, exist_ok=True)
     return {
-        **with_private_session_base({}),  # removed by warm_servers, once the job's mpiruns have ended
         **{k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", FAULT, LEAVE_OUT)},
         **FAST_MPI_ENV,
         "PYTHONPATH": str(REPO_ROOT),
@@ -128,12 +127,14 @@ def job_env(out: Path, hosts: int, master_addr: str, extra_env: dict[str, str]) 
 
 
 @contextlib.contextmanager
-def warm_servers(env: dict[str, str], wraps: list[list[str]]) -> Iterator[list[str]]:
-    """A warm-start server per host, in the host's namespace (its ranks fork from it, as a local job's
-    do from its one server): each host's ``VAR=socket`` for its launcher's environment."""
+def launch_setup(env: dict[str, str], wraps: list[list[str]]) -> Iterator[tuple[dict[str, str], list[str]]]:
+    """What the job's mpiruns start with, removed once they have ended: ``env`` with an Open MPI session
+    base of the job's own, and a warm-start server per host, in the host's namespace (its ranks fork
+    from it, as a local job's do from its one server), as each host's ``VAR=socket`` for its launcher."""
+    env = with_private_session_base(env)
     servers = [WarmServer.start(env, REPO_ROOT, wrap=wrap) for wrap in wraps]
     try:
-        yield [f"{SOCKET_VARIABLE}={server.environment[SOCKET_VARIABLE]}" if server else "" for server in servers]
+        yield env, [f"{SOCKET_VARIABLE}={server.socket}" if server else "" for server in servers]
     finally:
         for server in servers:
             if server is not None:
@@ -159,7 +160,7 @@ def on_the_bed(out: Path, hosts: int, failing: int, how: str) -> dict:
         bed.shape(RATE)
         env = job_env(out, hosts, bed.hosts[0].address, {FAULT: kills} if how == "sigkill" else {})
         inside = [["ip", "netns", "exec", host.netns, "env", "GLOO_SOCKET_IFNAME=eth0"] for host in bed.hosts]
-        sockets = stack.enter_context(warm_servers(env, inside))
+        env, sockets = stack.enter_context(launch_setup(env, inside))
         result, log, thread = run_job(env, hosts, lambda h: [*inside[h], sockets[h]] if sockets[h] else inside[h])
         if how == "link":
             log.wait_for(rf"\[smsdp\] step {FAIL_STEP}/{STEPS} ", 600, thread)
@@ -182,7 +183,7 @@ def _kill_time(text: str) -> float:
 def reference(out: Path, hosts: int, replicas: dict[int, list[int]]) -> dict:
     """The same job on this machine, every replica alive, the missed batches left out."""
     env = job_env(out, hosts, "127.0.0.1", {LEAVE_OUT: leave_out_of(replicas, hosts)})
-    with warm_servers(env, [[]]) as (socket,):
+    with launch_setup(env, [[]]) as (env, (socket,)):
         result, log, thread = run_job(env, hosts, lambda h: ["env", socket] if socket else [])
         thread.join(timeout=900)
     assert result == [0], log.text[-5000:]

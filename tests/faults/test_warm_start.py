@@ -23,6 +23,7 @@ from estimator.backends.supervised.supervisor import STOP_GRACE_S
 from smsdp.util.warm_start import OPT_OUT_VARIABLE, SERVER_FLAG
 from tests.faults.test_user_hazards import BOUND_S, marked, wait_for
 from tests.mpi_harness import requires_mpi
+from tests.proc_scan import alive, is_warm_server
 
 pytestmark = [pytest.mark.integration, requires_mpi, pytest.mark.timeout(150)]
 
@@ -42,21 +43,6 @@ def warm_rank_job(jobs: Path, out: Path, ranks: int = 2, hold: float = 0, **envi
 
 def seen(out: Path, ranks: int = 2) -> list[dict]:
     return [json.loads((out / f"rank-{rank}.json").read_text()) for rank in range(ranks)]
-
-
-def is_server(pid: int) -> bool:
-    try:
-        return SERVER_FLAG.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-
-
-def _alive(pid: int) -> bool:
-    """Running, not a zombie its parent has yet to collect."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _leads_a_session(pid: int) -> bool:
@@ -106,7 +92,7 @@ def _ends_failed_and_clean(job, since: float) -> str:
 def test_a_killed_server_takes_its_ranks_and_the_job_says_so(tmp_path):
     job, ranks = _holding_job(tmp_path, "server-killed")
     server = ranks[0]["ppid"]
-    assert is_server(server)
+    assert is_warm_server(server)
     killed = time.monotonic()
     os.kill(server, signal.SIGKILL)
     reason = _ends_failed_and_clean(job, killed)
@@ -126,7 +112,7 @@ def test_a_killed_mpirun_takes_the_forked_ranks_along(tmp_path):
     killed = time.monotonic()
     os.kill(mpiruns[0], signal.SIGKILL)
     _ends_failed_and_clean(job, killed)
-    assert not any(_alive(rank["pid"]) for rank in ranks)
+    assert not any(alive(rank["pid"]) for rank in ranks)
     assert not base.exists()  # the supervisor removed what mpirun left (a later mpirun with its pid would trip on it)
 
 
@@ -148,5 +134,5 @@ def test_a_stop_reaches_a_forked_rank_as_sigterm_and_the_server_ends_with_the_at
     took = time.monotonic() - asked
     assert took < STOP_GRACE_S, f"{took:.1f} s: the ranks outlived SIGTERM and waited for the grace period's SIGKILL"
     assert "exited on signal 15" in job.logs().replace("\n", " ") or "signal 15" in job.logs()
-    assert marked(job.job_dir) == [] and not is_server(server)
+    assert marked(job.job_dir) == [] and not is_warm_server(server)
     assert not socket_path.parent.exists()

@@ -11,8 +11,9 @@ import time
 import pytest
 
 from bench import shared_warm_server
-from smsdp.util.warm_start import OPT_OUT_VARIABLE, SERVER_FLAG
+from smsdp.util.warm_start import OPT_OUT_VARIABLE
 from tests.mpi_harness import requires_mpi, run_mpi
+from tests.proc_scan import alive, is_warm_server
 
 pytestmark = [pytest.mark.integration, requires_mpi]
 
@@ -36,26 +37,12 @@ def _launch(tmp_path, name: str, env: dict[str, str]) -> list[dict]:
     return [json.loads((out / f"seen.rank{rank}.json").read_text()) for rank in range(2)]
 
 
-def _is_warm_server(pid: int) -> bool:
-    try:
-        return SERVER_FLAG.encode() in open(f"/proc/{pid}/cmdline", "rb").read()
-    except OSError:
-        return False
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return open(f"/proc/{pid}/stat").read().split(") ", 1)[1][:1] != "Z"
-    except OSError:
-        return False
-
-
 def test_launches_share_one_server_unless_their_start_time_environment_differs(tmp_path):
     first = _launch(tmp_path, "first", {"LAUNCH_MARK": "a"})
     second = _launch(tmp_path, "second", {"LAUNCH_MARK": "b"})
     server = first[0]["ppid"]
     # Every rank of both launches forked from the same live server, each with its own launch's environment and argv.
-    assert {seen["ppid"] for seen in first + second} == {server} and _alive(server) and _is_warm_server(server)
+    assert {seen["ppid"] for seen in first + second} == {server} and alive(server) and is_warm_server(server)
     assert [seen["mark"] for seen in first + second] == ["a", "a", "b", "b"]
     names = ["first", "first", "second", "second"]
     assert [seen["argv"] for seen in first + second] == [[str(tmp_path / "seen.py"), name] for name in names]
@@ -64,26 +51,26 @@ def test_launches_share_one_server_unless_their_start_time_environment_differs(t
     # glibc reads MALLOC_* once, at the start: a launch that sets it gets a server of its own, gone after it.
     own = _launch(tmp_path, "own", {"MALLOC_ARENA_MAX": "2"})
     assert {seen["arenas"] for seen in own} == {"2"}
-    assert own[0]["ppid"] == own[1]["ppid"] != server and not _alive(own[0]["ppid"])
-    assert _alive(server)
+    assert own[0]["ppid"] == own[1]["ppid"] != server and not alive(own[0]["ppid"])
+    assert alive(server)
 
     # A launch that opts out of warm starts is not served: its ranks are mpirun's own (their parent is no server).
     cold = _launch(tmp_path, "cold", {OPT_OUT_VARIABLE: "0"})
     assert {seen["ppid"] for seen in cold}.isdisjoint({server, own[0]["ppid"]}) and cold[0]["argv"][0].endswith(
         "seen.py"
     )
-    assert all(not _is_warm_server(seen["ppid"]) for seen in cold)
+    assert all(not is_warm_server(seen["ppid"]) for seen in cold)
 
     # A shared server that died is replaced by the next launch.
     os.kill(server, signal.SIGKILL)
     deadline = time.monotonic() + 10
-    while _alive(server) and time.monotonic() < deadline:
+    while alive(server) and time.monotonic() < deadline:
         time.sleep(0.05)
     after = _launch(tmp_path, "after", {})
     replacement = after[0]["ppid"]
-    assert replacement != server and after[1]["ppid"] == replacement and _alive(replacement)
+    assert replacement != server and after[1]["ppid"] == replacement and alive(replacement)
 
     # At the end it stops, and its socket's directory goes with it.
     folder = shared_warm_server._shared.folder
     shared_warm_server.stop_shared_server()
-    assert not _alive(replacement) and not folder.exists()
+    assert not alive(replacement) and not folder.exists()

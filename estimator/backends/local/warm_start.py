@@ -40,9 +40,13 @@ class WarmServer:
     def pid(self) -> int:
         return self.proc.pid
 
+    @property
+    def socket(self) -> str:
+        return self.environment[SOCKET_VARIABLE]
+
     def serving(self, env: Mapping[str, str]) -> dict[str, str]:
         """``env`` with this server's socket: the environment of a launch whose ranks it forks."""
-        return {**env, SOCKET_VARIABLE: self.environment[SOCKET_VARIABLE]}
+        return {**env, SOCKET_VARIABLE: self.socket}
 
     @classmethod
     def start(cls, env: Mapping[str, str], cwd: Path, wrap: Sequence[str] = ()) -> WarmServer | None:
