@@ -7,18 +7,48 @@ launch and serves every later one whose environment reads the same at start
 working directory as a per-launch server's do. A launch whose start-time environment differs (an
 allocator setting, a thread count) starts a server of its own. The shared server ends with this
 process: at exit, and in any case when its stdin closes or its parent dies.
+
+It also imports the Hugging Face models the tests build (``HUGGING_FACE_PRELOAD``): about 1.2
+CPU-seconds a rank, paid by every rank of a launch that builds one (a dozen launches, 4 to 8 ranks
+each). Those imports read the environment (the hub's cache under ``HF_HOME``, else ``XDG_CACHE_HOME``
+or ``HOME``; offline switches; log levels), so the shared server serves only launches whose values
+there are its own too (``HUGGING_FACE_READS``); the server a differing launch gets imports none of it.
 """
 
 from __future__ import annotations
 
 import atexit
+import importlib.util
 from collections.abc import Mapping
 from pathlib import Path
 
 from estimator.backends.local.warm_start import WarmServer
 from smsdp.util.warm_start import read_at_start, wanted
 
+#: The modules of the models the tests build (tests/models.py, tests/tp_models.py, the LoRA and SMP v1 workers).
+HUGGING_FACE_PRELOAD = (
+    "transformers.modeling_utils",
+    "transformers.models.gpt2.modeling_gpt2",
+    "transformers.models.llama.modeling_llama",
+    "transformers.models.gpt_neox.modeling_gpt_neox",
+    "transformers.models.t5.modeling_t5",
+    "peft",
+)
+#: What those imports read of the environment: the variables with these prefixes.
+HUGGING_FACE_READS = ("HF_", "HUGGINGFACE", "TRANSFORMERS", "TOKENIZERS", "PEFT", "ACCELERATE", "XDG_", "HOME")
+
 _shared: WarmServer | None = None
+
+
+def _preload() -> tuple[str, ...]:
+    """``HUGGING_FACE_PRELOAD`` where the fine-tuning extra is installed; nothing where it is not."""
+    installed = all(importlib.util.find_spec(name) is not None for name in ("transformers", "peft"))
+    return HUGGING_FACE_PRELOAD if installed else ()
+
+
+def _reads(env: Mapping[str, str]) -> dict[str, str]:
+    """What the shared server's imports read at start: a launch it serves must have the same values."""
+    return {**read_at_start(env), **{name: value for name, value in env.items() if name.startswith(HUGGING_FACE_READS)}}
 
 
 def shared_server(env: Mapping[str, str], cwd: Path) -> WarmServer | None:
@@ -30,10 +60,10 @@ def shared_server(env: Mapping[str, str], cwd: Path) -> WarmServer | None:
         _shared.stop()
         _shared = None
     if _shared is None:
-        _shared = WarmServer.start(env, cwd)
+        _shared = WarmServer.start(env, cwd, preload=_preload())
         if _shared is not None:
             atexit.register(stop_shared_server)
-    if _shared is None or read_at_start(env) != read_at_start(_shared.environment):
+    if _shared is None or _reads(env) != _reads(_shared.environment):
         return None
     return _shared
 

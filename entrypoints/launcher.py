@@ -60,10 +60,12 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE, file=sys.stderr)
         return 0 if argv else 2
-    if argv[0] == SERVER_FLAG and len(argv) == 2:
+    if argv[0] == SERVER_FLAG and len(argv) >= 2:
         from entrypoints.warm_server import serve
 
-        serve(argv[1])  # returns in each rank it forks, once the rank has run (this module again, as a rank)
+        serve(
+            argv[1], preload=argv[2:]
+        )  # returns in each rank it forks, once the rank has run (this module again, as a rank)
         return 0
     _die_with_mpirun()
     warm_stub.hand_over(["-m", MODULE, *argv])  # returns only if no warm-start server takes this rank

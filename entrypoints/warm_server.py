@@ -35,6 +35,7 @@ import selectors
 import signal
 import socket
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from entrypoints.warm_stub import run_python
@@ -80,15 +81,17 @@ class Request:
     fds: list[int]
 
 
-def serve(path: str) -> None:
-    """Fork ranks until stdin closes; returns only in a forked rank, once it has run its ``python ARGS``."""
+def serve(path: str, preload: Sequence[str] = ()) -> None:
+    """Fork ranks until stdin closes; returns only in a forked rank, once it has run its ``python ARGS``.
+    ``preload``: modules to import after ``PRELOADED``; whoever names them serves only launches whose
+    environment those imports read alike (``bench.shared_warm_server`` does this for Hugging Face's)."""
     die_with_parent()
     for sig in IGNORED:
         signal.signal(sig, signal.SIG_IGN)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path)
     listener.listen(BACKLOG)
-    for name in PRELOADED:
+    for name in (*PRELOADED, *preload):
         importlib.import_module(name)
     request = _Server(listener).run()
     _become_rank(request)

@@ -1,5 +1,6 @@
 """``bench.shared_warm_server``: the tests' warm launches fork from one server per process, whose
-torch import serves them all; a launch whose environment reads differently at start gets its own."""
+torch import (and Hugging Face's models) serves them all; a launch whose environment reads differently at
+start gets its own."""
 
 from __future__ import annotations
 
@@ -19,19 +20,20 @@ pytestmark = [pytest.mark.integration, requires_mpi]
 
 WORKER = """
 import json, os, sys
+preloaded = [name for name in PRELOAD if name in sys.modules]  # before this script imports anything of them
 from pathlib import Path
 import torch
 out = Path(os.environ["SMSDP_TEST_OUT"])
 rank = os.environ["OMPI_COMM_WORLD_RANK"]
 seen = {"pid": os.getpid(), "ppid": os.getppid(), "argv": sys.argv, "cwd": os.getcwd(), "path0": sys.path[0],
-        "mark": os.environ.get("LAUNCH_MARK"), "arenas": os.environ.get("MALLOC_ARENA_MAX")}
+        "mark": os.environ.get("LAUNCH_MARK"), "arenas": os.environ.get("MALLOC_ARENA_MAX"), "preloaded": preloaded}
 (out / f"seen.rank{rank}.json").write_text(json.dumps(seen))
 """
 
 
 def _launch(tmp_path, name: str, env: dict[str, str]) -> list[dict]:
     script = tmp_path / "seen.py"
-    script.write_text(WORKER)
+    script.write_text(f"PRELOAD = {shared_warm_server.HUGGING_FACE_PRELOAD!r}\n" + WORKER)
     out = tmp_path / name
     run_mpi([str(script), name], 2, env=env, out_dir=out, warm=True, share_server=True)
     return [json.loads((out / f"seen.rank{rank}.json").read_text()) for rank in range(2)]
@@ -47,6 +49,14 @@ def test_launches_share_one_server_unless_their_start_time_environment_differs(t
     names = ["first", "first", "second", "second"]
     assert [seen["argv"] for seen in first + second] == [[str(tmp_path / "seen.py"), name] for name in names]
     assert all(seen["path0"] == str(tmp_path) for seen in first + second)  # the script's directory, as python puts it
+    # The shared server imported the Hugging Face models the tests build: its ranks have them before their script runs.
+    preload = list(shared_warm_server.HUGGING_FACE_PRELOAD) if shared_warm_server._preload() else []
+    assert all(seen["preloaded"] == preload for seen in first + second)
+
+    # Those imports read the hub's cache directory: a launch with another HF_HOME gets a server of its own, without them.
+    hub = _launch(tmp_path, "hub", {"HF_HOME": str(tmp_path / "hub")})
+    assert hub[0]["ppid"] == hub[1]["ppid"] != server and not alive(hub[0]["ppid"])
+    assert all(seen["preloaded"] == [] for seen in hub)
 
     # glibc reads MALLOC_* once, at the start: a launch that sets it gets a server of its own, gone after it.
     own = _launch(tmp_path, "own", {"MALLOC_ARENA_MAX": "2"})

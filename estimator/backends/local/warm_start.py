@@ -49,9 +49,12 @@ class WarmServer:
         return {**env, SOCKET_VARIABLE: self.socket}
 
     @classmethod
-    def start(cls, env: Mapping[str, str], cwd: Path, wrap: Sequence[str] = ()) -> WarmServer | None:
+    def start(
+        cls, env: Mapping[str, str], cwd: Path, wrap: Sequence[str] = (), preload: Sequence[str] = ()
+    ) -> WarmServer | None:
         """A running server with its socket bound; None where the job's environment opts out or it fails.
-        ``wrap``: what runs the server (``ip netns exec NAME``: a host's namespace, where its ranks live)."""
+        ``wrap``: what runs the server (``ip netns exec NAME``: a host's namespace, where its ranks live).
+        ``preload``: modules it imports besides its own (``entrypoints.warm_server.serve``)."""
         if not wanted(env):
             return None
         try:
@@ -62,7 +65,7 @@ class WarmServer:
         path = folder / "socket"
         try:
             proc = subprocess.Popen(
-                [*wrap, sys.executable, "-m", LAUNCHER_MODULE, SERVER_FLAG, str(path)],
+                [*wrap, sys.executable, "-m", LAUNCHER_MODULE, SERVER_FLAG, str(path), *preload],
                 cwd=cwd,
                 env=dict(env),
                 stdin=subprocess.PIPE,
