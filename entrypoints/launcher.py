@@ -63,9 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] == SERVER_FLAG and len(argv) >= 2:
         from entrypoints.warm_server import serve
 
-        serve(
-            argv[1], preload=argv[2:]
-        )  # returns in each rank it forks, once the rank has run (this module again, as a rank)
+        # returns in each rank it forks, once the rank has run (this module again, as a rank)
+        serve(argv[1], preload=argv[2:])
         return 0
     _die_with_mpirun()
     warm_stub.hand_over(["-m", MODULE, *argv])  # returns only if no warm-start server takes this rank
