@@ -105,19 +105,9 @@ SHARED_GROUPS = {
     "tests/slurm/": "network-namespaces",
     "tests/distributed/test_multihost_link.py": "network-namespaces",
 }
-#: The order work is handed out in (a test takes the place of the longest prefix it has): the longest
-#: first, so that no worker is left with a long file at the end while the other idles (unit tests, many
-#: and short, fill the gaps last). The Slurm cluster's tests and the fault-tolerance bed mostly wait
-#: (for Slurm, for timeouts, for a link to come back): the bed goes after the faults so that it runs
-#: beside other work, not beside the Slurm tests, which run first (two minutes of an idle core).
-FIRST = (
-    "tests/slurm/",
-    "tests/distributed/",
-    "tests/faults/",
-    "tests/distributed/test_fault_tolerance_bed.py",
-    "tests/integration/",
-    "tests/unit/test_code_checks.py",
-)
+#: The order work is handed out in: the longest first, so that no worker is left with a long file
+#: at the end while the other idles (unit tests, many and short, fill the gaps last).
+FIRST = ("tests/slurm/", "tests/distributed/", "tests/faults/", "tests/integration/", "tests/unit/test_code_checks.py")
 
 
 def work_unit(nodeid: str) -> str:
@@ -126,15 +116,13 @@ def work_unit(nodeid: str) -> str:
     return next((group for prefix, group in SHARED_GROUPS.items() if path.startswith(prefix)), path)
 
 
-def hand_out_rank(nodeid: str) -> int:
-    """Where a test's work unit goes in the order (``FIRST``): the place of the longest prefix it has."""
-    matching = [prefix for prefix in FIRST if nodeid.startswith(prefix)]
-    return FIRST.index(max(matching, key=len)) if matching else len(FIRST)
+def _rank(item: pytest.Item) -> int:
+    return next((i for i, prefix in enumerate(FIRST) if item.nodeid.startswith(prefix)), len(FIRST))
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: hand_out_rank(item.nodeid))  # stable: each file's tests stay together and in order
+    items.sort(key=_rank)  # stable: each file's tests stay together and in order
     for item in items:
         nodeid = item.nodeid
         quick = (

@@ -6,7 +6,7 @@ import re
 import subprocess
 import sys
 
-from tests.conftest import QUICK_LAUNCHES, REPO_ROOT, SHARED_GROUPS, SLOW_UNIT_TESTS, hand_out_rank, work_unit
+from tests.conftest import QUICK_LAUNCHES, REPO_ROOT, SHARED_GROUPS, SLOW_UNIT_TESTS, work_unit
 
 
 def _exists(nodeid: str) -> bool:
@@ -49,16 +49,3 @@ def test_quick_selects_the_unit_tier_and_the_listed_launches_only():
     assert "tests/integration/test_local_fit.py::test_success_completes_with_model_archive" in quick
     assert "tests/integration/test_local_fit.py::test_stop_ends_a_running_job" not in quick
     assert not any(nodeid.startswith("tests/unit/test_code_checks.py") for nodeid in quick)
-
-
-def test_the_waiting_units_are_handed_out_apart_and_the_unit_tests_last():
-    """The Slurm tests first, the bed after the faults (so that the two never wait side by side), the unit tests last."""
-    handed_out = [
-        "tests/unit/test_config.py::a",
-        "tests/integration/test_local_fit.py::b",
-        "tests/distributed/test_fault_tolerance_bed.py::c",
-        "tests/faults/test_warm_start.py::d",
-        "tests/distributed/test_models.py::e",
-        "tests/slurm/test_slurm_jobs.py::f",
-    ]
-    assert sorted(handed_out, key=hand_out_rank) == handed_out[::-1]
