@@ -91,8 +91,13 @@ def serve(path: str, preload: Sequence[str] = ()) -> None:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path)
     listener.listen(BACKLOG)
-    for name in (*PRELOADED, *preload):
+    for name in PRELOADED:
         importlib.import_module(name)
+    for name in preload:  # only saves time: one that does not import is left to the ranks that need it
+        try:
+            importlib.import_module(name)
+        except Exception as exc:
+            print(f"[smsdp] warm-start server: not preloading {name}: {exc!r}", file=sys.stderr, flush=True)
     request = _Server(listener).run()
     _become_rank(request)
     run_python(request.args)

@@ -33,14 +33,16 @@ def _job_like_env(tmp_path: Path) -> dict[str, str]:
 
 @contextlib.contextmanager
 def _started(how: str, env: dict[str, str], out: Path) -> Iterator[dict[str, str]]:
-    """``env`` for ranks that start cold, warm (a server as a local job's supervisor runs one), or with
-    a server named that does not exist (the ranks must start cold)."""
+    """``env`` for ranks that start cold, warm (a server as a local job's supervisor runs one; or one told to
+    preload a module that does not exist, which it skips), or with a server named that does not exist (the
+    ranks must start cold)."""
     if how == "cold":
         yield env
     elif how == "no server":
         yield {**env, SOCKET_VARIABLE: str(out / "nobody-listens")}
     else:
-        server = WarmServer.start(mpi_env(out, env), REPO_ROOT)
+        preload = ["smsdp_no_such_module"] if "fails" in how else []
+        server = WarmServer.start(mpi_env(out, env), REPO_ROOT, preload=preload)
         assert server is not None
         try:
             yield {**env, SOCKET_VARIABLE: server.environment[SOCKET_VARIABLE]}
@@ -48,7 +50,7 @@ def _started(how: str, env: dict[str, str], out: Path) -> Iterator[dict[str, str
             server.stop()
 
 
-@pytest.mark.parametrize("how", ["warm", "no server"])
+@pytest.mark.parametrize("how", ["warm", "warm, an extra preload fails", "no server"])
 def test_by_hand_on_four_ranks(tmp_path, how):
     with _started(how, _job_like_env(tmp_path), tmp_path) as env:
         result = run_mpi(
@@ -62,7 +64,7 @@ def test_by_hand_on_four_ranks(tmp_path, how):
     assert "[smsdp] step 2/2 loss=0.5000" in result.stdout
     assert (tmp_path / "model" / "weights.txt").exists()
     forked = re.findall(r"started (warm|cold)", result.stdout)
-    assert forked == ["warm" if how == "warm" else "cold"] * 4, result.stdout
+    assert forked == ["warm" if how.startswith("warm") else "cold"] * 4, result.stdout
 
 
 @pytest.mark.parametrize("how", ["cold", "warm"])
