@@ -30,14 +30,16 @@ pytestmark = [pytest.mark.integration, requires_mpi, pytest.mark.timeout(150)]
 SCRIPTS = Path(__file__).resolve().parent / "user_scripts"
 
 
-def warm_rank_job(jobs: Path, out: Path, ranks: int = 2, hold: float = 0, **environment: str) -> Estimator:
+def warm_rank_job(
+    jobs: Path, out: Path, ranks: int = 2, hold: float = 0, launcher: str = "mpi", **environment: str
+) -> Estimator:
     return Estimator(
         "warm_rank.py",
         source_dir=str(SCRIPTS),
         output_path=str(jobs),
         hyperparameters={"out": str(out), "hold": hold},
         environment=environment,
-        distribution={"mpi": {"enabled": True, "processes_per_host": ranks}},
+        distribution={launcher: {"enabled": True, "processes_per_host": ranks}},
     )
 
 
@@ -50,9 +52,11 @@ def _leads_a_session(pid: int) -> bool:
     return int(fields[3]) == pid
 
 
-def test_a_forked_rank_sees_what_a_cold_rank_sees(tmp_path):
-    warm_rank_job(tmp_path / "jobs", tmp_path / "warm").fit(job_name="warm", logs=False)
-    warm_rank_job(tmp_path / "jobs", tmp_path / "cold", **{OPT_OUT_VARIABLE: "0"}).fit(job_name="cold", logs=False)
+@pytest.mark.parametrize("launcher", ["mpi", "torch_distributed"])  # mpirun's ranks, torchrun's workers
+def test_a_forked_rank_sees_what_a_cold_rank_sees(tmp_path, launcher):
+    warm_rank_job(tmp_path / "jobs", tmp_path / "warm", launcher=launcher).fit(job_name="warm", logs=False)
+    cold_job = warm_rank_job(tmp_path / "jobs", tmp_path / "cold", launcher=launcher, **{OPT_OUT_VARIABLE: "0"})
+    cold_job.fit(job_name="cold", logs=False)
     warm, cold = seen(tmp_path / "warm"), seen(tmp_path / "cold")
     server = {rank["ppid"] for rank in warm}
     assert len(server) == 1 and all(SERVER_FLAG in rank["cmdline"] for rank in warm), warm  # one server forked both

@@ -51,8 +51,6 @@ MODULE = "estimator.backends.local.supervisor"
 
 class MpirunSupervisor(Supervisor):
     launcher_name = "mpirun"
-    #: Ranks fork from a warm-start server (``warm_start``); torchrun's workers start cold.
-    starts_warm = True
 
     def __init__(self, job: JobDir):
         super().__init__(job, argv=_argv_from_stdin())  # job.json's argv is redacted
@@ -65,8 +63,9 @@ class MpirunSupervisor(Supervisor):
     def attempt_environment(self, env: dict[str, str]) -> dict[str, str]:
         if self.launcher_name == "mpirun":
             env = self.session_env = with_private_session_base(env)
-        # One rank gains nothing from a server that imports what it would (and more: torch._dynamo).
-        if self.starts_warm and self.world_size > 1:
+        # Ranks (mpirun's, or torchrun's workers) fork from a warm-start server (``warm_start``). One rank
+        # gains nothing from a server that imports what it would (and more: torch._dynamo).
+        if self.world_size > 1:
             self.warm = WarmServer.start(env, self.job.code)
         return env if self.warm is None else self.warm.environment
 
@@ -124,7 +123,6 @@ class TorchrunSupervisor(MpirunSupervisor):
     """The same job with torchrun in mpirun's place: its workers are its children, as mpirun's ranks are."""
 
     launcher_name = "torchrun"
-    starts_warm = False
 
     def tagger(self) -> LineTagger:
         return TorchrunTagger(self.hosts, self.processes_per_host)
