@@ -9,8 +9,8 @@ allocator setting, a thread count) starts a server of its own. The shared server
 process: at exit, and in any case when its stdin closes or its parent dies.
 
 It also imports the Hugging Face models the tests build (``HUGGING_FACE_PRELOAD``): about 1.2
-CPU-seconds a rank, paid by every rank of a launch that builds one (a dozen launches, 4 to 8 ranks
-each). Those imports read the environment (the hub's cache under ``HF_HOME``, else ``XDG_CACHE_HOME``
+CPU-seconds a rank, paid by every rank of a launch that builds one (the launches of the
+tensor-parallel, model, pretrained, LoRA and SMP v1 script tests: 2 to 8 ranks each). Those imports read the environment (the hub's cache under ``HF_HOME``, else ``XDG_CACHE_HOME``
 or ``HOME``; offline switches; log levels), so the shared server serves only launches whose values
 there are its own too (``HUGGING_FACE_READS``); the server a differing launch gets imports none of it.
 """

@@ -83,8 +83,8 @@ class Request:
 
 def serve(path: str, preload: Sequence[str] = ()) -> None:
     """Fork ranks until stdin closes; returns only in a forked rank, once it has run its ``python ARGS``.
-    ``preload``: modules to import after ``PRELOADED``; whoever names them serves only launches whose
-    environment those imports read alike (``bench.shared_warm_server`` does this for Hugging Face's)."""
+    ``preload``: modules to import after ``PRELOADED``. Their imports read the server's environment, so the
+    caller sends it only launches whose environment they would read alike (``bench.shared_warm_server``)."""
     die_with_parent()
     for sig in IGNORED:
         signal.signal(sig, signal.SIG_IGN)
