@@ -80,7 +80,8 @@ def test_launches_share_one_server_unless_their_start_time_environment_differs(t
     replacement = after[0]["ppid"]
     assert replacement != server and after[1]["ppid"] == replacement and alive(replacement)
 
-    # At the end it stops, and its socket's directory goes with it.
+    # At the end it stops, and its socket's directory (named by this process, which made it) goes with it.
     folder = shared_warm_server._shared.folder
+    assert folder.name.startswith(f"smsdp-warm-{os.getpid()}-")
     shared_warm_server.stop_shared_server()
     assert not alive(replacement) and not folder.exists()

@@ -1,5 +1,7 @@
 """Each mpirun launch's own Open MPI session base (``estimator.backends.local.mpirun``): a SIGKILLed
-mpirun's session directory is never found by a later mpirun given the same pid, and none is left."""
+mpirun's session directory is never found by a later mpirun given the same pid, and none is left. The
+warm-start server's socket directory is named the same way (``estimator.backends.local.owned_temp_dirs``),
+so what a SIGKILLed supervisor left of either is removed by the next."""
 
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ from estimator.backends.local.mpirun import (
     remove_private_session_base,
     with_private_session_base,
 )
+from estimator.backends.local.owned_temp_dirs import make_owned_temp_dir
+from estimator.backends.local.warm_start import SOCKET_DIR_PREFIX
 
 
 def _dead_pid() -> int:
@@ -55,3 +59,17 @@ def test_a_base_the_user_chose_is_kept_and_never_removed(tmp_path):
     assert with_private_session_base(chosen) == chosen
     remove_private_session_base(chosen)
     assert tmp_path.is_dir()
+
+
+def test_a_warm_start_socket_directory_whose_supervisor_died_is_removed_by_the_next_server():
+    tmp = Path(tempfile.gettempdir())
+    orphan = tmp / f"{SOCKET_DIR_PREFIX}{_dead_pid()}-test"
+    orphan.mkdir()
+    (orphan / "socket").touch()  # what a SIGKILLed supervisor's server left
+    folder = make_owned_temp_dir(SOCKET_DIR_PREFIX)  # as WarmServer.start makes its socket's directory
+    try:
+        assert not orphan.exists() and folder.name.startswith(
+            f"{SOCKET_DIR_PREFIX}{Path('/proc/self').resolve().name}-"
+        )
+    finally:
+        folder.rmdir()

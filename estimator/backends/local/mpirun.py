@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import shlex
 import shutil
 import sys
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from estimator.backends.local.owned_temp_dirs import is_owned_temp_dir, make_owned_temp_dir
 from estimator.backends.supervised.container_env import LAUNCHER_MODULE
 
 #: Local-job settings: run as root on few cores, let every rank
@@ -51,8 +50,7 @@ FAST_MPI_ENV = {
 #: (pids wrap around) finds it and fails before any rank starts: "The PMIx server's listener thread
 #: failed to start". So each launch gets a base of its own, removed once its mpirun has ended.
 SESSION_BASE_VARIABLE = "PRTE_MCA_prte_tmpdir_base"
-#: ``smsdp-ompi-<pid of the process that made it>-<random>``, under the system's temporary directory:
-#: short, since PMIx's socket paths must fit 107 bytes.
+#: ``smsdp-ompi-<pid of the process that made it>-<random>`` (``owned_temp_dirs``).
 _SESSION_BASE_PREFIX = "smsdp-ompi-"
 
 
@@ -62,26 +60,18 @@ def with_private_session_base(env: Mapping[str, str]) -> dict[str, str]:
     A base the environment names already is the user's choice, and kept."""
     if SESSION_BASE_VARIABLE in env:
         return dict(env)
-    _remove_orphaned_session_bases()
     try:
-        base = tempfile.mkdtemp(prefix=f"{_SESSION_BASE_PREFIX}{os.getpid()}-")
+        base = make_owned_temp_dir(_SESSION_BASE_PREFIX)
     except OSError:
         return dict(env)
-    return {**env, SESSION_BASE_VARIABLE: base}
+    return {**env, SESSION_BASE_VARIABLE: str(base)}
 
 
 def remove_private_session_base(env: Mapping[str, str]) -> None:
     """Remove what ``with_private_session_base`` made (after the launch's mpirun has ended)."""
     base = env.get(SESSION_BASE_VARIABLE, "")
-    if Path(base).name.startswith(_SESSION_BASE_PREFIX):
+    if base and is_owned_temp_dir(base, _SESSION_BASE_PREFIX):
         shutil.rmtree(base, ignore_errors=True)
-
-
-def _remove_orphaned_session_bases() -> None:
-    for base in Path(tempfile.gettempdir()).glob(f"{_SESSION_BASE_PREFIX}*-*"):
-        maker = base.name[len(_SESSION_BASE_PREFIX) :].split("-", 1)[0]
-        if maker.isdigit() and not Path(f"/proc/{maker}").exists():
-            shutil.rmtree(base, ignore_errors=True)
 
 
 class MpirunNotFound(RuntimeError):

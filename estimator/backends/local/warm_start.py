@@ -14,16 +14,18 @@ import contextlib
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from estimator.backends.local.owned_temp_dirs import make_owned_temp_dir
 from estimator.backends.supervised.container_env import LAUNCHER_MODULE
 from estimator.backends.supervised.status_writer import note
 from smsdp.util.process_fate import die_with_parent
 from smsdp.util.warm_start import SERVER_FLAG, SOCKET_VARIABLE, wanted
 
+#: The socket's directory: ``smsdp-warm-<supervisor's pid>-<random>`` (``owned_temp_dirs``).
+SOCKET_DIR_PREFIX = "smsdp-warm-"
 #: How long the server may take to bind its socket (its interpreter's start, before torch).
 BIND_WAIT_S = 10.0
 STOP_WAIT_S = 5.0
@@ -58,7 +60,7 @@ class WarmServer:
         if not wanted(env):
             return None
         try:
-            folder = Path(tempfile.mkdtemp(prefix="smsdp-warm-"))
+            folder = make_owned_temp_dir(SOCKET_DIR_PREFIX)  # a SIGKILLed supervisor's is removed by the next
         except OSError as exc:
             note(f"[smsdp] ranks start cold: no directory for the warm-start socket ({exc})")
             return None
