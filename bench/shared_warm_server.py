@@ -10,9 +10,10 @@ process: at exit, and in any case when its stdin closes or its parent dies.
 
 It also imports the Hugging Face models the tests build (``HUGGING_FACE_PRELOAD``): about 1.2
 CPU-seconds a rank, paid by every rank of a launch that builds one (the launches of the
-tensor-parallel, model, pretrained, LoRA and SMP v1 script tests: 2 to 8 ranks each). Those imports read the environment (the hub's cache under ``HF_HOME``, else ``XDG_CACHE_HOME``
-or ``HOME``; offline switches; log levels), so the shared server serves only launches whose values
-there are its own too (``HUGGING_FACE_READS``); the server a differing launch gets imports none of it.
+tensor-parallel, model, pretrained, LoRA and SMP v1 script tests: 2 to 8 ranks each). Those imports
+read the environment (the hub's cache under ``HF_HOME``, else ``XDG_CACHE_HOME`` or ``HOME``; offline
+switches; log levels), so the shared server serves only launches whose values there are its own too
+(``HUGGING_FACE_READS``); the server a differing launch gets imports none of it.
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ def _started(how: str, env: dict[str, str], out: Path) -> Iterator[dict[str, str
         server = WarmServer.start(mpi_env(out, env), REPO_ROOT, preload=preload)
         assert server is not None
         try:
-            yield {**env, SOCKET_VARIABLE: server.environment[SOCKET_VARIABLE]}
+            yield server.serving(env)
         finally:
             server.stop()
 

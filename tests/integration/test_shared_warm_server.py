@@ -12,6 +12,7 @@ import time
 import pytest
 
 from bench import shared_warm_server
+from estimator.backends.local.warm_start import SOCKET_DIR_PREFIX
 from smsdp.util.warm_start import OPT_OUT_VARIABLE
 from tests.mpi_harness import requires_mpi, run_mpi
 from tests.proc_scan import alive, is_warm_server
@@ -82,6 +83,6 @@ def test_launches_share_one_server_unless_their_start_time_environment_differs(t
 
     # At the end it stops, and its socket's directory (named by this process, which made it) goes with it.
     folder = shared_warm_server._shared.folder
-    assert folder.name.startswith(f"smsdp-warm-{os.getpid()}-")
+    assert folder.name.startswith(f"{SOCKET_DIR_PREFIX}{os.getpid()}-")
     shared_warm_server.stop_shared_server()
     assert not alive(replacement) and not folder.exists()

@@ -5,6 +5,7 @@ so what a SIGKILLed supervisor left of either is removed by the next."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tempfile
@@ -42,7 +43,7 @@ def test_each_launch_gets_an_empty_base_of_its_own_and_it_is_removed_after():
 
 def test_a_base_whose_maker_died_is_removed_by_the_next_launch_and_a_live_makers_kept():
     tmp = Path(tempfile.gettempdir())
-    orphan, live = tmp / f"smsdp-ompi-{_dead_pid()}-test", tmp / f"smsdp-ompi-{Path('/proc/self').resolve().name}-test"
+    orphan, live = tmp / f"smsdp-ompi-{_dead_pid()}-test", tmp / f"smsdp-ompi-{os.getpid()}-test"
     for base in (orphan, live):
         (base / "ompi.1").mkdir(parents=True)
     env = with_private_session_base({})
@@ -68,8 +69,6 @@ def test_a_warm_start_socket_directory_whose_supervisor_died_is_removed_by_the_n
     (orphan / "socket").touch()  # what a SIGKILLed supervisor's server left
     folder = make_owned_temp_dir(SOCKET_DIR_PREFIX)  # as WarmServer.start makes its socket's directory
     try:
-        assert not orphan.exists() and folder.name.startswith(
-            f"{SOCKET_DIR_PREFIX}{Path('/proc/self').resolve().name}-"
-        )
+        assert not orphan.exists() and folder.name.startswith(f"{SOCKET_DIR_PREFIX}{os.getpid()}-")
     finally:
         folder.rmdir()

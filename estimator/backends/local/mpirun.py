@@ -70,7 +70,7 @@ def with_private_session_base(env: Mapping[str, str]) -> dict[str, str]:
 def remove_private_session_base(env: Mapping[str, str]) -> None:
     """Remove what ``with_private_session_base`` made (after the launch's mpirun has ended)."""
     base = env.get(SESSION_BASE_VARIABLE, "")
-    if base and is_owned_temp_dir(base, _SESSION_BASE_PREFIX):
+    if is_owned_temp_dir(base, _SESSION_BASE_PREFIX):
         shutil.rmtree(base, ignore_errors=True)
 
 
