@@ -76,7 +76,7 @@ def processes_in(directory: Path) -> list[int]:
 #: ``pytest -m quick``, the inner loop (under 2 minutes on 2 cores): every test of tests/unit but
 #: these slow ones, and one launch per runtime feature (QUICK_LAUNCHES). Node-id prefixes.
 SLOW_UNIT_TESTS = (
-    "tests/unit/test_code_checks.py",  # mypy over every package: 40 s of CPU from a fresh clone
+    "tests/unit/test_code_checks.py",  # mypy over every package: 16 s of CPU from a fresh clone
     "tests/unit/test_docs.py::test_command_runs",  # a process per documented command
     "tests/unit/test_docs.py::test_python_example_runs",  # every doc's examples, moto and the planner
     "tests/unit/test_docs.py::test_printed_output_is_what_the_example_prints",  # the same examples' output

@@ -59,7 +59,7 @@ def test_import_contracts():
 
 def test_types():
     """One mypy run for every package: what they share (smsdp under estimator and bench) is checked once
-    (cold, as in a fresh clone: 42 s of CPU here, against 76 s for three runs)."""
+    (cold, as in a fresh clone: 16 s of CPU here with transformers not followed, 32 s with it)."""
     packages = [arg for package in MYPY_PACKAGES for arg in ("-p", package)]
     assert_passes(run(tool("mypy"), *packages))
 
