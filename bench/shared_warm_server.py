@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import atexit
 import importlib.util
+import os
 from collections.abc import Mapping
 from pathlib import Path
 
 from estimator.backends.local.warm_start import WarmServer
-from smsdp.util.warm_start import read_at_start, wanted
+from smsdp.util.warm_start import POOL_VARIABLE, read_at_start, wanted
 
 #: The modules of the models the tests build (tests/models.py, tests/tp_models.py, the LoRA and SMP v1 workers).
 HUGGING_FACE_PRELOAD = (
@@ -38,7 +39,12 @@ HUGGING_FACE_PRELOAD = (
 #: What those imports read of the environment: the variables with these prefixes.
 HUGGING_FACE_READS = ("HF_", "HUGGINGFACE", "TRANSFORMERS", "TOKENIZERS", "PEFT", "ACCELERATE", "XDG_", "HOME")
 
+#: What a local job's ranks read at start besides this process's environment (``container_env.process_env``
+#: on a machine with at most as many cores as ranks): the pool's environment, so that it serves them.
+JOB_START_ENVIRONMENT = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+
 _shared: WarmServer | None = None
+_pool: WarmServer | None = None
 
 
 def _preload() -> tuple[str, ...]:
@@ -74,3 +80,29 @@ def stop_shared_server() -> None:
     if _shared is not None:
         _shared.stop()
         _shared = None
+
+
+def share_a_pool(cwd: Path) -> None:
+    """A pool (``WarmServer.start_pool``) for the local jobs this process starts, named in ``os.environ``:
+    each job's server is then forked with torch imported, about 2.5 CPU-seconds less a job. It ends with
+    this process."""
+    global _pool
+    if _pool is not None or not wanted(os.environ):
+        return
+    _pool = WarmServer.start_pool({**os.environ, **JOB_START_ENVIRONMENT}, cwd)
+    if _pool is not None:
+        os.environ[POOL_VARIABLE] = _pool.socket
+        atexit.register(stop_pool)
+
+
+def shared_pool() -> WarmServer | None:
+    """The pool ``share_a_pool`` started, if it runs."""
+    return _pool
+
+
+def stop_pool() -> None:
+    global _pool
+    if _pool is not None:
+        os.environ.pop(POOL_VARIABLE, None)
+        _pool.stop()
+        _pool = None

@@ -46,7 +46,7 @@ from pathlib import Path
 from entrypoints import warm_stub
 from smsdp.comm.mpi_exchange import abort_job
 from smsdp.util.process_fate import die_with_parent
-from smsdp.util.warm_start import SERVER_FLAG
+from smsdp.util.warm_start import POOL_FLAG, POOL_VARIABLE, SERVER_FLAG
 
 MODULE = "entrypoints.launcher"
 USAGE = f"usage: python -m {MODULE} SCRIPT [--name value ...]"
@@ -60,11 +60,13 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE, file=sys.stderr)
         return 0 if argv else 2
-    if argv[0] == SERVER_FLAG and len(argv) >= 2:
+    if argv[0] in (SERVER_FLAG, POOL_FLAG) and len(argv) >= 2:
+        if argv[0] == SERVER_FLAG and os.environ.get(POOL_VARIABLE):  # a pool forks this server, if it will
+            warm_stub.hand_over(["-m", MODULE, *argv], os.environ[POOL_VARIABLE])
         from entrypoints.warm_server import serve
 
         # returns in each rank it forks, once the rank has run (this module again, as a rank)
-        serve(argv[1], preload=argv[2:])
+        serve(argv[1], preload=argv[2:], pool=argv[0] == POOL_FLAG)
         return 0
     _die_with_mpirun()
     warm_stub.hand_over(["-m", MODULE, *argv])  # returns only if no warm-start server takes this rank

@@ -35,12 +35,20 @@ import selectors
 import signal
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from entrypoints.warm_stub import run_python
+from smsdp.util import proc_self
 from smsdp.util.process_fate import die_with_parent
-from smsdp.util.warm_start import CHANNEL_VARIABLE, SOCKET_VARIABLE
+from smsdp.util.warm_start import (
+    CHANNEL_VARIABLE,
+    POOL_VARIABLE,
+    ROOM_VARIABLE,
+    SERVER_FLAG,
+    SOCKET_VARIABLE,
+    read_at_start,
+)
 
 #: What every rank imports before its script: torch, and torch._dynamo (torch.optim imports it on
 #: the first step), the launcher's own modules (``entrypoints.launcher``), and smsdp's runtime.
@@ -81,16 +89,18 @@ class Request:
     fds: list[int]
 
 
-def serve(path: str, preload: Sequence[str] = ()) -> None:
+def serve(path: str, preload: Sequence[str] = (), pool: bool = False) -> None:
     """Fork ranks until stdin closes; returns only in a forked rank, once it has run its ``python ARGS``.
     ``preload``: modules to import after ``PRELOADED``. Their imports read the server's environment, so the
-    caller sends it only launches whose environment they would read alike (``bench.shared_warm_server``)."""
+    caller sends it only launches whose environment they would read alike (``bench.shared_warm_server``).
+    ``pool``: fork only job servers, and only for environments this one serves alike (``pool_refuses``)."""
     die_with_parent()
     for sig in IGNORED:
         signal.signal(sig, signal.SIG_IGN)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path)
     listener.listen(BACKLOG)
+    started_with = dict(os.environ)  # imports may add to it (torch's inductor: its cache directory)
     for name in PRELOADED:
         importlib.import_module(name)
     for name in preload:  # only saves time: one that does not import is left to the ranks that need it
@@ -98,8 +108,8 @@ def serve(path: str, preload: Sequence[str] = ()) -> None:
             importlib.import_module(name)
         except Exception as exc:
             print(f"[smsdp] warm-start server: not preloading {name}: {exc!r}", file=sys.stderr, flush=True)
-    request = _Server(listener).run()
-    _become_rank(request)
+    request = _Server(listener, pool, started_with).run()
+    _become_rank(request, pool)
     run_python(request.args)
 
 
@@ -128,9 +138,56 @@ def receive_request(conn: socket.socket) -> Request | None:
     return request
 
 
+def pool_refuses(request: Request, started_with: Mapping[str, str]) -> str | None:
+    """Why a pool does not fork a server for ``request``; None if it does.
+
+    The server it forks has this pool's imports: made with this pool's start-time environment but for
+    ``PYTHONPATH``, which the fork sets ``sys.path`` from, so long as no new entry holds a module of the
+    same top-level name as one imported (the job's own ``torch.py`` would not be the one a cold server
+    imports). And the job's environment must fit where ``/proc/<pid>/environ`` reads it (its marker)."""
+    if request.args[2:3] != [SERVER_FLAG]:
+        return "a pool forks job servers only"
+    ours, theirs = _start_time(started_with), _start_time(request.env)
+    if ours != theirs:
+        differ = sorted(name for name in ours.keys() | theirs.keys() if ours.get(name) != theirs.get(name))
+        return f"the start-time environment differs: {', '.join(differ)}"
+    added = [entry for entry in _python_path(request.env) if entry not in _python_path(started_with)]
+    imported = {name.partition(".")[0] for name in sys.modules}
+    for entry in added:
+        with contextlib.suppress(OSError):
+            found = imported & {name.partition(".")[0] for name in os.listdir(entry)}
+            shadowing = sorted(name for name in found if not _imported_from(name, entry))
+            if shadowing:
+                return f"{entry} on PYTHONPATH holds another {', '.join(shadowing)}"
+    if len(proc_self.encoded(_child_environment(request.env, 0, pool=True))) + 16 > proc_self.room():
+        return "the environment does not fit this pool's room"
+    return None
+
+
+def _child_environment(env, channel: int, pool: bool) -> dict[str, str]:
+    """A forked child's environment: its stub's, with its channel, without the server's socket (a
+    launcher the child starts starts cold) or room; a pool's child, a server, does not ask the pool again."""
+    dropped = (SOCKET_VARIABLE, ROOM_VARIABLE, *([POOL_VARIABLE] if pool else []))
+    return {**{name: value for name, value in env.items() if name not in dropped}, CHANNEL_VARIABLE: str(channel)}
+
+
+def _imported_from(name: str, entry: str) -> bool:
+    origin = getattr(sys.modules.get(name), "__file__", None) or ""
+    return os.path.abspath(origin).startswith(entry + os.sep)
+
+
+def _start_time(env) -> dict[str, str]:
+    return {name: value for name, value in read_at_start(env).items() if name != "PYTHONPATH"}
+
+
+def _python_path(env) -> list[str]:
+    return [os.path.abspath(entry) for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry]
+
+
 class _Server:
-    def __init__(self, listener: socket.socket):
+    def __init__(self, listener: socket.socket, pool: bool, started_with: Mapping[str, str]):
         self.listener = listener
+        self.pool, self.started_with = pool, started_with
         self.selector = selectors.DefaultSelector()
         self.running: dict[int, socket.socket] = {}  # rank pid -> its stub's connection
         self.wake_r, self.wake_w = os.pipe()
@@ -163,8 +220,8 @@ class _Server:
         except OSError:  # out of descriptors: that stub sees no answer and starts its rank cold
             return None
         request = receive_request(conn)
-        if request is None:
-            conn.close()
+        if request is None or (self.pool and pool_refuses(request, self.started_with) is not None):
+            conn.close()  # the stub serves cold
             return None
         pid = os.fork()
         if pid == 0:
@@ -232,8 +289,8 @@ def _kill(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
-def _become_rank(request: Request) -> None:
-    """In the fork: this process is now the rank its stub stands for; its launcher arguments."""
+def _become_rank(request: Request, pool: bool) -> None:
+    """In the fork: this process is now the rank (a pool's: the server) its stub stands for."""
     for sig in (*IGNORED, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own, as in a new interpreter
@@ -247,18 +304,28 @@ def _become_rank(request: Request) -> None:
         os.dup2(fd, target)
         os.close(fd)
     os.set_inheritable(channel, False)  # the rank's own, not its subprocesses'
-    server_dir = os.getcwd()
+    server_dir, server_path = os.getcwd(), _python_path(os.environ)
     os.chdir(request.cwd)
     os.environ.clear()
-    os.environ.update(request.env)
-    os.environ[CHANNEL_VARIABLE] = str(channel)
-    os.environ.pop(SOCKET_VARIABLE, None)  # a launcher this rank starts starts cold
+    os.environ.update(_child_environment(request.env, channel, pool))
+    proc_self.show_environment(os.environ)  # as a cold rank's /proc/<pid>/environ reads; unchanged if it does not fit
+    if pool:  # a job's server: its ps line says so (its ranks' too), not the pool's
+        proc_self.show_command_line([sys.executable, *request.args])
     if sys.path and sys.path[0] == server_dir:  # python -m puts the working directory first
         sys.path[0] = request.cwd
+    _take_python_path(server_path, _python_path(request.env))
     _reseed_numpy()
     for name, reread in REREAD_AT_FORK.items():
         if name in sys.modules:
             reread(sys.modules[name])
+
+
+def _take_python_path(server_path: list[str], rank_path: list[str]) -> None:
+    """``sys.path`` with the rank's ``PYTHONPATH`` entries where the server's were (a pool's job server)."""
+    if server_path == rank_path:
+        return
+    kept = [entry for entry in sys.path[1:] if os.path.abspath(entry) not in server_path]
+    sys.path[1:] = [*rank_path, *kept]
 
 
 def _reseed_numpy() -> None:

@@ -63,9 +63,10 @@ def run_python(args: list[str]) -> None:
         runpy.run_path(args[0], run_name="__main__")
 
 
-def hand_over(args: list[str]) -> None:
-    """Have the job's warm-start server run ``python ARGS`` as this rank; returns only if no server takes it."""
-    path = os.environ.get(SOCKET_VARIABLE)
+def hand_over(args: list[str], path: str | None = None) -> None:
+    """Have the job's warm-start server (or the one at ``path``: a pool) run ``python ARGS`` as this rank;
+    returns only if no server takes it."""
+    path = path or os.environ.get(SOCKET_VARIABLE)
     if not path:
         return
     # A stop arriving mid-hand-over waits for the forwarding below (by default it would end the stub,

@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from bench.shared_warm_server import share_a_pool, stop_pool
+
 # PYTHONDONTWRITEBYTECODE (set on this project's machines) also keeps pytest from caching the test modules
 # it rewrites for its assertion messages: each worker of each run rewrote all of them (about 8 CPU-s).
 # Only this process writes; the processes tests start keep the variable (scripts/bootstrap compiles the
@@ -32,6 +34,14 @@ def own_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("SMSDP_STATE_DIR", str(tmp_path_factory.mktemp("smsdp-state")))
         yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def warm_start_pool() -> Iterator[None]:
+    """One pool per test process forks every local job's warm-start server (bench.shared_warm_server)."""
+    share_a_pool(REPO_ROOT)
+    yield
+    stop_pool()
 
 
 @pytest.fixture

@@ -19,6 +19,16 @@ CHANNEL_VARIABLE = "SMSDP_WARM_START_CHANNEL"
 OPT_OUT_VARIABLE = "SMSDP_WARM_START"
 #: The launcher's first argument that makes it the server.
 SERVER_FLAG = "--warm-start-server"
+#: The launcher's first argument that makes it a pool: a server that forks servers, so that each job's
+#: server starts with torch imported. Its children (servers, then their ranks) show its command line,
+#: which names ``SERVER_FLAG`` too.
+POOL_FLAG = SERVER_FLAG + "-pool"
+#: A pool's socket, in the environment of whoever starts a job's server (the launcher with
+#: ``SERVER_FLAG`` hands itself over to the pool, if one runs, before serving cold).
+POOL_VARIABLE = "SMSDP_WARM_START_POOL"
+#: Padding in a server's (and a pool's) environment: room for a forked child to write its own
+#: environment where ``/proc/<pid>/environ`` reads it (the job's marker, the rank variables).
+ROOM_VARIABLE = "SMSDP_WARM_START_ROOM"
 
 
 def wanted(env: Mapping[str, str]) -> bool:

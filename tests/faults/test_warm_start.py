@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.shared_warm_server import shared_pool
 from estimator import Estimator, JobFailedError, JobStatus
 from estimator.backends.local.mpirun import SESSION_BASE_VARIABLE
 from estimator.backends.supervised.supervisor import STOP_GRACE_S
@@ -67,6 +68,8 @@ def test_a_forked_rank_sees_what_a_cold_rank_sees(tmp_path, launcher):
             Path(w["cwd"]).name == Path(c["cwd"]).name == "code" and w["path0"] == w["cwd"] and c["path0"] == c["cwd"]
         )
         assert set(w["env"]) == set(c["env"]) - {OPT_OUT_VARIABLE}, set(w["env"]) ^ set(c["env"])
+        assert set(w["proc_env"]) == set(c["proc_env"]) - {OPT_OUT_VARIABLE}, set(w["proc_env"]) ^ set(c["proc_env"])
+        assert w["path_rest"] == c["path_rest"]  # PYTHONPATH's entries, then the interpreter's own
         for name in ("OMPI_COMM_WORLD_RANK", "RANK", "LOCAL_RANK", "WORLD_SIZE", "SM_CURRENT_HOST", "OMP_NUM_THREADS"):
             assert w["env"].get(name) == c["env"].get(name), name
         assert (w["sigterm"], w["sigint"], w["blocked"]) == (c["sigterm"], c["sigint"], c["blocked"])
@@ -130,7 +133,8 @@ def test_a_forked_rank_killed_by_a_signal_is_named_with_it(tmp_path):
 
 def test_a_stop_reaches_a_forked_rank_as_sigterm_and_the_server_ends_with_the_attempt(tmp_path):
     job, ranks = _holding_job(tmp_path, "stopped")
-    server, socket_path = ranks[0]["ppid"], Path(ranks[0]["cmdline"][-2])
+    cmdline = ranks[0]["cmdline"]  # the server's: ... --warm-start-server SOCKET (NULs after it, if forked by a pool)
+    server, socket_path = ranks[0]["ppid"], Path(cmdline[cmdline.index(SERVER_FLAG) + 1])
     assert socket_path.exists()
     asked = time.monotonic()
     job.stop()
@@ -140,3 +144,36 @@ def test_a_stop_reaches_a_forked_rank_as_sigterm_and_the_server_ends_with_the_at
     assert "exited on signal 15" in job.logs().replace("\n", " ") or "signal 15" in job.logs()
     assert marked(job.job_dir) == [] and not is_warm_server(server)
     assert not socket_path.parent.exists()
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def test_a_pool_forks_the_jobs_server_unless_the_job_starts_otherwise(tmp_path):
+    """tests/conftest.py names a pool in every job's environment: the job's server is its child. The
+    server and the ranks show the job's environment in /proc/<pid>/environ (its marker: the job's
+    sweep finds them) and a server's command line; the job stops clean and the pool serves on. A job
+    whose start-time environment differs (an allocator setting) gets a server its supervisor starts."""
+    pool = shared_pool()
+    assert pool is not None and alive(pool.pid)
+    job, ranks = _holding_job(tmp_path, "pooled")
+    server = ranks[0]["ppid"]
+    assert _parent(server) == pool.pid and is_warm_server(server)
+    assert {server, ranks[0]["pid"], ranks[1]["pid"]} <= set(marked(job.job_dir))
+    for rank in ranks:
+        assert (
+            f"\0OMPI_COMM_WORLD_RANK={rank['env']['OMPI_COMM_WORLD_RANK']}\0".encode()
+            in b"\0" + Path(f"/proc/{rank['pid']}/environ").read_bytes()
+        )
+    job.stop()
+    assert job.wait(logs=False, timeout=BOUND_S + 30) is JobStatus.STOPPED
+    assert marked(job.job_dir) == [] and alive(pool.pid)
+
+    other = warm_rank_job(tmp_path / "jobs", tmp_path / "other", hold=120, MALLOC_ARENA_MAX="2")
+    other.fit(job_name="own-server", wait=False)
+    wait_for(lambda: other.latest_job.logs().count("holding") == 2, what="both ranks to hold")
+    supervisor = int((other.latest_job.job_dir / "supervisor.pid").read_text())
+    assert _parent(seen(tmp_path / "other")[0]["ppid"]) == supervisor
+    other.latest_job.stop()
+    assert other.latest_job.wait(logs=False, timeout=BOUND_S + 30) is JobStatus.STOPPED

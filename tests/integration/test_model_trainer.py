@@ -173,13 +173,18 @@ def test_a_rank_killed_in_a_torchrun_job_is_named_and_stop_stops_one(tmp_path):
 
 
 def _rank_of(pid: int) -> int | None:
-    """The world rank of a torchrun worker running the launcher (None for the agent and others)."""
+    """The world rank of a torchrun worker running the launcher: a process the agent started (None for the
+    agent, and for the rank a warm-start server forked for that worker, whose environment is the same)."""
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        parent = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+        agent = Path(f"/proc/{parent}/cmdline").read_bytes()
     except OSError:
         return None
     if b"entrypoints.launcher" not in cmdline or b"torch.distributed.run" in cmdline:
+        return None
+    if b"torch.distributed.run" not in agent:
         return None
     ranks = [int(entry[5:]) for entry in environ if entry.startswith(b"RANK=")]
     return ranks[0] if ranks else None

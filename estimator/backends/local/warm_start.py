@@ -22,12 +22,15 @@ from estimator.backends.local.owned_temp_dirs import make_owned_temp_dir
 from estimator.backends.supervised.container_env import LAUNCHER_MODULE
 from estimator.backends.supervised.status_writer import note
 from smsdp.util.process_fate import die_with_parent
-from smsdp.util.warm_start import SERVER_FLAG, SOCKET_VARIABLE, wanted
+from smsdp.util.warm_start import POOL_FLAG, POOL_VARIABLE, ROOM_VARIABLE, SERVER_FLAG, SOCKET_VARIABLE, wanted
 
 #: The socket's directory: ``smsdp-warm-<supervisor's pid>-<random>`` (``owned_temp_dirs``).
 SOCKET_DIR_PREFIX = "smsdp-warm-"
 #: How long the server may take to bind its socket (its interpreter's start, before torch).
 BIND_WAIT_S = 10.0
+#: The padding in a server's environment (``ROOM_VARIABLE``): what a forked rank's environment may add
+#: to the server's (mpirun's and the rank's variables) and still show in ``/proc/<pid>/environ``.
+ROOM_BYTES = 64 * 1024
 STOP_WAIT_S = 5.0
 _POLL_S = 0.01
 
@@ -56,9 +59,26 @@ class WarmServer:
     ) -> WarmServer | None:
         """A running server with its socket bound; None where the job's environment opts out or it fails.
         ``wrap``: what runs the server (``ip netns exec NAME``: a host's namespace, where its ranks live).
-        ``preload``: modules it imports besides its own (``entrypoints.warm_server.serve``)."""
+        ``preload``: modules it imports besides its own (``entrypoints.warm_server.serve``).
+        Where ``env`` names a pool (``POOL_VARIABLE``), the pool forks the server if it can (``start_pool``)."""
         if not wanted(env):
             return None
+        if wrap:  # a pool's fork would run in the pool's namespace, not the host's
+            env = {name: value for name, value in env.items() if name != POOL_VARIABLE}
+        return cls._start(env, cwd, [*wrap, sys.executable, "-m", LAUNCHER_MODULE, SERVER_FLAG], preload)
+
+    @classmethod
+    def start_pool(cls, env: Mapping[str, str], cwd: Path) -> WarmServer | None:
+        """A pool: a server that forks job servers (``POOL_FLAG``), each with torch imported already.
+        A job whose environment names its socket in ``POOL_VARIABLE`` gets its server so, where the pool
+        serves that environment alike (``entrypoints.warm_server.pool_refuses``), else a new one."""
+        env = {name: value for name, value in env.items() if name != POOL_VARIABLE}
+        return cls._start(env, cwd, [sys.executable, "-m", LAUNCHER_MODULE, POOL_FLAG], ())
+
+    @classmethod
+    def _start(
+        cls, env: Mapping[str, str], cwd: Path, command: Sequence[str], preload: Sequence[str]
+    ) -> WarmServer | None:
         try:
             folder = make_owned_temp_dir(SOCKET_DIR_PREFIX)  # a SIGKILLed supervisor's is removed by the next
         except OSError as exc:
@@ -67,9 +87,9 @@ class WarmServer:
         path = folder / "socket"
         try:
             proc = subprocess.Popen(
-                [*wrap, sys.executable, "-m", LAUNCHER_MODULE, SERVER_FLAG, str(path), *preload],
+                [*command, str(path), *preload],
                 cwd=cwd,
-                env=dict(env),
+                env={**env, ROOM_VARIABLE: " " * ROOM_BYTES},
                 stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
                 preexec_fn=die_with_parent,

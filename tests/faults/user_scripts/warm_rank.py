@@ -29,9 +29,15 @@ seen = {
     "cwd": os.getcwd(),
     "argv": sys.argv,
     "path0": sys.path[1],  # [0]: the script's directory, inserted by the launcher
+    "path_rest": sys.path[2:],
     "env": {
         k: v for k, v in os.environ.items() if not k.startswith(("PMIX_", "OMPI_MCA_orte", "SMSDP_WARM_START_CHANNEL"))
     },
+    "proc_env": [  # what /proc/<pid>/environ shows: the environment the rank started with
+        entry.split(b"=", 1)[0].decode()
+        for entry in Path("/proc/self/environ").read_bytes().split(b"\0")
+        if entry and not entry.startswith((b"PMIX_", b"OMPI_MCA_orte", b"SMSDP_WARM_START_CHANNEL"))
+    ],
     "sigterm": str(signal.getsignal(signal.SIGTERM)),
     "sigint": signal.getsignal(signal.SIGINT) is signal.default_int_handler,
     "blocked": sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
