@@ -114,12 +114,7 @@ SHARED_GROUPS = {
     # hosts as network namespaces: the session's Slurm cluster and the test beds never overlap
     "tests/slurm/": "network-namespaces",
     "tests/distributed/test_multihost_link.py": "network-namespaces",
-    "tests/distributed/test_fault_tolerance_bed.py": "network-namespaces",
 }
-#: The work unit that mostly waits (Slurm's daemons and time limits, links taken down): beside two
-#: workers that run everything else, a third runs it alone, so that its waits leave no core idle
-#: (one worker of two waiting left about 115 core-seconds of the suite's idle).
-WAITING_GROUP = "network-namespaces"
 #: The order work is handed out in: the longest first, so that no worker is left with a long file
 #: at the end while the other idles (unit tests, many and short, fill the gaps last).
 FIRST = ("tests/slurm/", "tests/distributed/", "tests/faults/", "tests/integration/", "tests/unit/test_code_checks.py")
@@ -152,22 +147,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 if importlib.util.find_spec("xdist") is not None:  # the hook exists only with pytest-xdist (the dev extra)
 
     def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-        """Whole work units (``work_unit``) to each worker, in the order collected; with three workers
-        or more (``-n 3``), the last runs ``WAITING_GROUP`` alone and the others everything else."""
+        """``-n 2``: whole work units (``work_unit``) to each worker, in the order collected."""
         from xdist.scheduler import LoadScopeScheduling
 
         class ByWorkUnit(LoadScopeScheduling):
             def _split_scope(self, nodeid: str) -> str:
                 return work_unit(nodeid)
-
-            def _assign_work_unit(self, node: Any) -> None:
-                waits = len(self.nodes) >= 3 and node is self.nodes[-1]
-                scope = next((s for s in self.workqueue if len(self.nodes) < 3 or (s == WAITING_GROUP) == waits), None)
-                if scope is None:  # nothing of its kind left: it ends once its tests have run
-                    node.shutdown()
-                    return
-                self.workqueue.move_to_end(scope, last=False)
-                super()._assign_work_unit(node)
 
         config.option.loadscopereorder = False  # keep FIRST's order, not the largest count of tests first
         return ByWorkUnit(config, log)
