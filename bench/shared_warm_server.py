@@ -39,12 +39,8 @@ HUGGING_FACE_PRELOAD = (
 #: What those imports read of the environment: the variables with these prefixes.
 HUGGING_FACE_READS = ("HF_", "HUGGINGFACE", "TRANSFORMERS", "TOKENIZERS", "PEFT", "ACCELERATE", "XDG_", "HOME")
 
-#: What a local job's ranks read at start besides this process's environment (``container_env.process_env``
-#: on a machine with at most as many cores as ranks): the pool's environment, so that it serves them.
-JOB_START_ENVIRONMENT = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-
 _shared: WarmServer | None = None
-_pool: WarmServer | None = None
+_pools: list[WarmServer] = []
 
 
 def _preload() -> tuple[str, ...]:
@@ -82,27 +78,30 @@ def stop_shared_server() -> None:
         _shared = None
 
 
-def share_a_pool(cwd: Path) -> None:
-    """A pool (``WarmServer.start_pool``) for the local jobs this process starts, named in ``os.environ``:
-    each job's server is then forked with torch imported, about 2.5 CPU-seconds less a job. It ends with
-    this process."""
-    global _pool
-    if _pool is not None or not wanted(os.environ):
+def job_start_environments() -> list[dict[str, str]]:
+    """What a local job's ranks read at start besides the environment it is submitted from
+    (``container_env.process_env``): unbuffered output, and one share of the cores each (one thread
+    where there are as many ranks as cores or more, all of them for one rank)."""
+    threads = sorted({1, os.cpu_count() or 1})
+    return [{"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(n)} for n in threads]
+
+
+def share_pools(cwd: Path) -> None:
+    """Pools (``WarmServer.start_pool``) for the local jobs this process and its children start, one per
+    ``job_start_environments()``, named in ``os.environ``: each job's server is forked with torch imported,
+    about 2.5 CPU-seconds less a job. They end with this process."""
+    if _pools or not wanted(os.environ) or os.environ.get(POOL_VARIABLE):  # a parent's pools serve
         return
-    _pool = WarmServer.start_pool({**os.environ, **JOB_START_ENVIRONMENT}, cwd)
-    if _pool is not None:
-        os.environ[POOL_VARIABLE] = _pool.socket
-        atexit.register(stop_pool)
+    for extra in job_start_environments():
+        pool = WarmServer.start_pool({**os.environ, **extra}, cwd)
+        if pool is not None:
+            _pools.append(pool)
+    if _pools:
+        os.environ[POOL_VARIABLE] = os.pathsep.join(pool.socket for pool in _pools)
+        atexit.register(stop_pools)
 
 
-def shared_pool() -> WarmServer | None:
-    """The pool ``share_a_pool`` started, if it runs."""
-    return _pool
-
-
-def stop_pool() -> None:
-    global _pool
-    if _pool is not None:
-        os.environ.pop(POOL_VARIABLE, None)
-        _pool.stop()
-        _pool = None
+def stop_pools() -> None:
+    os.environ.pop(POOL_VARIABLE, None)
+    while _pools:
+        _pools.pop().stop()

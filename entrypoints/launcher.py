@@ -61,8 +61,9 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE, file=sys.stderr)
         return 0 if argv else 2
     if argv[0] in (SERVER_FLAG, POOL_FLAG) and len(argv) >= 2:
-        if argv[0] == SERVER_FLAG and os.environ.get(POOL_VARIABLE):  # a pool forks this server, if it will
-            warm_stub.hand_over(["-m", MODULE, *argv], os.environ[POOL_VARIABLE])
+        if argv[0] == SERVER_FLAG:  # a pool forks this server, if one will (the first that does)
+            for pool in filter(None, os.environ.get(POOL_VARIABLE, "").split(os.pathsep)):
+                warm_stub.hand_over(["-m", MODULE, *argv], pool)
         from entrypoints.warm_server import serve
 
         # returns in each rank it forks, once the rank has run (this module again, as a rank)

@@ -87,6 +87,7 @@ class Request:
     env: dict[str, str]
     cwd: str
     fds: list[int]
+    umask: int | None = None  # the stub's (a job's processes run with 077; a pool may have been started with 022)
 
 
 def serve(path: str, preload: Sequence[str] = (), pool: bool = False) -> None:
@@ -129,7 +130,14 @@ def receive_request(conn: socket.socket) -> Request | None:
                 raise ConnectionError("the stub went away mid-request")
             body += chunk
         fields = json.loads(body)
-        request = Request(list(fields["args"]), dict(fields["env"]), str(fields["cwd"]), list(fds))
+        umask = fields.get("umask")
+        request = Request(
+            list(fields["args"]),
+            dict(fields["env"]),
+            str(fields["cwd"]),
+            list(fds),
+            None if umask is None else int(umask),
+        )
     except (OSError, ValueError, KeyError, TypeError):
         for fd in fds:
             os.close(fd)
@@ -306,6 +314,8 @@ def _become_rank(request: Request, pool: bool) -> None:
     os.set_inheritable(channel, False)  # the rank's own, not its subprocesses'
     server_dir, server_path = os.getcwd(), _python_path(os.environ)
     os.chdir(request.cwd)
+    if request.umask is not None:
+        os.umask(request.umask)
     os.environ.clear()
     os.environ.update(_child_environment(request.env, channel, pool))
     proc_self.show_environment(os.environ)  # as a cold rank's /proc/<pid>/environ reads; unchanged if it does not fit

@@ -92,7 +92,9 @@ def hand_over(args: list[str], path: str | None = None) -> None:
 
 def send_request(server: socket.socket, args: list[str], channel_fd: int) -> None:
     """The request ``entrypoints.warm_server.receive_request`` reads: a header with the descriptors, then the body."""
-    body = json.dumps({"args": args, "env": dict(os.environ), "cwd": os.getcwd()}).encode()
+    umask = os.umask(0o077)
+    os.umask(umask)
+    body = json.dumps({"args": args, "env": dict(os.environ), "cwd": os.getcwd(), "umask": umask}).encode()
     socket.send_fds(server, [json.dumps({"length": len(body)}).encode()], [0, 1, 2, channel_fd])
     for start in range(0, len(body), _CHUNK):
         server.sendall(body[start : start + _CHUNK])

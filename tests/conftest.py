@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from bench.shared_warm_server import share_a_pool, stop_pool
+from bench.shared_warm_server import share_pools, stop_pools
 
 # PYTHONDONTWRITEBYTECODE (set on this project's machines) also keeps pytest from caching the test modules
 # it rewrites for its assertion messages: each worker of each run rewrote all of them (about 8 CPU-s).
@@ -27,6 +27,18 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 USER_SCRIPTS = REPO_ROOT / "tests" / "integration" / "user_scripts"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Pools fork every local job's warm-start server (bench.shared_warm_server): started here, in the
+    process that starts the pytest-xdist workers (or is the only one), which inherit their sockets."""
+    if not hasattr(config, "workerinput") and not config.option.collectonly and not config.option.help:
+        share_pools(REPO_ROOT)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):
+        stop_pools()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def own_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Where jobs remember their output paths for attach: the session's own, not the user's home (and not
@@ -34,14 +46,6 @@ def own_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("SMSDP_STATE_DIR", str(tmp_path_factory.mktemp("smsdp-state")))
         yield
-
-
-@pytest.fixture(scope="session", autouse=True)
-def warm_start_pool() -> Iterator[None]:
-    """One pool per test process forks every local job's warm-start server (bench.shared_warm_server)."""
-    share_a_pool(REPO_ROOT)
-    yield
-    stop_pool()
 
 
 @pytest.fixture

@@ -23,8 +23,9 @@ SERVER_FLAG = "--warm-start-server"
 #: server starts with torch imported. Its children (servers, then their ranks) show its command line,
 #: which names ``SERVER_FLAG`` too.
 POOL_FLAG = SERVER_FLAG + "-pool"
-#: A pool's socket, in the environment of whoever starts a job's server (the launcher with
-#: ``SERVER_FLAG`` hands itself over to the pool, if one runs, before serving cold).
+#: Pools' sockets (``os.pathsep`` between them), in the environment of whoever starts a job's server
+#: (the launcher with ``SERVER_FLAG`` hands itself over to the first pool that takes it, before serving
+#: cold).
 POOL_VARIABLE = "SMSDP_WARM_START_POOL"
 #: Padding in a server's (and a pool's) environment: room for a forked child to write its own
 #: environment where ``/proc/<pid>/environ`` reads it (the job's marker, the rank variables).

@@ -17,11 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from bench.shared_warm_server import shared_pool
 from estimator import Estimator, JobFailedError, JobStatus
 from estimator.backends.local.mpirun import SESSION_BASE_VARIABLE
 from estimator.backends.supervised.supervisor import STOP_GRACE_S
-from smsdp.util.warm_start import OPT_OUT_VARIABLE, SERVER_FLAG
+from smsdp.util.warm_start import OPT_OUT_VARIABLE, POOL_FLAG, SERVER_FLAG
 from tests.faults.test_user_hazards import BOUND_S, marked, wait_for
 from tests.mpi_harness import requires_mpi
 from tests.proc_scan import alive, is_warm_server
@@ -75,6 +74,7 @@ def test_a_forked_rank_sees_what_a_cold_rank_sees(tmp_path, launcher):
         assert (w["sigterm"], w["sigint"], w["blocked"]) == (c["sigterm"], c["sigint"], c["blocked"])
         assert w["sigterm"] in ("0", "Handlers.SIG_DFL") and w["sigint"] and w["blocked"] == []  # as Python starts
         assert w["torch_threads"] == c["torch_threads"]
+        assert w["umask"] == c["umask"] == 0o077  # a job's processes: what they create is the owner's alone
     # a new interpreter seeds numpy's and Python's generators from the OS: forks must not share the server's
     assert warm[0]["numpy"] != warm[1]["numpy"] and warm[0]["random"] != warm[1]["random"]
 
@@ -151,15 +151,14 @@ def _parent(pid: int) -> int:
 
 
 def test_a_pool_forks_the_jobs_server_unless_the_job_starts_otherwise(tmp_path):
-    """tests/conftest.py names a pool in every job's environment: the job's server is its child. The
+    """tests/conftest.py names pools in every job's environment: the job's server is a pool's child. The
     server and the ranks show the job's environment in /proc/<pid>/environ (its marker: the job's
     sweep finds them) and a server's command line; the job stops clean and the pool serves on. A job
     whose start-time environment differs (an allocator setting) gets a server its supervisor starts."""
-    pool = shared_pool()
-    assert pool is not None and alive(pool.pid)
     job, ranks = _holding_job(tmp_path, "pooled")
     server = ranks[0]["ppid"]
-    assert _parent(server) == pool.pid and is_warm_server(server)
+    pool = _parent(server)
+    assert POOL_FLAG.encode() in Path(f"/proc/{pool}/cmdline").read_bytes() and is_warm_server(server)
     assert {server, ranks[0]["pid"], ranks[1]["pid"]} <= set(marked(job.job_dir))
     for rank in ranks:
         assert (
@@ -168,7 +167,7 @@ def test_a_pool_forks_the_jobs_server_unless_the_job_starts_otherwise(tmp_path):
         )
     job.stop()
     assert job.wait(logs=False, timeout=BOUND_S + 30) is JobStatus.STOPPED
-    assert marked(job.job_dir) == [] and alive(pool.pid)
+    assert marked(job.job_dir) == [] and alive(pool)
 
     other = warm_rank_job(tmp_path / "jobs", tmp_path / "other", hold=120, MALLOC_ARENA_MAX="2")
     other.fit(job_name="own-server", wait=False)

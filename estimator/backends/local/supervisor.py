@@ -45,6 +45,7 @@ from estimator.backends.supervised.rank_watch import RankWatch
 from estimator.backends.supervised.supervisor import Supervisor, run_supervisor
 from estimator.backends.supervised.torchrun import TorchrunTagger, death_sentence
 from smsdp.config import TORCHRUN
+from smsdp.util.warm_start import POOL_VARIABLE
 
 MODULE = "estimator.backends.local.supervisor"
 
@@ -64,8 +65,9 @@ class MpirunSupervisor(Supervisor):
         if self.launcher_name == "mpirun":
             env = self.session_env = with_private_session_base(env)
         # Ranks (mpirun's, or torchrun's workers) fork from a warm-start server (``warm_start``). One rank
-        # gains nothing from a server that imports what it would (and more: torch._dynamo).
-        if self.world_size > 1:
+        # gains nothing from a server that imports what it would (and more: torch._dynamo), unless a pool
+        # forks that server.
+        if self.world_size > 1 or env.get(POOL_VARIABLE):
             self.warm = WarmServer.start(env, self.job.code)
         return env if self.warm is None else self.warm.environment
 

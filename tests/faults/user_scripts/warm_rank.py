@@ -44,6 +44,7 @@ seen = {
     "numpy": float(numpy.random.random()),
     "random": random.random(),
     "torch_threads": torch.get_num_threads(),
+    "umask": os.umask(0o077),
 }
 out = Path(args.out)
 out.mkdir(parents=True, exist_ok=True)
