@@ -155,9 +155,12 @@ def pool_refuses(request: Request, started_with: Mapping[str, str]) -> str | Non
     imports). And the job's environment must fit where ``/proc/<pid>/environ`` reads it (its marker)."""
     if request.args[2:3] != [SERVER_FLAG]:
         return "a pool forks job servers only"
-    ours, theirs = _start_time(started_with), _start_time(request.env)
-    if ours != theirs:
-        differ = sorted(name for name in ours.keys() | theirs.keys() if ours.get(name) != theirs.get(name))
+    # A value the pool's own imports set (torch's inductor exports its cache directory) is its own too.
+    ours, now, theirs = _start_time(started_with), _start_time(os.environ), _start_time(request.env)
+    differ = sorted(
+        name for name in ours.keys() | theirs.keys() if theirs.get(name) not in (ours.get(name), now.get(name))
+    )
+    if differ:
         return f"the start-time environment differs: {', '.join(differ)}"
     added = [entry for entry in _python_path(request.env) if entry not in _python_path(started_with)]
     imported = {name.partition(".")[0] for name in sys.modules}

@@ -35,9 +35,20 @@ def test_a_pool_forks_a_server_for_its_own_start_time_environment_and_repository
         ({**START, "BIG": "x" * (proc_self.room() + 1)}, "does not fit"),
     ],
 )
-def test_a_pool_refuses_what_a_cold_server_would_start_otherwise(env, words):
+def test_a_pool_refuses_what_a_cold_server_would_start_otherwise(env, words, monkeypatch):
+    for name in ("OMP_NUM_THREADS", "MALLOC_ARENA_MAX"):  # not what this process (the pool here) has either
+        monkeypatch.delenv(name, raising=False)
     reason = pool_refuses(server_request(env), START)
     assert reason is not None and words in reason, reason
+
+
+def test_a_value_the_pools_imports_set_is_its_own(monkeypatch):
+    """torch's inductor exports its cache directory when imported: a job submitted from a process that
+    imported it carries the value the pool's own import set, and is served; another value is not."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/inductor-here")  # as after the pool's imports
+    assert pool_refuses(server_request({**START, "TORCHINDUCTOR_CACHE_DIR": "/tmp/inductor-here"}), START) is None
+    reason = pool_refuses(server_request({**START, "TORCHINDUCTOR_CACHE_DIR": "/elsewhere"}), START)
+    assert reason == "the start-time environment differs: TORCHINDUCTOR_CACHE_DIR", reason
 
 
 def test_a_pool_refuses_a_path_with_another_copy_of_an_imported_module(tmp_path):
