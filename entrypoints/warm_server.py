@@ -231,7 +231,11 @@ class _Server:
         except OSError:  # out of descriptors: that stub sees no answer and starts its rank cold
             return None
         request = receive_request(conn)
-        if request is None or (self.pool and pool_refuses(request, self.started_with) is not None):
+        if request is not None and self.pool and pool_refuses(request, self.started_with) is not None:
+            for fd in request.fds:
+                os.close(fd)
+            request = None
+        if request is None:
             conn.close()  # the stub serves cold
             return None
         pid = os.fork()
