@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from estimator.backends.local.warm_start import WarmServer
+from estimator.backends.supervised.container_env import start_env
 from smsdp.util.warm_start import POOL_VARIABLE, read_at_start, wanted
 
 #: The modules of the models the tests build (tests/models.py, tests/tp_models.py, the LoRA and SMP v1 workers).
@@ -80,10 +81,10 @@ def stop_shared_server() -> None:
 
 def job_start_environments() -> list[dict[str, str]]:
     """What a local job's ranks read at start besides the environment it is submitted from
-    (``container_env.process_env``): unbuffered output, and one share of the cores each (one thread
-    where there are as many ranks as cores or more, all of them for one rank)."""
-    threads = sorted({1, os.cpu_count() or 1})
-    return [{"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(n)} for n in threads]
+    (``container_env.start_env``), each one once: one rank's (every core), and that of as many ranks
+    as cores or more (one thread each)."""
+    shapes = [start_env(1), start_env(os.cpu_count() or 1)]
+    return [shape for i, shape in enumerate(shapes) if shape not in shapes[:i]]
 
 
 def share_pools(cwd: Path) -> None:

@@ -74,13 +74,19 @@ def container_env(spec: JobSpec, job: JobDir) -> dict[str, str]:
     return env
 
 
-def process_env(spec: JobSpec, source_root: str | None) -> dict[str, str]:
-    """How the ranks run: unbuffered output, one share of the cores each, importable package."""
-    env = {
+def start_env(world_size: int) -> dict[str, str]:
+    """What a job's ranks read as they start, besides the package's path: unbuffered output, one share
+    of the cores each (the warm-start pools the tests run are made with it)."""
+    return {
         "PYTHONUNBUFFERED": "1",
         # Oversubscribed intra-op threads make CPU ranks crawl (DDP ran 5x slower with 2 threads per rank on 2 cores).
-        "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // spec.world_size)),
+        "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // world_size)),
     }
+
+
+def process_env(spec: JobSpec, source_root: str | None) -> dict[str, str]:
+    """How the ranks run: ``start_env``, and the package importable."""
+    env = start_env(spec.world_size)
     if source_root is not None:
         inherited = [
             entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry and entry != source_root
